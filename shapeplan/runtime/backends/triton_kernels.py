@@ -1,0 +1,223 @@
+"""Hand-written Triton kernels for the row-wise ops of a transformer block.
+
+Each launcher takes torch tensors (CUDA, or CPU under ``TRITON_INTERPRET=1``), allocates its outputs
+with ``torch.empty`` (inside a CUDA graph capture that memory comes from the engine's graph pool) and
+returns them. Arithmetic is float32; results are rounded once to the output dtype.
+
+    rms_norm(x, w, eps)                    y = x * rsqrt(mean(x^2) + eps) * w          rows of the last dim
+    skip_rms_norm(x, skip, w, eps)         s = x + skip; y = rms_norm(s)  -> (y, s)
+    layer_norm(x, w, b, eps)               y = (x - mean) * rsqrt(var + eps) * w + b
+    softmax(x)                             over the last dim
+    silu_mul(gate, up)                     silu(gate) * up  (or one tensor: its two halves)
+    rope(x, cos, sin, interleaved)         rotate pairs of the last dim; cos/sin broadcast to x[..., :D/2]
+
+Rows are the leading dims flattened: the last dim must be contiguous (stride 1), rows evenly strided
+(``_rows`` makes a 2-D view, copying only when the layout forbids one).
+"""
+from __future__ import annotations
+
+import torch
+
+from shapeplan.runtime.backends.triton_env import triton, tl
+
+_MAX_ROW = 65536        # one row per program: beyond this a row no longer fits a block
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def _warps(block: int) -> int:
+    return 1 if block <= 256 else 2 if block <= 1024 else 4 if block <= 4096 else 8
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """A [rows, N] view of ``x`` with a unit stride on N."""
+    n = x.shape[-1] if x.dim() else 1
+    if x.dim() == 0:
+        return x.reshape(1, 1)
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    try:
+        return x.view(-1, n)
+    except RuntimeError:
+        return x.contiguous().view(-1, n)
+
+
+def supports_rows(x: torch.Tensor) -> bool:
+    return x.dim() >= 1 and 0 < x.shape[-1] <= _MAX_ROW and x.dtype in (torch.float16, torch.bfloat16,
+                                                                         torch.float32)
+
+
+@triton.jit
+def _rms_norm_kernel(X, S, W, Y, SUM, stride_x, stride_s, stride_y, stride_sum, N, eps,
+                     HAS_SKIP: tl.constexpr, HAS_W: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < N
+    x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    if HAS_SKIP:
+        x = x + tl.load(S + row * stride_s + cols, mask=mask, other=0.0).to(tl.float32)
+        x = x.to(SUM.dtype.element_ty)          # the residual sum is rounded like the unfused Add
+        tl.store(SUM + row * stride_sum + cols, x, mask=mask)
+        x = x.to(tl.float32)
+    ms = tl.sum(x * x, axis=0) / N
+    y = x * tl.math.rsqrt(ms + eps)
+    if HAS_W:
+        y = y * tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(Y + row * stride_y + cols, y.to(Y.dtype.element_ty), mask=mask)
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor | None, eps: float,
+             skip: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+    """RMSNorm over the last dim. With ``skip``: returns (norm(x + skip), x + skip)."""
+    shape, n = x.shape, x.shape[-1]
+    x2 = _rows(x)                                              # [R, N]
+    s2 = _rows(skip.expand(shape)) if skip is not None else x2
+    y = torch.empty(shape, dtype=x.dtype, device=x.device)
+    y2 = y.view(-1, n)
+    sm = torch.empty(shape, dtype=x.dtype, device=x.device) if skip is not None else y
+    sm2 = sm.view(-1, n)
+    wc = w.contiguous() if w is not None else x2
+    block = _next_pow2(n)
+    _rms_norm_kernel[(x2.shape[0],)](x2, s2, wc, y2, sm2, x2.stride(0), s2.stride(0), y2.stride(0),
+                                     sm2.stride(0), n, float(eps), HAS_SKIP=skip is not None,
+                                     HAS_W=w is not None, BLOCK=block, num_warps=_warps(block))
+    return (y, sm) if skip is not None else (y,)
+
+
+@triton.jit
+def _layer_norm_kernel(X, W, B, Y, stride_x, stride_y, N, eps,
+                       HAS_W: tl.constexpr, HAS_B: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < N
+    x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    mean = tl.sum(x, axis=0) / N
+    d = tl.where(mask, x - mean, 0.0)
+    var = tl.sum(d * d, axis=0) / N
+    y = d * tl.math.rsqrt(var + eps)
+    if HAS_W:
+        y = y * tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+    if HAS_B:
+        y = y + tl.load(B + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(Y + row * stride_y + cols, y.to(Y.dtype.element_ty), mask=mask)
+
+
+def layer_norm(x: torch.Tensor, w: torch.Tensor | None, b: torch.Tensor | None, eps: float) -> torch.Tensor:
+    shape, n = x.shape, x.shape[-1]
+    x2 = _rows(x)
+    y = torch.empty(shape, dtype=x.dtype, device=x.device)
+    y2 = y.view(-1, n)
+    block = _next_pow2(n)
+    _layer_norm_kernel[(x2.shape[0],)](x2, w.contiguous() if w is not None else x2,
+                                       b.contiguous() if b is not None else x2, y2, x2.stride(0),
+                                       y2.stride(0), n, float(eps), HAS_W=w is not None,
+                                       HAS_B=b is not None, BLOCK=block, num_warps=_warps(block))
+    return y
+
+
+@triton.jit
+def _softmax_kernel(X, Y, stride_x, stride_y, N, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < N
+    x = tl.load(X + row * stride_x + cols, mask=mask, other=-float("inf")).to(tl.float32)
+    x = x - tl.max(x, axis=0)
+    e = tl.where(mask, tl.exp(x), 0.0)
+    y = e / tl.sum(e, axis=0)
+    tl.store(Y + row * stride_y + cols, y.to(Y.dtype.element_ty), mask=mask)
+
+
+def softmax(x: torch.Tensor) -> torch.Tensor:
+    """Softmax over the last dim."""
+    shape, n = x.shape, x.shape[-1]
+    x2 = _rows(x)
+    y = torch.empty(shape, dtype=x.dtype, device=x.device)
+    y2 = y.view(-1, n)
+    block = _next_pow2(n)
+    _softmax_kernel[(x2.shape[0],)](x2, y2, x2.stride(0), y2.stride(0), n, BLOCK=block,
+                                    num_warps=_warps(block))
+    return y
+
+
+@triton.jit
+def _silu_mul_kernel(G, U, Y, stride_g, stride_u, stride_y, N, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < N
+    g = tl.load(G + row * stride_g + cols, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(U + row * stride_u + cols, mask=mask, other=0.0).to(tl.float32)
+    y = g * tl.sigmoid(g) * u
+    tl.store(Y + row * stride_y + cols, y.to(Y.dtype.element_ty), mask=mask)
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor | None = None) -> torch.Tensor:
+    """silu(gate) * up; with one tensor, gate and up are its first and second half (last dim)."""
+    if up is None:
+        n = gate.shape[-1] // 2
+        g2 = _rows(gate)
+        u2 = g2[:, n:]
+        g2 = g2[:, :n]
+        shape = (*gate.shape[:-1], n)
+    else:
+        shape = torch.broadcast_shapes(gate.shape, up.shape)
+        n = shape[-1]
+        g2, u2 = _rows(gate.expand(shape)), _rows(up.expand(shape))
+    y = torch.empty(shape, dtype=gate.dtype, device=gate.device)
+    y2 = y.view(-1, n)
+    block = min(1024, _next_pow2(n))
+    grid = (g2.shape[0], triton.cdiv(n, block))
+    _silu_mul_kernel[grid](g2, u2, y2, g2.stride(0), u2.stride(0), y2.stride(0), n, BLOCK=block,
+                           num_warps=_warps(block))
+    return y
+
+
+@triton.jit
+def _rope_kernel(X, C, S, Y, A1, A2, sx0, sx1, sx2, sc0, sc1, sc2, ss0, ss1, ss2, HALF,
+                 INTERLEAVED: tl.constexpr, BLOCK: tl.constexpr):
+    r = tl.program_id(0).to(tl.int64)           # row index over [A0, A1, A2]
+    i2 = r % A2
+    i1 = (r // A2) % A1
+    i0 = r // (A2 * A1)
+    j = tl.arange(0, BLOCK)
+    mask = j < HALF
+    xb = X + i0 * sx0 + i1 * sx1 + i2 * sx2
+    yb = Y + r * (2 * HALF)
+    if INTERLEAVED:
+        lo, hi = 2 * j, 2 * j + 1
+    else:
+        lo, hi = j, j + HALF
+    c = tl.load(C + i0 * sc0 + i1 * sc1 + i2 * sc2 + j, mask=mask, other=0.0).to(tl.float32)
+    s = tl.load(S + i0 * ss0 + i1 * ss1 + i2 * ss2 + j, mask=mask, other=0.0).to(tl.float32)
+    x1 = tl.load(xb + lo, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(xb + hi, mask=mask, other=0.0).to(tl.float32)
+    tl.store(yb + lo, (x1 * c - x2 * s).to(Y.dtype.element_ty), mask=mask)
+    tl.store(yb + hi, (x2 * c + x1 * s).to(Y.dtype.element_ty), mask=mask)
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool = False) -> torch.Tensor:
+    """Rotary embedding over the whole last dim D of ``x`` ([..., D], rank <= 4 after padding).
+
+    ``cos``/``sin`` broadcast to ``x.shape[:-1] + (D/2,)``. Rotate-half pairs (j, j + D/2) or, with
+    ``interleaved``, pairs (2j, 2j + 1).
+    """
+    d = x.shape[-1]
+    half = d // 2
+    lead = tuple(x.shape[:-1])
+    if len(lead) > 3:
+        raise ValueError(f"rope: rank {x.dim()} > 4 is not supported")
+    pad = (1,) * (3 - len(lead))
+    a = pad + lead                                            # [A0, A1, A2]
+    xv = x.reshape(*a, d) if x.stride(-1) == 1 else x.contiguous().reshape(*a, d)
+    cv = cos.expand(*lead, half).reshape(*a, half) if cos.dim() <= len(lead) + 1 else None
+    sv = sin.expand(*lead, half).reshape(*a, half) if sin.dim() <= len(lead) + 1 else None
+    if cv is None or sv is None or cv.stride(-1) != 1 or sv.stride(-1) != 1:
+        cv = cos.expand(*lead, half).contiguous().reshape(*a, half)
+        sv = sin.expand(*lead, half).contiguous().reshape(*a, half)
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    block = _next_pow2(half)
+    rows = a[0] * a[1] * a[2]
+    _rope_kernel[(rows,)](xv, cv, sv, y, a[1], a[2], *xv.stride()[:3], *cv.stride()[:3], *sv.stride()[:3],
+                          half, INTERLEAVED=bool(interleaved), BLOCK=block, num_warps=_warps(block))
+    return y
