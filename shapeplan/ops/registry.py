@@ -59,6 +59,8 @@ class OpDef:
     bind: Callable[..., Any] | None = None      # custom bind(node, opset) -> callable(*inputs)
     doc: str = ""
     _params: dict[str, inspect.Parameter] = field(default_factory=dict)
+    #: optional Triton lowering (runtime/backends/triton_codegen.py attaches them); None = torch only
+    triton: Any = None
 
     @property
     def capturable(self) -> bool:
@@ -121,6 +123,15 @@ def lookup(op_type: str, domain: str = "", opset: int | None = None) -> OpDef:
             f"op {op_type!r} (domain {domain or 'ai.onnx'!r}) needs opset >= {versions[0].since}, "
             f"the model imports opset {opset}")
     return chosen[-1]
+
+
+def set_triton_lowering(op_type: str, lowering: Any, domain: str = "") -> bool:
+    """Attach a Triton lowering to every version of ``op_type``; False when the op is not in the table."""
+    _ensure_loaded()
+    versions = _TABLE.get((_norm_domain(domain), op_type), [])
+    for v in versions:
+        v.triton = lowering
+    return bool(versions)
 
 
 def is_supported(op_type: str, domain: str = "", opset: int | None = None) -> bool:
