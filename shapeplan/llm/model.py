@@ -1,0 +1,135 @@
+"""Build a Llama-family decoder as a shapeplan Graph (builder API).
+
+One graph serves prefill and decode: the sequence axis is symbolic, so the engine makes one plan per
+prefill bucket and one for decode (seq = 1). Inputs and outputs::
+
+    input_ids   int64 [B, S]   tokens of this step (prefill: padded to a bucket; decode: S = 1)
+    position    int64 [1]      absolute position of input_ids[:, 0]   (device-resident)
+    length      int64 [1]      valid tokens in input_ids (<= S; the rest is padding)
+
+    logits             [B, V]      at the last valid position only (the LM head runs on one row)
+    next_token         int64 [B,1] greedy pick (ArgMax)
+    next_token_sampled int64 [B,1] sampled pick (shapeplan::SampleToken, settings in variables)
+    next_position      int64 [1]   position + length: feed it back for the next step
+    all_logits         [B, S, V]   every position (requested only by tests / scoring)
+
+Variables (persist in the Engine): ``k_cache_{i}``, ``v_cache_{i}`` [B, Hkv, L, D] written in place by
+``shapeplan::CacheWrite`` at ``position``; ``sampling_params`` float32 [B, 4], ``sampling_seed`` int64
+[B], ``seen_tokens`` bool [B, V] (repetition penalty).
+
+Weights enter as constants that *view* the checkpoint tensors: a projection is ``MatMul(x, W.T)``
+with ``W.T`` a transposed view, so loading copies nothing.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from shapeplan.ir.graph import Graph, Value
+from shapeplan.llm.config import LlamaConfig, rope_tables
+from shapeplan.ops.registry import is_supported
+
+SP = "shapeplan"
+
+
+class _Builder:
+    def __init__(self, g: Graph, cfg: LlamaConfig, w: dict[str, torch.Tensor], dtype: torch.dtype) -> None:
+        self.g, self.cfg, self.w, self.dtype = g, cfg, w, dtype
+        self.has_silu_mul = is_supported("SiluMul", SP)
+        self._consts: dict[tuple[str, bool], Value] = {}
+
+    def const(self, name: str, transpose: bool = False) -> Value:
+        v = self._consts.get((name, transpose))
+        if v is None:
+            t = self.w[name]
+            if t.dtype != self.dtype:
+                t = t.to(self.dtype)
+            v = self.g.constant(t.t() if transpose else t, name=name + (".T" if transpose else ""))
+            self._consts[(name, transpose)] = v
+        return v
+
+    def linear(self, x: Value, prefix: str, bias: bool = False) -> Value:
+        y = self.g.op.MatMul(x, self.const(prefix + ".weight", transpose=True))
+        return self.g.op.Add(y, self.const(prefix + ".bias")) if bias else y
+
+    def rms_norm(self, x: Value, weight: str) -> Value:
+        return self.g.op.RMSNormalization(x, self.const(weight), epsilon=self.cfg.rms_norm_eps, axis=-1,
+                                          _domain=SP)
+
+    def silu_mul(self, gate: Value, up: Value) -> Value:
+        if self.has_silu_mul:
+            return self.g.op.SiluMul(gate, up, _domain=SP)
+        return self.g.op.Mul(self.g.op.Mul(gate, self.g.op.Sigmoid(gate)), up)
+
+
+def build_graph(cfg: LlamaConfig, weights: dict[str, torch.Tensor], *, max_kv_cache_length: int,
+                batch: int = 1, dtype: torch.dtype | None = None, device: str | torch.device = "cpu") -> Graph:
+    """The decoder graph of ``cfg`` with ``weights`` (Hugging Face names, see weights.expected_shapes)."""
+    dtype = dtype or cfg.torch_dtype
+    g = Graph(f"{cfg.model_type}_decoder")
+    g.opset_imports[""] = max(g.opset_imports.get("", 21), 21)
+    g.metadata.update({"model_type": cfg.model_type, "max_kv_cache_length": str(max_kv_cache_length)})
+    b = _Builder(g, cfg, weights, dtype)
+    op = g.op
+    hq, hkv, d, L = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, max_kv_cache_length
+
+    ids = g.placeholder("input_ids", "int64", (batch, "seq"))
+    position = g.placeholder("position", "int64", (1,))
+    length = g.placeholder("length", "int64", (1,))
+
+    cos, sin = rope_tables(cfg, L, dtype)
+    cos_c, sin_c = g.constant(cos, name="rope.cos"), g.constant(sin, name="rope.sin")   # [L, D/2]
+    pos_ids = op.PositionIds(ids, position, _domain=SP)                               # [B, S]
+    q_shape = np.array([0, 0, hq, d], np.int64)
+    kv_shape = np.array([0, 0, hkv, d], np.int64)
+    merged = np.array([0, 0, hq * d], np.int64)
+
+    h = op.Gather(b.const("model.embed_tokens.weight"), ids, axis=0)                 # [B, S, H]
+    for i in range(cfg.num_layers):
+        p = f"model.layers.{i}."
+        k_cache = g.variable(f"k_cache_{i}", torch.zeros(batch, hkv, L, d, dtype=dtype, device=device))
+        v_cache = g.variable(f"v_cache_{i}", torch.zeros(batch, hkv, L, d, dtype=dtype, device=device))
+        x = b.rms_norm(h, p + "input_layernorm.weight")
+        q = op.Reshape(b.linear(x, p + "self_attn.q_proj", cfg.attention_bias), q_shape)   # [B, S, Hq, D]
+        k = op.Reshape(b.linear(x, p + "self_attn.k_proj", cfg.attention_bias), kv_shape)  # [B, S, Hkv, D]
+        v = op.Reshape(b.linear(x, p + "self_attn.v_proj", cfg.attention_bias), kv_shape)
+        if cfg.qk_norm:
+            q = b.rms_norm(q, p + "self_attn.q_norm.weight")
+            k = b.rms_norm(k, p + "self_attn.k_norm.weight")
+        perm = [0, 2, 1, 3]
+        q = op.RotaryEmbedding(op.Transpose(q, perm=perm), cos_c, sin_c, pos_ids, _domain=SP)  # [B, Hq, S, D]
+        k = op.RotaryEmbedding(op.Transpose(k, perm=perm), cos_c, sin_c, pos_ids, _domain=SP)  # [B, Hkv, S, D]
+        v = op.Transpose(v, perm=perm)
+        k_all = op.CacheWrite(k_cache, k, position, axis=2, _domain=SP)                 # [B, Hkv, L, D]
+        v_all = op.CacheWrite(v_cache, v, position, axis=2, _domain=SP)
+        a = op.CachedAttention(q, k_all, v_all, position, scale=float(d) ** -0.5,
+                               window=cfg.sliding_window, _domain=SP)                   # [B, Hq, S, D]
+        a = op.Reshape(op.Transpose(a, perm=perm), merged)                               # [B, S, Hq*D]
+        h = op.Add(h, b.linear(a, p + "self_attn.o_proj"))
+        x = b.rms_norm(h, p + "post_attention_layernorm.weight")
+        gate, up = b.linear(x, p + "mlp.gate_proj"), b.linear(x, p + "mlp.up_proj")
+        h = op.Add(h, b.linear(b.silu_mul(gate, up), p + "mlp.down_proj"))
+
+    head = "model.embed_tokens" if cfg.tie_word_embeddings else "lm_head"
+    last = op.Gather(h, op.Sub(length, np.array([1], np.int64)), axis=1)              # [B, 1, H]
+    logits = op.Reshape(b.linear(b.rms_norm(last, "model.norm.weight"), head),
+                        np.array([0, -1], np.int64))                                   # [B, V]
+    all_logits = b.linear(b.rms_norm(h, "model.norm.weight"), head)                   # [B, S, V]
+
+    params = g.variable("sampling_params", torch.tensor([[0.0, 0.0, 1.0, 1.0]] * batch, device=device))
+    seed = g.variable("sampling_seed", torch.zeros(batch, dtype=torch.int64, device=device))
+    seen = g.variable("seen_tokens", torch.zeros(batch, cfg.vocab_size, dtype=torch.bool, device=device))
+    next_position = op.Add(position, length)
+    greedy = op.ArgMax(logits, axis=-1, keepdims=1)                                    # [B, 1]
+    sampled = op.SampleToken(logits, params, seed, next_position, seen, _domain=SP)    # [B, 1]
+    for v, name in ((logits, "logits"), (greedy, "next_token"), (sampled, "next_token_sampled"),
+                    (next_position, "next_position"), (all_logits, "all_logits")):
+        _rename(g, v, name)
+    g.set_outputs(logits, greedy, sampled, next_position, all_logits)
+    return g
+
+
+def _rename(g: Graph, v: Value, name: str) -> None:
+    del g.values[v.name]
+    v.name = name
+    g.values[name] = v

@@ -1,0 +1,349 @@
+"""GenerationPipeline: prefill + decode over one compiled decoder graph with a static, in-graph KV cache.
+
+Per request: one prefill call (the prompt padded to a bucket of a small ladder, so only a few prefill
+plans exist), then one decode call per token (batch 1, seq 1: a single plan that replays). Tokens and
+positions stay on the device: each step's ``next_token`` / ``next_position`` outputs are fed straight
+back as the next step's inputs, so the host only synchronises every ``sync_every`` steps (plus at
+tokens 0, 2 and 19, for exact metrics), which is where EOS and stop strings are checked. Decode steps
+that ran past an EOS are discarded.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+
+from shapeplan.errors import InputError, LifecycleError
+from shapeplan.llm.config import LlamaConfig, preset_config
+from shapeplan.llm.metrics import Metrics, compute
+from shapeplan.llm.model import build_graph
+from shapeplan.llm.sampling import Sampling
+from shapeplan.llm.tokenizer import StreamDecoder, Tokenizer
+from shapeplan.llm.weights import load_weights, random_weights
+
+_METRIC_SYNCS = (0, 2, 19)
+
+
+@dataclass(slots=True)
+class GenerationResult:
+    text: str
+    token_ids: list[int]
+    prompt_token_ids: list[int]
+    finish_reason: str                 # "stop" (EOS / stop string) or "length"
+    metrics: Metrics = field(default_factory=Metrics)
+
+
+def bucket_ladder(max_prefill_length: int, smallest: int = 16) -> list[int]:
+    """Powers of two from ``smallest`` up to, and always including, ``max_prefill_length``."""
+    out, b = [], smallest
+    while b < max_prefill_length:
+        out.append(b)
+        b *= 2
+    return out + [max_prefill_length]
+
+
+class GenerationPipeline:
+    def __init__(self, cfg: LlamaConfig, weights: dict[str, torch.Tensor], tokenizer: Tokenizer | None = None, *,
+                 device: str = "cpu", mode: str = "auto", dtype: torch.dtype | None = None,
+                 max_prefill_length: int = 2048, max_kv_cache_length: int = 4096, sync_every: int = 8,
+                 buckets: Sequence[int] | None = None, eos_token_ids: Sequence[int] | None = None,
+                 prefix_cache: bool = False, optimize: bool = True) -> None:
+        if max_prefill_length >= max_kv_cache_length:
+            raise InputError(f"max_prefill_length ({max_prefill_length}) must be smaller than "
+                             f"max_kv_cache_length ({max_kv_cache_length}): a full-length prompt would "
+                             "leave no room in the KV cache to generate")
+        if max_prefill_length < 1 or sync_every < 1:
+            raise InputError("max_prefill_length and sync_every must be >= 1")
+        if prefix_cache:
+            warnings.warn("prefix_cache is not implemented yet; ignored", stacklevel=2)
+        import shapeplan as sp
+        self.cfg, self.tokenizer = cfg, tokenizer
+        self.device = torch.device(device)
+        self.dtype = dtype or cfg.torch_dtype
+        self.max_prefill_length, self.max_kv_cache_length = max_prefill_length, max_kv_cache_length
+        self.sync_every = sync_every
+        self.buckets = sorted(b for b in (buckets or bucket_ladder(max_prefill_length)) if b <= max_prefill_length)
+        if not self.buckets or self.buckets[-1] != max_prefill_length:
+            self.buckets.append(max_prefill_length)
+        eos = list(eos_token_ids if eos_token_ids is not None else cfg.eos_token_ids)
+        if not eos and tokenizer is not None and tokenizer.eos_token_id is not None:
+            eos = [tokenizer.eos_token_id]
+        self.eos_token_ids = set(eos)
+        self.graph = build_graph(cfg, weights, max_kv_cache_length=max_kv_cache_length, dtype=self.dtype,
+                                 device=self.device)
+        self.engine = sp.compile(self.graph, device=str(self.device), mode=mode, optimize=optimize)
+        self.mode = mode
+        self._one = torch.ones(1, dtype=torch.int64, device=self.device)
+        self._session: Session | None = None
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_pretrained(cls, path: str, *, device: str = "cpu", dtype: torch.dtype | str | None = None,
+                        progress: bool | None = None, **kw: Any) -> "GenerationPipeline":
+        cfg = LlamaConfig.from_file(path)
+        dt = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+        weights = load_weights(path, cfg, device=device, dtype=dt or cfg.torch_dtype, progress=progress)
+        tok = Tokenizer(path) if os.path.exists(os.path.join(path, "tokenizer.json")) else None
+        gen_cfg = os.path.join(path, "generation_config.json")
+        if "eos_token_ids" not in kw and os.path.exists(gen_cfg):
+            with open(gen_cfg, encoding="utf-8") as f:
+                eos = json.load(f).get("eos_token_id")
+            if eos is not None:
+                kw["eos_token_ids"] = [eos] if isinstance(eos, int) else list(eos)
+        return cls(cfg, weights, tok, device=device, dtype=dt, **kw)
+
+    @classmethod
+    def from_preset(cls, name: str, *, device: str = "cpu", dtype: str = "bfloat16", seed: int = 0,
+                    tokenizer: Tokenizer | None = None, **kw: Any) -> "GenerationPipeline":
+        """Random weights with the shapes of a public model (no checkpoint needed): for benchmarks."""
+        cfg = preset_config(name, dtype)
+        weights = random_weights(cfg, device=device, seed=seed)
+        kw.setdefault("eos_token_ids", [])
+        return cls(cfg, weights, tokenizer, device=device, **kw)
+
+    # ------------------------------------------------------------------ public API
+    def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 256, sampling: Sampling | None = None,
+                 *, chat: bool = False, truncate: str | None = None,
+                 on_text: Callable[[str], None] | None = None) -> GenerationResult:
+        with self.start_session() as s:
+            return s.generate(prompt, max_new_tokens, sampling, chat=chat, truncate=truncate, on_text=on_text)
+
+    def stream(self, prompt: str | Sequence[int], max_new_tokens: int = 256, sampling: Sampling | None = None,
+               **kw: Any) -> "TextStream":
+        """Iterate text deltas as they are produced; ``.result`` holds the GenerationResult afterwards."""
+        s = self.start_session()
+        return TextStream(s.stream_tokens(prompt, max_new_tokens, sampling, **kw), self, sampling, session=s)
+
+    def start_session(self) -> "Session":
+        """A conversation whose KV cache is retained between turns. The KV buffers are the engine's
+        static variables: one session holds them at a time; closing returns them (no reallocation,
+        frozen plans stay valid)."""
+        if self._session is not None and not self._session.closed:
+            raise LifecycleError("the KV cache is held by an open session; close it (session.close() or "
+                                 "`with pipe.start_session() as s:`) before starting another")
+        self._session = Session(self)
+        return self._session
+
+    def encode(self, prompt: str | Sequence[int], *, chat: bool = False, add_special_tokens: bool = True) -> list[int]:
+        if not isinstance(prompt, str):
+            return [int(t) for t in prompt]
+        if self.tokenizer is None:
+            raise InputError("this pipeline has no tokenizer: pass token ids instead of text")
+        if chat:
+            prompt = self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
+            add_special_tokens = False
+        return self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids) if self.tokenizer is not None else ""
+
+    def bucket_for(self, n: int, start: int) -> int:
+        for b in self.buckets:
+            if b >= n and start + b <= self.max_kv_cache_length:
+                return b
+        return n        # near the end of the cache: an exact-length plan instead of a padded bucket
+
+    # ------------------------------------------------------------------ the loop
+    def _set_sampling(self, sampling: Sampling, context: list[int]) -> None:
+        var = self.engine.variables
+        var["sampling_params"].copy_(torch.tensor([sampling.as_row()], dtype=torch.float32))
+        var["sampling_seed"].fill_(sampling.resolved_seed())
+        seen = var["seen_tokens"]
+        seen.zero_()
+        if sampling.repetition_penalty != 1.0 and context:
+            idx = torch.tensor([[t for t in context if 0 <= t < self.cfg.vocab_size]], dtype=torch.int64)
+            seen.scatter_(1, idx.to(seen.device), True)
+
+    def _step(self, ids: torch.Tensor, position: torch.Tensor, length: torch.Tensor, tok_out: str):
+        out = self.engine.run({"input_ids": ids, "position": position, "length": length},
+                              outputs=[tok_out, "next_position"])
+        return out[tok_out], out["next_position"]
+
+    def run_tokens(self, start: int, ids: list[int], max_new_tokens: int, sampling: Sampling,
+                   context: list[int]) -> Iterator[tuple[list[int], str | None, Metrics | None]]:
+        """Prefill ``ids`` at cache position ``start`` and decode. Yields (new token ids, finish reason or
+        None, metrics on the last event) at every host sync."""
+        n, L = len(ids), self.max_kv_cache_length
+        if start + n >= L:
+            raise InputError(f"the context ({start} cached + {n} new tokens) does not fit the KV cache of "
+                             f"max_kv_cache_length={L} tokens with room to generate")
+        if max_new_tokens < 1:
+            raise InputError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        bucket = self.bucket_for(n, start)
+        greedy = sampling.is_plain_greedy
+        tok_out = "next_token" if greedy else "next_token_sampled"
+        if not greedy:
+            self._set_sampling(sampling, context)
+        seen = self.engine.variables["seen_tokens"] if sampling.repetition_penalty != 1.0 else None
+        dev = self.device
+        padded = torch.zeros(1, bucket, dtype=torch.int64)
+        padded[0, :n] = torch.tensor(ids, dtype=torch.int64)
+        max_steps = min(max_new_tokens - 1, L - 1 - (start + n))     # sequence never exceeds L tokens
+        tokbuf = torch.empty(1, max_steps + 1, dtype=torch.int64, device=dev)
+        eos = self.eos_token_ids
+        stops = sampling.stop
+
+        t_start = time.perf_counter()
+        tok, pos = self._step(padded.to(dev), torch.tensor([start], dtype=torch.int64).to(dev),
+                              torch.tensor([n], dtype=torch.int64).to(dev), tok_out)
+        tokbuf[:, 0:1].copy_(tok)
+        times: dict[int, float] = {}
+        kept: list[int] = []
+        synced, syncs, finish = -1, 0, None
+        step = 0
+        while True:
+            last = step == max_steps
+            if step in _METRIC_SYNCS or last or step % self.sync_every == 0:
+                new = tokbuf[0, synced + 1: step + 1].tolist()                # the host sync
+                times[step] = time.perf_counter()
+                syncs += 1
+                synced = step
+                added: list[int] = []
+                for t in new:
+                    added.append(t)
+                    if t in eos:
+                        finish = "stop"
+                        break
+                kept.extend(added)
+                if finish is None and stops and self.tokenizer is not None:
+                    text = self.decode(kept)
+                    if any(s in text for s in stops):
+                        finish = "stop"
+                if finish is None and last:
+                    finish = "length"
+                metrics = None
+                if finish is not None:
+                    metrics = compute(t_start, times, times[step], len(kept), prompt_tokens=n,
+                                      host_syncs=syncs, prefill_bucket=bucket)
+                yield added, finish, metrics
+                if finish is not None:
+                    return
+            step += 1
+            if seen is not None:
+                seen.scatter_(1, tok, True)
+            tok, pos = self._step(tok, pos, self._one, tok_out)
+            tokbuf[:, step:step + 1].copy_(tok)
+
+
+class Session:
+    """A conversation: ``tokens`` is the whole context so far, ``cached`` how many of them have valid
+    K/V in the cache (the last generated token is not yet in it)."""
+
+    def __init__(self, pipe: GenerationPipeline) -> None:
+        self.pipe = pipe
+        self.tokens: list[int] = []
+        self.cached = 0
+        self.messages: list[dict[str, str]] = []
+        self.closed = False
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.closed = True
+
+    def _new_ids(self, prompt: str | Sequence[int], chat: bool) -> list[int]:
+        pipe = self.pipe
+        if chat and isinstance(prompt, str):
+            if pipe.tokenizer is None:
+                raise InputError("chat needs a tokenizer")
+            self.messages.append({"role": "user", "content": prompt})
+            full = pipe.tokenizer.encode(pipe.tokenizer.apply_chat_template(self.messages),
+                                         add_special_tokens=False)
+            common = 0
+            for a, b in zip(full, self.tokens):
+                if a != b:
+                    break
+                common += 1
+            self.cached = min(self.cached, common)
+            self.tokens = self.tokens[:self.cached]
+            return full[self.cached:]
+        return pipe.encode(prompt, add_special_tokens=not self.tokens)
+
+    def stream_tokens(self, prompt: str | Sequence[int], max_new_tokens: int = 256,
+                      sampling: Sampling | None = None, *, chat: bool = False,
+                      truncate: str | None = None) -> Iterator[tuple[list[int], str | None, Any]]:
+        if self.closed:
+            raise LifecycleError("session is closed")
+        pipe = self.pipe
+        sampling = sampling or Sampling.greedy()
+        new = self._new_ids(prompt, chat)
+        pending = self.tokens[self.cached:] + new
+        if len(pending) > pipe.max_prefill_length:
+            if truncate != "left" or self.tokens:
+                raise InputError(f"prompt has {len(pending)} tokens, more than max_prefill_length="
+                                 f"{pipe.max_prefill_length} (pass truncate='left' to keep the last tokens)")
+            warnings.warn(f"prompt of {len(pending)} tokens left-truncated to {pipe.max_prefill_length}",
+                          stacklevel=3)
+            pending = pending[-pipe.max_prefill_length:]
+        if not pending:
+            raise InputError("empty prompt: nothing to generate from")
+        start = self.cached
+        context = self.tokens[:self.cached] + pending
+        generated: list[int] = []
+        for ids, finish, metrics in pipe.run_tokens(start, pending, max_new_tokens, sampling, context):
+            generated.extend(ids)
+            if finish is not None:
+                eos_cut = next((i + 1 for i, t in enumerate(generated) if t in pipe.eos_token_ids), None)
+                generated = generated[:eos_cut] if eos_cut else generated
+                self.tokens = context + generated
+                self.cached = len(context) + len(generated) - 1
+                if chat:
+                    self.messages.append({"role": "assistant", "content": pipe.decode(generated)})
+                yield ids, finish, (metrics, pending, generated)
+                return
+            yield ids, None, None
+
+    def stream(self, prompt: str | Sequence[int], max_new_tokens: int = 256, sampling: Sampling | None = None,
+               **kw: Any) -> "TextStream":
+        return TextStream(self.stream_tokens(prompt, max_new_tokens, sampling, **kw), self.pipe, sampling)
+
+    def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 256, sampling: Sampling | None = None,
+                 *, chat: bool = False, truncate: str | None = None,
+                 on_text: Callable[[str], None] | None = None) -> GenerationResult:
+        stream = self.stream(prompt, max_new_tokens, sampling, chat=chat, truncate=truncate)
+        for delta in stream:
+            if on_text is not None:
+                on_text(delta)
+        assert stream.result is not None
+        return stream.result
+
+
+class TextStream:
+    """``for delta in pipe.stream(...)``: text as it is produced; ``.result`` afterwards."""
+
+    def __init__(self, events: Iterator[tuple[list[int], str | None, Any]], pipe: GenerationPipeline,
+                 sampling: Sampling | None, session: Session | None = None) -> None:
+        self._events, self._pipe, self._session = events, pipe, session
+        self._stops = (sampling or Sampling()).stop
+        self.result: GenerationResult | None = None
+
+    def __iter__(self) -> Iterator[str]:
+        pipe = self._pipe
+        dec = StreamDecoder(pipe.tokenizer) if pipe.tokenizer is not None else None
+        try:
+            for ids, finish, extra in self._events:
+                if finish is not None:
+                    metrics, prompt_ids, generated = extra
+                    text = pipe.decode(generated)
+                    cut = min((text.find(s) for s in self._stops if s in text), default=-1)
+                    text = text[:cut] if cut >= 0 else text
+                    if dec is not None and text.startswith(dec.emitted) and len(text) > len(dec.emitted):
+                        yield text[len(dec.emitted):]
+                    self.result = GenerationResult(text, generated, prompt_ids, finish, metrics)
+                    return
+                if dec is not None and ids:
+                    delta = dec.push(ids)
+                    if delta and not any(s in dec.emitted for s in self._stops):
+                        yield delta
+        finally:
+            if self._session is not None:
+                self._session.close()
