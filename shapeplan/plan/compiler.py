@@ -44,6 +44,26 @@ class Plan:
     slots: list[Slot] = field(default_factory=list)
     #: registers that are never released (inputs, constants, variables, outputs)
     pinned: frozenset[int] = frozenset()
+    #: slots whose value is fixed for one input-shape signature (computed once at freeze)
+    const_slots: frozenset[int] = frozenset()
+    #: registers whose shape cannot change between calls with the same input-shape signature
+    shape_stable: frozenset[int] = frozenset()
+    segments: list[Any] = field(default_factory=list)     # plan.segments.Segment
+    requested: tuple[str, ...] | None = None
+
+    @property
+    def output_names(self) -> list[str]:
+        return [n for n, _ in self.outputs]
+
+    def to_dot(self, **kw: Any) -> str:
+        from shapeplan.plan.dot import plan_to_dot
+        return plan_to_dot(self, **kw)
+
+    def summary(self) -> dict[str, Any]:
+        return {"slots": len(self.slots), "registers": self.n_regs, "const_slots": len(self.const_slots),
+                "segments": len(self.segments),
+                "captured_segments": sum(1 for s in self.segments if s.capturable),
+                "gaps": sum(1 for s in self.segments if not s.capturable)}
 
     def release_at_step(self) -> dict[int, int]:
         """register -> index of the slot after which it is freed."""
@@ -126,5 +146,9 @@ def compile_plan(graph: Graph, outputs: Sequence[str] | None = None) -> Plan:
             by_slot.setdefault(i, []).append(r)
     for s in slots:
         s.release = tuple(sorted(by_slot.get(s.index, ())))
-    return Plan(graph, len(names), names, inputs, constants, variables, captures, output_regs, slots,
-                frozenset(pinned))
+    plan = Plan(graph, len(names), names, inputs, constants, variables, captures, output_regs, slots,
+                frozenset(pinned), requested=None if outputs is None else tuple(outputs))
+    from shapeplan.plan.segments import build_segments, classify
+    plan.const_slots, plan.shape_stable = classify(plan)
+    plan.segments = build_segments(plan, plan.const_slots)
+    return plan

@@ -1,19 +1,26 @@
-"""Engine: the public entry point (``sp.compile(model).run(feeds)``)."""
+"""Engine: the public entry point (``sp.compile(model).run(feeds)``).
+
+One Engine holds one graph, compiled once per requested-output set into a ``Plan``, and a plan cache
+of ``PlanRunner``s keyed by (requested outputs, placeholder shape signature, mode, device, thread).
+A new shape signature creates another runner; it never mutates a frozen one.
+"""
 from __future__ import annotations
 
 import threading
 from typing import Any, Mapping, Sequence
 
-import numpy as np
 import torch
 
-from shapeplan.errors import InputError
+from shapeplan import diagnostics
+from shapeplan.cache.memory import PlanCache
+from shapeplan.errors import InputError, LifecycleError
 from shapeplan.ir.graph import Graph
 from shapeplan.ir.tensors import runtime_to_numpy
 from shapeplan.plan.compiler import Plan, compile_plan
-from shapeplan.runtime.backends.slot_by_slot import run_slot_by_slot
+from shapeplan.runtime.backends import get_backend
 from shapeplan.runtime.feeds import to_runtime, validate_feeds
 from shapeplan.runtime.modes import Mode
+from shapeplan.runtime.runner import Phase, PlanRunner
 
 
 def _move(x: Any, device: torch.device) -> Any:
@@ -24,20 +31,50 @@ def _move(x: Any, device: torch.device) -> Any:
     return x
 
 
-class Engine:
-    """A compiled model. ``run(feeds)`` executes it; plans are built per requested outputs."""
+def resolve_mode(mode: Mode, device: torch.device) -> tuple[Mode, bool, str | None]:
+    """(the mode that runs, per-segment fallback allowed, why the requested mode was replaced)."""
+    if mode in (Mode.SLOT_BY_SLOT, Mode.SHAPE_INFERENCE_ONLY):
+        return mode, False, None
+    if mode is Mode.AUTO:
+        if device.type == "cuda":
+            b = get_backend(Mode.CUDA_GRAPHS)
+            if b is not None and b.available(device) is None:
+                return Mode.CUDA_GRAPHS, True, None
+        return Mode.EMULATED_REPLAY, True, None
+    b = get_backend(mode)
+    why = None if b is not None else f"no {mode.value} backend is registered"
+    if b is not None:
+        why = b.available(device)
+    if why is None:
+        return mode, False, None
+    return Mode.EMULATED_REPLAY, False, f"{mode.value} unavailable on {device}: {why}; running emulated_replay"
 
-    def __init__(self, graph: Graph, device: str | torch.device = "cpu", mode: str | Mode = "auto") -> None:
+
+class Engine:
+    """A compiled model. ``run(feeds)`` executes it; plans are built per requested outputs and shapes."""
+
+    def __init__(self, graph: Graph, device: str | torch.device = "cpu", mode: str | Mode = "auto", *,
+                 warmup_calls: int = 1, max_plans: int = 64, max_plan_bytes: int = 1 << 30,
+                 max_recaptures: int = 3, fallback: bool | None = None) -> None:
         self.graph = graph
         self.device = torch.device(device)
         self.mode = Mode.parse(mode)
+        self.exec_mode, auto_fallback, why = resolve_mode(self.mode, self.device)
+        if why:
+            diagnostics.record("FALLBACK", why, requested=self.mode, running=self.exec_mode)
+        self.fallback = auto_fallback if fallback is None else fallback
+        self.warmup_calls, self.max_recaptures = max(1, warmup_calls), max_recaptures
         self._lock = threading.Lock()
-        self._plans: dict[tuple, Plan] = {}
-        self._constants: dict[int, Any] = {}
+        self._plans: dict[tuple | None, Plan] = {}
+        self.cache = PlanCache(max_plans, max_plan_bytes, on_evict=lambda k, r: r.release())
+        # constants are snapshotted (moved to the device once); a replaced or edited weight is rejected
+        self.constants: dict[str, Any] = {v.name: _move(v.data, self.device) for v in graph.constants}
+        self._guards = [(v, v.data, getattr(v.data, "_version", 0)) for v in graph.constants]
         # variables persist across calls; they live on the engine's device
-        self.variables: dict[str, Any] = {v.name: _move(v.data.clone(), self.device)
-                                          for v in graph.variables}
+        self.variables: dict[str, Any] = {v.name: _move(v.data.clone(), self.device) for v in graph.variables}
         self.calls = 0
+        self._last_key: tuple | None = None
+        self._names = {v.name: v for v in graph.inputs}
 
     @property
     def input_names(self) -> list[str]:
@@ -47,7 +84,8 @@ class Engine:
     def output_names(self) -> list[str]:
         return [v.name for v in self.graph.outputs]
 
-    def _plan(self, outputs: Sequence[str] | None) -> Plan:
+    # ------------------------------------------------------------------ plans
+    def plan(self, outputs: Sequence[str] | None = None) -> Plan:
         key = tuple(outputs) if outputs is not None else None
         plan = self._plans.get(key)
         if plan is None:
@@ -56,36 +94,101 @@ class Engine:
                 if plan is None:
                     plan = compile_plan(self.graph, outputs)
                     self._plans[key] = plan
+                    diagnostics.record("COMPILE", "plan compiled", outputs=plan.output_names, **plan.summary())
         return plan
 
+    _plan = plan   # older name
+
+    def _runner(self, plan: Plan, key: tuple) -> PlanRunner:
+        runner = self.cache.get(key)
+        if runner is None:
+            backend = None if self.exec_mode in (Mode.SLOT_BY_SLOT, Mode.SHAPE_INFERENCE_ONLY) \
+                else get_backend(self.exec_mode)
+            consts = {r: self.constants.get(plan.reg_names[r]) if plan.reg_names[r] in self.constants
+                      else _move(d, self.device) for r, d in plan.constants}
+            name = f"p{len(self._plans)}.{abs(hash(key)) % 10**6:06d}"
+            runner = PlanRunner(plan, key, name, device=self.device, backend=backend, constants=consts,
+                                variables=self.variables, warmup_calls=self.warmup_calls, fallback=self.fallback,
+                                max_recaptures=self.max_recaptures)
+            self.cache.put(key, runner)
+            diagnostics.record("SHAPE", "new shape signature: new plan", plan=name, signature=str(key[1]))
+        return runner
+
+    def _check_constants(self) -> None:
+        for v, obj, ver in self._guards:
+            if v.data is not obj or getattr(obj, "_version", 0) != ver:
+                what = "replaced" if v.data is not obj else "modified in place"
+                diagnostics.record("LIFECYCLE", "constant changed after compile", constant=v.name, what=what)
+                raise LifecycleError(f"constant {v.name!r} was {what} after sp.compile snapshotted it; "
+                                     "constants are frozen into the plans: compile a new engine "
+                                     "(or make it a Graph.variable for mutable state)")
+
+    # ------------------------------------------------------------------ run
     def run(self, feeds: Mapping[str, Any], outputs: Sequence[str] | None = None) -> dict[str, Any]:
         if not isinstance(feeds, Mapping):
             raise InputError(f"feeds must be a dict of input name -> array, got {type(feeds).__name__}")
         validate_feeds(self.graph.inputs, feeds)
-        torch_in = any(isinstance(x, torch.Tensor) for x in feeds.values()) or \
-            (not feeds and False)
-        plan = self._plan(outputs)
-        regs: list[Any] = [None] * plan.n_regs
-        for name, r in plan.inputs:
-            regs[r] = to_runtime(feeds[name], self.device)
-        for r, data in plan.constants:
-            regs[r] = self._constant(r, data, plan)
-        for name, r in plan.variables:
-            regs[r] = self.variables[name]
-        outs = run_slot_by_slot(plan, regs)
+        self._check_constants()
+        torch_in = any(isinstance(x, torch.Tensor) for x in feeds.values())
+        plan = self.plan(outputs)
+        rt = [to_runtime(feeds[name], self.device) for name, _ in plan.inputs]
+        if self.exec_mode is Mode.SHAPE_INFERENCE_ONLY:
+            from shapeplan.runtime.shape_only import infer_outputs
+            return infer_outputs(plan, rt, self.constants, self.variables)
+        sig = tuple(tuple(x.shape) if isinstance(x, torch.Tensor) else
+                    (len(x),) if isinstance(x, list) else None for x in rt)
+        key = (plan.requested, sig, self.exec_mode.value, str(self.device), threading.get_ident())
+        runner = self._runner(plan, key)
+        if runner.input_dtypes:
+            self._check_dtypes(plan, runner, rt)
+        with self.cache.pinned(key):
+            outs = runner.run(rt)
         self.calls += 1
-        result = {}
-        for (name, _), v in zip(plan.outputs, outs):
-            result[name] = v if torch_in else runtime_to_numpy(v)
-        return result
+        self._last_key = key
+        return {name: (v if torch_in else runtime_to_numpy(v)) for (name, _), v in zip(plan.outputs, outs)}
 
-    def _constant(self, reg: int, data: Any, plan: Plan) -> Any:
-        key = (id(plan), reg)
-        c = self._constants.get(key)  # type: ignore[arg-type]
-        if c is None:
-            c = _move(data, self.device)
-            self._constants[key] = c  # type: ignore[index]
-        return c
+    def _check_dtypes(self, plan: Plan, runner: PlanRunner, rt: list[Any]) -> None:
+        for (name, _), want, x in zip(plan.inputs, runner.input_dtypes, rt):
+            got = getattr(x, "dtype", None)
+            if got != want:
+                w = str(want).replace("torch.", "")
+                g = str(got).replace("torch.", "")
+                raise InputError(f"input {name!r}: expected dtype {w} (as in earlier calls with shape "
+                                 f"{list(getattr(x, 'shape', []))}), got {g}")
 
     def __call__(self, feeds: Mapping[str, Any] | None = None, **kw: Any) -> dict[str, Any]:
         return self.run({**(feeds or {}), **kw})
+
+    # ------------------------------------------------------------------ lifecycle
+    def _current(self) -> PlanRunner | None:
+        if self._last_key is not None:
+            r = self.cache.get(self._last_key)
+            if r is not None:
+                return r
+        rs = [r for r in self.cache.values() if r.key[4] == threading.get_ident()]
+        return rs[-1] if rs else None
+
+    def freeze(self) -> None:
+        """Explicit SHAPES_FROZEN for the current (last used) shape signature."""
+        r = self._current()
+        if r is None:
+            raise LifecycleError("engine.freeze(): no shape signature yet; run the engine once with the "
+                                 "shapes to freeze")
+        if r.backend is None and self.exec_mode is Mode.SLOT_BY_SLOT:
+            r.backend = None
+        r.freeze()
+
+    @property
+    def phase(self) -> Phase | None:
+        r = self._current()
+        return r.phase if r is not None else None
+
+    def runners(self) -> list[PlanRunner]:
+        return self.cache.values()
+
+    def inspect(self) -> "Any":
+        from shapeplan.runtime.inspection import Inspection
+        return Inspection(self, self._current())
+
+    def close(self) -> None:
+        self.cache.clear()

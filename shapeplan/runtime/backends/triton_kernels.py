@@ -62,21 +62,23 @@ def _rms_norm_kernel(X, S, W, Y, SUM, stride_x, stride_s, stride_y, stride_sum, 
         tl.store(SUM + row * stride_sum + cols, x, mask=mask)
         x = x.to(tl.float32)
     ms = tl.sum(x * x, axis=0) / N
-    y = x * tl.math.rsqrt(ms + eps)
+    y = (x * tl.math.rsqrt(ms + eps)).to(Y.dtype.element_ty).to(tl.float32)   # torch rounds here
     if HAS_W:
         y = y * tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
     tl.store(Y + row * stride_y + cols, y.to(Y.dtype.element_ty), mask=mask)
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor | None, eps: float,
-             skip: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+             skip: torch.Tensor | None = None, out: torch.Tensor | None = None,
+             sum_out: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
     """RMSNorm over the last dim. With ``skip``: returns (norm(x + skip), x + skip)."""
     shape, n = x.shape, x.shape[-1]
     x2 = _rows(x)                                              # [R, N]
     s2 = _rows(skip.expand(shape)) if skip is not None else x2
-    y = torch.empty(shape, dtype=x.dtype, device=x.device)
+    y = out if out is not None else torch.empty(shape, dtype=x.dtype, device=x.device)
     y2 = y.view(-1, n)
-    sm = torch.empty(shape, dtype=x.dtype, device=x.device) if skip is not None else y
+    sm = y if skip is None else sum_out if sum_out is not None else torch.empty(shape, dtype=x.dtype,
+                                                                                 device=x.device)
     sm2 = sm.view(-1, n)
     wc = w.contiguous() if w is not None else x2
     block = _next_pow2(n)
@@ -96,18 +98,19 @@ def _layer_norm_kernel(X, W, B, Y, stride_x, stride_y, N, eps,
     mean = tl.sum(x, axis=0) / N
     d = tl.where(mask, x - mean, 0.0)
     var = tl.sum(d * d, axis=0) / N
-    y = d * tl.math.rsqrt(var + eps)
+    y = (d * tl.math.rsqrt(var + eps)).to(Y.dtype.element_ty).to(tl.float32)
     if HAS_W:
-        y = y * tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+        y = (y * tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)).to(Y.dtype.element_ty).to(tl.float32)
     if HAS_B:
         y = y + tl.load(B + cols, mask=mask, other=0.0).to(tl.float32)
     tl.store(Y + row * stride_y + cols, y.to(Y.dtype.element_ty), mask=mask)
 
 
-def layer_norm(x: torch.Tensor, w: torch.Tensor | None, b: torch.Tensor | None, eps: float) -> torch.Tensor:
+def layer_norm(x: torch.Tensor, w: torch.Tensor | None, b: torch.Tensor | None, eps: float,
+               out: torch.Tensor | None = None) -> torch.Tensor:
     shape, n = x.shape, x.shape[-1]
     x2 = _rows(x)
-    y = torch.empty(shape, dtype=x.dtype, device=x.device)
+    y = out if out is not None else torch.empty(shape, dtype=x.dtype, device=x.device)
     y2 = y.view(-1, n)
     block = _next_pow2(n)
     _layer_norm_kernel[(x2.shape[0],)](x2, w.contiguous() if w is not None else x2,
@@ -129,11 +132,11 @@ def _softmax_kernel(X, Y, stride_x, stride_y, N, BLOCK: tl.constexpr):
     tl.store(Y + row * stride_y + cols, y.to(Y.dtype.element_ty), mask=mask)
 
 
-def softmax(x: torch.Tensor) -> torch.Tensor:
+def softmax(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """Softmax over the last dim."""
     shape, n = x.shape, x.shape[-1]
     x2 = _rows(x)
-    y = torch.empty(shape, dtype=x.dtype, device=x.device)
+    y = out if out is not None else torch.empty(shape, dtype=x.dtype, device=x.device)
     y2 = y.view(-1, n)
     block = _next_pow2(n)
     _softmax_kernel[(x2.shape[0],)](x2, y2, x2.stride(0), y2.stride(0), n, BLOCK=block,
@@ -148,11 +151,11 @@ def _silu_mul_kernel(G, U, Y, stride_g, stride_u, stride_y, N, BLOCK: tl.constex
     mask = cols < N
     g = tl.load(G + row * stride_g + cols, mask=mask, other=0.0).to(tl.float32)
     u = tl.load(U + row * stride_u + cols, mask=mask, other=0.0).to(tl.float32)
-    y = g * tl.sigmoid(g) * u
+    y = (g * tl.sigmoid(g)).to(Y.dtype.element_ty).to(tl.float32) * u
     tl.store(Y + row * stride_y + cols, y.to(Y.dtype.element_ty), mask=mask)
 
 
-def silu_mul(gate: torch.Tensor, up: torch.Tensor | None = None) -> torch.Tensor:
+def silu_mul(gate: torch.Tensor, up: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """silu(gate) * up; with one tensor, gate and up are its first and second half (last dim)."""
     if up is None:
         n = gate.shape[-1] // 2
@@ -164,7 +167,7 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor | None = None) -> torch.Tensor
         shape = torch.broadcast_shapes(gate.shape, up.shape)
         n = shape[-1]
         g2, u2 = _rows(gate.expand(shape)), _rows(up.expand(shape))
-    y = torch.empty(shape, dtype=gate.dtype, device=gate.device)
+    y = out if out is not None else torch.empty(shape, dtype=gate.dtype, device=gate.device)
     y2 = y.view(-1, n)
     block = min(1024, _next_pow2(n))
     grid = (g2.shape[0], triton.cdiv(n, block))
@@ -174,8 +177,8 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor | None = None) -> torch.Tensor
 
 
 @triton.jit
-def _rope_kernel(X, C, S, Y, A1, A2, sx0, sx1, sx2, sc0, sc1, sc2, ss0, ss1, ss2, HALF,
-                 INTERLEAVED: tl.constexpr, BLOCK: tl.constexpr):
+def _rope_kernel(X, C, S, P, Y, A1, A2, sx0, sx1, sx2, sy0, sy1, sy2, sc0, sc1, sc2, sp0, sp1, sp2,
+                 HALF, HAS_POS: tl.constexpr, INTERLEAVED: tl.constexpr, BLOCK: tl.constexpr):
     r = tl.program_id(0).to(tl.int64)           # row index over [A0, A1, A2]
     i2 = r % A2
     i1 = (r // A2) % A1
@@ -183,41 +186,64 @@ def _rope_kernel(X, C, S, Y, A1, A2, sx0, sx1, sx2, sc0, sc1, sc2, ss0, ss1, ss2
     j = tl.arange(0, BLOCK)
     mask = j < HALF
     xb = X + i0 * sx0 + i1 * sx1 + i2 * sx2
-    yb = Y + r * (2 * HALF)
+    yb = Y + i0 * sy0 + i1 * sy1 + i2 * sy2
     if INTERLEAVED:
         lo, hi = 2 * j, 2 * j + 1
     else:
         lo, hi = j, j + HALF
-    c = tl.load(C + i0 * sc0 + i1 * sc1 + i2 * sc2 + j, mask=mask, other=0.0).to(tl.float32)
-    s = tl.load(S + i0 * ss0 + i1 * ss1 + i2 * ss2 + j, mask=mask, other=0.0).to(tl.float32)
+    if HAS_POS:                                 # cos/sin caches [max_pos, HALF] gathered by position id
+        p = tl.load(P + i0 * sp0 + i1 * sp1 + i2 * sp2).to(tl.int64)
+        coff = p * sc0
+        soff = p * sc0
+    else:
+        coff = i0 * sc0 + i1 * sc1 + i2 * sc2
+        soff = coff
+    c = tl.load(C + coff + j, mask=mask, other=0.0).to(Y.dtype.element_ty).to(tl.float32)
+    s = tl.load(S + soff + j, mask=mask, other=0.0).to(Y.dtype.element_ty).to(tl.float32)
     x1 = tl.load(xb + lo, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(xb + hi, mask=mask, other=0.0).to(tl.float32)
-    tl.store(yb + lo, (x1 * c - x2 * s).to(Y.dtype.element_ty), mask=mask)
-    tl.store(yb + hi, (x2 * c + x1 * s).to(Y.dtype.element_ty), mask=mask)
+    # torch: real = cos*x1 - sin*x2 with each product rounded to x's dtype
+    re = (c * x1).to(Y.dtype.element_ty).to(tl.float32) - (s * x2).to(Y.dtype.element_ty).to(tl.float32)
+    im = (s * x1).to(Y.dtype.element_ty).to(tl.float32) + (c * x2).to(Y.dtype.element_ty).to(tl.float32)
+    tl.store(yb + lo, re.to(Y.dtype.element_ty), mask=mask)
+    tl.store(yb + hi, im.to(Y.dtype.element_ty), mask=mask)
 
 
-def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool = False) -> torch.Tensor:
-    """Rotary embedding over the whole last dim D of ``x`` ([..., D], rank <= 4 after padding).
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool = False,
+         positions: torch.Tensor | None = None, pos_strides: tuple[int, int, int] = (0, 0, 0),
+         out: torch.Tensor | None = None) -> torch.Tensor:
+    """Rotary embedding over the whole last dim D of ``x`` ([A0, A1, A2, D]; lower ranks are padded).
 
-    ``cos``/``sin`` broadcast to ``x.shape[:-1] + (D/2,)``. Rotate-half pairs (j, j + D/2) or, with
-    ``interleaved``, pairs (2j, 2j + 1).
+    Without ``positions``: ``cos``/``sin`` broadcast to ``x.shape[:-1] + (D/2,)``. With ``positions``:
+    ``cos``/``sin`` are caches [max_pos, D/2] and row (i0, i1, i2) reads position
+    ``positions.flatten()[i0*ps0 + i1*ps1 + i2*ps2]`` (``pos_strides`` in elements).
+    Rotate-half pairs (j, j + D/2), or with ``interleaved`` pairs (2j, 2j + 1).
     """
     d = x.shape[-1]
     half = d // 2
     lead = tuple(x.shape[:-1])
     if len(lead) > 3:
         raise ValueError(f"rope: rank {x.dim()} > 4 is not supported")
-    pad = (1,) * (3 - len(lead))
-    a = pad + lead                                            # [A0, A1, A2]
-    xv = x.reshape(*a, d) if x.stride(-1) == 1 else x.contiguous().reshape(*a, d)
-    cv = cos.expand(*lead, half).reshape(*a, half) if cos.dim() <= len(lead) + 1 else None
-    sv = sin.expand(*lead, half).reshape(*a, half) if sin.dim() <= len(lead) + 1 else None
-    if cv is None or sv is None or cv.stride(-1) != 1 or sv.stride(-1) != 1:
-        cv = cos.expand(*lead, half).contiguous().reshape(*a, half)
-        sv = sin.expand(*lead, half).contiguous().reshape(*a, half)
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    a = (1,) * (3 - len(lead)) + lead                         # [A0, A1, A2]
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    xv = x.view(*a, d) if x.dim() == 4 else x.reshape(*a, d)
+    y = out if out is not None else torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    yv = y.view(*a, d) if y.dim() == 4 else y.reshape(*a, d)
+    if positions is not None:
+        cv, sv = cos.contiguous(), sin.contiguous()
+        cs = (cv.stride(0), 0, 0)
+        pv = positions.contiguous()
+    else:
+        cv = cos.expand(*lead, half).reshape(*a, half)
+        sv = sin.expand(*lead, half).reshape(*a, half)
+        if cv.stride() != sv.stride() or cv.stride(-1) != 1:
+            cv, sv = cv.contiguous(), sv.contiguous()
+        cs = cv.stride()[:3]
+        pv = cv
     block = _next_pow2(half)
     rows = a[0] * a[1] * a[2]
-    _rope_kernel[(rows,)](xv, cv, sv, y, a[1], a[2], *xv.stride()[:3], *cv.stride()[:3], *sv.stride()[:3],
-                          half, INTERLEAVED=bool(interleaved), BLOCK=block, num_warps=_warps(block))
+    _rope_kernel[(rows,)](xv, cv, sv, pv, yv, a[1], a[2], *xv.stride()[:3], *yv.stride()[:3], *cs,
+                          *pos_strides, half, HAS_POS=positions is not None, INTERLEAVED=bool(interleaved),
+                          BLOCK=block, num_warps=_warps(block))
     return y

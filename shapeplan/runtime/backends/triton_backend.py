@@ -1,0 +1,258 @@
+"""triton: the cuda_graphs backend with fewer, fused kernels inside the captured graph.
+
+``compile`` rewrites a segment's steps before capture:
+
+1. a slot whose op has a hand-written kernel (``triton_lowerings``: RMSNorm, SkipRMSNorm, LayerNorm,
+   Softmax, SiluMul, RoPE) launches it instead of the torch kernel;
+2. a contiguous run of elementwise slots of one shape becomes one generated kernel
+   (``triton_codegen``) when ``fusion_score`` says it pays.
+
+Matmuls and everything else stay on torch (cuBLAS). A segment where nothing applies is captured
+exactly like cuda_graphs, so ``auto`` on CUDA resolves per segment triton -> cuda_graphs, and a failed
+capture -> slot_by_slot (the runner's fallback).
+
+Correctness: at capture every Triton step runs on the call's real inputs next to its slots' torch
+kernels; a step whose outputs differ beyond the dtype's tolerance, or land in another layout, is
+replaced by its slots (VERIFY event). ``SHAPEPLAN_TRITON_VERIFY=1`` also checks each step on random
+inputs at capture and compares every replay's live-outs against slot_by_slot.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from shapeplan import diagnostics
+from shapeplan.runtime.backends import SegmentContext, register_backend
+from shapeplan.runtime.backends.cuda_graphs import (ABSENT, CudaGraphsBackend, GraphHandle, Step, _to_stable,
+                                                    _verify_on, run_steps, slot_steps)
+
+#: (atol, rtol) per dtype for a Triton step against the torch kernels it replaces
+TOLERANCE = {torch.float32: (1e-4, 1e-4), torch.float16: (2e-3, 1e-2), torch.bfloat16: (1.6e-2, 2e-2)}
+
+
+def close(a: Any, b: Any) -> tuple[bool, float]:
+    """(within tolerance, max abs error) for two outputs of one step."""
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+        return a is b or a == b, 0.0
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False, float("inf")
+    if not a.dtype.is_floating_point:
+        return bool(torch.equal(a, b)), 0.0
+    atol, rtol = TOLERANCE.get(a.dtype, (1e-6, 1e-6))
+    af, bf = a.float(), b.float()
+    err = (af - bf).abs()
+    ok = bool(torch.all(err <= atol + rtol * bf.abs()) and torch.isfinite(af).eq(torch.isfinite(bf)).all())
+    return ok, float(err.nan_to_num(0.0).max()) if err.numel() else 0.0
+
+
+class TritonBackend(CudaGraphsBackend):
+    name = "triton"
+
+    def __init__(self) -> None:
+        self._metas: dict[tuple, dict[int, Any]] = {}
+        self._triton_error: str | None = None
+
+    def _key(self, seg: SegmentContext) -> tuple:
+        return (seg.plan_key, id(seg.plan), seg.segment.index)
+
+    # ---- warm-up: record every register's layout ------------------------------------------------------
+    def warmup(self, seg: SegmentContext, regs: list[Any]) -> None:
+        from shapeplan.runtime.backends.triton_codegen import Meta
+        metas = self._metas.setdefault(self._key(seg), {})
+        for r in seg.live_in:
+            if isinstance(regs[r], torch.Tensor):
+                metas[r] = Meta.of(regs[r])
+        for st in slot_steps(seg):
+            run_steps([st], regs)
+            for r in st.outs:
+                if r != ABSENT and isinstance(regs[r], torch.Tensor):
+                    metas[r] = Meta.of(regs[r])
+
+    # ---- compile: choose and build Triton steps -------------------------------------------------------
+    def compile(self, seg: SegmentContext) -> list[Step]:
+        steps = slot_steps(seg)
+        metas = self._metas.pop(self._key(seg), None)
+        try:
+            from shapeplan.runtime.backends import triton_codegen as cg
+            from shapeplan.runtime.backends import triton_lowerings as tlow
+            _attach()
+        except ImportError as e:
+            diagnostics.record("FALLBACK", "triton unavailable: segment captured as a plain CUDA graph",
+                               plan=seg.plan_key, segment=seg.segment.index, reason=str(e))
+            return steps
+        if not metas:
+            return steps
+        return rewrite(seg, steps, metas, cg, tlow)
+
+    # ---- capture: every Triton step checked against its slots on real inputs ---------------------------
+    def _checked_eager(self, seg: SegmentContext, steps: list[Step], regs: list[Any]) -> list[Step]:
+        kept: list[Step] = []
+        for st in steps:
+            if st.kind == "slot":
+                run_steps([st], regs)
+                kept.append(st)
+                continue
+            ok, why = self._check(seg, st, regs)
+            if ok:
+                kept.append(st)
+            else:
+                diagnostics.record("VERIFY", "Triton step disagrees with slot_by_slot: unfused",
+                                   plan=seg.plan_key, segment=seg.segment.index, step=st.describe(), reason=why)
+                unfused = _unfuse(seg, st)
+                run_steps(unfused, regs)
+                kept.extend(unfused)
+        _to_stable(seg, regs)
+        fused = [s for s in kept if s.kind != "slot"]
+        if fused:
+            diagnostics.record("FUSION", "segment uses Triton kernels", plan=seg.plan_key,
+                               segment=seg.segment.index, steps=len(kept), slots=len(seg.slots),
+                               triton_steps=len(fused))
+        return kept
+
+    def _check(self, seg: SegmentContext, st: Step, regs: list[Any]) -> tuple[bool, str]:
+        ref = list(regs)
+        run_steps(_unfuse(seg, st, release=False), ref)
+        try:
+            run_steps([st], regs)
+        except Exception as e:  # noqa: BLE001 - a kernel that fails to build or launch is declined
+            for r in st.outs:
+                if r != ABSENT:
+                    regs[r] = ref[r]
+            return False, f"{type(e).__name__}: {e}"
+        for r in st.outs:
+            if r == ABSENT:
+                continue
+            ok, err = close(regs[r], ref[r])
+            lay = isinstance(ref[r], torch.Tensor) and regs[r].stride() != ref[r].stride()
+            if not ok or lay:
+                for r2 in st.outs:
+                    if r2 != ABSENT:
+                        regs[r2] = ref[r2]
+                return False, ("layout differs" if ok else f"max abs error {err:.3g}") + \
+                    f" on {seg.plan.reg_names[r]}"
+        if _verify_on() and not self._random_check(st, ref):
+            return False, "random-input check failed"
+        return True, ""
+
+    def _random_check(self, st: Step, regs: list[Any]) -> bool:
+        scratch, ref = list(regs), list(regs)
+        for r in set(st.ins):
+            x = regs[r] if r != ABSENT else None
+            if isinstance(x, torch.Tensor) and x.dtype.is_floating_point and x.numel() > 1:
+                scratch[r] = ref[r] = torch.randn_like(x)
+        run_steps([Step(m.fn, tuple(m.ins), tuple(m.outs), (), (m,)) for m in st.members], ref)
+        run_steps([st], scratch)
+        return all(close(scratch[r], ref[r])[0] for r in st.outs if r != ABSENT)
+
+    # ---- replay with the verify switch ------------------------------------------------------------------
+    def replay(self, handle: GraphHandle, regs: list[Any]) -> None:
+        super().replay(handle, regs)
+        if _verify_on() and handle.graph is not None:
+            seg = handle.seg
+            ref = list(regs)
+            run_steps(slot_steps(seg), ref)
+            for r in seg.live_out:
+                ok, err = close(regs[r], ref[r])
+                if not ok:
+                    diagnostics.record("VERIFY", "replay disagrees with slot_by_slot", plan=seg.plan_key,
+                                       segment=seg.segment.index, register=seg.plan.reg_names[r], max_abs_err=err)
+
+
+def _unfuse(seg: SegmentContext, st: Step, release: bool = True) -> list[Step]:
+    keep = set(seg.live_out) | set(seg.live_in)
+    inside = {r for s in seg.slots for r in s.outs if r != ABSENT}
+    return [Step(m.fn, tuple(m.ins), tuple(m.outs),
+                 tuple(r for r in m.release if r in inside and r not in keep) if release else (), (m,))
+            for m in st.members]
+
+
+_attached = False
+
+
+def _attach() -> None:
+    global _attached
+    if not _attached:
+        from shapeplan.runtime.backends import triton_codegen, triton_lowerings
+        triton_codegen.attach_lowerings()
+        triton_lowerings.attach_lowerings()
+        _attached = True
+
+
+def rewrite(seg: SegmentContext, steps: list[Step], metas: dict[int, Any], cg: Any, tlow: Any) -> list[Step]:
+    """Replace slots by Triton steps where a lowering applies and fusing pays."""
+    plan = seg.plan
+    consts: dict[int, float] = {}
+    for r, data in plan.constants:
+        if isinstance(data, torch.Tensor) and data.numel() == 1 and data.dtype.is_floating_point:
+            consts[r] = float(data.reshape(()))
+    slots = seg.slots
+    read_at: dict[int, list[int]] = {}
+    for pos, s in enumerate(slots):
+        for r in s.ins:
+            read_at.setdefault(r, []).append(pos)
+    live_out = set(seg.live_out)
+    out: list[Step] = list(steps)
+    replaced: dict[int, Step | None] = {}      # position -> new step (None: absorbed into a fused step)
+    n_fused = n_kernels = 0
+    for run in cg.find_runs(slots, metas):
+        first, last = run.positions[0], run.positions[-1]
+        produced = [n.out for n in run.nodes]
+        outputs = [r for r in produced
+                   if r in live_out or any(p < first or p > last for p in read_at.get(r, ()))]
+        if any(not _contiguous(metas[r]) for r in outputs):
+            continue
+        unfused, fused = cg.run_bytes(run.nodes, metas, outputs)
+        score = cg.fusion_score(len(run.nodes), unfused, fused)
+        if score < cg.MIN_GAIN_US:
+            continue
+        try:
+            k = cg.build_fused(run.nodes, metas, outputs, consts)
+        except Exception as e:  # noqa: BLE001 - codegen declines, the slots stay
+            diagnostics.record("FUSION", "fused kernel not built", plan=seg.plan_key, reason=f"{type(e).__name__}: {e}")
+            k = None
+        if k is None:
+            continue
+        k.score = score
+        k.in_metas = tuple(metas[r] for r in k.inputs)
+        members = tuple(slots[p] for p in run.positions)
+        rel = tuple(r for st in (steps[p] for p in run.positions) for r in st.release)
+        replaced[first] = Step(k, k.inputs, k.outputs, rel, members, kind="fused")
+        for p in run.positions[1:]:
+            replaced[p] = None
+        n_fused += 1
+        diagnostics.record("FUSION", "fused elementwise run", plan=seg.plan_key, segment=seg.segment.index,
+                           ops=list(k.op_types), kernel=k.name, score_us=round(score, 2))
+    for pos, s in enumerate(slots):
+        if pos in replaced:
+            continue
+        low = getattr(s.opdef, "triton", None)
+        if isinstance(low, tlow.KernelLowering):
+            try:
+                fn = low.bind(s, metas)
+            except Exception:  # noqa: BLE001 - an unexpected layout: keep torch
+                fn = None
+            if fn is not None:
+                replaced[pos] = Step(fn, tuple(s.ins), tuple(s.outs), steps[pos].release, (s,), kind="kernel")
+                n_kernels += 1
+    if not replaced:
+        return steps
+    out = [replaced.get(p, st) for p, st in enumerate(steps) if not (p in replaced and replaced[p] is None)]
+    diagnostics.record("FUSION", "segment rewritten for Triton", plan=seg.plan_key, segment=seg.segment.index,
+                       slots=len(slots), steps=len(out), fused_runs=n_fused, kernels=n_kernels)
+    return out
+
+
+def _contiguous(m: Any) -> bool:
+    expect = 1
+    for size, st in zip(reversed(m.shape), reversed(m.stride)):
+        if size != 1 and st != expect:
+            return False
+        expect *= size
+    return True
+
+
+register_backend("triton", TritonBackend)
+
+__all__ = ["TOLERANCE", "TritonBackend", "close", "rewrite"]
