@@ -1,0 +1,90 @@
+"""CommonSubexpressionElimination: identical nodes on identical inputs compute once.
+
+    before:  a = Relu(x); b = Relu(x); y = Add(a, b)
+    after:   a = Relu(x);              y = Add(a, a)
+
+Key: (domain, op, inputs (sorted for COMMUTATIVE ops), attributes, #outputs). Never merged:
+RANDOM, MUTATES_INPUT, CONTROL_FLOW / subgraph nodes, and nodes that read a value some
+MUTATES_INPUT node writes (the two reads may see different contents). Small equal constants
+(<= 4096 elements, same dtype/shape/bytes) are merged first so nodes reading copies match.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from shapeplan.ir.graph import Graph, ValueKind
+from shapeplan.ops.registry import Trait
+from shapeplan.optimize.rewrite import Rewriter
+
+_NEVER = Trait.RANDOM | Trait.MUTATES_INPUT | Trait.CONTROL_FLOW
+
+
+def _attr_key(v: Any) -> Any:
+    if isinstance(v, torch.Tensor):
+        return ("T", str(v.dtype), tuple(v.shape), v.detach().cpu().numpy().tobytes())
+    if isinstance(v, (list, tuple)):
+        return tuple(_attr_key(x) for x in v)
+    if isinstance(v, float) and v != v:
+        return ("nan",)
+    try:
+        hash(v)
+        return v
+    except TypeError:
+        return ("id", id(v))
+
+
+def _const_key(t: torch.Tensor) -> tuple | None:
+    if t.numel() > 4096:
+        return None
+    return (str(t.dtype), tuple(t.shape), t.detach().contiguous().cpu().numpy().tobytes())
+
+
+def run(graph: Graph) -> int:
+    rw = Rewriter(graph, "CommonSubexpressionElimination")
+    canon: dict[int, Any] = {}
+    seen_const: dict[tuple, Any] = {}
+    for v in graph.values.values():
+        if v.kind is ValueKind.CONSTANT and isinstance(v.data, torch.Tensor) and not rw.pinned(v):
+            k = _const_key(v.data)
+            if k is not None:
+                canon[id(v)] = seen_const.setdefault(k, v)
+    count = 0
+    # rewire readers of duplicate constants
+    for n in graph.nodes:
+        if any(v is not None and id(v) in canon and canon[id(v)] is not v for v in n.inputs):
+            for i, v in enumerate(n.inputs):
+                if v is not None and id(v) in canon and canon[id(v)] is not v:
+                    n.inputs[i] = canon[id(v)]
+                    rw.users.setdefault(id(canon[id(v)]), []).append(n)
+            count += 1
+    seen: dict[tuple, Any] = {}
+    for node in graph.nodes:
+        if id(node) in rw.dead or node.implicit_inputs or node.subgraphs():
+            continue
+        od = rw.opdef(node)
+        if od is None or od.has(_NEVER):
+            continue
+        if any(v is not None and (id(v) in rw.mutated or v.kind is ValueKind.VARIABLE) for v in node.inputs):
+            continue
+        ins = [id(v) if v is not None else 0 for v in node.inputs]
+        if len(ins) == 2 and od.has(Trait.COMMUTATIVE):
+            ins.sort()
+        key = (node.domain, node.op_type, tuple(ins), len(node.outputs),
+               tuple(sorted((k, _attr_key(a)) for k, a in node.attrs.items())))
+        prev = seen.get(key)
+        if prev is None or id(prev) in rw.dead:
+            seen[key] = node
+            continue
+        ok = True
+        for o, p in zip(node.outputs, prev.outputs):
+            if o.name and (rw.readers(o) or rw.pinned(o)):
+                if not p.name or not rw.replace(o, p, before=node):
+                    ok = False
+        if ok:
+            count += 1
+            rw.emit(f"{node.describe()} == {prev.describe()}", node=node.name)
+            rw.sweep(node)
+    rw.commit()
+    return count

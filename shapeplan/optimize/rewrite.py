@@ -1,0 +1,610 @@
+"""Rewrite context and pattern tables: the machinery every pass shares.
+
+A :class:`Rewriter` wraps one Graph for the duration of one pass. It keeps a use-list
+(value -> reading nodes) up to date as values are replaced, removes nodes that die as a
+consequence, inserts new nodes *right before the node they replace* (so reads of mutable state keep
+their place relative to ``MUTATES_INPUT`` nodes) and rebuilds ``graph.nodes`` once at the end.
+
+Local rewrites are data (tinygrad ``PatternMatcher`` style)::
+
+    RULES = [
+        (P("Neg", P("Neg", "x")), lambda m: m["x"]),                  # neg(neg(x)) -> x
+        (P("Add", "x", C("c", is_zero)), lambda m: m.keep_shape("x")),  # x + 0 -> x
+    ]
+    count = apply_rules(graph, RULES, "Peephole")
+
+Pattern inputs: ``P(...)`` matches the producer of the value (which must have no other reader,
+unless ``shared=True``), a string binds any value under that name (a name used twice must bind the
+same value), ``C(name, pred)`` binds a constant tensor, ``ANY`` matches anything. Binary ops with
+the COMMUTATIVE trait are tried in both input orders. A replacement function gets a :class:`Match`
+and returns the value that replaces the root node's first output, or None to decline.
+"""
+from __future__ import annotations
+
+import bisect
+import logging
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+import torch
+
+from shapeplan.ir.dtypes import DType
+from shapeplan.ir.graph import Graph, Node, Value, ValueKind
+from shapeplan.ir.shape_inference import infer_node
+from shapeplan.ops.registry import OpDef, Trait, is_supported, lookup
+
+log = logging.getLogger("shapeplan.optimize")
+
+#: nodes that must never be removed even when their outputs are unused
+KEEP_TRAITS = Trait.MUTATES_INPUT
+
+
+# ------------------------------------------------------------------------------ event sink
+def _diag_record() -> Callable[..., Any] | None:
+    try:
+        from shapeplan import diagnostics  # noqa: PLC0415  (built by another module; optional)
+    except Exception:  # noqa: BLE001
+        return None
+    rec = getattr(diagnostics, "record", None)
+    return rec if callable(rec) else None
+
+
+def _fusion_category() -> Any:
+    try:
+        from shapeplan import diagnostics  # noqa: PLC0415
+        cat = getattr(diagnostics, "Category", None)
+        return getattr(cat, "FUSION") if cat is not None else "FUSION"
+    except Exception:  # noqa: BLE001
+        return "FUSION"
+
+
+class EventSink:
+    """Where applied rewrites (and declined fusions) are reported: logging + diagnostics FUSION."""
+
+    def __init__(self) -> None:
+        self.log_enabled = os.environ.get("SHAPEPLAN_OPTIMIZER_LOG", "0") not in ("", "0")
+        self.record = _diag_record()
+        self.category = _fusion_category() if self.record is not None else None
+        if self.log_enabled and not log.handlers and not logging.getLogger().handlers:
+            h = logging.StreamHandler()            # stderr
+            h.setFormatter(logging.Formatter("[shapeplan.optimize] %(message)s"))
+            log.addHandler(h)
+            log.setLevel(logging.INFO)
+
+    def emit(self, pass_name: str, message: str, declined: bool = False, **fields: Any) -> None:
+        if self.log_enabled:
+            log.warning("%s: %s%s", pass_name, "declined: " if declined else "", message)
+        if self.record is not None:
+            try:
+                self.record(self.category, f"{pass_name}: {message}", pass_name=pass_name,
+                            declined=declined, **fields)
+            except Exception:  # noqa: BLE001 - diagnostics must never break optimization
+                self.record = None
+
+
+_SINK: EventSink | None = None
+
+
+def sink() -> EventSink:
+    global _SINK
+    if _SINK is None:
+        _SINK = EventSink()
+    return _SINK
+
+
+def reset_sink() -> None:
+    """Re-read env / re-probe diagnostics (called once per optimize())."""
+    global _SINK
+    _SINK = EventSink()
+
+
+# ------------------------------------------------------------------------------ patterns
+class _Any:
+    def __repr__(self) -> str:
+        return "ANY"
+
+
+ANY = _Any()
+
+
+@dataclass(slots=True)
+class C:
+    """Constant input pattern: binds the constant's tensor under ``name`` when ``pred`` holds."""
+    name: str
+    pred: Callable[[torch.Tensor], bool] | None = None
+
+
+@dataclass(slots=True)
+class P:
+    """Node pattern: op type(s), input patterns, optional binding name and node predicate."""
+    op: str | tuple[str, ...]
+    inputs: tuple[Any, ...] = ()
+    name: str | None = None
+    pred: Callable[[Node], bool] | None = None
+    shared: bool = False          # allow the value to have other readers
+    domain: str | None = None     # None: ai.onnx or shapeplan
+
+    def __init__(self, op: str | tuple[str, ...], *inputs: Any, name: str | None = None,
+                 pred: Callable[[Node], bool] | None = None, shared: bool = False,
+                 domain: str | None = None) -> None:
+        self.op, self.inputs, self.name, self.pred = op, inputs, name, pred
+        self.shared, self.domain = shared, domain
+
+    def ops(self) -> tuple[str, ...]:
+        return (self.op,) if isinstance(self.op, str) else self.op
+
+
+@dataclass(slots=True)
+class Match:
+    rw: "Rewriter"
+    root: Node
+    binds: dict[str, Any] = field(default_factory=dict)
+    nodes: list[Node] = field(default_factory=list)
+
+    def __getitem__(self, name: str) -> Any:
+        return self.binds[name]
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self.binds.get(name, default)
+
+    @property
+    def out(self) -> Value:
+        return self.root.outputs[0]
+
+    def op(self, op_type: str, *inputs: Value | None, domain: str = "", n_out: int = 1,
+           like: Value | None = None, **attrs: Any) -> Any:
+        return self.rw.op(op_type, list(inputs), attrs, domain=domain, n_out=n_out, like=like,
+                          before=self.root)
+
+    def const(self, data: Any, like: Value | None = None) -> Value:
+        return self.rw.const(data, like)
+
+    def keep_shape(self, name: str) -> Value | None:
+        """The bound value ``name`` if it has the root output's dtype and (static) shape, else None."""
+        return self.rw.same_type(self.binds[name], self.out)
+
+
+Rule = tuple[P, Callable[[Match], Any]]
+
+
+# ------------------------------------------------------------------------------ rewriter
+class Rewriter:
+    """One pass's view of a graph: use-lists, replacement, insertion, dead-node sweep."""
+
+    def __init__(self, graph: Graph, pass_name: str = "") -> None:
+        self.g = graph
+        self.pass_name = pass_name
+        self.users: dict[int, list[Node]] = {}
+        self.pos: dict[int, int] = {}
+        self.mutator_pos: list[int] = []
+        self.mutated: set[int] = set()
+        for i, n in enumerate(graph.nodes):
+            self.pos[id(n)] = i
+            for v in n.all_inputs:
+                if v is not None:
+                    self.users.setdefault(id(v), []).append(n)
+            od = self.opdef(n)
+            if od is not None and od.has(Trait.MUTATES_INPUT):
+                self.mutator_pos.append(i)
+                self.mutated.update(id(v) for v in n.inputs if v is not None)
+        self.output_ids = {id(v) for v in graph.outputs}
+        # values read by subgraphs by name (implicit inputs / captures): never renamed or replaced
+        self.captured_names: set[str] = set()
+        self.implicit: set[int] = set()
+        for n in graph.nodes:
+            self.implicit.update(id(v) for v in n.implicit_inputs)
+            for sub in n.subgraphs():
+                _collect_capture_names(sub, self.captured_names)
+        self.dead: set[int] = set()
+        self.inserts: dict[int, list[Node]] = {}
+        self.changed = 0
+        self.removed = 0
+
+    # ---- queries
+    def opdef(self, n: Node) -> OpDef | None:
+        try:
+            return lookup(n.op_type, n.domain, self.g.opset(n.domain))
+        except Exception:  # noqa: BLE001
+            return None
+
+    def has(self, n: Node, trait: Trait) -> bool:
+        od = self.opdef(n)
+        return od is not None and od.has(trait)
+
+    def readers(self, v: Value) -> list[Node]:
+        return [n for n in self.users.get(id(v), ()) if id(n) not in self.dead]
+
+    def pinned(self, v: Value) -> bool:
+        """A graph output or a value that a subgraph reads by name."""
+        return id(v) in self.output_ids or id(v) in self.implicit or v.name in self.captured_names
+
+    def single_use(self, v: Value) -> bool:
+        """Exactly one node reads ``v`` (possibly in several input slots) and it is not pinned."""
+        rs = self.readers(v)
+        return bool(rs) and all(n is rs[0] for n in rs) and not self.pinned(v)
+
+    def alive(self, n: Node) -> bool:
+        return id(n) not in self.dead
+
+    def producer(self, v: Value | None) -> Node | None:
+        if v is None or v.kind is not ValueKind.INTERMEDIATE:
+            return None
+        p = v.producer
+        return p if p is not None and id(p) not in self.dead else None
+
+    @staticmethod
+    def const_value(v: Value | None) -> torch.Tensor | None:
+        if v is not None and v.kind is ValueKind.CONSTANT and isinstance(v.data, torch.Tensor):
+            return v.data
+        return None
+
+    @staticmethod
+    def scalar(v: Value | None) -> float | None:
+        """The value of a constant with exactly one element (any rank), else None."""
+        t = Rewriter.const_value(v)
+        if t is None or t.numel() != 1 or t.dtype.is_complex:
+            return None
+        return float(t.reshape(()).item())
+
+    def supported(self, op_type: str, domain: str = "") -> bool:
+        return is_supported(op_type, domain, self.g.opset(domain))
+
+    def fused_domain(self, op_type: str) -> str | None:
+        """Where a fused op lives at this graph's opset: ai.onnx first, then the shapeplan domain."""
+        if self.supported(op_type, ""):
+            return ""
+        if self.supported(op_type, "shapeplan"):
+            self.g.opset_imports.setdefault("shapeplan", 1)
+            return "shapeplan"
+        return None
+
+    @staticmethod
+    def same_type(v: Value, like: Value) -> Value | None:
+        """``v`` when it provably has ``like``'s dtype and shape (so it can stand in for it)."""
+        if v.dtype is None or v.dtype != like.dtype or v.shape is None or like.shape is None:
+            return None
+        if len(v.shape) != len(like.shape):
+            return None
+        for a, b in zip(v.shape, like.shape):
+            if a is None or b is None or a != b:
+                return None
+        return v
+
+    # ---- building
+    def op(self, op_type: str, inputs: list[Value | None], attrs: dict[str, Any] | None = None, *,
+           domain: str = "", n_out: int = 1, like: Value | None = None, before: Node) -> Any:
+        """Create a node placed right before ``before``; returns its output (tuple if n_out > 1)."""
+        g = self.g
+        node = g.add_node(op_type, inputs, {k: v for k, v in (attrs or {}).items() if v is not None},
+                          num_outputs=n_out, domain=domain)
+        g.nodes.pop()                                  # placed at commit()
+        self.inserts.setdefault(id(before), []).append(node)
+        self.pos[id(node)] = self.pos.get(id(before), len(g.nodes))
+        for v in node.all_inputs:
+            if v is not None:
+                self.users.setdefault(id(v), []).append(node)
+        try:
+            infer_node(node, g.opset(domain))
+        except Exception:  # noqa: BLE001 - an unknown shape is fine; `like` fills it in
+            pass
+        if like is not None and n_out == 1:
+            o = node.outputs[0]
+            o.dtype = o.dtype or like.dtype
+            o.shape = like.shape if o.shape is None else o.shape
+        return node.outputs[0] if n_out == 1 else tuple(node.outputs)
+
+    def const(self, data: Any, like: Value | None = None) -> Value:
+        t = data if isinstance(data, torch.Tensor) else torch.as_tensor(data)
+        if like is not None and like.dtype is not None and like.dtype.torch is not None:
+            t = t.to(like.dtype.torch)
+        return self.g.constant(t.contiguous(), name=self.g.fresh_name("opt_const"))
+
+    # ---- replacement
+    def replace(self, old: Value, new: Value, before: Node | None = None) -> bool:
+        """Make every reader of ``old`` read ``new``; keeps output names. False when impossible."""
+        if old is new:
+            return False
+        if id(old) in self.implicit or old.name in self.captured_names:
+            return False                        # a subgraph reads it by name
+        if id(old) in self.output_ids:
+            if not self._rename_into_output(old, new):
+                prod = old.producer
+                if prod is None or prod.op_type == "Identity" and prod.inputs and prod.inputs[0] is new:
+                    return False
+                # keep the output's name: old := Identity(new)
+                ident = Node("Identity", [new], [old], {}, "", self.g.fresh_name("Identity"))
+                if prod is not None:                  # detach: prod's slot becomes an unused output
+                    prod.outputs = [Value("", old.dtype, old.shape, producer=prod) if o is old else o
+                                    for o in prod.outputs]
+                old.producer = ident
+                self.inserts.setdefault(id(before or prod), []).append(ident)
+                self.pos[id(ident)] = self.pos.get(id(before or prod), 0)
+                self.users.setdefault(id(new), []).append(ident)
+                self.changed += 1
+                if prod is not None:
+                    self.sweep(prod)
+                return True
+            return True
+        readers = self.users.pop(id(old), [])
+        for n in readers:
+            n.inputs = [new if v is old else v for v in n.inputs]
+            n.implicit_inputs = [new if v is old else v for v in n.implicit_inputs]
+        self.users.setdefault(id(new), []).extend(readers)
+        self.changed += 1
+        if old.producer is not None:
+            self.sweep(old.producer)
+        return True
+
+    def _rename_into_output(self, old: Value, new: Value) -> bool:
+        if (new.kind is not ValueKind.INTERMEDIATE or new.producer is None or id(new) in self.output_ids
+                or self.pinned(new)):
+            return False
+        g = self.g
+        prod = old.producer
+        readers = self.users.pop(id(old), [])
+        for n in readers:
+            n.inputs = [new if v is old else v for v in n.inputs]
+            n.implicit_inputs = [new if v is old else v for v in n.implicit_inputs]
+        self.users.setdefault(id(new), []).extend(readers)
+        if g.values.get(new.name) is new:
+            del g.values[new.name]
+        if g.values.get(old.name) is old:
+            del g.values[old.name]
+        new.name = old.name
+        g.values[new.name] = new
+        g.outputs = [new if v is old else v for v in g.outputs]
+        self.output_ids.discard(id(old))
+        self.output_ids.add(id(new))
+        old.name = ""                                 # the dead producer's output is now anonymous
+        self.changed += 1
+        if prod is not None:
+            self.sweep(prod)
+        return True
+
+    def removable(self, n: Node) -> bool:
+        od = self.opdef(n)
+        if od is not None and od.has(KEEP_TRAITS):
+            return False
+        if od is not None and od.has(Trait.CONTROL_FLOW) and _subgraphs_mutate(n, self.g):
+            return False
+        return True
+
+    def sweep(self, n: Node) -> None:
+        """Remove ``n`` (and, transitively, its producers) when nothing reads its outputs."""
+        stack = [n]
+        while stack:
+            node = stack.pop()
+            if id(node) in self.dead or not self.removable(node):
+                continue
+            if any(self.readers(o) or self.pinned(o) for o in node.outputs):
+                continue
+            self._kill(node)
+            for v in node.all_inputs:
+                p = self.producer(v)
+                if p is not None:
+                    stack.append(p)
+
+    def _kill(self, node: Node) -> None:
+        self.dead.add(id(node))
+        self.removed += 1
+        for v in node.all_inputs:
+            if v is not None:
+                lst = self.users.get(id(v))
+                if lst is not None:
+                    try:
+                        lst.remove(node)
+                    except ValueError:
+                        pass
+        for o in node.outputs:
+            if o.name and self.g.values.get(o.name) is o and id(o) not in self.output_ids:
+                del self.g.values[o.name]
+
+    def crosses_mutation(self, nodes: Iterable[Node], root: Node) -> bool:
+        """True when a MUTATES_INPUT node sits between the earliest of ``nodes`` and ``root``."""
+        if not self.mutator_pos:
+            return False
+        lo = min((self.pos.get(id(n), 0) for n in nodes), default=self.pos.get(id(root), 0))
+        hi = self.pos.get(id(root), 0)
+        i = bisect.bisect_right(self.mutator_pos, lo)
+        return i < len(self.mutator_pos) and self.mutator_pos[i] < hi
+
+    def emit(self, message: str, declined: bool = False, **fields: Any) -> None:
+        sink().emit(self.pass_name, message, declined=declined, **fields)
+
+    # ---- finish
+    def commit(self) -> int:
+        """Write the node list back (inserts placed, dead nodes dropped); returns #changes."""
+        if self.dead or self.inserts:
+            out: list[Node] = []
+            for n in self.g.nodes:
+                self._emit_inserts(n, out)
+                if id(n) not in self.dead:
+                    out.append(n)
+            self.g.nodes = out
+        return self.changed
+
+    def _emit_inserts(self, n: Node, out: list[Node]) -> None:
+        for new in self.inserts.pop(id(n), ()):
+            self._emit_inserts(new, out)
+            if id(new) not in self.dead:
+                out.append(new)
+
+    # ---- matching
+    def match(self, pat: P, node: Node) -> Match | None:
+        m = Match(self, node)
+        return m if self._match_node(pat, node, m) else None
+
+    def _match_node(self, pat: P, node: Node, m: Match) -> bool:
+        if node.op_type not in pat.ops():
+            return False
+        if pat.domain is not None and node.domain != pat.domain:
+            return False
+        if pat.domain is None and node.domain not in ("", "ai.onnx", "shapeplan"):
+            return False
+        ins = node.inputs
+        n = len(ins)
+        while n and ins[n - 1] is None:
+            n -= 1
+        if pat.inputs and n != len(pat.inputs):
+            return False
+        if pat.pred is not None and not pat.pred(node):
+            return False
+        orders = [list(ins[:n])]
+        if n == 2 and len(pat.inputs) == 2 and self.has(node, Trait.COMMUTATIVE):
+            orders.append([ins[1], ins[0]])
+        for order in orders:
+            saved = (dict(m.binds), len(m.nodes))
+            ok = all(self._match_value(p, v, m) for p, v in zip(pat.inputs, order))
+            if ok:
+                if pat.name:
+                    m.binds[pat.name] = node
+                m.nodes.append(node)
+                return True
+            m.binds, del_to = saved
+            del m.nodes[del_to:]
+        return False
+
+    def _match_value(self, p: Any, v: Value | None, m: Match) -> bool:
+        if p is ANY:
+            return True
+        if v is None:
+            return p is None
+        if isinstance(p, str):
+            bound = m.binds.get(p)
+            if bound is None:
+                m.binds[p] = v
+                return True
+            return bound is v
+        if isinstance(p, C):
+            t = self.const_value(v)
+            if t is None or (p.pred is not None and not _safe_pred(p.pred, t)):
+                return False
+            if p.name in m.binds and m.binds[p.name] is not t:
+                return False
+            m.binds[p.name] = t
+            m.binds[p.name + "_value"] = v
+            return True
+        if isinstance(p, P):
+            prod = self.producer(v)
+            if prod is None or (not p.shared and not self.single_use(v)):
+                return False
+            return self._match_node(p, prod, m)
+        return False
+
+
+def _safe_pred(pred: Callable[[torch.Tensor], bool], t: torch.Tensor) -> bool:
+    try:
+        return bool(pred(t))
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def _collect_capture_names(g: Graph, out: set[str]) -> None:
+    out.update(v.name for v in g.captures)
+    for n in g.nodes:
+        for sub in n.subgraphs():
+            _collect_capture_names(sub, out)
+
+
+def _subgraphs_mutate(n: Node, g: Graph) -> bool:
+    for sub in n.subgraphs():
+        for m in sub.nodes:
+            try:
+                if lookup(m.op_type, m.domain, sub.opset(m.domain)).has(Trait.MUTATES_INPUT):
+                    return True
+            except Exception:  # noqa: BLE001
+                return True
+            if m.subgraphs() and _subgraphs_mutate(m, sub):
+                return True
+    return False
+
+
+def apply_rules(graph: Graph, rules: list[Rule], pass_name: str) -> int:
+    """Run a (pattern, replacement) table once over the graph in order; returns #rewrites."""
+    by_op: dict[str, list[Rule]] = {}
+    for rule in rules:
+        for op in rule[0].ops():
+            by_op.setdefault(op, []).append(rule)
+    rw = Rewriter(graph, pass_name)
+    count = 0
+    for node in list(graph.nodes):
+        cands = by_op.get(node.op_type)
+        if not cands or id(node) in rw.dead or not node.outputs:
+            continue
+        for pat, fn in cands:
+            m = rw.match(pat, node)
+            if m is None:
+                continue
+            if rw.crosses_mutation(m.nodes, node):
+                continue
+            new = fn(m)
+            if new is None:
+                continue
+            if rw.replace(node.outputs[0], new, before=node):
+                count += 1
+                rw.emit(f"{getattr(fn, '__name__', 'rule')} at {node.describe()}", node=node.name,
+                        op=node.op_type)
+                break
+    rw.commit()
+    return count
+
+
+# ------------------------------------------------------------------------------ small helpers
+def is_float(v: Value | None) -> bool:
+    return v is not None and v.dtype is not None and v.dtype.is_float
+
+
+def is_int(v: Value | None) -> bool:
+    return (v is not None and v.dtype is not None and v.dtype.torch is not None
+            and not v.dtype.torch.is_floating_point and not v.dtype.torch.is_complex
+            and v.dtype.name != "bool")
+
+
+def all_equal(t: torch.Tensor, x: float) -> bool:
+    if t.numel() == 0:
+        return False
+    if t.dtype == torch.bool:
+        return bool((t == bool(x)).all())
+    return bool((t == x).all())
+
+
+def close_to(t: torch.Tensor, x: float, rel: float = 1e-3) -> bool:
+    return t.numel() == 1 and math.isclose(float(t.reshape(()).item()), x, rel_tol=rel)
+
+
+def dtype_of(v: Value | None) -> DType | None:
+    return None if v is None else v.dtype
+
+
+def static_shape(v: Value | None) -> tuple[int, ...] | None:
+    return tuple(v.shape) if v is not None and v.is_static else None  # type: ignore[arg-type]
+
+
+def norm_axis(axis: int, rank: int | None) -> int | None:
+    if axis >= 0:
+        return axis
+    return None if rank is None else axis + rank
+
+
+def int_list(rw: Rewriter, node: Node, attr: str, input_index: int) -> list[int] | None:
+    """An int-list parameter given as attribute (old opsets) or constant input (new opsets).
+
+    Returns None when it is not known at compile time; [] when absent."""
+    if attr in node.attrs:
+        v = node.attrs[attr]
+        return [int(x) for x in (v if isinstance(v, (list, tuple)) else [v])]
+    if len(node.inputs) > input_index and node.inputs[input_index] is not None:
+        t = rw.const_value(node.inputs[input_index])
+        if t is None:
+            return None
+        return [int(x) for x in t.reshape(-1).tolist()]
+    return []
+
+
+def shapes_equal(a: Any, b: Any) -> bool:
+    """Static or symbolic shapes that are provably equal (no unknown dims)."""
+    if a is None or b is None or len(a) != len(b):
+        return False
+    return all(x is not None and y is not None and x == y for x, y in zip(a, b))
