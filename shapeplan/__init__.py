@@ -22,13 +22,10 @@ def optimize(model: Any, skip: list[str] | None = None, **kw: Any) -> Graph:
 
 def compile(model: Any, device: str = "cpu", mode: str | Mode = "auto", *, optimize: bool = True,
             skip: list[str] | None = None, **kw: Any) -> Engine:
-    """Load, verify, optimize and compile ``model`` into an Engine."""
-    graph = load(model)
-    graph.verify()
-    if optimize:
-        from shapeplan.optimize import optimize as _optimize
-        graph = _optimize(graph, skip=skip)
-    return Engine(graph, device=device, mode=mode, **kw)
+    """Load, verify, optimize and compile ``model`` into an Engine (warm start from the disk plan cache
+    when enabled: ``disk_cache=``, see shapeplan/runtime/compile.py)."""
+    from shapeplan.runtime.compile import compile_model
+    return compile_model(model, device=device, mode=mode, optimize=optimize, skip=skip, **kw)
 
 
 def __getattr__(name: str) -> Any:

@@ -1,0 +1,62 @@
+"""``sp.compile``: load -> (disk cache | verify + optimize + compile_plan) -> Engine.
+
+Disk cache use: ``disk_cache=True/False``; default (None) reads ``SHAPEPLAN_DISK_CACHE``
+(``1`` on, ``0`` off, unset: on for models given as a file path, off for in-memory graphs, whose
+hashing would cost a serialization).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from typing import Any
+
+from shapeplan import diagnostics
+
+
+def _model_hash(model: Any, graph: Any) -> str:
+    if isinstance(model, (str, os.PathLike)) and os.path.isfile(model):
+        h = hashlib.sha256()
+        with open(model, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        return "file:" + h.hexdigest()
+    from shapeplan.plan.serialize import graph_to_bytes
+    return "graph:" + hashlib.sha256(graph_to_bytes(graph)).hexdigest()
+
+
+def compile_model(model: Any, device: str = "cpu", mode: Any = "auto", *, optimize: bool = True,
+                  skip: list[str] | None = None, disk_cache: bool | None = None, cache_dir: str | None = None,
+                  force_recompile: bool | None = None, **kw: Any) -> Any:
+    from shapeplan.importers import load
+    from shapeplan.runtime.engine import Engine
+    t0 = time.perf_counter()
+    graph = load(model)
+    if disk_cache is None:
+        env = os.environ.get("SHAPEPLAN_DISK_CACHE", "")
+        disk_cache = env not in ("0", "false") and (env in ("1", "true") or isinstance(model, (str, os.PathLike)))
+    disk = key = fp = None
+    if disk_cache:
+        from shapeplan.cache.disk import DiskCache
+        from shapeplan.cache.fingerprint import cache_key, fingerprint
+        disk = DiskCache(cache_dir, force_recompile=force_recompile)
+        fp = fingerprint(str(device))
+        key = cache_key(_model_hash(model, graph), {"optimize": optimize, "skip": sorted(skip or [])}, fp)
+        plan = disk.get(key, fp)
+        if plan is not None:
+            engine = Engine(plan.graph, device=device, mode=mode, **kw)
+            engine._plans[None] = plan
+            engine.compile_info = {"source": "disk", "seconds": time.perf_counter() - t0, "key": key}
+            diagnostics.record("COMPILE", "warm start from disk cache", key=key,
+                               seconds=engine.compile_info["seconds"])
+            return engine
+    graph.verify()
+    if optimize:
+        from shapeplan.optimize import optimize as _optimize
+        graph = _optimize(graph, skip=skip)
+    engine = Engine(graph, device=device, mode=mode, **kw)
+    plan = engine.plan(None)
+    if disk is not None and key is not None:
+        disk.put(key, plan, fp, {"graph": graph.name, "nodes": len(graph.nodes)})
+    engine.compile_info = {"source": "compiled", "seconds": time.perf_counter() - t0, "key": key}
+    return engine
