@@ -1,0 +1,62 @@
+"""Fixtures: tiny random Llama / Mistral / Qwen2 / Qwen3 checkpoints written once per test session with
+transformers' save_pretrained, plus a BPE tokenizer trained with `tokenizers` (nothing downloads)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+MODEL_TYPES = ["llama", "mistral", "qwen2", "qwen3"]
+
+# each fixture exercises a different switch of the family
+_OVERRIDES = {
+    "llama": dict(rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
+                                   "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                   "original_max_position_embeddings": 64}),
+    "mistral": dict(sliding_window=24, shard=True),   # sliding window + a sharded index
+    "qwen2": dict(),                                   # qkv bias, tied embeddings
+    "qwen3": dict(),                                   # q/k norm, tied embeddings
+}
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # tiny matrices: intra-op threads only add contention on a shared 2-core machine
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="session")
+def checkpoints(tmp_path_factory):
+    """model_type -> checkpoint directory (built lazily, once)."""
+    from shapeplan.llm.demo import make_tiny_checkpoint
+    made: dict[str, str] = {}
+
+    def get(model_type: str) -> str:
+        if model_type not in made:
+            d = tmp_path_factory.mktemp(f"ckpt-{model_type}")
+            made[model_type] = make_tiny_checkpoint(str(d), model_type, **_OVERRIDES[model_type])
+        return made[model_type]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def hf_models():
+    """model_type -> transformers model (float32, eval) loaded from the same checkpoint."""
+    cache: dict[str, object] = {}
+
+    def get(path: str):
+        if path not in cache:
+            from transformers import AutoModelForCausalLM
+            cache[path] = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        return cache[path]
+
+    return get
+
+
+def hf_greedy(model, ids: list[int], n: int, **kw) -> list[int]:
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False, **kw)
+    return out[0, len(ids):].tolist()
