@@ -193,7 +193,6 @@ def rewrite(seg: SegmentContext, steps: list[Step], metas: dict[int, Any], cg: A
         for r in s.ins:
             read_at.setdefault(r, []).append(pos)
     live_out = set(seg.live_out)
-    out: list[Step] = list(steps)
     replaced: dict[int, Step | None] = {}      # position -> new step (None: absorbed into a fused step)
     n_fused = n_kernels = 0
     for run in cg.find_runs(slots, metas):
@@ -215,7 +214,6 @@ def rewrite(seg: SegmentContext, steps: list[Step], metas: dict[int, Any], cg: A
         if k is None:
             continue
         k.score = score
-        k.in_metas = tuple(metas[r] for r in k.inputs)
         members = tuple(slots[p] for p in run.positions)
         rel = tuple(r for st in (steps[p] for p in run.positions) for r in st.release)
         replaced[first] = Step(k, k.inputs, k.outputs, rel, members, kind="fused")

@@ -163,8 +163,13 @@ class FusedKernel:
     kernel: Any = None
     score: float = 0.0
     path: str = ""
+    in_metas: tuple[Meta, ...] = ()         # layouts baked into the source
 
     def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        for t, m in zip(inputs, self.in_metas):
+            if tuple(t.shape) != m.shape or tuple(t.stride()) != m.stride or t.dtype != m.dtype:
+                raise ValueError(f"{self.name}: input {list(t.shape)}/{t.stride()}/{t.dtype} differs from "
+                                 f"the layout it was generated for {list(m.shape)}/{m.stride}/{m.dtype}")
         dev = inputs[0].device
         outs = tuple(torch.empty(self.out_shape, dtype=d, device=dev) for d in self.out_dtypes)
         grid = ((self.numel + BLOCK - 1) // BLOCK,)
@@ -267,19 +272,18 @@ def load_kernel(body: str) -> tuple[str, Any, str]:
     digest = hashlib.sha256(body.encode()).hexdigest()[:20]
     name = f"fused_{digest}"
     with _lock:
-        if name in _loaded:
-            return name, _loaded[name], ""
         path = source_dir() / f"{name}.py"
         text = _HEADER + body.replace("def KERNEL(", f"def {name}(", 1)
         if not path.exists() or path.read_text() != text:
             tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
             tmp.write_text(text)
             os.replace(tmp, path)                          # atomic: a reader sees all or nothing
-        spec = importlib.util.spec_from_file_location(f"shapeplan_triton_src.{name}", path)
-        module = importlib.util.module_from_spec(spec)     # type: ignore[arg-type]
-        sys.modules[spec.name] = module                     # type: ignore[union-attr]
-        spec.loader.exec_module(module)                     # type: ignore[union-attr]
-        _loaded[name] = getattr(module, name)
+        if name not in _loaded:
+            spec = importlib.util.spec_from_file_location(f"shapeplan_triton_src.{name}", path)
+            module = importlib.util.module_from_spec(spec)     # type: ignore[arg-type]
+            sys.modules[spec.name] = module                     # type: ignore[union-attr]
+            spec.loader.exec_module(module)                     # type: ignore[union-attr]
+            _loaded[name] = getattr(module, name)
         return name, _loaded[name], str(path)
 
 
@@ -296,7 +300,8 @@ def build_fused(nodes: Sequence[EwNode], metas: dict[int, Meta], outputs: Sequen
     body, inputs = gen
     name, fn, path = load_kernel(body)
     return FusedKernel(name, body, inputs, tuple(outputs), out_shape, tuple(metas[r].dtype for r in outputs),
-                       numel, tuple(n.op_type for n in nodes), fn, path=path)
+                       numel, tuple(n.op_type for n in nodes), fn, path=path,
+                       in_metas=tuple(metas[r] for r in inputs))
 
 
 @dataclass(slots=True)
