@@ -36,10 +36,11 @@ def resolve_mode(mode: Mode, device: torch.device) -> tuple[Mode, bool, str | No
     if mode in (Mode.SLOT_BY_SLOT, Mode.SHAPE_INFERENCE_ONLY):
         return mode, False, None
     if mode is Mode.AUTO:
-        if device.type == "cuda":
-            b = get_backend(Mode.CUDA_GRAPHS)
-            if b is not None and b.available(device) is None:
-                return Mode.CUDA_GRAPHS, True, None
+        if device.type == "cuda":                      # triton -> cuda_graphs (per segment) -> slot_by_slot
+            for m in (Mode.TRITON, Mode.CUDA_GRAPHS):
+                b = get_backend(m)
+                if b is not None and b.available(device) is None:
+                    return m, True, None
         return Mode.EMULATED_REPLAY, True, None
     b = get_backend(mode)
     why = None if b is not None else f"no {mode.value} backend is registered"
@@ -60,6 +61,9 @@ class Engine:
         self.device = torch.device(device)
         self.mode = Mode.parse(mode)
         self.exec_mode, auto_fallback, why = resolve_mode(self.mode, self.device)
+        if self.device.type == "cuda":
+            from shapeplan.runtime import determinism
+            determinism.apply()                    # TF32 opt-in; SHAPEPLAN_DETERMINISTIC=1 bit-comparable
         if why:
             diagnostics.record("FALLBACK", why, requested=self.mode, running=self.exec_mode)
         self.fallback = auto_fallback if fallback is None else fallback

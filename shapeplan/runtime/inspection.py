@@ -26,6 +26,8 @@ class Inspection:
             if s is not None:
                 d.update(state=s.state.value, captures=s.captures, replays=s.replays, eager_runs=s.eager_runs,
                          drifts=s.drifts, failure=s.reason or None)
+                if hasattr(s.handle, "stats"):          # cuda_graphs / triton: pool bytes, fused steps
+                    d["capture"] = s.handle.stats()
             else:
                 d.update(state="NOT_FROZEN" if seg.capturable else "GAP", captures=0, replays=0)
             out.append(d)
@@ -76,7 +78,8 @@ class Inspection:
         for r in self.engine.runners():
             out.append({"name": r.name, "outputs": r.plan.output_names, "signature": [list(s) if s else s for s in r.key[1]],
                         "mode": r.key[2], "device": r.key[3], "phase": r.phase.value, "calls": r.calls,
-                        "segments": len(r.plan.segments), "bytes": r.nbytes})
+                        "segments": len(r.plan.segments), "bytes": r.nbytes,
+                        "graph_pool_bytes": getattr(r, "graph_pool_bytes", 0)})
         return out
 
     def report(self) -> dict[str, Any]:

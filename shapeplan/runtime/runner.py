@@ -106,7 +106,12 @@ class PlanRunner:
             if s.data_ptr() not in seen:
                 seen.add(s.data_ptr())
                 total += s.nbytes()
-        return total
+        return total + self.graph_pool_bytes
+
+    @property
+    def graph_pool_bytes(self) -> int:
+        """Device memory the CUDA graph pool grew by while this plan's segments were captured."""
+        return sum(int(getattr(s.handle, "pool_reserved_bytes", 0)) for s in self.segments)
 
     def _event(self, category: str, message: str, **fields: Any) -> None:
         diagnostics.record(category, message, plan=self.name, **fields)
