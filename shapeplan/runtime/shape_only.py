@@ -43,8 +43,12 @@ def infer_outputs(plan: Plan, feeds: list[Any], constants: dict[str, Any],
         if any(r in unknown for r in slot.ins if r != ABSENT):
             unknown.update(slot.outs)
             continue
+        args = [None if r == ABSENT else regs[r] for r in slot.ins]
         try:
-            outs = slot.fn(*[None if r == ABSENT else regs[r] for r in slot.ins])
+            try:
+                outs = slot.fn(*args)
+            except Exception:  # noqa: BLE001 - mixed real/meta inputs: retry all-meta
+                outs = slot.fn(*[_meta(a) for a in args])
             for r, o in zip(slot.outs, outs):
                 if r != ABSENT:
                     regs[r] = o

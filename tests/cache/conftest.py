@@ -1,0 +1,12 @@
+import pytest
+
+from shapeplan import diagnostics
+
+
+@pytest.fixture
+def diag():
+    diagnostics.reset()
+    diagnostics.enable("ALL", level="full")
+    yield diagnostics
+    diagnostics.disable()
+    diagnostics.reset()

@@ -1,0 +1,177 @@
+"""Phase machine, per-segment states, plan selection by shape, variables, constants."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import shapeplan as sp
+from shapeplan import testing
+from tests.runtime.graphs import mlp, rand, ref_engine, transformer_stack, with_gap, with_state
+
+
+def test_replaying_by_fifth_call():
+    g = mlp()
+    e, ref = sp.Engine(g, mode="emulated_replay"), ref_engine(g)
+    phases, states = [], []
+    for i in range(5):
+        x = rand(4, 8, seed=i)
+        out = e.run({"x": x})
+        assert np.array_equal(out[g.outputs[0].name], ref.run({"x": x})[g.outputs[0].name])
+        info = e.inspect()
+        phases.append(info.phase)
+        states.append(info.segments[0]["state"])
+    assert phases == ["SHAPES_FROZEN", "SHAPES_FROZEN", "SHAPES_FROZEN", "REPLAYING", "REPLAYING"]
+    assert states == ["NEEDS_WARMUP", "NEEDS_COMPILE", "CAPTURE_PENDING", "REPLAYING", "REPLAYING"]
+    info = e.inspect()
+    assert info.capture_count == 1 and info.replay_count == 1
+    testing.assert_fully_replaying(e)
+    testing.assert_no_address_drift(e)
+    testing.assert_no_capture_failures(e)
+
+
+def test_explicit_freeze_and_configurable_warmup():
+    e = sp.Engine(mlp(), mode="emulated_replay", warmup_calls=100)
+    with pytest.raises(sp.LifecycleError):
+        e.freeze()
+    for _ in range(3):
+        e.run({"x": rand(2, 8)})
+    assert e.inspect().phase == "SLOT_BY_SLOT"
+    e.freeze()
+    assert e.inspect().phase == "SHAPES_FROZEN"
+    testing.assert_phase_reached(e, "SHAPES_FROZEN")
+
+
+def test_shape_change_selects_another_plan_never_mutates_frozen_one():
+    g = mlp()
+    e, ref = sp.Engine(g, mode="emulated_replay"), ref_engine(g)
+    for i in range(5):
+        e.run({"x": rand(4, 8, seed=i)})
+    first = e.inspect().runner
+    assert first.phase.value == "REPLAYING"
+    x = rand(7, 8, seed=9)
+    out = e.run({"x": x})
+    assert np.array_equal(out[g.outputs[0].name], ref.run({"x": x})[g.outputs[0].name])
+    assert e.inspect().runner is not first and e.inspect().phase == "SHAPES_FROZEN"
+    assert first.phase.value == "REPLAYING" and first.calls == 5
+    assert len(e.inspect().plans()) == 2
+    x = rand(4, 8, seed=10)
+    assert np.array_equal(e.run({"x": x})[g.outputs[0].name], ref.run({"x": x})[g.outputs[0].name])
+    assert e.inspect().runner is first and first.segments[0].replays == 2
+
+
+def test_slot_by_slot_mode_never_freezes():
+    e = sp.Engine(mlp(), mode="slot_by_slot")
+    for i in range(6):
+        e.run({"x": rand(2, 8, seed=i)})
+    assert e.inspect().phase == "SLOT_BY_SLOT"
+
+
+def test_variables_persist_and_are_updated_in_place():
+    g = with_state()
+    e, ref = sp.Engine(g, mode="emulated_replay"), ref_engine(g)
+    ptr = e.variables["acc"].data_ptr()
+    for i in range(8):
+        x = rand(5, seed=i)
+        a, b = e.run({"x": x}), ref.run({"x": x})
+        assert np.array_equal(a[g.outputs[0].name], b[g.outputs[0].name])
+    assert e.variables["acc"].data_ptr() == ptr
+    assert np.array_equal(e.variables["acc"].numpy(), ref.variables["acc"].numpy())
+    testing.assert_fully_replaying(e)
+
+
+def test_replaced_variable_is_address_drift_recaptured(diag):
+    import torch
+    g = with_state()
+    e, ref = sp.Engine(g, mode="emulated_replay"), ref_engine(g)
+    for i in range(5):
+        e.run({"x": rand(5, seed=i)}), ref.run({"x": rand(5, seed=i)})
+    e.variables["acc"] = e.variables["acc"].clone()          # new address
+    ref.variables["acc"] = ref.variables["acc"].clone()
+    for i in range(5, 9):
+        a, b = e.run({"x": rand(5, seed=i)}), ref.run({"x": rand(5, seed=i)})
+        assert np.array_equal(a[g.outputs[0].name], b[g.outputs[0].name])
+    drift = [ev for ev in diag.events("GRAPH_REPLAY") if "drift" in ev.message]
+    assert drift and drift[0].fields["changed"] == ["acc"]
+    assert e.inspect().segments[0]["state"] == "REPLAYING" and e.inspect().segments[0]["captures"] == 2
+    assert isinstance(e.variables["acc"], torch.Tensor)
+
+
+def test_replaced_weight_is_rejected_and_engine_recovers():
+    g = mlp()
+    e = sp.Engine(g, mode="emulated_replay")
+    for i in range(5):
+        e.run({"x": rand(2, 8, seed=i)})
+    w = g.values["w0"]
+    orig = w.data
+    w.data = orig.clone() * 2
+    with pytest.raises(sp.LifecycleError, match="w0"):
+        e.run({"x": rand(2, 8)})
+    w.data = orig
+    e.run({"x": rand(2, 8)})
+
+
+def test_gap_segments_and_dynamic_sizes_fall_back_visibly(diag):
+    g = with_gap()
+    e, ref = sp.Engine(g, mode="emulated_replay", max_recaptures=2), ref_engine(g)
+    for i in range(12):
+        x = rand(6, 4, seed=i)          # NonZero's output size changes from call to call
+        a, b = e.run({"x": x}), ref.run({"x": x})
+        for k in b:
+            assert np.array_equal(a[k], b[k]), (i, k)
+    segs = e.inspect().segments
+    assert [s["capturable"] for s in segs] == [True, False, True]
+    assert segs[1]["state"] == "GAP" and segs[0]["state"] == "REPLAYING"
+    assert e.inspect().phase == "REPLAYING"
+    recs = {(r["segment"], r["state"]) for r in diag.segment_records()}
+    assert (1, "GAP") in recs or any(s == "FAILED" for _, s in recs)
+
+
+def test_shape_inference_only():
+    g = transformer_stack(layers=2)
+    e = sp.Engine(g, mode="shape_inference_only")
+    out = e.run({"x": rand(8, 16)})
+    spec = out[g.outputs[0].name]
+    assert spec.shape == (8, 16) and spec.dtype.name == "float32"
+
+
+def test_dtype_change_raises_input_error_and_engine_stays_usable():
+    g = mlp()
+    e = sp.Engine(g, mode="emulated_replay")
+    e.run({"x": rand(2, 8)})
+    with pytest.raises(sp.InputError, match="'x'.*float32.*float64|'x'.*expected dtype"):
+        e.run({"x": rand(2, 8).astype(np.float64)})
+    with pytest.raises(sp.InputError, match="missing"):
+        e.run({})
+    assert e.run({"x": rand(2, 8)})[g.outputs[0].name].shape == (2, 8)
+
+
+def test_outputs_are_not_overwritten_by_later_calls():
+    g = mlp()
+    e = sp.Engine(g, mode="emulated_replay")
+    outs = [e.run({"x": rand(2, 8, seed=i)})[g.outputs[0].name] for i in range(7)]
+    ref = ref_engine(g)
+    for i, o in enumerate(outs):
+        assert np.array_equal(o, ref.run({"x": rand(2, 8, seed=i)})[g.outputs[0].name])
+
+
+def test_torch_in_torch_out():
+    import torch
+    g = mlp()
+    e = sp.Engine(g, mode="emulated_replay")
+    for i in range(5):
+        out = e.run({"x": torch.from_numpy(rand(2, 8, seed=i))})
+    assert isinstance(out[g.outputs[0].name], torch.Tensor)
+
+
+def test_inspect_report_and_dot_are_complete():
+    import json
+    e = sp.Engine(with_gap(), mode="emulated_replay")
+    for _ in range(5):
+        e.run({"x": np.ones((3, 4), np.float32)})
+    info = e.inspect()
+    rep = info.report()
+    json.dumps(rep)
+    assert rep["phase"] == "REPLAYING" and rep["captures"] >= 1 and rep["replays"] >= 1
+    assert all({"op_type", "inputs", "outputs", "release", "segment"} <= set(s) for s in rep["slots"])
+    dot = info.to_dot()
+    assert dot.startswith("digraph") and "cluster_1" in dot and "REPLAYING" in dot
