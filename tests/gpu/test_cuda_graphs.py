@@ -1,0 +1,126 @@
+"""CUDA graph capture/replay and the Triton backend on a real GPU. Skipped without CUDA."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    pytest.skip("needs CUDA", allow_module_level=True)
+
+import shapeplan as sp  # noqa: E402
+from shapeplan import diagnostics  # noqa: E402
+from shapeplan.ops.registry import is_supported  # noqa: E402
+
+
+def _graph(dtype: str = "float16") -> sp.Graph:
+    g = sp.Graph()
+    x = g.placeholder("x", dtype, (4, 64))
+    t = g.op.Add(x, np.random.randn(64).astype(dtype))
+    t = g.op.Mul(t, g.op.Sigmoid(t))
+    if is_supported("MatMul"):
+        t = g.op.MatMul(t, (np.random.randn(64, 64) / 8).astype(dtype))
+    t = g.op.RMSNormalization(t, np.ones(64, dtype), _domain="shapeplan", epsilon=1e-5)
+    g.set_outputs(g.op.Tanh(g.op.Mul(t, np.array(0.5, dtype))))
+    return g
+
+
+def _run(engine, x):
+    return engine.run({"x": x})[engine.output_names[0]]
+
+
+@pytest.mark.parametrize("mode", ["cuda_graphs", "triton", "auto"])
+def test_replays_and_matches_slot_by_slot_on_cpu(mode):
+    g = _graph()
+    cpu = sp.compile(g, device="cpu", mode="slot_by_slot")
+    eng = sp.compile(g, device="cuda", mode=mode)
+    for i in range(6):
+        x = torch.randn(4, 64, dtype=torch.float16)
+        out = _run(eng, x.cuda())
+        ref = _run(cpu, x.float().half())
+        torch.testing.assert_close(out.cpu().float(), ref.float(), atol=2e-2, rtol=2e-2)
+    info = eng.inspect()
+    assert info.phase == "REPLAYING" and info.replay_count >= 1
+    assert info.plans()[0]["graph_pool_bytes"] >= 0
+    caps = [s["capture"] for s in info.segments if "capture" in s]
+    assert caps and all(c["captured"] for c in caps)
+    if mode in ("triton", "auto"):
+        assert sum(c["fused_steps"] for c in caps) >= 1
+
+
+def test_outputs_do_not_alias_the_next_replay():
+    eng = sp.compile(_graph(), device="cuda", mode="cuda_graphs")
+    xs = [torch.randn(4, 64, device="cuda", dtype=torch.float16) for _ in range(8)]
+    outs = [_run(eng, x) for x in xs]
+    keep = [o.clone() for o in outs]
+    _run(eng, torch.randn(4, 64, device="cuda", dtype=torch.float16))
+    for o, k in zip(outs, keep):
+        assert torch.equal(o, k)
+    assert outs[-1].data_ptr() != outs[-2].data_ptr()
+
+
+def test_capture_oom_defers_then_falls_back(monkeypatch):
+    diagnostics.enable("ALL")
+    diagnostics.reset()
+    monkeypatch.setenv("SHAPEPLAN_FAULT", "capture_oom")
+    g = _graph()
+    eng = sp.compile(g, device="cuda", mode="cuda_graphs")
+    cpu = sp.compile(g, device="cpu", mode="slot_by_slot")
+    try:
+        for _ in range(12):
+            x = torch.randn(4, 64, dtype=torch.float16)
+            torch.testing.assert_close(_run(eng, x.cuda()).cpu().float(), _run(cpu, x).float(), atol=2e-2, rtol=2e-2)
+        cats = {e.category for e in diagnostics.events()}
+        assert "FALLBACK" in cats and "MEMORY" in cats
+        caps = [s["capture"] for s in eng.inspect().segments if "capture" in s]
+        assert caps and not any(c["captured"] for c in caps)
+    finally:
+        diagnostics.disable()
+
+
+def test_variable_address_drift_recaptures():
+    g = sp.Graph()
+    x = g.placeholder("x", "float32", (8,))
+    state = g.variable("state", torch.ones(8))
+    g.set_outputs(g.op.Mul(g.op.Add(x, state), x))
+    diagnostics.enable("ALL")
+    diagnostics.reset()
+    try:
+        eng = sp.compile(g, device="cuda", mode="cuda_graphs")
+        x = torch.randn(8, device="cuda")
+        for _ in range(6):
+            _run(eng, x)
+        eng.variables["state"] = torch.full((8,), 2.0, device="cuda")        # a new address
+        for _ in range(6):
+            out = _run(eng, x)
+        torch.testing.assert_close(out, (x + 2.0) * x)
+        assert any(e.category == "GRAPH_REPLAY" and "drift" in e.message for e in diagnostics.events())
+    finally:
+        diagnostics.disable()
+
+
+def test_triton_verify_switch(monkeypatch):
+    monkeypatch.setenv("SHAPEPLAN_TRITON_VERIFY", "1")
+    diagnostics.enable("VERIFY")
+    diagnostics.reset()
+    try:
+        eng = sp.compile(_graph("float32"), device="cuda", mode="triton")
+        for _ in range(7):
+            _run(eng, torch.randn(4, 64, device="cuda"))
+        assert eng.inspect().phase == "REPLAYING"
+        assert not [e for e in diagnostics.events() if e.category == "VERIFY"]
+    finally:
+        diagnostics.disable()
+
+
+def test_deterministic_mode_turns_tf32_off(monkeypatch):
+    from shapeplan.runtime import determinism
+    monkeypatch.setenv("SHAPEPLAN_DETERMINISTIC", "1")
+    monkeypatch.setenv("SHAPEPLAN_TF32", "1")
+    s = determinism.apply()
+    try:
+        assert s.deterministic and not s.tf32 and not torch.backends.cuda.matmul.allow_tf32
+    finally:
+        torch.use_deterministic_algorithms(False)
