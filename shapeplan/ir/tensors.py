@@ -41,11 +41,11 @@ def numpy_to_runtime(a: Any, device: str | torch.device = "cpu") -> Any:
     if name in _ML_TO_TORCH:
         bits, tdt = _ML_TO_TORCH[name]
         if tdt is not None:
-            return torch.from_numpy(np.ascontiguousarray(arr).view(bits).copy()).view(tdt).to(device)
+            return torch.from_numpy(np.array(arr, order="C", copy=True).view(bits)).view(tdt).to(device)
         return torch.from_numpy(arr.astype(bits)).to(device)
     if arr.dtype == np.uint16 or arr.dtype == np.uint32 or arr.dtype == np.uint64:
-        return torch.from_numpy(np.ascontiguousarray(arr).copy()).to(device)
-    return torch.from_numpy(np.ascontiguousarray(arr).copy()).to(device)
+        return torch.from_numpy(np.array(arr, order="C", copy=True)).to(device)
+    return torch.from_numpy(np.array(arr, order="C", copy=True)).to(device)  # keeps 0-d (ascontiguousarray does not)
 
 
 def runtime_to_numpy(v: Any) -> Any:
