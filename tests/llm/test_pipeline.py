@@ -1,0 +1,211 @@
+"""Pipeline behaviour: bad input, finish reasons, sampling, streaming, metrics, sessions, sp.load."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+import shapeplan as sp
+from shapeplan.llm import GenerationPipeline, Sampling
+
+PROMPT = "Explain KV caching: keys and values"
+
+
+@pytest.fixture(scope="module")
+def llama(checkpoints):
+    return checkpoints("llama")
+
+
+@pytest.fixture(scope="module")
+def pipe(llama):
+    return GenerationPipeline.from_pretrained(llama, mode="slot_by_slot", max_prefill_length=32,
+                                              max_kv_cache_length=96, progress=False, sync_every=4)
+
+
+def _copy(src: str, dst) -> str:
+    dst = str(dst)
+    shutil.copytree(src, dst)
+    return dst
+
+
+# ------------------------------------------------------------------ bad input
+def test_prompt_longer_than_max_prefill_is_an_error_unless_truncation_asked(pipe):
+    long = " ".join(["hello world"] * 40)
+    with pytest.raises(sp.InputError, match="max_prefill_length=32"):
+        pipe.generate(long, max_new_tokens=2)
+    with pytest.warns(UserWarning, match="left-truncated"):
+        res = pipe.generate(long, max_new_tokens=2, truncate="left")
+    assert len(res.prompt_token_ids) == 32
+
+
+def test_prefill_not_smaller_than_kv_cache_is_rejected(llama):
+    with pytest.raises(sp.InputError, match="must be smaller than max_kv_cache_length"):
+        GenerationPipeline.from_pretrained(llama, max_prefill_length=64, max_kv_cache_length=64, progress=False)
+
+
+def test_unsupported_model_type_lists_supported(llama, tmp_path):
+    d = _copy(llama, tmp_path / "m")
+    cfg = json.load(open(os.path.join(d, "config.json")))
+    cfg["model_type"] = "gpt2"
+    json.dump(cfg, open(os.path.join(d, "config.json"), "w"))
+    with pytest.raises(sp.ModelError, match="'gpt2' is not supported.*llama, mistral, qwen2, qwen3"):
+        GenerationPipeline.from_pretrained(d, progress=False)
+
+
+def test_missing_tensor_names_tensor_and_files(llama, tmp_path):
+    d = _copy(llama, tmp_path / "m")
+    f = os.path.join(d, "model.safetensors")
+    w = load_file(f)
+    del w["model.layers.1.mlp.up_proj.weight"]
+    save_file(w, f)
+    with pytest.raises(sp.ModelError, match=r"model\.layers\.1\.mlp\.up_proj\.weight.*missing.*model\.safetensors"):
+        GenerationPipeline.from_pretrained(d, progress=False)
+
+
+def test_misshaped_tensor_names_tensor_file_and_shapes(llama, tmp_path):
+    d = _copy(llama, tmp_path / "m")
+    f = os.path.join(d, "model.safetensors")
+    w = load_file(f)
+    w["model.layers.0.self_attn.k_proj.weight"] = w["model.layers.0.self_attn.k_proj.weight"][:-1].clone()
+    save_file(w, f)
+    with pytest.raises(sp.ModelError, match=r"k_proj\.weight.*model\.safetensors has shape \[31, 64\], "
+                                            r"expected \[32, 64\]"):
+        GenerationPipeline.from_pretrained(d, progress=False)
+
+
+def test_no_safetensors_is_a_clean_error(llama, tmp_path):
+    d = _copy(llama, tmp_path / "m")
+    os.remove(os.path.join(d, "model.safetensors"))
+    with pytest.raises(sp.ModelError, match="no \\*.safetensors"):
+        GenerationPipeline.from_pretrained(d, progress=False)
+
+
+def test_generation_past_kv_cache_stops_with_length(llama):
+    p = GenerationPipeline.from_pretrained(llama, mode="slot_by_slot", max_prefill_length=24,
+                                           max_kv_cache_length=48, progress=False, eos_token_ids=[])
+    res = p.generate(PROMPT, max_new_tokens=200)
+    assert res.finish_reason == "length"
+    assert len(res.prompt_token_ids) + len(res.token_ids) == 48
+    with p.start_session() as s:           # a continuation that no longer fits is refused
+        s.generate(PROMPT, max_new_tokens=200)
+        with pytest.raises(sp.InputError, match="does not fit the KV cache"):
+            s.generate(PROMPT, max_new_tokens=5)
+
+
+def test_max_new_tokens_and_eos(pipe):
+    res = pipe.generate(PROMPT, max_new_tokens=5)
+    assert res.finish_reason == "length" and len(res.token_ids) == 5
+    # make the 3rd greedy token the EOS: generation stops there, later device steps are discarded
+    third = pipe.generate(PROMPT, max_new_tokens=3).token_ids[2]
+    old = pipe.eos_token_ids
+    pipe.eos_token_ids = {third}
+    try:
+        res = pipe.generate(PROMPT, max_new_tokens=20)
+    finally:
+        pipe.eos_token_ids = old
+    assert res.finish_reason == "stop" and res.token_ids[-1] == third and len(res.token_ids) <= 3
+
+
+def test_one_session_holds_the_cache(pipe):
+    s = pipe.start_session()
+    with pytest.raises(sp.LifecycleError, match="open session"):
+        pipe.start_session()
+    s.close()
+    with pytest.raises(sp.LifecycleError, match="closed"):
+        s.generate(PROMPT)
+    pipe.start_session().close()
+
+
+# ------------------------------------------------------------------ sampling
+def test_seeded_sampling_is_reproducible_and_mode_independent(llama, pipe):
+    smp = Sampling.random(temperature=0.8, top_k=50, top_p=0.95, seed=1234)
+    a = pipe.generate(PROMPT, max_new_tokens=16, sampling=smp).token_ids
+    b = pipe.generate(PROMPT, max_new_tokens=16, sampling=smp).token_ids
+    assert a == b
+    c = pipe.generate(PROMPT, max_new_tokens=16, sampling=Sampling.random(temperature=0.8, seed=99)).token_ids
+    assert c != a
+    replay = GenerationPipeline.from_pretrained(llama, mode="emulated_replay", max_prefill_length=32,
+                                                max_kv_cache_length=96, progress=False, sync_every=4)
+    assert replay.generate(PROMPT, max_new_tokens=16, sampling=smp).token_ids == a
+
+
+def test_degenerate_sampling_equals_greedy(pipe):
+    greedy = pipe.generate(PROMPT, max_new_tokens=12).token_ids
+    assert pipe.generate(PROMPT, max_new_tokens=12, sampling=Sampling.random(top_k=1, seed=3)).token_ids == greedy
+    assert pipe.generate(PROMPT, max_new_tokens=12,
+                         sampling=Sampling.random(top_p=1e-6, seed=4)).token_ids == greedy
+
+
+def test_bad_sampling_settings():
+    with pytest.raises(sp.InputError):
+        Sampling(temperature=-1)
+    with pytest.raises(sp.InputError):
+        Sampling(top_p=0)
+
+
+# ------------------------------------------------------------------ streaming, metrics, syncs
+def test_streaming_yields_the_text(pipe):
+    stream = pipe.stream(PROMPT, max_new_tokens=20)
+    deltas = list(stream)
+    assert "".join(deltas) == stream.result.text
+    assert stream.result.token_ids == pipe.generate(PROMPT, max_new_tokens=20).token_ids
+    seen: list[str] = []
+    res = pipe.generate(PROMPT, max_new_tokens=20, on_text=seen.append)
+    assert "".join(seen) == res.text
+
+
+def test_stop_string_ends_generation(pipe):
+    full = pipe.generate(PROMPT, max_new_tokens=24, sampling=Sampling.greedy())
+    assert len(full.text) > 6
+    stop = full.text[3:6]
+    res = pipe.generate(PROMPT, max_new_tokens=24, sampling=Sampling.greedy(stop=(stop,)))
+    assert res.finish_reason == "stop" and stop not in res.text and full.text.startswith(res.text)
+
+
+def test_metrics_and_host_sync_budget(pipe):
+    res = pipe.generate(PROMPT, max_new_tokens=40)
+    m = res.metrics
+    assert m.new_tokens == 40 and m.prompt_tokens == len(res.prompt_token_ids)
+    assert m.ttft_s > 0 and m.overall_tok_s > 0 and m.decode_tok_s > 0 and m.steady_tok_s > 0
+    assert m.late_steady_tok_s > 0 and m.effective_tok_s == m.late_steady_tok_s
+    # syncs: every sync_every=4 steps, plus tokens 0, 2 and 19 and the last
+    assert m.host_syncs <= 40 // 4 + 4
+    short = pipe.generate(PROMPT, max_new_tokens=10).metrics
+    assert short.late_steady_tok_s == 0 and short.effective_tok_s == short.steady_tok_s
+    assert set(m.to_dict()) >= {"ttft_s", "overall_tok_s", "decode_tok_s", "steady_tok_s",
+                                "late_steady_tok_s", "effective_tok_s"}
+
+
+def test_prefill_buckets_bound_the_number_of_plans(pipe):
+    assert pipe.buckets == [16, 32]
+    for words in (1, 3, 6, 9):
+        pipe.generate(" ".join(["fox"] * words), max_new_tokens=2)
+    shapes = {k for k in getattr(pipe.engine, "_plans", {})}
+    assert len(shapes) <= 3 * 2 or not shapes      # <= buckets + decode, per requested output set
+
+
+def test_chat_template_matches_transformers(llama, pipe):
+    from transformers import PreTrainedTokenizerFast
+    ref = PreTrainedTokenizerFast.from_pretrained(llama)
+    msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
+            {"role": "user", "content": "tell me more"}]
+    assert pipe.tokenizer.apply_chat_template(msgs) == ref.apply_chat_template(msgs, tokenize=False,
+                                                                               add_generation_prompt=True)
+    big = GenerationPipeline.from_pretrained(llama, mode="slot_by_slot", max_prefill_length=64,
+                                             max_kv_cache_length=128, progress=False)
+    with big.start_session() as s:
+        a = s.generate("hi", max_new_tokens=6, chat=True)
+        b = s.generate("tell me more", max_new_tokens=6, chat=True)
+    assert a.finish_reason and b.finish_reason and len(s.messages) == 4
+
+
+def test_sp_load_on_hf_dir_returns_the_decoder_graph(llama):
+    g = sp.load(llama)
+    assert [v.name for v in g.inputs] == ["input_ids", "position", "length"]
+    assert "next_token" in [v.name for v in g.outputs]
+    hist = g.op_histogram()
+    assert hist["shapeplan::CacheWrite"] == 4 and hist["shapeplan::CachedAttention"] == 2
