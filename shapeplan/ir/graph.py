@@ -296,7 +296,7 @@ def to_tensor(data: Any, dtype: Any = None) -> Any:
             return arr.astype(object)
         if dtype is None and arr.dtype == np.float64 and not isinstance(data, np.ndarray):
             arr = arr.astype(np.float32)    # python floats default to float32, like the ONNX builders
-        t = torch.from_numpy(np.ascontiguousarray(arr)) if arr.dtype != np.bool_ else torch.from_numpy(arr.copy())
+        t = torch.from_numpy(np.array(arr, order="C", copy=True))   # ascontiguousarray would make 0-d 1-d
     if dtype is not None:
         t = t.to(as_dtype(dtype).torch)
     return t
