@@ -52,6 +52,10 @@ def from_model_proto(model: onnx.ModelProto, base_dir: str | None = None) -> Gra
     except Exception:
         inferred = model
     functions = {(f.domain, f.name): f for f in model.functions}
+    if functions:
+        from shapeplan.ops.control import register_function   # calls run through a bind hook
+        for f in model.functions:
+            register_function(f)
     g = _import_graph(inferred.graph, opsets, base_dir, outer=None, functions=functions)
     g.metadata = {p.key: p.value for p in model.metadata_props}
     return g
