@@ -22,10 +22,10 @@ _C_TANH = math.sqrt(2.0 / math.pi)
 
 
 def run(graph: Graph) -> int:
-    rw = Rewriter(graph, "ActivationFusion")
+    rw = Rewriter.get(graph, "ActivationFusion")
     count = 0
     for node in list(graph.nodes):
-        if id(node) in rw.dead or node.domain not in ("", "ai.onnx"):
+        if node in rw.dead or node.domain not in ("", "ai.onnx"):
             continue
         if node.op_type == "Mul":
             count += _silu_mul(rw, node) or _gelu(rw, node) or _swish(rw, node) or _hardswish(rw, node)

@@ -26,10 +26,10 @@ from shapeplan.optimize.rewrite import Rewriter, int_list
 
 
 def run(graph: Graph) -> int:
-    rw = Rewriter(graph, "AttentionFusion")
+    rw = Rewriter.get(graph, "AttentionFusion")
     count = 0
     for node in list(graph.nodes):
-        if node.op_type == "MatMul" and node.domain in ("", "ai.onnx") and id(node) not in rw.dead:
+        if node.op_type == "MatMul" and node.domain in ("", "ai.onnx") and node not in rw.dead:
             count += _try(rw, node)
     rw.commit()
     return count

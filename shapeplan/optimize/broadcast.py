@@ -18,10 +18,10 @@ from shapeplan.optimize.rewrite import Rewriter, shapes_equal
 
 
 def run(graph: Graph) -> int:
-    rw = Rewriter(graph, "BroadcastElimination")
+    rw = Rewriter.get(graph, "BroadcastElimination")
     count = 0
     for node in list(graph.nodes):
-        if id(node) in rw.dead or not node.outputs:
+        if node in rw.dead or not node.outputs:
             continue
         if node.op_type == "Expand" and node.domain in ("", "ai.onnx"):
             x, out = node.inputs[0], node.outputs[0]
@@ -74,8 +74,8 @@ def _drop_expand_inputs(rw: Rewriter, node) -> int:  # noqa: ANN001
         if _shape_without(rw, node, i, src) is None:
             continue
         node.inputs = [src if j == i else w for j, w in enumerate(node.inputs)]
-        rw.users.setdefault(id(src), []).append(node)
-        rw.users.get(id(v), []).remove(node)
+        rw.users.setdefault(src, []).append(node)
+        rw.users.get(v, []).remove(node)
         rw.sweep(p)
         rw.changed += 1
         rw.emit(f"dropped {p.describe()} feeding {node.describe()}", node=node.name)

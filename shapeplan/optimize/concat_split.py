@@ -12,10 +12,10 @@ from shapeplan.optimize.rewrite import Rewriter, int_list, norm_axis
 
 
 def run(graph: Graph) -> int:
-    rw = Rewriter(graph, "ConcatSplitSimplification")
+    rw = Rewriter.get(graph, "ConcatSplitSimplification")
     count = 0
     for node in list(graph.nodes):
-        if id(node) in rw.dead or node.domain not in ("", "ai.onnx"):
+        if node in rw.dead or node.domain not in ("", "ai.onnx"):
             continue
         if node.op_type == "Split":
             count += _split_of_concat(rw, node)

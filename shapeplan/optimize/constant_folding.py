@@ -21,7 +21,7 @@ _MIN_LIMIT = 1 << 16
 
 
 def run(graph: Graph) -> int:
-    rw = Rewriter(graph, "ConstantFolding")
+    rw = Rewriter.get(graph, "ConstantFolding")
     count = 0
     for node in graph.nodes:
         if _fold(rw, node):
@@ -65,10 +65,10 @@ def _fold(rw: Rewriter, node: Node) -> bool:
         o.dtype = as_dtype(t.dtype)
         o.shape = tuple(t.shape)
         o.producer = None
-    rw.dead.add(id(node))
+    rw.dead.add(node)
     rw.removed += 1
     for v in ins:
-        lst = rw.users.get(id(v))
+        lst = rw.users.get(v)
         if lst and node in lst:
             lst.remove(node)
     rw.emit(f"folded {node.describe()}", node=node.name, op=node.op_type)

@@ -35,14 +35,25 @@ def _attr_key(v: Any) -> Any:
         return ("id", id(v))
 
 
+_KEYS: dict[int, tuple[torch.Tensor, tuple | None]] = {}
+
+
 def _const_key(t: torch.Tensor) -> tuple | None:
-    if t.numel() > 4096:
-        return None
-    return (str(t.dtype), tuple(t.shape), t.detach().contiguous().cpu().numpy().tobytes())
+    hit = _KEYS.get(id(t))
+    if hit is not None and hit[0] is t:
+        return hit[1]
+    key = None
+    if t.numel() <= 4096 and t.dtype.is_floating_point is not None:
+        key = (str(t.dtype), tuple(t.shape), t.detach().contiguous().cpu().numpy().tobytes()) \
+            if t.dtype != torch.bfloat16 else (str(t.dtype), tuple(t.shape), t.float().numpy().tobytes())
+    if len(_KEYS) > 200_000:
+        _KEYS.clear()
+    _KEYS[id(t)] = (t, key)            # holds t so its id is not reused while cached
+    return key
 
 
 def run(graph: Graph) -> int:
-    rw = Rewriter(graph, "CommonSubexpressionElimination")
+    rw = Rewriter.get(graph, "CommonSubexpressionElimination")
     canon: dict[int, Any] = {}
     seen_const: dict[tuple, Any] = {}
     for v in graph.values.values():
@@ -57,11 +68,11 @@ def run(graph: Graph) -> int:
             for i, v in enumerate(n.inputs):
                 if v is not None and id(v) in canon and canon[id(v)] is not v:
                     n.inputs[i] = canon[id(v)]
-                    rw.users.setdefault(id(canon[id(v)]), []).append(n)
+                    rw.users.setdefault(canon[id(v)], []).append(n)
             count += 1
     seen: dict[tuple, Any] = {}
     for node in graph.nodes:
-        if id(node) in rw.dead or node.implicit_inputs or node.subgraphs():
+        if node in rw.dead or node.implicit_inputs or node.subgraphs():
             continue
         od = rw.opdef(node)
         if od is None or od.has(_NEVER):
@@ -74,7 +85,7 @@ def run(graph: Graph) -> int:
         key = (node.domain, node.op_type, tuple(ins), len(node.outputs),
                tuple(sorted((k, _attr_key(a)) for k, a in node.attrs.items())))
         prev = seen.get(key)
-        if prev is None or id(prev) in rw.dead:
+        if prev is None or prev in rw.dead:
             seen[key] = node
             continue
         ok = True

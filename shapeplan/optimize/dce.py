@@ -13,9 +13,9 @@ from shapeplan.optimize.rewrite import Rewriter
 
 
 def run(graph: Graph) -> int:
-    rw = Rewriter(graph, "DeadCodeElimination")
+    rw = Rewriter.get(graph, "DeadCodeElimination")
     for node in reversed(graph.nodes):
-        if id(node) not in rw.dead:
+        if node not in rw.dead:
             rw.sweep(node)
     removed = rw.removed
     rw.commit()

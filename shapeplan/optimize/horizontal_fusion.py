@@ -20,7 +20,7 @@ _MAX_BYTES = 1 << 30
 
 
 def run(graph: Graph) -> int:
-    rw = Rewriter(graph, "HorizontalFusion")
+    rw = Rewriter.get(graph, "HorizontalFusion")
     groups: dict[int, list[Node]] = {}
     for node in graph.nodes:
         if node.op_type != "MatMul" or node.domain not in ("", "ai.onnx"):
@@ -72,10 +72,10 @@ def _fuse(rw: Rewriter, grp: list[Node]) -> int:
     if sum(w.numel() * w.element_size() for w in ws) > _MAX_BYTES:  # type: ignore[union-attr]
         return 0
     sizes = [int(w.shape[1]) for w in ws]  # type: ignore[union-attr]
-    first = min(grp, key=lambda n: rw.pos.get(id(n), 0))
+    first = min(grp, key=lambda n: rw.pos.get(n, 0))
     biases = [_bias_of(rw, n) for n in grp]
     with_bias = all(b is not None for b in biases)
-    if rw.crosses_mutation(grp, max(grp, key=lambda n: rw.pos.get(id(n), 0))):
+    if rw.crosses_mutation(grp, max(grp, key=lambda n: rw.pos.get(n, 0))):
         return 0
     wcat = rw.const(torch.cat(ws, dim=1))  # type: ignore[arg-type]
     like = grp[0].outputs[0]

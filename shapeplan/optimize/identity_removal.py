@@ -17,10 +17,10 @@ _SHAPE_PRESERVING_IF_SAME = ("Reshape", "Expand", "Squeeze", "Unsqueeze", "Flatt
 
 
 def run(graph: Graph) -> int:
-    rw = Rewriter(graph, "IdentityRemoval")
+    rw = Rewriter.get(graph, "IdentityRemoval")
     count = 0
     for node in list(graph.nodes):
-        if id(node) in rw.dead or node.domain not in ("", "ai.onnx") or not node.outputs:
+        if node in rw.dead or node.domain not in ("", "ai.onnx") or not node.outputs:
             continue
         src = _passthrough(rw, node)
         if src is None:

@@ -15,7 +15,8 @@ from typing import Any, Callable, Iterable
 
 from shapeplan.errors import ModelError
 from shapeplan.ir.graph import Graph
-from shapeplan.optimize.rewrite import reset_sink
+from shapeplan.ir.verify import verify
+from shapeplan.optimize.rewrite import reset_sink, shared
 
 PassFn = Callable[[Graph], int]
 
@@ -97,6 +98,20 @@ def run_pipeline(graph: Graph, pipeline: list[tuple[str, PassFn]], skip: Iterabl
     stats = {n: PassStats(n) for n in names}
     report.passes = [stats[n] for n in names]
     t_start = time.perf_counter()
+    with shared(g):
+        _iterate(g, pipeline, skipped, stats, report, max_iterations, verify_each)
+    report.seconds = time.perf_counter() - t_start
+    report.nodes_after = len(g.nodes)
+    try:
+        verify(g, check_ops=False)     # op availability is the importer's concern, not ours
+    except ModelError as e:
+        raise ModelError(f"IR invalid after optimization (rerun with SHAPEPLAN_VERIFY=1 to find the "
+                         f"pass): {e}") from e
+    return g, report
+
+
+def _iterate(g: Graph, pipeline: list[tuple[str, PassFn]], skipped: set[str], stats: dict[str, PassStats],
+             report: OptimizeReport, max_iterations: int, verify_each: bool) -> None:
     for it in range(max(1, max_iterations)):
         report.iterations = it + 1
         changed = False
@@ -118,16 +133,8 @@ def run_pipeline(graph: Graph, pipeline: list[tuple[str, PassFn]], skip: Iterabl
                 changed = True
                 if verify_each:
                     try:
-                        g.verify()
+                        verify(g, check_ops=False)
                     except ModelError as e:
                         raise ModelError(f"IR invalid after optimizer pass {name}: {e}") from e
         if not changed:
             break
-    report.seconds = time.perf_counter() - t_start
-    report.nodes_after = len(g.nodes)
-    try:
-        g.verify()
-    except ModelError as e:
-        raise ModelError(f"IR invalid after optimization (rerun with SHAPEPLAN_VERIFY=1 to find the "
-                         f"pass): {e}") from e
-    return g, report

@@ -27,10 +27,10 @@ from shapeplan.optimize.rewrite import Rewriter, int_list, norm_axis
 
 
 def run(graph: Graph) -> int:
-    rw = Rewriter(graph, "NormalizationFusion")
+    rw = Rewriter.get(graph, "NormalizationFusion")
     count = 0
     for node in list(graph.nodes):
-        if id(node) in rw.dead or node.op_type not in ("Mul", "Div", "Add") or node.domain not in ("", "ai.onnx"):
+        if node in rw.dead or node.op_type not in ("Mul", "Div", "Add") or node.domain not in ("", "ai.onnx"):
             continue
         count += _try(rw, node)
     rw.commit()

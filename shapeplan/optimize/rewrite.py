@@ -33,12 +33,13 @@ import torch
 from shapeplan.ir.dtypes import DType
 from shapeplan.ir.graph import Graph, Node, Value, ValueKind
 from shapeplan.ir.shape_inference import infer_node
-from shapeplan.ops.registry import OpDef, Trait, is_supported, lookup
+from shapeplan.ops.registry import OpDef, Trait, lookup
 
 log = logging.getLogger("shapeplan.optimize")
 
 #: nodes that must never be removed even when their outputs are unused
 KEEP_TRAITS = Trait.MUTATES_INPUT
+_COMMUTATIVE = Trait.COMMUTATIVE.value
 
 
 # ------------------------------------------------------------------------------ event sink
@@ -85,6 +86,25 @@ class EventSink:
 
 
 _SINK: EventSink | None = None
+#: (op, domain, opset) -> OpDef | None; misses are cached too (a failed lookup builds a costly hint)
+_OPDEFS: dict[tuple[str, str, int], OpDef | None] = {}
+_TRAITS: dict[tuple[str, str, int], int] = {}
+#: id(graph) -> the Rewriter shared by all passes while the pass manager runs on that graph
+_ACTIVE: dict[int, "Rewriter"] = {}
+
+
+def cached_lookup(op_type: str, domain: str, opset: int) -> OpDef | None:
+    key = (op_type, domain, opset)
+    try:
+        return _OPDEFS[key]
+    except KeyError:
+        pass
+    try:
+        od: OpDef | None = lookup(op_type, domain, opset)
+    except Exception:  # noqa: BLE001
+        od = None
+    _OPDEFS[key] = od
+    return od
 
 
 def sink() -> EventSink:
@@ -94,10 +114,27 @@ def sink() -> EventSink:
     return _SINK
 
 
+class shared:
+    """Context manager: all passes run on ``graph`` inside it share one Rewriter."""
+
+    def __init__(self, graph: Graph) -> None:
+        self.graph = graph
+
+    def __enter__(self) -> "shared":
+        _ACTIVE[id(self.graph)] = Rewriter(self.graph, "")
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        _ACTIVE.pop(id(self.graph), None)
+
+
 def reset_sink() -> None:
     """Re-read env / re-probe diagnostics (called once per optimize())."""
     global _SINK
     _SINK = EventSink()
+    _OPDEFS.clear()                 # the op table may have grown since the last optimize()
+    _PRED_CACHE.clear()
+    _TRAITS.clear()
 
 
 # ------------------------------------------------------------------------------ patterns
@@ -125,12 +162,14 @@ class P:
     pred: Callable[[Node], bool] | None = None
     shared: bool = False          # allow the value to have other readers
     domain: str | None = None     # None: ai.onnx or shapeplan
+    op_set: frozenset = frozenset()
 
     def __init__(self, op: str | tuple[str, ...], *inputs: Any, name: str | None = None,
                  pred: Callable[[Node], bool] | None = None, shared: bool = False,
                  domain: str | None = None) -> None:
         self.op, self.inputs, self.name, self.pred = op, inputs, name, pred
         self.shared, self.domain = shared, domain
+        self.op_set = frozenset(self.ops())
 
     def ops(self) -> tuple[str, ...]:
         return (self.op,) if isinstance(self.op, str) else self.op
@@ -176,19 +215,19 @@ class Rewriter:
     def __init__(self, graph: Graph, pass_name: str = "") -> None:
         self.g = graph
         self.pass_name = pass_name
-        self.users: dict[int, list[Node]] = {}
-        self.pos: dict[int, int] = {}
-        self.mutator_pos: list[int] = []
-        self.mutated: set[int] = set()
-        for i, n in enumerate(graph.nodes):
-            self.pos[id(n)] = i
-            for v in n.all_inputs:
+        self.users: dict[Any, list[Node]] = {}     # Value -> reading nodes (keys hold the object)
+        users = self.users
+        for n in graph.nodes:
+            for v in n.inputs:
                 if v is not None:
-                    self.users.setdefault(id(v), []).append(n)
-            od = self.opdef(n)
-            if od is not None and od.has(Trait.MUTATES_INPUT):
-                self.mutator_pos.append(i)
-                self.mutated.update(id(v) for v in n.inputs if v is not None)
+                    lst = users.get(v)
+                    if lst is None:
+                        users[v] = [n]
+                    else:
+                        lst.append(n)
+            for v in n.implicit_inputs:
+                users.setdefault(v, []).append(n)
+        self._positions()
         self.output_ids = {id(v) for v in graph.outputs}
         # values read by subgraphs by name (implicit inputs / captures): never renamed or replaced
         self.captured_names: set[str] = set()
@@ -197,24 +236,53 @@ class Rewriter:
             self.implicit.update(id(v) for v in n.implicit_inputs)
             for sub in n.subgraphs():
                 _collect_capture_names(sub, self.captured_names)
-        self.dead: set[int] = set()
-        self.inserts: dict[int, list[Node]] = {}
+        self.dead: set[Any] = set()                 # Node objects removed by this pass
+        self.inserts: dict[Any, list[Node]] = {}    # Node -> new nodes to place before it
         self.changed = 0
         self.removed = 0
 
+    @classmethod
+    def get(cls, graph: Graph, pass_name: str) -> "Rewriter":
+        """The pass manager's shared rewriter for ``graph`` (kept in sync across passes), or a new one."""
+        rw = _ACTIVE.get(id(graph))
+        if rw is None or rw.g is not graph:
+            return cls(graph, pass_name)
+        rw.pass_name, rw.changed, rw.removed = pass_name, 0, 0
+        return rw
+
+    def _positions(self) -> None:
+        self.pos: dict[Any, int] = {}
+        self.mutator_pos: list[int] = []
+        self.mutated: set[int] = set()
+        mut = Trait.MUTATES_INPUT.value
+        for i, n in enumerate(self.g.nodes):
+            self.pos[n] = i
+            if self.traits(n) & mut:
+                self.mutator_pos.append(i)
+                self.mutated.update(id(v) for v in n.inputs if v is not None)
+
     # ---- queries
     def opdef(self, n: Node) -> OpDef | None:
-        try:
-            return lookup(n.op_type, n.domain, self.g.opset(n.domain))
-        except Exception:  # noqa: BLE001
-            return None
+        return cached_lookup(n.op_type, n.domain, self.g.opset(n.domain))
+
+    def traits(self, n: Node) -> int:
+        """The node's trait bits as a plain int (enum.Flag arithmetic is slow in hot loops)."""
+        key = (n.op_type, n.domain, self.g.opset_imports.get(n.domain) or self.g.opset(n.domain))
+        t = _TRAITS.get(key)
+        if t is None:
+            od = cached_lookup(*key)
+            t = _TRAITS[key] = od.traits.value if od is not None else 0
+        return t
 
     def has(self, n: Node, trait: Trait) -> bool:
-        od = self.opdef(n)
-        return od is not None and od.has(trait)
+        return bool(self.traits(n) & trait.value)
 
     def readers(self, v: Value) -> list[Node]:
-        return [n for n in self.users.get(id(v), ()) if id(n) not in self.dead]
+        lst = self.users.get(v)
+        if not lst:
+            return []
+        dead = self.dead
+        return [n for n in lst if n not in dead] if dead else list(lst)
 
     def pinned(self, v: Value) -> bool:
         """A graph output or a value that a subgraph reads by name."""
@@ -226,13 +294,13 @@ class Rewriter:
         return bool(rs) and all(n is rs[0] for n in rs) and not self.pinned(v)
 
     def alive(self, n: Node) -> bool:
-        return id(n) not in self.dead
+        return n not in self.dead
 
     def producer(self, v: Value | None) -> Node | None:
         if v is None or v.kind is not ValueKind.INTERMEDIATE:
             return None
         p = v.producer
-        return p if p is not None and id(p) not in self.dead else None
+        return p if p is not None and p not in self.dead else None
 
     @staticmethod
     def const_value(v: Value | None) -> torch.Tensor | None:
@@ -249,7 +317,7 @@ class Rewriter:
         return float(t.reshape(()).item())
 
     def supported(self, op_type: str, domain: str = "") -> bool:
-        return is_supported(op_type, domain, self.g.opset(domain))
+        return cached_lookup(op_type, domain, self.g.opset(domain)) is not None
 
     def fused_domain(self, op_type: str) -> str | None:
         """Where a fused op lives at this graph's opset: ai.onnx first, then the shapeplan domain."""
@@ -280,19 +348,19 @@ class Rewriter:
         node = g.add_node(op_type, inputs, {k: v for k, v in (attrs or {}).items() if v is not None},
                           num_outputs=n_out, domain=domain)
         g.nodes.pop()                                  # placed at commit()
-        self.inserts.setdefault(id(before), []).append(node)
-        self.pos[id(node)] = self.pos.get(id(before), len(g.nodes))
+        self.inserts.setdefault(before, []).append(node)
+        self.pos[node] = self.pos.get(before, len(g.nodes))
         for v in node.all_inputs:
             if v is not None:
-                self.users.setdefault(id(v), []).append(node)
+                self.users.setdefault(v, []).append(node)
+        if like is not None and n_out == 1:          # the new node computes `like`: same type
+            o = node.outputs[0]
+            o.dtype, o.shape = like.dtype, like.shape
+            return o
         try:
             infer_node(node, g.opset(domain))
-        except Exception:  # noqa: BLE001 - an unknown shape is fine; `like` fills it in
+        except Exception:  # noqa: BLE001 - an unknown shape is fine
             pass
-        if like is not None and n_out == 1:
-            o = node.outputs[0]
-            o.dtype = o.dtype or like.dtype
-            o.shape = like.shape if o.shape is None else o.shape
         return node.outputs[0] if n_out == 1 else tuple(node.outputs)
 
     def const(self, data: Any, like: Value | None = None) -> Value:
@@ -319,19 +387,20 @@ class Rewriter:
                     prod.outputs = [Value("", old.dtype, old.shape, producer=prod) if o is old else o
                                     for o in prod.outputs]
                 old.producer = ident
-                self.inserts.setdefault(id(before or prod), []).append(ident)
-                self.pos[id(ident)] = self.pos.get(id(before or prod), 0)
-                self.users.setdefault(id(new), []).append(ident)
+                self.inserts.setdefault(before or prod, []).append(ident)
+                self.pos[ident] = self.pos.get(before or prod, 0)
+                self.users.setdefault(new, []).append(ident)
                 self.changed += 1
                 if prod is not None:
                     self.sweep(prod)
                 return True
             return True
-        readers = self.users.pop(id(old), [])
+        readers = self.users.pop(old, [])
         for n in readers:
             n.inputs = [new if v is old else v for v in n.inputs]
-            n.implicit_inputs = [new if v is old else v for v in n.implicit_inputs]
-        self.users.setdefault(id(new), []).extend(readers)
+            if n.implicit_inputs:
+                n.implicit_inputs = [new if v is old else v for v in n.implicit_inputs]
+        self.users.setdefault(new, []).extend(readers)
         self.changed += 1
         if old.producer is not None:
             self.sweep(old.producer)
@@ -343,11 +412,12 @@ class Rewriter:
             return False
         g = self.g
         prod = old.producer
-        readers = self.users.pop(id(old), [])
+        readers = self.users.pop(old, [])
         for n in readers:
             n.inputs = [new if v is old else v for v in n.inputs]
-            n.implicit_inputs = [new if v is old else v for v in n.implicit_inputs]
-        self.users.setdefault(id(new), []).extend(readers)
+            if n.implicit_inputs:
+                n.implicit_inputs = [new if v is old else v for v in n.implicit_inputs]
+        self.users.setdefault(new, []).extend(readers)
         if g.values.get(new.name) is new:
             del g.values[new.name]
         if g.values.get(old.name) is old:
@@ -364,10 +434,10 @@ class Rewriter:
         return True
 
     def removable(self, n: Node) -> bool:
-        od = self.opdef(n)
-        if od is not None and od.has(KEEP_TRAITS):
+        t = self.traits(n)
+        if t & KEEP_TRAITS.value:
             return False
-        if od is not None and od.has(Trait.CONTROL_FLOW) and _subgraphs_mutate(n, self.g):
+        if t & Trait.CONTROL_FLOW.value and _subgraphs_mutate(n, self.g):
             return False
         return True
 
@@ -376,7 +446,7 @@ class Rewriter:
         stack = [n]
         while stack:
             node = stack.pop()
-            if id(node) in self.dead or not self.removable(node):
+            if node in self.dead or not self.removable(node):
                 continue
             if any(self.readers(o) or self.pinned(o) for o in node.outputs):
                 continue
@@ -387,11 +457,13 @@ class Rewriter:
                     stack.append(p)
 
     def _kill(self, node: Node) -> None:
-        self.dead.add(id(node))
+        self.dead.add(node)
         self.removed += 1
+        for o in node.outputs:
+            self.users.pop(o, None)
         for v in node.all_inputs:
             if v is not None:
-                lst = self.users.get(id(v))
+                lst = self.users.get(v)
                 if lst is not None:
                     try:
                         lst.remove(node)
@@ -405,8 +477,8 @@ class Rewriter:
         """True when a MUTATES_INPUT node sits between the earliest of ``nodes`` and ``root``."""
         if not self.mutator_pos:
             return False
-        lo = min((self.pos.get(id(n), 0) for n in nodes), default=self.pos.get(id(root), 0))
-        hi = self.pos.get(id(root), 0)
+        lo = min((self.pos.get(n, 0) for n in nodes), default=self.pos.get(root, 0))
+        hi = self.pos.get(root, 0)
         i = bisect.bisect_right(self.mutator_pos, lo)
         return i < len(self.mutator_pos) and self.mutator_pos[i] < hi
 
@@ -418,26 +490,48 @@ class Rewriter:
         """Write the node list back (inserts placed, dead nodes dropped); returns #changes."""
         if self.dead or self.inserts:
             out: list[Node] = []
+            dead = self.dead
             for n in self.g.nodes:
-                self._emit_inserts(n, out)
-                if id(n) not in self.dead:
+                if self.inserts:
+                    self._emit_inserts(n, out)
+                if n not in dead:
                     out.append(n)
             self.g.nodes = out
+            self.dead = set()
+            self.inserts = {}
+            self._positions()
         return self.changed
 
     def _emit_inserts(self, n: Node, out: list[Node]) -> None:
-        for new in self.inserts.pop(id(n), ()):
+        for new in self.inserts.pop(n, ()):
             self._emit_inserts(new, out)
-            if id(new) not in self.dead:
+            if new not in self.dead:
                 out.append(new)
 
     # ---- matching
     def match(self, pat: P, node: Node) -> Match | None:
+        if not self._quick(pat, node):
+            return None
         m = Match(self, node)
         return m if self._match_node(pat, node, m) else None
 
+    def _quick(self, pat: P, node: Node) -> bool:
+        """Cheap structural pre-check (op types of direct producers, constant-ness) before matching."""
+        pins = pat.inputs
+        if not pins:
+            return True
+        ins = node.inputs
+        n = len(ins)
+        while n and ins[n - 1] is None:
+            n -= 1
+        if n != len(pins):
+            return False
+        if _quick_order(pins, ins):
+            return True
+        return n == 2 and bool(self.traits(node) & _COMMUTATIVE) and _quick_order(pins, (ins[1], ins[0]))
+
     def _match_node(self, pat: P, node: Node, m: Match) -> bool:
-        if node.op_type not in pat.ops():
+        if node.op_type not in pat.op_set:
             return False
         if pat.domain is not None and node.domain != pat.domain:
             return False
@@ -452,7 +546,7 @@ class Rewriter:
         if pat.pred is not None and not pat.pred(node):
             return False
         orders = [list(ins[:n])]
-        if n == 2 and len(pat.inputs) == 2 and self.has(node, Trait.COMMUTATIVE):
+        if n == 2 and len(pat.inputs) == 2 and self.traits(node) & _COMMUTATIVE:
             orders.append([ins[1], ins[0]])
         for order in orders:
             saved = (dict(m.binds), len(m.nodes))
@@ -494,7 +588,34 @@ class Rewriter:
         return False
 
 
+def _quick_order(pins: tuple, ins: Any) -> bool:
+    for p, v in zip(pins, ins):
+        if type(p) is P:
+            if v is None or v.producer is None or v.kind is not ValueKind.INTERMEDIATE or \
+                    v.producer.op_type not in p.op_set:
+                return False
+        elif type(p) is C:
+            if v is None or v.kind is not ValueKind.CONSTANT:
+                return False
+    return True
+
+
+_PRED_CACHE: dict[tuple[int, int], tuple[torch.Tensor, bool]] = {}
+
+
 def _safe_pred(pred: Callable[[torch.Tensor], bool], t: torch.Tensor) -> bool:
+    key = (id(t), id(pred))
+    hit = _PRED_CACHE.get(key)
+    if hit is not None and hit[0] is t:
+        return hit[1]
+    r = _safe_pred_uncached(pred, t)
+    if len(_PRED_CACHE) > 100_000:
+        _PRED_CACHE.clear()
+    _PRED_CACHE[key] = (t, r)          # holds t: its id cannot be reused while cached
+    return r
+
+
+def _safe_pred_uncached(pred: Callable[[torch.Tensor], bool], t: torch.Tensor) -> bool:
     try:
         return bool(pred(t))
     except Exception:  # noqa: BLE001
@@ -511,10 +632,8 @@ def _collect_capture_names(g: Graph, out: set[str]) -> None:
 def _subgraphs_mutate(n: Node, g: Graph) -> bool:
     for sub in n.subgraphs():
         for m in sub.nodes:
-            try:
-                if lookup(m.op_type, m.domain, sub.opset(m.domain)).has(Trait.MUTATES_INPUT):
-                    return True
-            except Exception:  # noqa: BLE001
+            od = cached_lookup(m.op_type, m.domain, sub.opset(m.domain))
+            if od is None or od.has(Trait.MUTATES_INPUT):
                 return True
             if m.subgraphs() and _subgraphs_mutate(m, sub):
                 return True
@@ -527,11 +646,11 @@ def apply_rules(graph: Graph, rules: list[Rule], pass_name: str) -> int:
     for rule in rules:
         for op in rule[0].ops():
             by_op.setdefault(op, []).append(rule)
-    rw = Rewriter(graph, pass_name)
+    rw = Rewriter.get(graph, pass_name)
     count = 0
     for node in list(graph.nodes):
         cands = by_op.get(node.op_type)
-        if not cands or id(node) in rw.dead or not node.outputs:
+        if not cands or node in rw.dead or not node.outputs:
             continue
         for pat, fn in cands:
             m = rw.match(pat, node)

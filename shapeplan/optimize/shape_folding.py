@@ -15,10 +15,10 @@ from shapeplan.optimize.rewrite import Rewriter, int_list
 
 
 def run(graph: Graph) -> int:
-    rw = Rewriter(graph, "ShapeFolding")
+    rw = Rewriter.get(graph, "ShapeFolding")
     count = 0
     for node in list(graph.nodes):
-        if id(node) in rw.dead or node.domain not in ("", "ai.onnx") or not node.outputs:
+        if node in rw.dead or node.domain not in ("", "ai.onnx") or not node.outputs:
             continue
         t = _fold(rw, node)
         if t is not None:

@@ -20,20 +20,20 @@ from shapeplan.optimize.rewrite import Rewriter, int_list, norm_axis
 
 
 def run_slice(graph: Graph) -> int:
-    rw = Rewriter(graph, "SliceOfConcat")
+    rw = Rewriter.get(graph, "SliceOfConcat")
     count = 0
     for node in list(graph.nodes):
-        if node.op_type == "Slice" and node.domain in ("", "ai.onnx") and id(node) not in rw.dead:
+        if node.op_type == "Slice" and node.domain in ("", "ai.onnx") and node not in rw.dead:
             count += _slice_of_concat(rw, node)
     rw.commit()
     return count
 
 
 def run_gather(graph: Graph) -> int:
-    rw = Rewriter(graph, "GatherOfConstant")
+    rw = Rewriter.get(graph, "GatherOfConstant")
     count = 0
     for node in list(graph.nodes):
-        if node.op_type == "Gather" and node.domain in ("", "ai.onnx") and id(node) not in rw.dead:
+        if node.op_type == "Gather" and node.domain in ("", "ai.onnx") and node not in rw.dead:
             count += _gather_of_concat(rw, node)
     rw.commit()
     return count
