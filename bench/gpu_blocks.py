@@ -28,6 +28,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import shapeplan as sp  # noqa: E402
 
 HIDDEN, HEADS, FFN = 768, 12, 2048
+OPTIMIZE = False      # the graph is built fused already; --optimize runs the pass pipeline too
 
 
 def _ensure_matmul() -> None:
@@ -147,7 +148,7 @@ def run_shape(weights, batch: int, seq: int, dtype: str, do_compile: bool, iters
     for mode in ("slot_by_slot", "cuda_graphs", "triton"):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        eng = sp.compile(g, device="cuda", mode=mode)
+        eng = sp.compile(g, device="cuda", mode=mode, optimize=OPTIMIZE)
         calls = 0
         while calls < 8:
             out = eng.run({"x": x})["y" if False else eng.output_names[0]]
@@ -196,7 +197,10 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=200)
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--json", default="")
+    ap.add_argument("--optimize", action="store_true")
     a = ap.parse_args()
+    global OPTIMIZE
+    OPTIMIZE = a.optimize
     if not torch.cuda.is_available():
         sys.exit("gpu_blocks.py needs CUDA")
     _ensure_matmul()
