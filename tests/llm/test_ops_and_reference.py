@@ -1,0 +1,76 @@
+"""The LLM ops on their own, and the gpt-fast-style torch baseline against the pipeline."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from shapeplan.ops.llm import cache_write, cached_attention, position_ids, sample_token, uniform_noise
+from tests.llm.conftest import MODEL_TYPES
+
+
+def test_cache_write_in_place_at_device_position():
+    cache = torch.zeros(1, 2, 8, 4)
+    upd = torch.randn(1, 2, 3, 4)
+    out = cache_write(cache, upd, torch.tensor([4]))
+    assert out.data_ptr() == cache.data_ptr()
+    torch.testing.assert_close(cache[:, :, 4:7], upd)
+    assert cache[:, :, :4].abs().sum() == 0 and cache[:, :, 7:].abs().sum() == 0
+
+
+@pytest.mark.parametrize("window", [0, 3])
+def test_cached_attention_matches_naive(window):
+    torch.manual_seed(0)
+    b, hq, hkv, s, L, d, pos = 1, 4, 2, 3, 10, 8, 5
+    q = torch.randn(b, hq, s, d)
+    k, v = torch.randn(b, hkv, L, d), torch.randn(b, hkv, L, d)
+    out = cached_attention(q, k, v, torch.tensor([pos]), scale=0.3, window=window)
+    kr, vr = k.repeat_interleave(hq // hkv, 1), v.repeat_interleave(hq // hkv, 1)
+    scores = q @ kr.transpose(-1, -2) * 0.3
+    qp, kp = torch.arange(s)[:, None] + pos, torch.arange(L)[None, :]
+    ok = (kp <= qp) & ((kp > qp - window) if window else True)
+    ref = torch.softmax(scores.masked_fill(~ok, float("-inf")), -1) @ vr
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_position_ids():
+    assert position_ids(torch.zeros(2, 3, dtype=torch.int64), torch.tensor([7])).tolist() == [[7, 8, 9]] * 2
+
+
+def test_noise_is_uniform_and_reproducible():
+    u = uniform_noise(torch.tensor([1, 2]), torch.tensor([3]), 20000)
+    assert u.shape == (2, 20000) and 0 < u.min() and u.max() < 1
+    assert abs(u.mean().item() - 0.5) < 0.01
+    assert torch.equal(u, uniform_noise(torch.tensor([1, 2]), torch.tensor([3]), 20000))
+    assert not torch.equal(u[0], u[1])
+
+
+def test_sampling_follows_the_distribution():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    params = torch.tensor([[1.0, 0.0, 1.0, 1.0]])
+    draws = [sample_token(logits, params, torch.tensor([11]), torch.tensor([p])).item() for p in range(3000)]
+    freq = torch.bincount(torch.tensor(draws), minlength=4).float() / len(draws)
+    torch.testing.assert_close(freq, torch.tensor([0.5, 0.3, 0.15, 0.05]), atol=0.03, rtol=0)
+    # top-k 2 and top-p 0.6 both keep only the two most likely tokens
+    for row in ([1.0, 2.0, 1.0, 1.0], [1.0, 0.0, 0.6, 1.0]):
+        picks = {sample_token(logits, torch.tensor([row]), torch.tensor([5]), torch.tensor([p])).item()
+                 for p in range(300)}
+        assert picks == {0, 1}
+    # temperature 0 is greedy; the repetition penalty demotes a seen token
+    seen = torch.tensor([[True, False, False, False]])
+    greedy = torch.tensor([[0.0, 0.0, 1.0, 3.0]])
+    assert sample_token(logits, greedy, torch.tensor([0]), torch.tensor([0]), seen).item() == 1
+
+
+@pytest.mark.parametrize("model_type", MODEL_TYPES)
+def test_torch_baseline_agrees_with_pipeline(model_type, checkpoints):
+    from shapeplan.llm import GenerationPipeline
+    from shapeplan.llm.config import LlamaConfig
+    from shapeplan.llm.reference import TorchDecoder
+    from shapeplan.llm.weights import load_weights
+    path = checkpoints(model_type)
+    cfg = LlamaConfig.from_file(path)
+    ref = TorchDecoder(cfg, load_weights(path, cfg, progress=False), max_kv_cache_length=96)
+    pipe = GenerationPipeline.from_pretrained(path, mode="slot_by_slot", max_prefill_length=32,
+                                              max_kv_cache_length=96, progress=False, eos_token_ids=[])
+    res = pipe.generate("Hello world! Python, torch", max_new_tokens=20)
+    assert ref.generate(res.prompt_token_ids, 20) == res.token_ids
