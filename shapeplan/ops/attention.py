@@ -221,3 +221,143 @@ def _attention_shape(node: Any) -> list[tuple[DType | None, Shape | None]]:
 
 register("Attention", since=23, shape=_attention_shape)(attention)
 register("Attention", domain="shapeplan", since=1, shape=_attention_shape)(attention)
+
+
+# ----------------------------------------------------------------- LinearAttention (opset 27)
+
+_LINEAR_RULES = ("linear", "gated", "delta", "gated_delta")
+
+
+def linear_attention(query, key, value, past_state=None, decay=None, beta=None, *, chunk_size=64,
+                     kv_num_heads=None, q_num_heads=None, scale=0.0, update_rule="gated_delta"):
+    """Recurrent linear attention over 3D [B, T, H*D] inputs -> (output, present_state).
+
+    Per step t (state S: [B, Hkv, Dk, Dv], float32):  S *= exp(decay_t) (gated rules);
+    v_t <- beta_t * (v_t - S^T k_t) (delta rules); S += k_t v_t^T; o_t = scale * q_t S
+    (S repeated interleaved over the query heads of its group). chunk_size is a tuning hint.
+    """
+    del chunk_size
+    if update_rule not in _LINEAR_RULES:
+        raise ValueError(f"LinearAttention: update_rule {update_rule!r} is not one of {_LINEAR_RULES}")
+    if not q_num_heads or not kv_num_heads or q_num_heads % kv_num_heads:
+        raise ValueError(f"LinearAttention: q_num_heads ({q_num_heads}) must be a positive multiple "
+                         f"of kv_num_heads ({kv_num_heads})")
+    gated, delta = update_rule in ("gated", "gated_delta"), update_rule in ("delta", "gated_delta")
+    if gated != (decay is not None):
+        raise ValueError(f"LinearAttention: update_rule {update_rule!r} "
+                         f"{'requires' if gated else 'forbids'} the decay input")
+    if delta != (beta is not None):
+        raise ValueError(f"LinearAttention: update_rule {update_rule!r} "
+                         f"{'requires' if delta else 'forbids'} the beta input")
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if t.dim() != 3:
+            raise ValueError(f"LinearAttention: {name} must be rank 3 [B, T, H*D], got {list(t.shape)}")
+    f32 = torch.float32
+    b, steps, _ = query.shape
+    q = _to_4d(query, q_num_heads, "query").to(f32)              # [B, Hq, T, Dk]
+    k = _to_4d(key, kv_num_heads, "key").to(f32)                 # [B, Hkv, T, Dk]
+    v = _to_4d(value, kv_num_heads, "value").to(f32)             # [B, Hkv, T, Dv]
+    dk, dv = k.shape[-1], v.shape[-1]
+    if decay is not None:
+        if decay.shape[-1] == kv_num_heads:                       # per head: [B, Hkv, T, 1]
+            g = decay.reshape(b, steps, kv_num_heads, 1).transpose(1, 2).to(f32)
+        elif decay.shape[-1] == kv_num_heads * dk:               # per key dim: [B, Hkv, T, Dk]
+            g = _to_4d(decay, kv_num_heads, "decay").to(f32)
+        else:
+            raise ValueError(f"LinearAttention: decay last dim {decay.shape[-1]} must be kv_num_heads "
+                             f"({kv_num_heads}) or kv_num_heads*d_k ({kv_num_heads * dk})")
+        g = g.exp()
+    if beta is not None:
+        if beta.shape[-1] not in (kv_num_heads, 1):
+            raise ValueError(f"LinearAttention: beta last dim {beta.shape[-1]} must be kv_num_heads "
+                             f"({kv_num_heads}) or 1")
+        bt = beta.reshape(b, steps, beta.shape[-1], 1).transpose(1, 2).to(f32)   # [B, H|1, T, 1]
+    if past_state is not None:
+        if tuple(past_state.shape) != (b, kv_num_heads, dk, dv):
+            raise ValueError(f"LinearAttention: past_state shape {list(past_state.shape)} must be "
+                             f"{[b, kv_num_heads, dk, dv]}")
+        state, state_dtype = past_state.to(f32), past_state.dtype
+    else:
+        state, state_dtype = torch.zeros((b, kv_num_heads, dk, dv), dtype=f32, device=query.device), query.dtype
+    scale = float(scale) if scale else 1.0 / math.sqrt(dk)
+    rep = q_num_heads // kv_num_heads
+    outs = []
+    for t in range(steps):
+        k_t, v_t = k[:, :, t], v[:, :, t]                         # [B, Hkv, Dk], [B, Hkv, Dv]
+        if gated:
+            state = state * g[:, :, t].unsqueeze(-1)
+        if delta:
+            v_t = bt[:, :, t] * (v_t - torch.einsum("bhdm,bhd->bhm", state, k_t))
+        state = state + k_t.unsqueeze(-1) * v_t.unsqueeze(-2)
+        outs.append(scale * torch.einsum("bhd,bhdm->bhm", q[:, :, t], _repeat_kv(state, rep)))
+    out = torch.stack(outs, dim=2) if outs else q.new_zeros((b, q_num_heads, 0, dv))  # [B, Hq, T, Dv]
+    out = out.transpose(1, 2).reshape(b, steps, q_num_heads * dv).to(query.dtype)
+    return out, state.to(state_dtype)
+
+
+def _linear_attention_shape(node: Any) -> list[tuple[DType | None, Shape | None]]:
+    q, k, v = node.inputs[:3]
+    past = node.inputs[3] if len(node.inputs) > 3 else None
+    hq, hkv = node.attrs.get("q_num_heads"), node.attrs.get("kv_num_heads")
+    if q.shape is None or k.shape is None or v.shape is None or not hq or not hkv:
+        return [(q.dtype, None), (past.dtype if past is not None else q.dtype, None)]
+    dk, dv = dim_div(k.shape[2], hkv), dim_div(v.shape[2], hkv)
+    return [(q.dtype, (q.shape[0], q.shape[1], dim_mul(hq, dv))),
+            (past.dtype if past is not None else q.dtype, (q.shape[0], hkv, dk, dv))]
+
+
+register("LinearAttention", since=27, shape=_linear_attention_shape)(linear_attention)
+
+
+# ----------------------------------------------------------------- FlexAttention (ai.onnx.preview)
+
+
+def _flex_shape(node: Any) -> list[tuple[DType | None, Shape | None]]:
+    q, _, v = node.inputs[:3]
+    if q.shape is None or v.shape is None:
+        return [(q.dtype, None)]
+    return [(q.dtype, tuple(q.shape[:3]) + (v.shape[3],))]
+
+
+def _bind_flex(node: Any, opset: int):
+    """FlexAttention: scores = (Q*sqrt(s)) @ (K*sqrt(s))^T in the input type, then in the softmax
+    precision (float32 for half inputs): score_mod subgraph, softmax, prob_mod subgraph, @ V."""
+    from shapeplan.ops.control import Body
+    outer = [v.name for v in node.implicit_inputs]
+    score_mod = Body(node.attrs["score_mod"], outer, node) if "score_mod" in node.attrs else None
+    prob_mod = Body(node.attrs["prob_mod"], outer, node) if "prob_mod" in node.attrs else None
+    scale = node.attrs.get("scale")
+    precision = node.attrs.get("softmax_precision")
+    unknown = set(node.attrs) - {"score_mod", "prob_mod", "scale", "softmax_precision"}
+    if unknown:
+        raise ValueError(f"node {node.describe()}: FlexAttention has no attribute(s) {sorted(unknown)}")
+
+    def call(q, k, v, *implicit):
+        if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+            raise ValueError(f"FlexAttention needs rank-4 Q, K, V, got {list(q.shape)}, "
+                             f"{list(k.shape)}, {list(v.shape)}")
+        hq, hkv = q.shape[1], k.shape[1]
+        if hq % hkv:
+            raise ValueError(f"FlexAttention: {hq} query heads are not a multiple of {hkv} kv heads")
+        s = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+        root = torch.tensor(math.sqrt(s), dtype=torch.float32).to(q.dtype).to(q.device)
+        scores = (q * root) @ (_repeat_kv(k, hq // hkv) * root).transpose(-1, -2)
+        cdt = _ONNX_FLOAT[precision] if precision is not None else \
+            (torch.float32 if q.dtype.itemsize < 4 else q.dtype)
+        scores = scores.to(cdt)
+        if score_mod is not None:
+            scores = score_mod.run([scores], implicit, q.device)[0].to(cdt)
+        probs = torch.softmax(scores, dim=-1)
+        if prob_mod is not None:
+            probs = prob_mod.run([probs], implicit, q.device)[0].to(cdt)
+        return ((probs @ _repeat_kv(v, hq // hkv).to(cdt)).to(v.dtype),)
+
+    return call
+
+
+def _flex_unbound(*_: Any, **__: Any) -> Any:
+    raise RuntimeError("FlexAttention runs through its bind hook")
+
+
+register("FlexAttention", domain="ai.onnx.preview", since=1, shape=_flex_shape,
+         bind=_bind_flex)(_flex_unbound)
