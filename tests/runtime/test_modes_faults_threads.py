@@ -37,6 +37,7 @@ def test_cpu_maps_gpu_modes_to_emulated_replay(diag):
     assert any("unavailable" in ev.message for ev in diag.events("FALLBACK"))
 
 
+@pytest.mark.slow
 def test_onnx_conformance_models_match_slot_by_slot():
     from tests import onnx_conformance as conf
     cases = [c for c in conf.collect() if not c.name.startswith("test_sequence")][:400]

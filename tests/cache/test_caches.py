@@ -1,0 +1,118 @@
+"""In-memory plan cache (LRU, pinning, count cap, byte budget) and the disk cache."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import shapeplan as sp
+from shapeplan.cache.disk import DiskCache
+from shapeplan.cache.memory import PlanCache
+from shapeplan.errors import CacheError
+from tests.runtime.graphs import mlp, rand
+
+
+class Blob:
+    def __init__(self, n):
+        self.nbytes = n
+        self.released = False
+
+
+def test_lru_count_cap_and_pinning():
+    evicted = []
+    c = PlanCache(max_entries=2, max_bytes=None, on_evict=lambda k, v: evicted.append(k))
+    c.put("a", Blob(1)); c.put("b", Blob(1))
+    c.get("a")                               # b is now least recently used
+    with c.pinned("b"):
+        c.put("c", Blob(1))                  # b pinned: a goes instead
+        assert "b" in c and "a" not in c
+    assert evicted == ["a"]
+    c.put("d", Blob(1))
+    assert "b" not in c and len(c) == 2
+
+
+def test_byte_budget(diag):
+    c = PlanCache(max_entries=10, max_bytes=100)
+    c.put("a", Blob(60)); c.put("b", Blob(60))
+    assert "a" not in c and "b" in c
+    assert any(e.fields.get("reason") == "byte budget" for e in diag.events("CACHE"))
+
+
+def test_engine_evicts_plans_beyond_cap(diag):
+    e = sp.Engine(mlp(), mode="emulated_replay", max_plans=2)
+    for b in (1, 2, 3, 4):
+        e.run({"x": rand(b, 8)})
+    assert len(e.cache) == 2 and e.cache.evictions == 2
+    assert len([ev for ev in diag.events("CACHE") if ev.message == "plan evicted"]) == 2
+
+
+def _compile(tmp_path, **kw):
+    return sp.compile(mlp(), optimize=False, disk_cache=True, cache_dir=str(tmp_path), **kw)
+
+
+def test_warm_start_from_disk_skips_compilation(tmp_path):
+    cold = _compile(tmp_path)
+    warm = _compile(tmp_path)
+    assert cold.compile_info["source"] == "compiled" and warm.compile_info["source"] == "disk"
+    x = rand(3, 8)
+    for _ in range(5):
+        a, b = cold.run({"x": x}), warm.run({"x": x})
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+    assert not [f for f in os.listdir(tmp_path) if f.startswith(".tmp")]      # atomic writes left nothing
+
+
+@pytest.mark.parametrize("damage", ["truncate", "tamper", "version", "foreign", "fingerprint"])
+def test_bad_entry_is_reported_and_recompiled(tmp_path, diag, damage):
+    _compile(tmp_path)
+    (path,) = [os.path.join(tmp_path, f) for f in os.listdir(tmp_path)]
+    data = bytearray(open(path, "rb").read())
+    if damage == "truncate":
+        data = data[: len(data) // 2]
+    elif damage == "tamper":
+        data[-10] ^= 0xFF
+    elif damage == "version":
+        data[8] = 99
+    elif damage == "foreign":
+        data[:8] = b"PK\x03\x04xxxx"
+    open(path, "wb").write(bytes(data))
+    kw = {}
+    if damage == "fingerprint":
+        from shapeplan.cache import fingerprint as fpm
+        orig = fpm.fingerprint
+        kw = {}
+        import unittest.mock as um
+        with um.patch.object(fpm, "fingerprint", lambda d="cpu": {**orig(d), "torch": "0.0"}):
+            e = _compile(tmp_path)
+            assert e.compile_info["source"] == "compiled"
+            return
+    e = _compile(tmp_path, **kw)
+    assert e.compile_info["source"] == "compiled"
+    assert any("rejected" in ev.message for ev in diag.events("CACHE"))
+    assert _compile(tmp_path).compile_info["source"] == "disk"      # rewritten good entry
+
+
+def test_override_dir_has_priority_and_force_recompile(tmp_path, monkeypatch):
+    ro, rw = tmp_path / "ro", tmp_path / "rw"
+    _compile(ro)
+    monkeypatch.setenv("SHAPEPLAN_CACHE_OVERRIDE_DIR", str(ro))
+    e = _compile(rw)
+    assert e.compile_info["source"] == "disk" and not rw.exists()
+    monkeypatch.setenv("SHAPEPLAN_CACHE_FORCE_RECOMPILE", "1")
+    assert _compile(rw).compile_info["source"] == "compiled"
+
+
+def test_unpack_rejects_garbage():
+    from shapeplan.plan.serialize import unpack
+    for data in (b"", b"SHPPLAN\0", os.urandom(200)):
+        with pytest.raises(CacheError):
+            unpack(data)
+
+
+def test_cli_cache_ls_and_clear(tmp_path, capsys):
+    from shapeplan.cli import main
+    _compile(tmp_path)
+    assert main(["cache", "ls", "--dir", str(tmp_path)]) == 0
+    assert "ok" in capsys.readouterr().out
+    assert main(["cache", "clear", "--dir", str(tmp_path)]) == 0
+    assert DiskCache(str(tmp_path)).entries() == []
