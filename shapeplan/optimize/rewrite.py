@@ -377,6 +377,16 @@ class Rewriter:
         if id(old) in self.implicit or old.name in self.captured_names:
             return False                        # a subgraph reads it by name
         if id(old) in self.output_ids:
+            if new.kind is ValueKind.CONSTANT and old.producer is not None and \
+                    isinstance(new.data, torch.Tensor):
+                prod = old.producer                    # the output itself becomes that constant
+                prod.outputs = [Value("", old.dtype, old.shape, producer=prod) if o is old else o
+                                for o in prod.outputs]
+                old.kind, old.data, old.producer = ValueKind.CONSTANT, new.data, None
+                old.dtype, old.shape = new.dtype, new.shape
+                self.changed += 1
+                self.sweep(prod)
+                return True
             if not self._rename_into_output(old, new):
                 prod = old.producer
                 if prod is None or prod.op_type == "Identity" and prod.inputs and prod.inputs[0] is new:
