@@ -63,6 +63,13 @@ def _compare(name: str, got: Any, want: Any, rtol: float, atol: float) -> str | 
     return None if np.array_equal(got, want) else f"{name}: values differ"
 
 
+def _as_array(x: Any) -> Any:
+    """Cases store float8/int4/... data as TensorProtos; numpy_helper gives ml_dtypes arrays."""
+    import onnx
+    from onnx import numpy_helper
+    return numpy_helper.to_array(x) if isinstance(x, onnx.TensorProto) else x
+
+
 def run_case(case: Any) -> str | None:
     """None when the case passes, else a one-line reason."""
     import shapeplan as sp
@@ -72,12 +79,12 @@ def run_case(case: Any) -> str | None:
         in_names = engine.input_names
         out_names = engine.output_names
         for inputs, outputs in case.data_sets:
-            feeds = dict(zip(in_names, inputs))
+            feeds = dict(zip(in_names, map(_as_array, inputs)))
             with warnings.catch_warnings(), np.errstate(all="ignore"):
                 warnings.simplefilter("ignore")
                 res = engine.run(feeds)
             for name, want in zip(out_names, outputs):
-                err = _compare(name, res.get(name), want, max(case.rtol, RTOL), max(case.atol, ATOL))
+                err = _compare(name, res.get(name), _as_array(want), max(case.rtol, RTOL), max(case.atol, ATOL))
                 if err:
                     return err
         return None

@@ -52,6 +52,9 @@ _TABLE = [
     ("uint4", 21, None, None, 1),
     ("int4", 22, None, None, 1),
     ("float4e2m1", 23, None, None, 1),
+    ("float8e8m0", 24, _t("float8_e8m0fnu"), None, 1),
+    ("uint2", 25, None, None, 1),
+    ("int2", 26, None, None, 1),
 ]
 
 DTYPES: dict[str, DType] = {}
@@ -66,6 +69,19 @@ for _name, _code, _td, _nd, _size in _TABLE:
         _BY_TORCH[_td] = _dt
     if _nd is not None:
         _BY_NUMPY[np.dtype(_nd)] = _dt
+
+# ml_dtypes (ships with onnx) gives numpy dtypes to the types numpy lacks; map them too
+try:
+    import ml_dtypes as _ml
+    for _name, _ml_name in (("bfloat16", "bfloat16"), ("float8e4m3fn", "float8_e4m3fn"),
+                            ("float8e4m3fnuz", "float8_e4m3fnuz"), ("float8e5m2", "float8_e5m2"),
+                            ("float8e5m2fnuz", "float8_e5m2fnuz"), ("float8e8m0", "float8_e8m0fnu"),
+                            ("int4", "int4"), ("uint4", "uint4"), ("int2", "int2"), ("uint2", "uint2"),
+                            ("float4e2m1", "float4_e2m1fn")):
+        if hasattr(_ml, _ml_name):
+            _BY_NUMPY.setdefault(np.dtype(getattr(_ml, _ml_name)), DTYPES[_name])
+except ImportError:  # pragma: no cover
+    pass
 
 _ALIASES = {"float": "float32", "half": "float16", "double": "float64", "bf16": "bfloat16",
             "fp16": "float16", "fp32": "float32", "long": "int64", "int": "int32"}

@@ -23,7 +23,14 @@ _ML_TO_TORCH: dict[str, tuple[Any, torch.dtype | None]] = {
     "int4": (np.int8, None),
     "uint4": (np.uint8, None),
     "float4_e2m1fn": (np.float32, None),
+    "float8_e8m0fnu": (np.uint8, getattr(torch, "float8_e8m0fnu", None)),
+    "int2": (np.int8, None),
+    "uint2": (np.uint8, None),
 }
+
+#: shapeplan dtypes that run widened (see _ML_TO_TORCH) -> their ml_dtypes name, for output
+WIDENED = {"int4": "int4", "uint4": "uint4", "int2": "int2", "uint2": "uint2",
+           "float4e2m1": "float4_e2m1fn"}
 
 
 def numpy_to_runtime(a: Any, device: str | torch.device = "cpu") -> Any:
@@ -48,10 +55,15 @@ def numpy_to_runtime(a: Any, device: str | torch.device = "cpu") -> Any:
     return torch.from_numpy(np.array(arr, order="C", copy=True)).to(device)  # keeps 0-d (ascontiguousarray does not)
 
 
-def runtime_to_numpy(v: Any) -> Any:
-    """runtime value -> numpy (bfloat16/float8 become ml_dtypes arrays when ml_dtypes is present)."""
+def runtime_to_numpy(v: Any, dtype: Any = None) -> Any:
+    """runtime value -> numpy (bfloat16/float8 become ml_dtypes arrays when ml_dtypes is present).
+
+    ``dtype`` (the value's declared DType) restores the types that run widened (int4, float4...)."""
     if v is None:
         return None
+    name = getattr(dtype, "name", None)
+    if name in WIDENED and isinstance(v, torch.Tensor) and ml_dtypes is not None:
+        return runtime_to_numpy(v).astype(getattr(ml_dtypes, WIDENED[name]))
     if isinstance(v, list):
         return [runtime_to_numpy(x) for x in v]
     if isinstance(v, np.ndarray):

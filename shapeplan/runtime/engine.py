@@ -149,7 +149,9 @@ class Engine:
             outs = runner.run(rt)
         self.calls += 1
         self._last_key = key
-        return {name: (v if torch_in else runtime_to_numpy(v)) for (name, _), v in zip(plan.outputs, outs)}
+        vals = self.graph.values        # declared dtypes restore int4/float4 (they run widened)
+        return {name: (v if torch_in else runtime_to_numpy(v, getattr(vals.get(name), "dtype", None)))
+                for (name, _), v in zip(plan.outputs, outs)}
 
     def _check_dtypes(self, plan: Plan, runner: PlanRunner, rt: list[Any]) -> None:
         for (name, _), want, x in zip(plan.inputs, runner.input_dtypes, rt):
