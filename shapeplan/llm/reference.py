@@ -21,9 +21,10 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
     return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
 
 
-class TorchDecoder:
+class TorchDecoder(torch.nn.Module):
     def __init__(self, cfg: LlamaConfig, weights: dict[str, torch.Tensor], *, max_kv_cache_length: int,
                  device: str | torch.device = "cpu", dtype: torch.dtype | None = None) -> None:
+        super().__init__()
         self.cfg, self.w = cfg, weights
         self.dtype = dtype or cfg.torch_dtype
         self.L = max_kv_cache_length
@@ -32,6 +33,9 @@ class TorchDecoder:
         self.v = [torch.zeros(shape, dtype=self.dtype, device=device) for _ in range(cfg.num_layers)]
         cos, sin = rope_tables(cfg, max_kv_cache_length, self.dtype)
         self.cos, self.sin = cos.to(device), sin.to(device)
+        for i, (k, v) in enumerate(zip(self.k, self.v)):     # buffers: static addresses for torch.compile
+            self.register_buffer(f"k_cache_{i}", k, persistent=False)
+            self.register_buffer(f"v_cache_{i}", v, persistent=False)
         self.head = weights["model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"]
 
     @torch.no_grad()
