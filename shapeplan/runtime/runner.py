@@ -24,7 +24,7 @@ from shapeplan.plan.buffers import BufferPlan, plan_buffers
 from shapeplan.plan.compiler import ABSENT, Plan
 from shapeplan.runtime import faults
 from shapeplan.runtime.backends import SegmentBackend, SegmentContext
-from shapeplan.runtime.backends.slot_by_slot import run_slot
+from shapeplan.runtime.backends.slot_by_slot import run_slot, run_slot_by_slot
 from shapeplan.runtime.staging import RegMeta, allocate, staging_buffers
 
 
@@ -120,6 +120,9 @@ class PlanRunner:
     def run(self, feeds: list[Any]) -> list[Any]:
         """``feeds``: runtime values in ``plan.inputs`` order. Returns plan outputs (owned by the caller)."""
         if self.phase is Phase.SLOT_BY_SLOT:
+            if self.backend is None and self.calls:          # the reference path: nothing to record
+                self.calls += 1
+                return self._run_plain(feeds)
             outs = self._run_recording(feeds)
             self.calls += 1
             if self.backend is not None and self.calls >= self.warmup_calls:
@@ -128,6 +131,17 @@ class PlanRunner:
         outs = self._run_frozen(feeds)
         self.calls += 1
         return outs
+
+    def _run_plain(self, feeds: list[Any]) -> list[Any]:
+        plan = self.plan
+        regs: list[Any] = [None] * plan.n_regs
+        for (_, r), x in zip(plan.inputs, feeds):
+            regs[r] = x
+        for r, t in self.constants.items():
+            regs[r] = t
+        for name, r in plan.variables:
+            regs[r] = self.variables[name]
+        return run_slot_by_slot(plan, regs)
 
     def _run_recording(self, feeds: list[Any]) -> list[Any]:
         plan = self.plan
