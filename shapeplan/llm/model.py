@@ -80,6 +80,10 @@ def build_graph(cfg: LlamaConfig, weights: dict[str, torch.Tensor], *, max_kv_ca
     cos, sin = rope_tables(cfg, L, dtype)
     cos_c, sin_c = g.constant(cos, name="rope.cos"), g.constant(sin, name="rope.sin")   # [L, D/2]
     pos_ids = op.PositionIds(ids, position, _domain=SP)                               # [B, S]
+    # per step, not per layer: the rotary angles of this step's positions and the attention mask
+    cos_s, sin_s = op.Gather(cos_c, pos_ids, axis=0), op.Gather(sin_c, pos_ids, axis=0)  # [B, S, D/2]
+    mask = op.CausalMask(ids, position, kv_length=L, window=cfg.sliding_window, groups=hq // hkv,
+                         _domain=SP)                                                    # [G*S, L]
     q_shape = np.array([0, 0, hq, d], np.int64)
     kv_shape = np.array([0, 0, hkv, d], np.int64)
     merged = np.array([0, 0, hq * d], np.int64)
@@ -97,13 +101,12 @@ def build_graph(cfg: LlamaConfig, weights: dict[str, torch.Tensor], *, max_kv_ca
             q = b.rms_norm(q, p + "self_attn.q_norm.weight")
             k = b.rms_norm(k, p + "self_attn.k_norm.weight")
         perm = [0, 2, 1, 3]
-        q = op.RotaryEmbedding(op.Transpose(q, perm=perm), cos_c, sin_c, pos_ids, _domain=SP)  # [B, Hq, S, D]
-        k = op.RotaryEmbedding(op.Transpose(k, perm=perm), cos_c, sin_c, pos_ids, _domain=SP)  # [B, Hkv, S, D]
+        q = op.RotaryEmbedding(op.Transpose(q, perm=perm), cos_s, sin_s, _domain=SP)  # [B, Hq, S, D]
+        k = op.RotaryEmbedding(op.Transpose(k, perm=perm), cos_s, sin_s, _domain=SP)  # [B, Hkv, S, D]
         v = op.Transpose(v, perm=perm)
         k_all = op.CacheWrite(k_cache, k, position, axis=2, _domain=SP)                 # [B, Hkv, L, D]
         v_all = op.CacheWrite(v_cache, v, position, axis=2, _domain=SP)
-        a = op.CachedAttention(q, k_all, v_all, position, scale=float(d) ** -0.5,
-                               window=cfg.sliding_window, _domain=SP)                   # [B, Hq, S, D]
+        a = op.CachedAttention(q, k_all, v_all, mask, scale=float(d) ** -0.5, _domain=SP)  # [B, Hq, S, D]
         a = op.Reshape(op.Transpose(a, perm=perm), merged)                               # [B, S, Hq*D]
         h = op.Add(h, b.linear(a, p + "self_attn.o_proj"))
         x = b.rms_norm(h, p + "post_attention_layernorm.weight")

@@ -28,8 +28,12 @@ def cache_write(cache, update, position, *, axis: int = 2):
     ``axis``; returns ``cache`` (the same storage) so readers are ordered after the write.
 
     cache: [B, H, L, D] (any rank), update: same rank with the sequence length S on ``axis``,
-    position: int64 [1] on the device (the step's first absolute position)."""
-    idx = _start(position) + torch.arange(update.shape[axis], device=cache.device)   # [S]
+    position: int64 on the device, either [1] (the first position) or [S] (one index per row).
+    With S = 1 the position tensor is the index itself: a decode step's write is one kernel."""
+    s = update.shape[axis]
+    idx = position.reshape(-1)
+    if idx.numel() != s:
+        idx = _start(position) + torch.arange(s, device=cache.device)          # [S]
     cache.index_copy_(axis, idx, update.to(cache.dtype))
     return cache
 
@@ -47,27 +51,40 @@ def position_ids(input_ids, position):
     return pos.expand(input_ids.shape).contiguous()
 
 
-@register("CachedAttention", domain="shapeplan", shape=same_as(0))
-def cached_attention(q, k_cache, v_cache, position, *, scale: float = 0.0, window: int = 0):
-    """Causal attention of this step's queries over a static KV cache.
+def _mask_shape(node):
+    ids = node.inputs[0]
+    s = ids.shape[-1] if ids.shape is not None else None
+    g = int(node.attrs.get("groups", 1))
+    rows = s * g if isinstance(s, int) else (s if g == 1 else None)
+    return [(as_dtype("bool"), (rows, int(node.attrs["kv_length"])))]
 
-    q: [B, Hq, S, D] at absolute positions ``position + i``; k_cache, v_cache: [B, Hkv, L, D], already
-    holding this step's keys. Key j is visible to query i when ``j <= position + i`` (and, with a
-    sliding ``window``, ``j > position + i - window``): the mask comes from the device-resident
-    position, so stale cache entries beyond it are never read and no host sync is needed.
-    Grouped-query attention folds the G = Hq / Hkv query heads of a group into the query-row axis,
-    so K/V are never repeated in memory."""
-    b, hq, s, d = q.shape
-    hkv, length = k_cache.shape[1], k_cache.shape[2]
-    g = hq // hkv
-    qpos = _start(position) + torch.arange(s, device=q.device)                   # [S]
-    kpos = torch.arange(length, device=q.device)                                 # [L]
+
+@register("CausalMask", domain="shapeplan", shape=_mask_shape)
+def causal_mask(input_ids, position, *, kv_length: int, window: int = 0, groups: int = 1):
+    """The step's attention mask over a static cache, from the device-resident position: bool
+    [G*S, L], row ``g*S + i`` (query i of any head in a group of G) sees key j when
+    ``j <= position + i`` (and ``j > position + i - window`` with a sliding window). Built once per
+    step and shared by every layer."""
+    s = input_ids.shape[-1]
+    qpos = _start(position) + torch.arange(s, device=input_ids.device)           # [S]
+    kpos = torch.arange(kv_length, device=input_ids.device)                      # [L]
     mask = kpos[None, :] <= qpos[:, None]                                        # [S, L]
     if window:
         mask = mask & (kpos[None, :] > qpos[:, None] - window)
-    qg = q.reshape(b, hkv, g * s, d)                                             # [B, Hkv, G*S, D]
-    if g > 1:
-        mask = mask.repeat(g, 1)                                                 # [G*S, L]
+    return mask.repeat(groups, 1) if groups > 1 else mask
+
+
+@register("CachedAttention", domain="shapeplan", shape=same_as(0))
+def cached_attention(q, k_cache, v_cache, mask, *, scale: float = 0.0):
+    """Attention of this step's queries over a static KV cache.
+
+    q: [B, Hq, S, D]; k_cache, v_cache: [B, Hkv, L, D], already holding this step's keys; mask: bool
+    [G*S, L] from ``shapeplan::CausalMask`` (G = Hq / Hkv), so stale cache entries beyond the
+    position are never read and no host sync is needed. Grouped-query attention folds the G query
+    heads of a group into the query-row axis, so K/V are never repeated in memory."""
+    b, hq, s, d = q.shape
+    hkv = k_cache.shape[1]
+    qg = q.reshape(b, hkv, (hq // hkv) * s, d)                                   # [B, Hkv, G*S, D]
     out = F.scaled_dot_product_attention(qg, k_cache.to(q.dtype), v_cache.to(q.dtype), attn_mask=mask,
                                          scale=scale or None)
     return out.reshape(b, hq, s, d)

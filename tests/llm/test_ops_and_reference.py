@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from shapeplan.ops.llm import cache_write, cached_attention, position_ids, sample_token, uniform_noise
+from shapeplan.ops.llm import (cache_write, cached_attention, causal_mask, position_ids, sample_token,
+                              uniform_noise)
 from tests.llm.conftest import MODEL_TYPES
 
 
@@ -15,6 +16,9 @@ def test_cache_write_in_place_at_device_position():
     assert out.data_ptr() == cache.data_ptr()
     torch.testing.assert_close(cache[:, :, 4:7], upd)
     assert cache[:, :, :4].abs().sum() == 0 and cache[:, :, 7:].abs().sum() == 0
+    one = torch.randn(1, 2, 1, 4)                     # decode: the position is the index itself
+    cache_write(cache, one, torch.tensor([1]))
+    torch.testing.assert_close(cache[:, :, 1:2], one)
 
 
 @pytest.mark.parametrize("window", [0, 3])
@@ -23,7 +27,9 @@ def test_cached_attention_matches_naive(window):
     b, hq, hkv, s, L, d, pos = 1, 4, 2, 3, 10, 8, 5
     q = torch.randn(b, hq, s, d)
     k, v = torch.randn(b, hkv, L, d), torch.randn(b, hkv, L, d)
-    out = cached_attention(q, k, v, torch.tensor([pos]), scale=0.3, window=window)
+    mask = causal_mask(torch.zeros(b, s, dtype=torch.int64), torch.tensor([pos]), kv_length=L, window=window,
+                       groups=hq // hkv)
+    out = cached_attention(q, k, v, mask, scale=0.3)
     kr, vr = k.repeat_interleave(hq // hkv, 1), v.repeat_interleave(hq // hkv, 1)
     scores = q @ kr.transpose(-1, -2) * 0.3
     qp, kp = torch.arange(s)[:, None] + pos, torch.arange(L)[None, :]
