@@ -157,6 +157,15 @@ def test_attention_fully_masked_row_is_zero_not_nan():
     assert (got[0][:, :, 1] == 0).all() and (got[3][:, :, 1] == 0).all()
 
 
+def test_attention_fully_masked_row_on_the_sdpa_path():
+    feeds = attn_feeds(mask="bool4d")
+    feeds["attn_mask"][0, 2, 1, :] = False
+    model = single_node_model("Attention", feeds, 1)            # Y only: the SDPA fast path
+    got, want = run_both(model, feeds)
+    assert_close(got, want)
+    assert (got[0][0, 2, 1] == 0).all() and not np.isnan(got[0]).any()
+
+
 @pytest.mark.parametrize("causal", [0, 1])
 def test_attention_nonpad_kv_seqlen_opset24(causal):
     feeds = attn_feeds(hq=4, hkv=2, sq=2, skv=6, nonpad=[4, 6])
