@@ -141,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--vs-torch-compile", action="store_true",
                     help="also run the PyTorch baselines (eager, eager + CUDA graph, torch.compile)")
+    ap.add_argument("--no-optimize", action="store_true", help="compile our graph without the optimizer passes")
     ap.add_argument("--json", dest="json_path", default=None)
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -158,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         configs = [c for c in args.configs.split(",") if c]
         rows = run_matrix(cfg, weights, configs, device="cuda", prompt_len=args.prompt_len,
                           new_tokens=args.new_tokens, max_kv_cache_length=args.max_kv_cache_length,
-                          log=lambda s: print(s, file=sys.stderr))
+                          optimize=not args.no_optimize, log=lambda s: print(s, file=sys.stderr))
         if args.vs_torch_compile:
             ref = next((r.tokens for r in rows if r.config == "slot_by_slot" and r.ok), None)
             rows += torch_baselines(cfg, weights, bench_prompt(cfg.vocab_size, args.prompt_len), args.new_tokens,

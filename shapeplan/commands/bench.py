@@ -23,6 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--new-tokens", type=int, default=256)
     p.add_argument("--max-kv-cache-length", type=int, default=1024)
+    p.add_argument("--no-optimize", action="store_true", help="compile without the optimizer passes")
     p.add_argument("--json", dest="json_path", default=None, help="write the results as JSON to this file")
     p.set_defaults(func=_bench)
 
@@ -36,7 +37,7 @@ def _bench(args: argparse.Namespace) -> int:
     name = args.preset or args.model
     rows = run_matrix(cfg, weights, configs, device=args.device, prompt_len=args.prompt_len,
                       new_tokens=args.new_tokens, max_kv_cache_length=args.max_kv_cache_length,
-                      log=lambda s: print(s, file=sys.stderr))
+                      optimize=not args.no_optimize, log=lambda s: print(s, file=sys.stderr))
     print(format_table(rows, f"{name} on {args.device}, prompt {args.prompt_len}, {args.new_tokens} new tokens, greedy"))
     if args.json_path:
         with open(args.json_path, "w", encoding="utf-8") as f:

@@ -66,14 +66,15 @@ def _sync(device: str) -> None:
 
 def run_config(cfg: LlamaConfig, weights: dict[str, torch.Tensor], config: str, *, device: str,
                prompt: list[int], new_tokens: int, max_kv_cache_length: int, max_prefill_length: int,
-               sync_every: int = 16) -> BenchRow:
+               sync_every: int = 16, optimize: bool = True) -> BenchRow:
     row = BenchRow(config)
     try:
         _sync(device)
         t0 = time.perf_counter()
         pipe = GenerationPipeline(cfg, weights, None, device=device, mode=config, dtype=weights[
             "model.embed_tokens.weight"].dtype, max_prefill_length=max_prefill_length,
-            max_kv_cache_length=max_kv_cache_length, sync_every=sync_every, eos_token_ids=[])
+            max_kv_cache_length=max_kv_cache_length, sync_every=sync_every, eos_token_ids=[],
+            optimize=optimize)
         pipe.generate(prompt, max_new_tokens=min(new_tokens, 32), sampling=Sampling.greedy())   # warm-up
         _sync(device)
         row.cold_start_s = time.perf_counter() - t0
@@ -104,7 +105,8 @@ def agreement(tokens: list[int], ref: list[int]) -> str:
 
 def run_matrix(cfg: LlamaConfig, weights: dict[str, torch.Tensor], configs: list[str], *, device: str,
                prompt_len: int = 128, new_tokens: int = 256, max_kv_cache_length: int = 1024,
-               max_prefill_length: int | None = None, log: Callable[[str], None] = print) -> list[BenchRow]:
+               max_prefill_length: int | None = None, optimize: bool = True,
+               log: Callable[[str], None] = print) -> list[BenchRow]:
     prompt = bench_prompt(cfg.vocab_size, prompt_len)
     mp = max_prefill_length or max(prompt_len, 16)
     rows: list[BenchRow] = []
@@ -114,7 +116,7 @@ def run_matrix(cfg: LlamaConfig, weights: dict[str, torch.Tensor], configs: list
     for c in configs:
         log(f"  running {c} ...")
         row = run_config(cfg, weights, c, device=device, prompt=prompt, new_tokens=new_tokens,
-                         max_kv_cache_length=max_kv_cache_length, max_prefill_length=mp)
+                         max_kv_cache_length=max_kv_cache_length, max_prefill_length=mp, optimize=optimize)
         if c == "slot_by_slot" and row.ok:
             ref = row.tokens
         elif ref is not None and row.ok:

@@ -74,9 +74,10 @@ class GenerationPipeline:
         if not eos and tokenizer is not None and tokenizer.eos_token_id is not None:
             eos = [tokenizer.eos_token_id]
         self.eos_token_ids = set(eos)
-        self.graph = build_graph(cfg, weights, max_kv_cache_length=max_kv_cache_length, dtype=self.dtype,
-                                 device=self.device)
-        self.engine = sp.compile(self.graph, device=str(self.device), mode=mode, optimize=optimize)
+        graph = build_graph(cfg, weights, max_kv_cache_length=max_kv_cache_length, dtype=self.dtype,
+                            device=self.device)
+        self.engine = sp.compile(graph, device=str(self.device), mode=mode, optimize=optimize)
+        self.graph = self.engine.graph         # the optimized graph (the built one may now be freed)
         self.mode = mode
         self._one = torch.ones(1, dtype=torch.int64, device=self.device)
         self._session: Session | None = None

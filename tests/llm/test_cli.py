@@ -1,0 +1,52 @@
+"""CLI subcommands (generate, chat, bench) and the demo hook."""
+from __future__ import annotations
+
+import argparse
+import json
+
+from shapeplan.cli import main
+from shapeplan.llm import GenerationPipeline
+
+SMALL = ["--mode", "slot_by_slot", "--max-prefill-length", "32", "--max-kv-cache-length", "64"]
+
+
+def test_generate_streams_the_completion(checkpoints, capsys):
+    path = checkpoints("llama")
+    assert main(["generate", "--model", path, "--prompt", "Hello world", "--max-new-tokens", "8",
+                 "--metrics", *SMALL]) == 0
+    out = capsys.readouterr()
+    pipe = GenerationPipeline.from_pretrained(path, mode="slot_by_slot", max_prefill_length=32,
+                                              max_kv_cache_length=64, progress=False)
+    assert out.out == pipe.generate("Hello world", max_new_tokens=8).text + "\n"
+    assert "TTFT" in out.err and "late_steady" in out.err
+
+
+def test_chat_loop_keeps_the_conversation(checkpoints, capsys):
+    from shapeplan.commands import chat
+    path = checkpoints("llama")
+    lines = iter(["hi", "tell me more", "/reset", "again", "/exit"])
+    args = argparse.Namespace(model=path, max_new_tokens=4, temperature=0.0, top_k=0, top_p=1.0,
+                              repetition_penalty=1.0, seed=0, device="cpu", mode="slot_by_slot", dtype=None,
+                              max_prefill_length=48, max_kv_cache_length=128, metrics=False)
+    assert chat._chat(args, input_fn=lambda _: next(lines)) == 0
+    assert capsys.readouterr().out.count("\n") == 3
+
+
+def test_bench_matrix_checks_configs_against_slot_by_slot(tmp_path, capsys):
+    f = tmp_path / "bench.json"
+    rc = main(["bench", "--preset", "llama-tiny", "--config", "matrix", "--dtype", "float32", "--prompt-len", "12",
+               "--new-tokens", "24", "--max-kv-cache-length", "64", "--json", str(f)])
+    table = capsys.readouterr().out
+    assert rc == 0, table
+    rows = {r["config"]: r for r in json.loads(f.read_text())["rows"]}
+    assert {"slot_by_slot", "emulated_replay", "auto"} <= set(rows)
+    assert rows["emulated_replay"]["agree_with_reference"] == "24/24"
+    assert all(r["ok"] and r["late_steady_tok_s"] > 0 for r in rows.values())
+    assert "late" in table and "emulated_replay" in table
+
+
+def test_demo_generates_with_a_tiny_model():
+    from shapeplan.llm.demo import run_demo
+    lines: list[str] = []
+    res = run_demo(max_new_tokens=6, mode="slot_by_slot", print_fn=lines.append)
+    assert len(res.token_ids) == 6 and any("tok/s" in s for s in lines)
