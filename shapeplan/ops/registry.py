@@ -22,6 +22,8 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import torch
+
 from shapeplan.errors import ModelError, UnsupportedOpError
 
 
@@ -61,6 +63,10 @@ class OpDef:
     _params: dict[str, inspect.Parameter] = field(default_factory=dict)
     #: optional Triton lowering (runtime/backends/triton_codegen.py attaches them); None = torch only
     triton: Any = None
+    #: input positions the kernel reads as host values (split sizes, shapes, axes, pads, repeats, k).
+    #: A constant there is bound at compile time as a CPU tensor (``bind_kernel``) and a plan-constant
+    #: one is kept on the host at freeze (``runner.freeze``), so a captured segment never syncs on it.
+    host_inputs: tuple[int, ...] = ()
 
     @property
     def capturable(self) -> bool:
@@ -81,12 +87,16 @@ def _norm_domain(domain: str) -> str:
 
 def register(name: str, *, domain: str = "", since: int = 1, traits: Trait = Trait.NONE,
              shape: Callable[..., Any] | None = None, bind: Callable[..., Any] | None = None,
-             aliases: tuple[str, ...] = ()) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Decorator: register ``fn`` as the kernel of op ``name`` from opset ``since`` on."""
+             aliases: tuple[str, ...] = (), host_inputs: tuple[int, ...] = ()
+             ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator: register ``fn`` as the kernel of op ``name`` from opset ``since`` on.
+
+    ``host_inputs``: positions of inputs the kernel reads on the host (see ``OpDef.host_inputs``)."""
 
     def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
         for n in (name, *aliases):
-            opdef = OpDef(n, _norm_domain(domain), since, fn, traits, shape, bind, (fn.__doc__ or "").strip())
+            opdef = OpDef(n, _norm_domain(domain), since, fn, traits, shape, bind, (fn.__doc__ or "").strip(),
+                          host_inputs=tuple(host_inputs))
             opdef._params = dict(inspect.signature(fn).parameters)
             versions = _TABLE.setdefault((opdef.domain, n), [])
             versions[:] = [v for v in versions if v.since != since] + [opdef]
@@ -147,8 +157,39 @@ def supported_ops(domain: str | None = None) -> list[str]:
     return sorted(f"{d}::{n}" if d else n for (d, n) in _TABLE if domain is None or d == domain)
 
 
+def host_constants(opdef: OpDef, node: Any) -> dict[int, Any]:
+    """Input position -> CPU tensor for each ``host_inputs`` position that a graph constant feeds."""
+    out: dict[int, Any] = {}
+    for i in opdef.host_inputs:
+        v = node.inputs[i] if i < len(node.inputs) else None
+        data = getattr(v, "data", None)
+        if v is not None and getattr(v.kind, "value", None) == "constant" and isinstance(data, torch.Tensor):
+            out[i] = data.detach().to("cpu")
+    return out
+
+
 def bind_kernel(opdef: OpDef, node: Any, opset: int) -> Callable[..., tuple]:
-    """Resolve attributes and context once; return ``call(*inputs) -> tuple`` of outputs."""
+    """Resolve attributes and context once; return ``call(*inputs) -> tuple`` of outputs.
+
+    Constant host-read inputs (``OpDef.host_inputs``) are bound here as CPU tensors: the kernel reads
+    them without a device sync, which a CUDA graph capture would reject."""
+    call = _bind(opdef, node, opset)
+    host = host_constants(opdef, node)
+    if not host:
+        return call
+    items = tuple(host.items())
+
+    def call_host(*inputs: Any) -> tuple:
+        args = list(inputs)
+        for i, t in items:
+            if i < len(args):
+                args[i] = t
+        return call(*args)
+
+    return call_host
+
+
+def _bind(opdef: OpDef, node: Any, opset: int) -> Callable[..., tuple]:
     if opdef.bind is not None:
         return opdef.bind(node, opset)
     params = opdef._params

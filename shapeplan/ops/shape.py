@@ -168,7 +168,8 @@ def _onehot_shape(node: Any) -> list:
     return [(dt, tuple(out))]
 
 
-@register("OneHot", since=9, traits=Trait.VALUE_DEPENDENT_SHAPE, shape=_onehot_shape)
+@register("OneHot", since=9, traits=Trait.VALUE_DEPENDENT_SHAPE, shape=_onehot_shape,
+          host_inputs=(1,))
 def one_hot(indices, depth, values, *, axis=-1):
     """ONNX OneHot: negative indices count from ``depth``; out-of-range indices give all off."""
     d = int(depth.reshape(-1)[0].item())

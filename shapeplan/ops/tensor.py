@@ -118,7 +118,7 @@ def reshape_v1(x, *, shape=None, consumed_inputs=None):
     return torch.reshape(x, _reshape_target(x, list(shape), 0))
 
 
-@register("Reshape", since=5, traits=Trait.VIEW | VDS, shape=_reshape_shape)
+@register("Reshape", since=5, traits=Trait.VIEW | VDS, shape=_reshape_shape, host_inputs=(1,))
 def reshape(x, shape, *, allowzero=0):
     """ONNX Reshape: 0 copies the input dim (unless allowzero), -1 is inferred."""
     return torch.reshape(x, _reshape_target(x, ints(shape), allowzero))
@@ -204,19 +204,19 @@ def _split(x: torch.Tensor, split: Any, axis: int, n_out: int, num_outputs: Any 
     return tuple(torch.split(x, sizes, dim=axis))
 
 
-@register("Split", since=1, shape=_split_shape)
+@register("Split", since=1, shape=_split_shape, host_inputs=(1,))
 def split_v1(x, split_in=None, *, axis=0, split=None, _n_out):
     """ONNX Split-1/2/11 (split as attribute; Split-1 also takes it as an input)."""
     return _split(x, split if split is not None else split_in, axis, _n_out)
 
 
-@register("Split", since=13, shape=_split_shape)
+@register("Split", since=13, shape=_split_shape, host_inputs=(1,))
 def split_v13(x, split=None, *, axis=0, _n_out):
     """ONNX Split-13 (split as input)."""
     return _split(x, split, axis, _n_out)
 
 
-@register("Split", since=18, shape=_split_shape)
+@register("Split", since=18, shape=_split_shape, host_inputs=(1,))
 def split_v18(x, split=None, *, axis=0, num_outputs=None, _n_out):
     """ONNX Split-18: num_outputs splits into ceil-sized chunks, the last one smaller."""
     return _split(x, split, axis, _n_out, num_outputs)
@@ -287,7 +287,7 @@ def slice_v1(x, *, starts, ends, axes=None):
     return _slice(x, list(starts), list(ends), axes, None)
 
 
-@register("Slice", since=10, traits=VDS, shape=_slice_shape)
+@register("Slice", since=10, traits=VDS, shape=_slice_shape, host_inputs=(1, 2, 3, 4))
 def slice_(x, starts, ends, axes=None, steps=None):
     """ONNX Slice (inputs; Python slice semantics, negative steps allowed)."""
     return _slice(x, ints(starts), ints(ends), None if axes is None else ints(axes),
@@ -334,7 +334,7 @@ def squeeze_v1(x, *, axes=None):
     return _squeeze(x, axes)
 
 
-@register("Squeeze", since=13, traits=Trait.VIEW | VDS, shape=_squeeze_shape)
+@register("Squeeze", since=13, traits=Trait.VIEW | VDS, shape=_squeeze_shape, host_inputs=(1,))
 def squeeze(x, axes=None):
     """ONNX Squeeze (axes input; none: drop every size-1 dim)."""
     return _squeeze(x, None if axes is None else ints(axes))
@@ -365,7 +365,7 @@ def unsqueeze_v1(x, *, axes):
     return x.reshape(_unsqueeze_dims(list(x.shape), list(axes)))
 
 
-@register("Unsqueeze", since=13, traits=Trait.VIEW | VDS, shape=_unsqueeze_shape)
+@register("Unsqueeze", since=13, traits=Trait.VIEW | VDS, shape=_unsqueeze_shape, host_inputs=(1,))
 def unsqueeze(x, axes):
     """ONNX Unsqueeze (axes input, relative to the output rank)."""
     return x.reshape(_unsqueeze_dims(list(x.shape), ints(axes)))
@@ -405,7 +405,7 @@ def _expand_shape(node: Any) -> list:
     return [(x.dtype, broadcast_shapes(x.shape, tuple(ints(s)), where=f"node {node.describe()}: "))]
 
 
-@register("Expand", since=8, traits=VDS, shape=_expand_shape)
+@register("Expand", since=8, traits=VDS, shape=_expand_shape, host_inputs=(1,))
 def expand(x, shape):
     """ONNX Expand: bidirectional broadcast of x to ``shape``."""
     out = torch.broadcast_shapes(tuple(x.shape), tuple(ints(shape)))
@@ -421,7 +421,7 @@ def _tile_shape(node: Any) -> list:
                             for d, k in zip(x.shape, reps)))]
 
 
-@register("Tile", since=6, traits=VDS, shape=_tile_shape)
+@register("Tile", since=6, traits=VDS, shape=_tile_shape, host_inputs=(1,))
 def tile(x, repeats):
     """ONNX Tile."""
     return x.repeat(ints(repeats)) if x.dim() else x.clone()
@@ -501,7 +501,7 @@ def pad_v1(x, *, pads=None, paddings=None, mode="constant", value=0.0):
     return _pad(x, list(pads if pads is not None else paddings), mode, value, None)
 
 
-@register("Pad", since=11, traits=VDS, shape=_pad_shape)
+@register("Pad", since=11, traits=VDS, shape=_pad_shape, host_inputs=(1, 2, 3))
 def pad(x, pads, constant_value=None, axes=None, *, mode="constant"):
     """ONNX Pad: constant / reflect / edge / wrap; negative pads crop; optional axes (18)."""
     return _pad(x, ints(pads), mode, constant_value, None if axes is None else ints(axes))
@@ -520,7 +520,7 @@ def where(cond, x, y):
     return torch.where(cond.to(torch.bool), x, y)
 
 
-@register("Trilu", since=14, shape=same_as(0))
+@register("Trilu", since=14, shape=same_as(0), host_inputs=(1,))
 def trilu(x, k=None, *, upper=1):
     """ONNX Trilu: keep the upper (triu) or lower (tril) triangle of the last two dims."""
     kk = int(k.reshape(-1)[0].item()) if k is not None else 0
@@ -577,7 +577,7 @@ def space_to_depth(x, *, blocksize, mode="DCR"):
 
 
 # ----------------------------------------------------------------------------- CenterCropPad / Col2Im
-@register("CenterCropPad", since=18, traits=VDS)
+@register("CenterCropPad", since=18, traits=VDS, host_inputs=(1,))
 def center_crop_pad(x, shape, *, axes=None):
     """ONNX CenterCropPad: crop or zero-pad each axis around its centre."""
     rank = x.dim()
@@ -600,7 +600,7 @@ def center_crop_pad(x, shape, *, axes=None):
     return out
 
 
-@register("Col2Im", since=18, traits=VDS)
+@register("Col2Im", since=18, traits=VDS, host_inputs=(1, 2))
 def col2im(x, image_shape, block_shape, *, dilations=None, pads=None, strides=None):
     """ONNX Col2Im: sum sliding blocks [N, C*prod(block), L] back into an image [N, C, *image]."""
     img, blk = ints(image_shape), ints(block_shape)

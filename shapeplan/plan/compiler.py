@@ -152,3 +152,20 @@ def compile_plan(graph: Graph, outputs: Sequence[str] | None = None) -> Plan:
     plan.const_slots, plan.shape_stable = classify(plan)
     plan.segments = build_segments(plan, plan.const_slots)
     return plan
+
+
+def host_read_registers(plan: Plan) -> frozenset[int]:
+    """Registers that every slot running after freeze reads at a ``host_inputs`` position.
+
+    When such a register is plan-constant (a shape computed from ``Shape``/``Concat``), the runner
+    keeps it on the host at freeze, so the kernels that read it never sync with the device."""
+    host: set[int] = set()
+    device: set[int] = {r for _, r in plan.outputs}
+    for s in plan.slots:
+        if s.index in plan.const_slots:
+            continue
+        hi = s.opdef.host_inputs
+        for i, r in enumerate(s.ins):
+            if r != ABSENT:
+                (host if i in hi else device).add(r)
+    return frozenset(host - device)

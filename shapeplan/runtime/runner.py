@@ -21,7 +21,7 @@ import torch
 from shapeplan import diagnostics
 from shapeplan.errors import CaptureError, LifecycleError, ShapeplanError
 from shapeplan.plan.buffers import BufferPlan, plan_buffers
-from shapeplan.plan.compiler import ABSENT, Plan
+from shapeplan.plan.compiler import ABSENT, Plan, host_read_registers
 from shapeplan.runtime import faults
 from shapeplan.runtime.backends import SegmentBackend, SegmentContext
 from shapeplan.runtime.backends.slot_by_slot import run_slot, run_slot_by_slot
@@ -180,6 +180,10 @@ class PlanRunner:
             raise LifecycleError(f"plan {self.name}: cannot freeze before one call with this shape signature "
                                  "(shapes are recorded from a real call)")
         plan = self.plan
+        for r in host_read_registers(plan):       # plan-constant shapes/axes stay on the host: no sync
+            x = self.const_values.get(r)
+            if isinstance(x, torch.Tensor) and x.device.type != "cpu":
+                self.const_values[r] = x.cpu()
         feeds = self._last_feeds_meta
         staging = staging_buffers(plan.inputs, feeds, self.device)
         nbytes = {r: m.nbytes for r, m in self.meta.items()}
