@@ -169,7 +169,7 @@ def topk_v1(x, *, k, axis=-1):
     return _topk(x, k, axis, 1, 1)
 
 
-@register("TopK", since=10, traits=Trait.VALUE_DEPENDENT_SHAPE, shape=_topk_shape)
+@register("TopK", since=10, traits=Trait.VALUE_DEPENDENT_SHAPE, shape=_topk_shape, host_inputs=(1,))
 def topk(x, k, *, axis=-1, largest=1, sorted=1):  # noqa: A002
     """ONNX TopK: values and int64 indices of the k largest (or smallest) along ``axis``."""
     return _topk(x, ints(k)[0], axis, largest, sorted)

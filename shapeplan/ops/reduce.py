@@ -152,7 +152,8 @@ def _make_reduce(name: str, kind: str, axes_input_since: int, versions: tuple[in
         fn.__doc__ = f"ONNX {name}."
     for v in versions:
         fn = with_input if v >= axes_input_since else with_attr
-        register(name, since=v, traits=RED, shape=reduce_shape)(fn)
+        register(name, since=v, traits=RED, shape=reduce_shape,
+                 host_inputs=(1,) if v >= axes_input_since else ())(fn)
 
 
 for _name, _kind, _since, _versions in [
@@ -228,14 +229,14 @@ def _same_shape(node: Any) -> list:
     return [(node.inputs[0].dtype, node.inputs[0].shape)]
 
 
-@register("CumSum", since=11, traits=Trait.NONE, shape=_same_shape)
+@register("CumSum", since=11, traits=Trait.NONE, shape=_same_shape, host_inputs=(1,))
 @uint_safe
 def cumsum(x, axis, *, exclusive=0, reverse=0):
     """ONNX CumSum along ``axis`` (a scalar input), optionally exclusive and/or reversed."""
     return _cumulative(x, axis, exclusive, reverse, prod=False)
 
 
-@register("CumProd", since=26, traits=Trait.NONE, shape=_same_shape)
+@register("CumProd", since=26, traits=Trait.NONE, shape=_same_shape, host_inputs=(1,))
 @uint_safe
 def cumprod(x, axis, *, exclusive=0, reverse=0):
     """ONNX CumProd along ``axis``, optionally exclusive and/or reversed."""

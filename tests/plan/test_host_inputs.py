@@ -15,7 +15,8 @@ from shapeplan.plan.compiler import compile_plan, host_read_registers
 @pytest.mark.parametrize("op,opset,pos", [
     ("Split", 13, (1,)), ("Split", 18, (1,)), ("Reshape", 14, (1,)), ("Slice", 13, (1, 2, 3, 4)),
     ("Unsqueeze", 13, (1,)), ("Squeeze", 13, (1,)), ("Expand", 13, (1,)), ("Tile", 13, (1,)),
-    ("Pad", 18, (1, 2, 3)), ("Trilu", 14, (1,)), ("OneHot", 11, (1,))])
+    ("Pad", 18, (1, 2, 3)), ("Trilu", 14, (1,)), ("OneHot", 11, (1,)), ("TopK", 11, (1,)),
+    ("ReduceSum", 13, (1,)), ("ReduceMean", 18, (1,)), ("ReduceMean", 13, ()), ("CumSum", 14, (1,))])
 def test_registry_declares_host_inputs(op, opset, pos):
     assert lookup(op, "", opset).host_inputs == pos
 
