@@ -1,0 +1,318 @@
+"""Image ops: Resize (every ONNX mode), Upsample, GridSample, AffineGrid.
+
+Resize is separable: each resized axis is an independent 1-D interpolation. The (output position ->
+input taps, weights) tables depend only on sizes and scales, so they are built on the host with numpy
+(exactly following the ONNX reference) and applied on the data's device with one gather + weighted
+sum per axis.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from shapeplan.errors import ExecutionError
+from shapeplan.ops.registry import Trait, register
+from shapeplan.ops.tensor import const_of, norm_axis
+
+
+# ----------------------------------------------------------------------------- 1-D coefficient tables
+def _nearest_coeffs(r: np.ndarray, mode: str) -> np.ndarray:
+    exact = r == 1.0
+    if mode == "round_prefer_floor":
+        right = r > 0.5
+    elif mode == "round_prefer_ceil":
+        right = r >= 0.5
+    elif mode == "floor":
+        right = np.zeros_like(exact)
+    elif mode == "ceil":
+        right = np.ones_like(exact)
+    else:
+        raise ExecutionError(f"Resize: unknown nearest_mode {mode!r}")
+    right = right | exact
+    return np.stack([~right, right], axis=1).astype(np.float64)
+
+
+def _cubic_kernel(x: np.ndarray, a: float) -> np.ndarray:
+    x = np.abs(x)
+    x2, x3 = x * x, x * x * x
+    near = (a + 2) * x3 - (a + 3) * x2 + 1
+    far = a * x3 - 5 * a * x2 + 8 * a * x - 4 * a
+    return np.where(x <= 1, near, np.where(x < 2, far, 0.0))
+
+
+def _coeffs(r: np.ndarray, scale: float, mode: str, antialias: bool, a: float, nearest_mode: str) -> np.ndarray:
+    """[out, taps] weights for fractional offsets ``r`` in (0, 1]."""
+    if mode == "nearest":
+        return _nearest_coeffs(r, nearest_mode)
+    if mode == "linear":
+        if not antialias:
+            return np.stack([1 - r, r], axis=1)
+        s = min(scale, 1.0)
+        start = int(np.floor(-1 / s) + 1)
+        taps = np.arange(start, start + 2 - 2 * start)
+        c = np.clip(1 - np.abs((taps[None, :] - r[:, None]) * s), 0, 1)
+        return c / c.sum(axis=1, keepdims=True)
+    if mode == "cubic":
+        if not antialias:
+            return np.stack([_cubic_kernel(r + 1, a), _cubic_kernel(r, a),
+                             _cubic_kernel(1 - r, a), _cubic_kernel(2 - r, a)], axis=1)
+        s = min(scale, 1.0)
+        i_start = int(np.floor(-2 / s) + 1)
+        taps = np.arange(i_start, 2 - i_start)
+        c = _cubic_kernel(s * (taps[None, :] - r[:, None]), a)
+        return c / c.sum(axis=1, keepdims=True)
+    raise ExecutionError(f"Resize: unknown mode {mode!r}; expected nearest, linear or cubic")
+
+
+def _source_coords(ctm: str, y: np.ndarray, scale: float, n_in: int, n_out: int,
+                   roi: tuple[float, float] | None) -> tuple[np.ndarray, np.ndarray | None]:
+    out_w = scale * n_in
+    extrap = None
+    if ctm == "align_corners":
+        x = np.zeros(n_out) if out_w == 1 else y * (n_in - 1) / (out_w - 1)
+    elif ctm == "asymmetric":
+        x = y / scale
+    elif ctm == "tf_crop_and_resize":
+        r0, r1 = roi if roi is not None else (0.0, 1.0)
+        x = np.full(n_out, (r1 - r0) * (n_in - 1) / 2) if out_w == 1 else \
+            y * (r1 - r0) * (n_in - 1) / (out_w - 1)
+        x = x + r0 * (n_in - 1)
+        extrap = (x < 0) | (x > n_in - 1)
+    elif ctm == "pytorch_half_pixel":
+        x = np.full(n_out, -0.5) if out_w == 1 else (y + 0.5) / scale - 0.5
+    elif ctm == "half_pixel":
+        x = (y + 0.5) / scale - 0.5
+    elif ctm == "half_pixel_symmetric":
+        offset = n_in / 2 * (1 - n_out / out_w)
+        x = offset + (y + 0.5) / scale - 0.5
+    else:
+        raise ExecutionError(f"Resize: unknown coordinate_transformation_mode {ctm!r}")
+    return x, extrap
+
+
+def _axis_table(n_in: int, n_out: int, scale: float, roi: tuple[float, float] | None,
+                cfg: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """(taps [out, n] int64 clamped indices, weights [out, n], extrapolated mask [out] or None)."""
+    y = np.arange(n_out, dtype=np.float64)
+    x, extrap = _source_coords(cfg["ctm"], y, scale, n_in, n_out, roi)
+    x_int = np.floor(x)
+    r = np.where(x == x_int, 1.0, x - x_int)          # prefer the left pixel: r in (0, 1]
+    w = _coeffs(r, scale, cfg["mode"], cfg["antialias"], cfg["a"], cfg["nearest_mode"])
+    n = w.shape[1]
+    pad = int(np.ceil(n / 2))
+    xp = x + pad
+    p = np.floor(xp).astype(np.int64)
+    frac = xp - p
+    if n % 2 == 0:
+        off = np.where(frac == 0, -(n // 2), -(n // 2) + 1)
+    else:
+        base = -((n - 1) // 2)
+        off = np.where(frac <= 0.5, base, base + 1)
+    taps = (p + off)[:, None] + np.arange(n)[None, :] - pad
+    if cfg["exclude_outside"]:
+        w = np.where((taps < 0) | (taps >= n_in), 0.0, w)
+        s = w.sum(axis=1, keepdims=True)
+        w = w / np.where(s == 0, 1.0, s)
+    return np.clip(taps, 0, n_in - 1), w, extrap
+
+
+def _resize_axis(x: torch.Tensor, axis: int, n_out: int, scale: float, roi: Any, cfg: dict) -> torch.Tensor:
+    taps, w, extrap = _axis_table(x.shape[axis], n_out, scale, roi, cfg)
+    dev = x.device
+    if cfg["mode"] == "nearest" and extrap is None:
+        pick = taps[np.arange(n_out), np.argmax(w, axis=1)]
+        return x.index_select(axis, torch.as_tensor(pick, device=dev))
+    n = taps.shape[1]
+    g = x.index_select(axis, torch.as_tensor(taps.reshape(-1), device=dev))
+    g = g.reshape(x.shape[:axis] + (n_out, n) + x.shape[axis + 1:])
+    wt = torch.as_tensor(w, dtype=x.dtype, device=dev).reshape((n_out, n) + (1,) * (x.dim() - axis - 1))
+    out = (g * wt).sum(axis + 1)
+    if extrap is not None and extrap.any():
+        m = torch.as_tensor(extrap, device=dev).reshape((n_out,) + (1,) * (x.dim() - axis - 1))
+        out = torch.where(m, torch.tensor(cfg["extrapolation_value"], dtype=x.dtype, device=dev), out)
+    return out
+
+
+def _floats(t: Any) -> list[float] | None:
+    if t is None or (isinstance(t, torch.Tensor) and t.numel() == 0):
+        return None
+    return [float(v) for v in (t.reshape(-1).tolist() if isinstance(t, torch.Tensor) else t)]
+
+
+def _resize(x: torch.Tensor, roi: Any, scales: Any, sizes: Any, cfg: dict, axes: Any,
+            policy: str) -> torch.Tensor:
+    rank = x.dim()
+    axes = list(range(rank)) if axes is None else [norm_axis(a, rank, "Resize axis") for a in axes]
+    sc, sz, ro = _floats(scales), _floats(sizes), _floats(roi)
+    full_roi: list[float] | None = None
+    if ro is not None:
+        full_roi = [0.0] * rank + [1.0] * rank
+        k = len(axes)
+        for i, a in enumerate(axes):
+            full_roi[a], full_roi[rank + a] = ro[i], ro[k + i]
+    in_shape = list(x.shape)
+    if sz is not None:
+        out = list(in_shape)
+        for i, a in enumerate(axes):
+            out[a] = int(sz[i])
+        factors = [out[i] / in_shape[i] if in_shape[i] else 1.0 for i in range(rank)]
+        if policy != "stretch":
+            pick = min if policy == "not_larger" else max
+            if policy not in ("not_larger", "not_smaller"):
+                raise ExecutionError(f"Resize: unknown keep_aspect_ratio_policy {policy!r}")
+            s = pick(factors[a] for a in axes)
+            factors = [s if i in axes else 1.0 for i in range(rank)]
+            out = [int(s * in_shape[i] + 0.5) if i in axes else in_shape[i] for i in range(rank)]
+    elif sc is not None:
+        factors = [1.0] * rank
+        for i, a in enumerate(axes):
+            factors[a] = sc[i]
+        out = [int(math.floor(factors[i] * in_shape[i])) for i in range(rank)]
+    else:
+        raise ExecutionError("Resize needs either scales or sizes")
+    orig_dtype = x.dtype
+    work = x if x.dtype in (torch.float32, torch.float64) else x.to(torch.float32)
+    for a in axes:
+        r = None if full_roi is None else (full_roi[a], full_roi[rank + a])
+        if math.isclose(factors[a], 1.0) and out[a] == work.shape[a] and \
+                (r is None or (math.isclose(r[0], 0.0) and math.isclose(r[1], 1.0))):
+            continue
+        if out[a] == 0:
+            shp = list(work.shape)
+            shp[a] = 0
+            work = work.new_empty(shp)
+            continue
+        work = _resize_axis(work, a, out[a], factors[a], r, cfg)
+    if work is x:
+        return x.clone()
+    if not orig_dtype.is_floating_point:
+        info = torch.iinfo(orig_dtype)
+        work = torch.round(work).clamp(info.min, info.max)
+    return work.to(orig_dtype)
+
+
+def _resize_shape(node: Any) -> list:
+    x = node.inputs[0]
+    if x.shape is None:
+        return [(x.dtype, None)]
+    return [(x.dtype, tuple([None] * len(x.shape)))]
+
+
+@register("Resize", since=10, traits=Trait.VALUE_DEPENDENT_SHAPE, shape=_resize_shape)
+def resize_v10(x, scales, *, mode="nearest"):
+    """ONNX Resize-10 (asymmetric coordinates, like Upsample)."""
+    return _upsample(x, scales, mode)
+
+
+@register("Resize", since=11, traits=Trait.VALUE_DEPENDENT_SHAPE, shape=_resize_shape)
+def resize(x, roi=None, scales=None, sizes=None, *, antialias=0, axes=None,
+           coordinate_transformation_mode="half_pixel", cubic_coeff_a=-0.75, exclude_outside=0,
+           extrapolation_value=0.0, keep_aspect_ratio_policy="stretch", mode="nearest",
+           nearest_mode="round_prefer_floor"):
+    """ONNX Resize (11-19): nearest/linear/cubic, every coordinate transformation, antialias, axes."""
+    cfg = {"mode": mode, "ctm": coordinate_transformation_mode, "a": cubic_coeff_a,
+           "antialias": bool(antialias) and mode != "nearest", "exclude_outside": exclude_outside,
+           "extrapolation_value": extrapolation_value, "nearest_mode": nearest_mode}
+    return _resize(x, roi, scales, sizes, cfg, axes, keep_aspect_ratio_policy)
+
+
+def _upsample(x: torch.Tensor, scales: Any, mode: str) -> torch.Tensor:
+    mode = {"bilinear": "linear", "trilinear": "linear"}.get(mode, mode)
+    cfg = {"mode": mode, "ctm": "asymmetric", "a": -0.75, "antialias": False, "exclude_outside": 0,
+           "extrapolation_value": 0.0, "nearest_mode": "floor"}
+    return _resize(x, None, scales, None, cfg, None, "stretch")
+
+
+@register("Upsample", since=7, traits=Trait.VALUE_DEPENDENT_SHAPE, shape=_resize_shape)
+def upsample_v7(x, *, scales, mode="nearest"):
+    """ONNX Upsample-7 (scales attribute)."""
+    return _upsample(x, scales, mode)
+
+
+@register("Upsample", since=9, traits=Trait.VALUE_DEPENDENT_SHAPE, shape=_resize_shape)
+def upsample(x, scales, *, mode="nearest"):
+    """ONNX Upsample-9 (scales input; asymmetric coordinates, nearest rounds down)."""
+    return _upsample(x, scales, mode)
+
+
+# ----------------------------------------------------------------------------- GridSample / AffineGrid
+_GS_MODES = {"linear": "bilinear", "bilinear": "bilinear", "nearest": "nearest", "cubic": "bicubic",
+             "bicubic": "bicubic"}
+
+
+def _gs_shape(node: Any) -> list:
+    x, grid = node.inputs
+    if x.shape is None or grid.shape is None:
+        return [(x.dtype, None)]
+    return [(x.dtype, tuple(x.shape[:2]) + tuple(grid.shape[1:-1]))]
+
+
+@register("GridSample", since=16, shape=_gs_shape)
+def grid_sample(x, grid, *, align_corners=0, mode="bilinear", padding_mode="zeros"):
+    """ONNX GridSample: x [N, C, *in] sampled at grid [N, *out, r] (x, y[, z] in [-1, 1])."""
+    if mode not in _GS_MODES:
+        raise ExecutionError(f"GridSample: unknown mode {mode!r}")
+    tmode = _GS_MODES[mode]
+    if tmode == "nearest":
+        return _grid_sample_nearest(x, grid, bool(align_corners), padding_mode)
+    dt = x.dtype if x.dtype in (torch.float32, torch.float64) else torch.float32
+    out = F.grid_sample(x.to(dt), grid.to(dt), mode=tmode, padding_mode=padding_mode,
+                        align_corners=bool(align_corners))
+    return out.to(x.dtype)
+
+
+def _reflect(c: torch.Tensor, lo: float, hi: float) -> torch.Tensor:
+    span = hi - lo
+    if span <= 0:
+        return torch.zeros_like(c) + lo
+    d = (c - lo).abs()
+    flips = torch.floor(d / span)
+    extra = d - flips * span
+    return torch.where(flips.remainder(2) == 0, lo + extra, hi - extra)
+
+
+def _grid_sample_nearest(x: torch.Tensor, grid: torch.Tensor, align: bool, padding: str) -> torch.Tensor:
+    """Nearest GridSample with ONNX rounding (half to even), any number of spatial dims."""
+    nd = x.dim() - 2
+    n, c = x.shape[:2]
+    sizes = list(x.shape[2:])
+    g = grid.to(torch.float64).reshape(n, -1, nd)                          # [N, P, nd] (x, y, z order)
+    lin = torch.zeros(g.shape[:2], dtype=torch.int64, device=x.device)
+    inside = torch.ones(g.shape[:2], dtype=torch.bool, device=x.device)
+    for d in range(nd):
+        size = sizes[d]
+        coord = g[..., nd - 1 - d]
+        pix = (coord + 1) / 2 * (size - 1) if align else ((coord + 1) * size - 1) / 2
+        if padding == "border":
+            pix = pix.clamp(0, size - 1)
+        elif padding == "reflection":
+            pix = _reflect(pix, 0, size - 1) if align else _reflect(pix, -0.5, size - 0.5)
+        idx = torch.round(pix)
+        if padding == "reflection" or padding == "border":
+            idx = idx.clamp(0, size - 1)
+        inside &= (idx >= 0) & (idx <= size - 1)
+        lin = lin * size + idx.clamp(0, size - 1).to(torch.int64)
+    flat = x.reshape(n, c, -1)
+    out = torch.gather(flat, 2, lin.unsqueeze(1).expand(n, c, lin.shape[1]))
+    out = torch.where(inside.unsqueeze(1), out, torch.zeros((), dtype=x.dtype, device=x.device))
+    return out.reshape((n, c) + tuple(grid.shape[1:-1]))
+
+
+def _affine_grid_shape(node: Any) -> list:
+    theta, size = node.inputs
+    s = const_of(size)
+    if s is None:
+        return [(theta.dtype, None)]
+    dims = [int(v) for v in s.tolist()]
+    return [(theta.dtype, (dims[0], *dims[2:], len(dims) - 2))]
+
+
+@register("AffineGrid", since=20, traits=Trait.VALUE_DEPENDENT_SHAPE, shape=_affine_grid_shape)
+def affine_grid(theta, size, *, align_corners=0):
+    """ONNX AffineGrid: theta [N, 2, 3] / [N, 3, 4] and size (N, C, H, W[, D]) -> grid [N, *sp, r]."""
+    dims = [int(v) for v in size.reshape(-1).tolist()]
+    return F.affine_grid(theta, dims, align_corners=bool(align_corners))
