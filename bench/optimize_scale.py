@@ -40,12 +40,27 @@ def block(g: sp.Graph, x: sp.Value, d: int, rng: np.random.Generator) -> sp.Valu
     return o.Add(o.Add(h, t), o.Mul(x, k))
 
 
+def elementwise_block(g: sp.Graph, x: sp.Value, d: int, rng: np.random.Generator) -> sp.Value:
+    """The same idea with elementwise ops only (used while MatMul/ReduceMean are not in the table)."""
+    o = g.op
+    a = o.Mul(x, rng.standard_normal(d).astype(np.float32))
+    h = o.Mul(o.Mul(a, o.Sigmoid(a)), x)
+    h = o.Add(o.Mul(h, np.float32(1.0)), np.float32(0.0))
+    r1, r2 = o.Relu(h), o.Relu(h)
+    t = o.Transpose(o.Transpose(o.Add(r1, r2), perm=[1, 0]), perm=[1, 0])
+    t = o.Reshape(o.Reshape(t, np.array([-1], dtype=np.int64)), np.array(list(x.shape), dtype=np.int64))
+    k = o.Add(np.float32(1.0), np.float32(2.0))
+    return o.Add(o.Add(h, t), o.Mul(x, k))
+
+
 def build(n_nodes: int, d: int = 8, seed: int = 0) -> sp.Graph:
+    from shapeplan.ops.registry import is_supported
     rng = np.random.default_rng(seed)
     g = sp.Graph("scale")
     x = g.placeholder("x", "float32", (4, d))
+    blk = block if is_supported("MatMul") and is_supported("ReduceMean") else elementwise_block
     while len(g.nodes) < n_nodes:
-        x = block(g, x, d, rng)
+        x = blk(g, x, d, rng)
     g.set_outputs(x)
     return g
 

@@ -14,16 +14,26 @@ from shapeplan.optimize.rewrite import Rewriter
 
 def run(graph: Graph) -> int:
     rw = Rewriter.get(graph, "DeadCodeElimination")
-    for node in reversed(graph.nodes):
-        if node not in rw.dead:
-            rw.sweep(node)
+    users, dead = rw.users, rw.dead
+    for node in reversed(graph.nodes):            # reverse order: a dead reader frees its producers
+        if node in dead:
+            continue
+        live = False
+        for o in node.outputs:
+            lst = users.get(o)
+            if (lst and any(n not in dead for n in lst)) or (o.name and rw.pinned(o)):
+                live = True
+                break
+        if not live and rw.removable(node):
+            rw._kill(node)
     removed = rw.removed
     rw.commit()
     # constants no node reads (and no subgraph captures) only bloat the plan's register file
-    read = {id(v) for n in graph.nodes for v in n.all_inputs if v is not None}
-    read.update(id(v) for v in graph.outputs)
+    outs = {id(v) for v in graph.outputs}
     for name, v in list(graph.values.items()):
-        if (v.kind is ValueKind.CONSTANT and id(v) not in read and name not in rw.captured_names):
+        if v.kind is ValueKind.CONSTANT and not users.get(v) and id(v) not in outs \
+                and name not in rw.captured_names:
             del graph.values[name]
+            users.pop(v, None)
             removed += 1
     return removed

@@ -29,7 +29,7 @@ from shapeplan.optimize.rewrite import Rewriter, int_list, norm_axis
 def run(graph: Graph) -> int:
     rw = Rewriter.get(graph, "NormalizationFusion")
     count = 0
-    for node in list(graph.nodes):
+    for node in reversed(list(graph.nodes)):      # outermost first: scale/bias belong to the match
         if node in rw.dead or node.op_type not in ("Mul", "Div", "Add") or node.domain not in ("", "ai.onnx"):
             continue
         count += _try(rw, node)

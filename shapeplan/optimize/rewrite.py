@@ -215,6 +215,7 @@ class Rewriter:
     def __init__(self, graph: Graph, pass_name: str = "") -> None:
         self.g = graph
         self.pass_name = pass_name
+        self._tc: dict[Any, int] = {}                # Node -> trait bits
         self.users: dict[Any, list[Node]] = {}     # Value -> reading nodes (keys hold the object)
         users = self.users
         for n in graph.nodes:
@@ -267,11 +268,15 @@ class Rewriter:
 
     def traits(self, n: Node) -> int:
         """The node's trait bits as a plain int (enum.Flag arithmetic is slow in hot loops)."""
+        t = self._tc.get(n)
+        if t is not None:
+            return t
         key = (n.op_type, n.domain, self.g.opset_imports.get(n.domain) or self.g.opset(n.domain))
         t = _TRAITS.get(key)
         if t is None:
             od = cached_lookup(*key)
             t = _TRAITS[key] = od.traits.value if od is not None else 0
+        self._tc[n] = t
         return t
 
     def has(self, n: Node, trait: Trait) -> bool:

@@ -31,7 +31,7 @@ def feeds_for(g: sp.Graph, seed: int = 0) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     out = {}
     for v in g.inputs:
-        shape = tuple(int(d) for d in v.shape)  # type: ignore[union-attr]
+        shape = tuple(d if isinstance(d, int) else 2 for d in v.shape)  # type: ignore[union-attr]
         if v.dtype.is_float:
             out[v.name] = rng.standard_normal(shape).astype(v.dtype.numpy)
         elif v.dtype.name == "bool":
