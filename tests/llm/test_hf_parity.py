@@ -32,6 +32,10 @@ def test_greedy_tokens_and_continuation_match_transformers(model_type, mode, che
         follow_ids = pipe.tokenizer.encode(FOLLOW_UP, add_special_tokens=False)
         assert second.prompt_token_ids[-len(follow_ids):] == follow_ids
         assert second.token_ids == hf_greedy(hf, context + follow_ids, 24)
+    if mode == "emulated_replay":       # the decode plan (last call) replays as captured segments
+        import shapeplan.testing as spt
+        spt.assert_fully_replaying(pipe.engine)
+        spt.assert_no_address_drift(pipe.engine)
     # the engine state is reusable by a fresh request after the session closed
     again = pipe.generate(PROMPT, max_new_tokens=8)
     assert again.token_ids == first.token_ids[:8]
