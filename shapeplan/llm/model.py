@@ -83,7 +83,7 @@ def build_graph(cfg: LlamaConfig, weights: dict[str, torch.Tensor], *, max_kv_ca
     # per step, not per layer: the rotary angles of this step's positions and the attention mask
     cos_s, sin_s = op.Gather(cos_c, pos_ids, axis=0), op.Gather(sin_c, pos_ids, axis=0)  # [B, S, D/2]
     mask = op.CausalMask(ids, position, kv_length=L, window=cfg.sliding_window, groups=hq // hkv,
-                         _domain=SP)                                                    # [G*S, L]
+                         dtype=str(dtype).replace("torch.", ""), _domain=SP)          # [G*S, L] additive
     q_shape = np.array([0, 0, hq, d], np.int64)
     kv_shape = np.array([0, 0, hkv, d], np.int64)
     merged = np.array([0, 0, hq * d], np.int64)

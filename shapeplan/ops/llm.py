@@ -56,22 +56,27 @@ def _mask_shape(node):
     s = ids.shape[-1] if ids.shape is not None else None
     g = int(node.attrs.get("groups", 1))
     rows = s * g if isinstance(s, int) else (s if g == 1 else None)
-    return [(as_dtype("bool"), (rows, int(node.attrs["kv_length"])))]
+    return [(as_dtype(node.attrs.get("dtype", "bool")), (rows, int(node.attrs["kv_length"])))]
 
 
 @register("CausalMask", domain="shapeplan", shape=_mask_shape)
-def causal_mask(input_ids, position, *, kv_length: int, window: int = 0, groups: int = 1):
-    """The step's attention mask over a static cache, from the device-resident position: bool
-    [G*S, L], row ``g*S + i`` (query i of any head in a group of G) sees key j when
-    ``j <= position + i`` (and ``j > position + i - window`` with a sliding window). Built once per
-    step and shared by every layer."""
+def causal_mask(input_ids, position, *, kv_length: int, window: int = 0, groups: int = 1, dtype: str = "bool"):
+    """The step's attention mask over a static cache, from the device-resident position: [G*S, L],
+    row ``g*S + i`` (query i of any head in a group of G) sees key j when ``j <= position + i`` (and
+    ``j > position + i - window`` with a sliding window). Built once per step and shared by every
+    layer. ``dtype`` "bool" gives a boolean mask; a float dtype gives the additive form (0 / -inf)
+    that SDPA would otherwise rebuild from a boolean mask in every layer."""
     s = input_ids.shape[-1]
     qpos = _start(position) + torch.arange(s, device=input_ids.device)           # [S]
     kpos = torch.arange(kv_length, device=input_ids.device)                      # [L]
     mask = kpos[None, :] <= qpos[:, None]                                        # [S, L]
     if window:
         mask = mask & (kpos[None, :] > qpos[:, None] - window)
-    return mask.repeat(groups, 1) if groups > 1 else mask
+    mask = mask.repeat(groups, 1) if groups > 1 else mask
+    if dtype == "bool":
+        return mask
+    neg = torch.full((), float("-inf"), dtype=as_dtype(dtype).torch, device=mask.device)
+    return torch.zeros((), dtype=neg.dtype, device=mask.device).where(mask, neg)
 
 
 @register("CachedAttention", domain="shapeplan", shape=same_as(0))
@@ -79,7 +84,7 @@ def cached_attention(q, k_cache, v_cache, mask, *, scale: float = 0.0):
     """Attention of this step's queries over a static KV cache.
 
     q: [B, Hq, S, D]; k_cache, v_cache: [B, Hkv, L, D], already holding this step's keys; mask: bool
-    [G*S, L] from ``shapeplan::CausalMask`` (G = Hq / Hkv), so stale cache entries beyond the
+    or additive [G*S, L] from ``shapeplan::CausalMask`` (G = Hq / Hkv), so stale cache entries beyond the
     position are never read and no host sync is needed. Grouped-query attention folds the G query
     heads of a group into the query-row axis, so K/V are never repeated in memory."""
     b, hq, s, d = q.shape

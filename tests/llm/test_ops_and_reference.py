@@ -21,14 +21,15 @@ def test_cache_write_in_place_at_device_position():
     torch.testing.assert_close(cache[:, :, 1:2], one)
 
 
+@pytest.mark.parametrize("mask_dtype", ["bool", "float32"])
 @pytest.mark.parametrize("window", [0, 3])
-def test_cached_attention_matches_naive(window):
+def test_cached_attention_matches_naive(window, mask_dtype):
     torch.manual_seed(0)
     b, hq, hkv, s, L, d, pos = 1, 4, 2, 3, 10, 8, 5
     q = torch.randn(b, hq, s, d)
     k, v = torch.randn(b, hkv, L, d), torch.randn(b, hkv, L, d)
     mask = causal_mask(torch.zeros(b, s, dtype=torch.int64), torch.tensor([pos]), kv_length=L, window=window,
-                       groups=hq // hkv)
+                       groups=hq // hkv, dtype=mask_dtype)
     out = cached_attention(q, k, v, mask, scale=0.3)
     kr, vr = k.repeat_interleave(hq // hkv, 1), v.repeat_interleave(hq // hkv, 1)
     scores = q @ kr.transpose(-1, -2) * 0.3
