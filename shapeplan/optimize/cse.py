@@ -21,9 +21,14 @@ from shapeplan.optimize.rewrite import Rewriter
 _NEVER = Trait.RANDOM | Trait.MUTATES_INPUT | Trait.CONTROL_FLOW
 
 
+def _raw(t: torch.Tensor) -> bytes:
+    """The tensor's bytes, whatever its device or dtype (bf16 and CUDA tensors included)."""
+    return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
 def _attr_key(v: Any) -> Any:
     if isinstance(v, torch.Tensor):
-        return ("T", str(v.dtype), tuple(v.shape), v.detach().cpu().numpy().tobytes())
+        return ("T", str(v.dtype), tuple(v.shape), _raw(v))
     if isinstance(v, (list, tuple)):
         return tuple(_attr_key(x) for x in v)
     if isinstance(v, float) and v != v:
@@ -44,8 +49,7 @@ def _const_key(t: torch.Tensor) -> tuple | None:
         return hit[1]
     key = None
     if t.numel() <= 4096 and t.dtype.is_floating_point is not None:
-        key = (str(t.dtype), tuple(t.shape), t.detach().contiguous().cpu().numpy().tobytes()) \
-            if t.dtype != torch.bfloat16 else (str(t.dtype), tuple(t.shape), t.float().numpy().tobytes())
+        key = (str(t.dtype), tuple(t.shape), _raw(t))
     if len(_KEYS) > 200_000:
         _KEYS.clear()
     _KEYS[id(t)] = (t, key)            # holds t so its id is not reused while cached
