@@ -91,8 +91,8 @@ def build_graph(cfg: LlamaConfig, weights: dict[str, torch.Tensor], *, max_kv_ca
     h = op.Gather(b.const("model.embed_tokens.weight"), ids, axis=0)                 # [B, S, H]
     for i in range(cfg.num_layers):
         p = f"model.layers.{i}."
-        k_cache = g.variable(f"k_cache_{i}", torch.zeros(batch, hkv, L, d, dtype=dtype, device=device))
-        v_cache = g.variable(f"v_cache_{i}", torch.zeros(batch, hkv, L, d, dtype=dtype, device=device))
+        k_cache = g.variable(f"k_cache_{i}", _zeros((batch, hkv, L, d), dtype, device))
+        v_cache = g.variable(f"v_cache_{i}", _zeros((batch, hkv, L, d), dtype, device))
         x = b.rms_norm(h, p + "input_layernorm.weight")
         q = op.Reshape(b.linear(x, p + "self_attn.q_proj", cfg.attention_bias), q_shape)   # [B, S, Hq, D]
         k = op.Reshape(b.linear(x, p + "self_attn.k_proj", cfg.attention_bias), kv_shape)  # [B, S, Hkv, D]
@@ -130,6 +130,12 @@ def build_graph(cfg: LlamaConfig, weights: dict[str, torch.Tensor], *, max_kv_ca
         _rename(g, v, name)
     g.set_outputs(logits, greedy, sampled, next_position, all_logits)
     return g
+
+
+def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: str | torch.device) -> torch.Tensor:
+    """A zero initial value that costs one element: the engine materializes its own copy of each
+    variable, so the graph need not hold a second full-size KV cache."""
+    return torch.zeros((), dtype=dtype, device=device).expand(shape)
 
 
 def _rename(g: Graph, v: Value, name: str) -> None:
