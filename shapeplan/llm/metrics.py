@@ -13,7 +13,8 @@ from dataclasses import asdict, dataclass
 
 @dataclass(slots=True)
 class Metrics:
-    prompt_tokens: int = 0
+    prompt_tokens: int = 0            # tokens prefilled by this request
+    cached_tokens: int = 0            # context tokens whose K/V were already in the cache (sessions, prefix cache)
     new_tokens: int = 0
     ttft_s: float = 0.0
     total_s: float = 0.0

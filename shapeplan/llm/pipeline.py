@@ -59,8 +59,8 @@ class GenerationPipeline:
                              "leave no room in the KV cache to generate")
         if max_prefill_length < 1 or sync_every < 1:
             raise InputError("max_prefill_length and sync_every must be >= 1")
-        if prefix_cache:
-            warnings.warn("prefix_cache is not implemented yet; ignored", stacklevel=2)
+        self.prefix_cache = prefix_cache
+        self._retained: tuple[list[int], int] = ([], 0)    # what the KV cache holds: (tokens, valid count)
         import shapeplan as sp
         self.cfg, self.tokenizer = cfg, tokenizer
         self.device = torch.device(device)
@@ -129,6 +129,23 @@ class GenerationPipeline:
                                  "`with pipe.start_session() as s:`) before starting another")
         self._session = Session(self)
         return self._session
+
+    def clear_prefix_cache(self) -> None:
+        """Forget what the KV cache holds (call after driving ``pipe.engine`` directly)."""
+        self._retained = ([], 0)
+
+    def reusable_prefix(self, ids: list[int]) -> int:
+        """With ``prefix_cache``: how many leading tokens of ``ids`` already have valid K/V in the cache
+        (left by the last closed session); at least one token is always prefilled, for its logits."""
+        if not self.prefix_cache:
+            return 0
+        tokens, cached = self._retained
+        n = 0
+        for a, b in zip(tokens[:cached], ids[:-1]):
+            if a != b:
+                break
+            n += 1
+        return n
 
     def encode(self, prompt: str | Sequence[int], *, chat: bool = False, add_special_tokens: bool = True) -> list[int]:
         if not isinstance(prompt, str):
@@ -249,7 +266,9 @@ class Session:
         self.close()
 
     def close(self) -> None:
-        self.closed = True
+        if not self.closed:
+            self.closed = True
+            self.pipe._retained = (list(self.tokens), self.cached)
 
     def _new_ids(self, prompt: str | Sequence[int], chat: bool) -> list[int]:
         pipe = self.pipe
@@ -277,14 +296,19 @@ class Session:
         pipe = self.pipe
         sampling = sampling or Sampling.greedy()
         new = self._new_ids(prompt, chat)
-        pending = self.tokens[self.cached:] + new
-        if len(pending) > pipe.max_prefill_length:
-            if truncate != "left" or self.tokens:
-                raise InputError(f"prompt has {len(pending)} tokens, more than max_prefill_length="
-                                 f"{pipe.max_prefill_length} (pass truncate='left' to keep the last tokens)")
-            warnings.warn(f"prompt of {len(pending)} tokens left-truncated to {pipe.max_prefill_length}",
+        if not self.tokens and len(new) > pipe.max_prefill_length and truncate == "left":
+            warnings.warn(f"prompt of {len(new)} tokens left-truncated to {pipe.max_prefill_length}",
                           stacklevel=3)
-            pending = pending[-pipe.max_prefill_length:]
+            new = new[-pipe.max_prefill_length:]
+        if not self.tokens:                                  # a fresh conversation: reuse a cached prefix
+            reuse = pipe.reusable_prefix(new)
+            self.tokens, self.cached = new[:reuse], reuse
+            pending = new[reuse:]
+        else:
+            pending = self.tokens[self.cached:] + new
+        if len(pending) > pipe.max_prefill_length:
+            raise InputError(f"prompt has {len(pending)} tokens to prefill, more than max_prefill_length="
+                             f"{pipe.max_prefill_length} (for a new prompt, truncate='left' keeps the last tokens)")
         if not pending:
             raise InputError("empty prompt: nothing to generate from")
         start = self.cached
@@ -299,7 +323,8 @@ class Session:
                 self.cached = len(context) + len(generated) - 1
                 if chat:
                     self.messages.append({"role": "assistant", "content": pipe.decode(generated)})
-                yield ids, finish, (metrics, pending, generated)
+                metrics.cached_tokens = start
+                yield ids, finish, (metrics, new, generated)
                 return
             yield ids, None, None
 

@@ -209,3 +209,19 @@ def test_sp_load_on_hf_dir_returns_the_decoder_graph(llama):
     assert "next_token" in [v.name for v in g.outputs]
     hist = g.op_histogram()
     assert hist["shapeplan::CacheWrite"] == 4 and hist["shapeplan::CachedAttention"] == 2 and hist["shapeplan::CausalMask"] == 1
+
+
+def test_prefix_cache_reuses_the_kv_of_the_last_request(llama, pipe):
+    cached = GenerationPipeline.from_pretrained(llama, mode="slot_by_slot", max_prefill_length=32,
+                                                max_kv_cache_length=96, progress=False, prefix_cache=True)
+    longer = PROMPT + " of past tokens"
+    first = cached.generate(PROMPT, max_new_tokens=8)
+    assert first.metrics.cached_tokens == 0
+    again = cached.generate(PROMPT, max_new_tokens=8)
+    assert again.metrics.cached_tokens == len(first.prompt_token_ids) - 1
+    assert again.metrics.prompt_tokens == 1 and again.token_ids == first.token_ids
+    ext = cached.generate(longer, max_new_tokens=8)
+    assert ext.metrics.cached_tokens > 0
+    assert ext.token_ids == pipe.generate(longer, max_new_tokens=8).token_ids
+    other = cached.generate("Hello world", max_new_tokens=8)           # unrelated: little or nothing reused
+    assert other.token_ids == pipe.generate("Hello world", max_new_tokens=8).token_ids
