@@ -66,7 +66,14 @@ def make_tiny_checkpoint(path: str, model_type: str = "llama", *, seed: int = 0,
                 p.add_(torch.randn_like(p) * 0.1)
             elif name.endswith("bias"):
                 p.copy_(torch.randn_like(p) * 0.1)
-    model.save_pretrained(path, max_shard_size="20KB" if shard else "5GB")
+    from transformers.utils import logging as hf_logging
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        model.save_pretrained(path, max_shard_size="20KB" if shard else "5GB")
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
     model.generation_config.do_sample = False
     model.generation_config.save_pretrained(path)
     return path
