@@ -355,21 +355,35 @@ class TextStream:
     def __iter__(self) -> Iterator[str]:
         pipe = self._pipe
         dec = StreamDecoder(pipe.tokenizer) if pipe.tokenizer is not None else None
+        sent = ""
         try:
             for ids, finish, extra in self._events:
                 if finish is not None:
                     metrics, prompt_ids, generated = extra
-                    text = pipe.decode(generated)
-                    cut = min((text.find(s) for s in self._stops if s in text), default=-1)
-                    text = text[:cut] if cut >= 0 else text
-                    if dec is not None and text.startswith(dec.emitted) and len(text) > len(dec.emitted):
-                        yield text[len(dec.emitted):]
+                    text = _until_stop(pipe.decode(generated), self._stops, hold=False)
+                    if text.startswith(sent) and len(text) > len(sent):
+                        yield text[len(sent):]
                     self.result = GenerationResult(text, generated, prompt_ids, finish, metrics)
                     return
                 if dec is not None and ids:
-                    delta = dec.push(ids)
-                    if delta and not any(s in dec.emitted for s in self._stops):
-                        yield delta
+                    dec.push(ids)
+                    safe = _until_stop(dec.emitted, self._stops, hold=True)
+                    if len(safe) > len(sent) and safe.startswith(sent):
+                        yield safe[len(sent):]
+                        sent = safe
         finally:
             if self._session is not None:
                 self._session.close()
+
+
+def _until_stop(text: str, stops: tuple[str, ...], *, hold: bool) -> str:
+    """``text`` cut before the first stop string; with ``hold``, also without a tail that could be
+    the start of a stop string completed by later tokens (so a stream never shows part of one)."""
+    cut = min((text.find(s) for s in stops if s in text), default=-1)
+    if cut >= 0:
+        return text[:cut]
+    if hold:
+        for k in range(min(len(text), max((len(s) for s in stops), default=1) - 1), 0, -1):
+            if any(s.startswith(text[-k:]) for s in stops):
+                return text[:-k]
+    return text

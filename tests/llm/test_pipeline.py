@@ -164,6 +164,16 @@ def test_stop_string_ends_generation(pipe):
     stop = full.text[3:6]
     res = pipe.generate(PROMPT, max_new_tokens=24, sampling=Sampling.greedy(stop=(stop,)))
     assert res.finish_reason == "stop" and stop not in res.text and full.text.startswith(res.text)
+    stream = pipe.stream(PROMPT, max_new_tokens=24, sampling=Sampling.greedy(stop=(stop,)))
+    assert "".join(stream) == res.text == stream.result.text
+
+
+def test_stream_never_shows_part_of_a_stop_string():
+    from shapeplan.llm.pipeline import _until_stop
+    assert _until_stop("hello wor", ("world",), hold=True) == "hello "
+    assert _until_stop("hello wor", ("world",), hold=False) == "hello wor"
+    assert _until_stop("hello world!", ("world",), hold=True) == "hello "
+    assert _until_stop("abc", (), hold=True) == "abc"
 
 
 def test_metrics_and_host_sync_budget(pipe):
