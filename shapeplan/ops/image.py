@@ -202,13 +202,14 @@ def _resize_shape(node: Any) -> list:
     return [(x.dtype, tuple([None] * len(x.shape)))]
 
 
-@register("Resize", since=10, traits=Trait.VALUE_DEPENDENT_SHAPE, shape=_resize_shape)
+@register("Resize", since=10, traits=Trait.VALUE_DEPENDENT_SHAPE, shape=_resize_shape, host_inputs=(1,))
 def resize_v10(x, scales, *, mode="nearest"):
     """ONNX Resize-10 (asymmetric coordinates, like Upsample)."""
     return _upsample(x, scales, mode)
 
 
-@register("Resize", since=11, traits=Trait.VALUE_DEPENDENT_SHAPE, shape=_resize_shape)
+@register("Resize", since=11, traits=Trait.VALUE_DEPENDENT_SHAPE, shape=_resize_shape,
+          host_inputs=(1, 2, 3))
 def resize(x, roi=None, scales=None, sizes=None, *, antialias=0, axes=None,
            coordinate_transformation_mode="half_pixel", cubic_coeff_a=-0.75, exclude_outside=0,
            extrapolation_value=0.0, keep_aspect_ratio_policy="stretch", mode="nearest",
@@ -233,7 +234,7 @@ def upsample_v7(x, *, scales, mode="nearest"):
     return _upsample(x, scales, mode)
 
 
-@register("Upsample", since=9, traits=Trait.VALUE_DEPENDENT_SHAPE, shape=_resize_shape)
+@register("Upsample", since=9, traits=Trait.VALUE_DEPENDENT_SHAPE, shape=_resize_shape, host_inputs=(1,))
 def upsample(x, scales, *, mode="nearest"):
     """ONNX Upsample-9 (scales input; asymmetric coordinates, nearest rounds down)."""
     return _upsample(x, scales, mode)
@@ -311,7 +312,8 @@ def _affine_grid_shape(node: Any) -> list:
     return [(theta.dtype, (dims[0], *dims[2:], len(dims) - 2))]
 
 
-@register("AffineGrid", since=20, traits=Trait.VALUE_DEPENDENT_SHAPE, shape=_affine_grid_shape)
+@register("AffineGrid", since=20, traits=Trait.VALUE_DEPENDENT_SHAPE, shape=_affine_grid_shape,
+          host_inputs=(1,))
 def affine_grid(theta, size, *, align_corners=0):
     """ONNX AffineGrid: theta [N, 2, 3] / [N, 3, 4] and size (N, C, H, W[, D]) -> grid [N, *sp, r]."""
     dims = [int(v) for v in size.reshape(-1).tolist()]

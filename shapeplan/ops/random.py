@@ -64,7 +64,7 @@ def dropout_v1(x, *, ratio=0.5, is_test=0, consumed_inputs=None, _n_out):
     return _dropout(x, ratio, False, None, _n_out)
 
 
-@register("Dropout", since=12, traits=RANDOM, shape=_dropout_shape)
+@register("Dropout", since=12, traits=RANDOM, shape=_dropout_shape, host_inputs=(1, 2))
 def dropout(x, ratio=None, training_mode=None, *, seed=None, _n_out):
     """ONNX Dropout: training_mode drops with probability ``ratio`` and scales by 1 / (1 - ratio)."""
     r = float(ratio.reshape(-1)[0]) if ratio is not None else 0.5

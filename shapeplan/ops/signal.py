@@ -48,20 +48,20 @@ def _dft(x: torch.Tensor, length: int | None, axis: int, inverse: int, onesided:
     return _from_complex(out, x.dtype)
 
 
-@register("DFT", since=17)
+@register("DFT", since=17, host_inputs=(1,))
 def dft_v17(x, dft_length=None, *, axis=1, inverse=0, onesided=0):
     """ONNX DFT-17 (axis attribute)."""
     return _dft(x, None if dft_length is None else ints(dft_length)[0], axis, inverse, onesided)
 
 
-@register("DFT", since=20)
+@register("DFT", since=20, host_inputs=(1, 2))
 def dft(x, dft_length=None, axis=None, *, inverse=0, onesided=0):
     """ONNX DFT-20 (axis input, default -2)."""
     ax = -2 if axis is None else ints(axis)[0]
     return _dft(x, None if dft_length is None else ints(dft_length)[0], ax, inverse, onesided)
 
 
-@register("STFT", since=17)
+@register("STFT", since=17, host_inputs=(1, 3))
 def stft(signal, frame_step, window=None, frame_length=None, *, onesided=1):
     """ONNX STFT: signal [B, L, 1|2] -> [B, frames, bins, 2]; frames = 1 + (L - n) // step."""
     step = ints(frame_step)[0]
