@@ -206,46 +206,87 @@ class GenerationPipeline:
         eos = self.eos_token_ids
         stops = sampling.stop
 
+        reader = _TokenReader(tokbuf)
         t_start = time.perf_counter()
         tok, pos = self._step(padded.to(dev), torch.tensor([start], dtype=torch.int64).to(dev),
                               torch.tensor([n], dtype=torch.int64).to(dev), tok_out)
         tokbuf[:, 0:1].copy_(tok)
         times: dict[int, float] = {}
         kept: list[int] = []
-        synced, syncs, finish = -1, 0, None
+        requested, finish = -1, None
         step = 0
         while True:
             last = step == max_steps
-            if step in _METRIC_SYNCS or last or step % self.sync_every == 0:
-                new = tokbuf[0, synced + 1: step + 1].tolist()                # the host sync
-                times[step] = time.perf_counter()
-                syncs += 1
-                synced = step
-                added: list[int] = []
-                for t in new:
-                    added.append(t)
-                    if t in eos:
-                        finish = "stop"
-                        break
-                kept.extend(added)
-                if finish is None and stops and self.tokenizer is not None:
-                    text = self.decode(kept)
-                    if any(s in text for s in stops):
-                        finish = "stop"
-                if finish is None and last:
-                    finish = "length"
-                metrics = None
-                if finish is not None:
-                    metrics = compute(t_start, times, times[step], len(kept), prompt_tokens=n,
-                                      host_syncs=syncs, prefill_bucket=bucket)
-                yield added, finish, metrics
-                if finish is not None:
-                    return
+            exact = step in _METRIC_SYNCS or last
+            if exact or step % self.sync_every == 0:
+                reader.request(requested + 1, step + 1)
+                requested = step
+                # wait only where a metric needs the exact time, at the end, or when the host runs
+                # more than two sync intervals ahead of the device; otherwise read what is ready
+                for new, upto in reader.ready(block=exact or reader.backlog > 2):
+                    times[upto] = time.perf_counter()
+                    added: list[int] = []
+                    for t in new:
+                        added.append(t)
+                        if t in eos:
+                            finish = "stop"
+                            break
+                    kept.extend(added)
+                    if finish is None and stops and self.tokenizer is not None:
+                        if any(s in self.decode(kept) for s in stops):
+                            finish = "stop"
+                    if finish is None and upto == max_steps:
+                        finish = "length"
+                    metrics = None
+                    if finish is not None:
+                        metrics = compute(t_start, times, times[upto], len(kept), prompt_tokens=n,
+                                          host_syncs=reader.syncs, prefill_bucket=bucket)
+                    yield added, finish, metrics
+                    if finish is not None:
+                        return
             step += 1
             if seen is not None:
                 seen.scatter_(1, tok, True)
             tok, pos = self._step(tok, pos, self._one, tok_out)
             tokbuf[:, step:step + 1].copy_(tok)
+
+
+class _TokenReader:
+    """Reads slices of the device token buffer to the host. On CUDA the copy goes to pinned memory
+    behind an event, so asking for tokens does not stall the device queue: they are picked up at a
+    later sync point once the event has passed (or waited for, when the caller must block)."""
+
+    def __init__(self, tokbuf: torch.Tensor) -> None:
+        self.dev = tokbuf
+        self.cuda = tokbuf.device.type == "cuda"
+        self.host = torch.empty(tokbuf.shape, dtype=tokbuf.dtype, pin_memory=self.cuda)
+        self.pending: list[tuple[Any, int, int]] = []
+        self.syncs = 0
+
+    @property
+    def backlog(self) -> int:
+        return len(self.pending)
+
+    def request(self, a: int, b: int) -> None:
+        """Tokens [a, b) of the buffer."""
+        self.host[:, a:b].copy_(self.dev[:, a:b], non_blocking=self.cuda)
+        event = None
+        if self.cuda:
+            event = torch.cuda.Event()
+            event.record()
+        self.pending.append((event, a, b))
+
+    def ready(self, block: bool) -> Iterator[tuple[list[int], int]]:
+        """(tokens, index of the last one) per finished request, oldest first."""
+        while self.pending:
+            event, a, b = self.pending[0]
+            if event is not None and not event.query():
+                if not block:
+                    return
+                event.synchronize()
+            self.pending.pop(0)
+            self.syncs += 1
+            yield self.host[0, a:b].tolist(), b - 1
 
 
 class Session:
