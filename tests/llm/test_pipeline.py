@@ -190,12 +190,24 @@ def test_metrics_and_host_sync_budget(pipe):
                                 "late_steady_tok_s", "effective_tok_s"}
 
 
-def test_prefill_buckets_bound_the_number_of_plans(pipe):
-    assert pipe.buckets == [16, 32]
-    for words in (1, 3, 6, 9):
-        pipe.generate(" ".join(["fox"] * words), max_new_tokens=2)
-    shapes = {k for k in getattr(pipe.engine, "_plans", {})}
-    assert len(shapes) <= 3 * 2 or not shapes      # <= buckets + decode, per requested output set
+def test_prefill_buckets_bound_the_number_of_plans(llama):
+    p = GenerationPipeline.from_pretrained(llama, mode="emulated_replay", max_prefill_length=32,
+                                           max_kv_cache_length=96, progress=False)
+    assert p.buckets == [16, 32]
+    for words in (1, 3, 6, 9, 2, 5):
+        p.generate(" ".join(["fox"] * words), max_new_tokens=6)
+    shapes = {r.key[1][0] for r in p.engine.runners()}           # input_ids shapes with a plan
+    assert shapes == {(1, 16), (1, 32), (1, 1)}                   # two prefill buckets + one decode plan
+    # a closed session hands the same KV buffers and plans to the next request: nothing is
+    # reallocated, recompiled or recaptured
+    k0 = p.engine.variables["k_cache_0"].data_ptr()
+    runners = {r.key: (r.phase, sum(s.captures for s in r.segments)) for r in p.engine.runners()}
+    with p.start_session() as s:
+        s.generate("fox fox", max_new_tokens=6)
+        s.generate(" fox", max_new_tokens=6)
+    p.generate("fox", max_new_tokens=6)
+    assert p.engine.variables["k_cache_0"].data_ptr() == k0
+    assert {r.key: (r.phase, sum(s.captures for s in r.segments)) for r in p.engine.runners()} == runners
 
 
 def test_chat_template_matches_transformers(llama, pipe):
