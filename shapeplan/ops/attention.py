@@ -100,6 +100,12 @@ def _build_bias(attn_mask: torch.Tensor | None, nonpad: torch.Tensor | None, *, 
     return bias
 
 
+def _rounded_sqrt(scale: float, dtype: torch.dtype) -> float:
+    """sqrt(scale) rounded to ``dtype`` (as the spec casts it), as a Python float: no host-to-device
+    copy, so the kernel stays capturable in a CUDA graph."""
+    return float(torch.tensor(math.sqrt(scale), dtype=torch.float32).to(dtype))
+
+
 def _softmax_rows(x: torch.Tensor) -> torch.Tensor:
     """Softmax over the last axis, step by step in x's dtype; an all -inf row gives zeros."""
     m = x.amax(dim=-1, keepdim=True)
@@ -163,7 +169,7 @@ def attention(q, k, v, attn_mask=None, past_key=None, past_value=None, nonpad_kv
             y = torch.where(row_masked, torch.zeros((), dtype=y.dtype, device=y.device), y)
         qk = None
     else:
-        s = torch.tensor(math.sqrt(scale), dtype=torch.float32).to(q.dtype).to(q.device)
+        s = _rounded_sqrt(scale, q.dtype)
         scores = (q * s) @ (_repeat_kv(k, rep) * s).transpose(-1, -2)   # [B, Hq, Sq, Skv]
         qk = scores
         if softcap:
@@ -340,7 +346,7 @@ def _bind_flex(node: Any, opset: int):
         if hq % hkv:
             raise ValueError(f"FlexAttention: {hq} query heads are not a multiple of {hkv} kv heads")
         s = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-        root = torch.tensor(math.sqrt(s), dtype=torch.float32).to(q.dtype).to(q.device)
+        root = _rounded_sqrt(s, q.dtype)
         scores = (q * root) @ (_repeat_kv(k, hq // hkv) * root).transpose(-1, -2)
         cdt = _ONNX_FLOAT[precision] if precision is not None else \
             (torch.float32 if q.dtype.itemsize < 4 else q.dtype)
