@@ -187,6 +187,8 @@ def _try(rw: Rewriter, root: Node) -> int:
         return 0
     if q.shape[3] != k.shape[3]:  # type: ignore[index]
         return 0
+    if mask is not None and (mask.rank is None or mask.rank < 2 or mask.rank > 4):
+        return 0                    # Attention's attn_mask is [.., Sq, Skv]; a scalar score bias is not a mask
     if rw.crosses_mutation(nodes, root):
         return 0
     scale = fq * fk * post
