@@ -11,6 +11,10 @@ from shapeplan.ir.graph import Graph, Node, Value, ValueKind
 from shapeplan.runtime.engine import Engine
 from shapeplan.runtime.modes import Mode
 
+# Import the optimizer package before defining the ``optimize`` function below: importing a
+# submodule binds its name on this package, which would otherwise shadow the function.
+import shapeplan.optimize as _optimizer_pkg  # noqa: E402,F401
+
 __version__ = "0.1.0"
 
 
