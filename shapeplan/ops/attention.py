@@ -225,7 +225,32 @@ def _attention_shape(node: Any) -> list[tuple[DType | None, Shape | None]]:
             (dt, (batch, hq, q_len, total))][:n_out]
 
 
-register("Attention", since=23, shape=_attention_shape)(attention)
+# One kernel; the opset 23 and 24 entries only narrow the schema (no window attributes before 25,
+# no nonpad_kv_seqlen input before 24), so a model using a later feature under an older opset is
+# rejected at bind time with the attribute / input named.
+@register("Attention", since=23, shape=_attention_shape)
+def attention_23(q, k, v, attn_mask=None, past_key=None, past_value=None, *, is_causal=0,
+                 kv_num_heads=None, q_num_heads=None, qk_matmul_output_mode=0, scale=None,
+                 softcap=0.0, softmax_precision=None, _n_out=1):
+    """ONNX Attention-23 (see ``attention``)."""
+    return attention(q, k, v, attn_mask, past_key, past_value, None, is_causal=is_causal,
+                     kv_num_heads=kv_num_heads, q_num_heads=q_num_heads,
+                     qk_matmul_output_mode=qk_matmul_output_mode, scale=scale, softcap=softcap,
+                     softmax_precision=softmax_precision, _n_out=_n_out)
+
+
+@register("Attention", since=24, shape=_attention_shape)
+def attention_24(q, k, v, attn_mask=None, past_key=None, past_value=None, nonpad_kv_seqlen=None, *,
+                 is_causal=0, kv_num_heads=None, q_num_heads=None, qk_matmul_output_mode=0,
+                 scale=None, softcap=0.0, softmax_precision=None, _n_out=1):
+    """ONNX Attention-24: adds the nonpad_kv_seqlen input (see ``attention``)."""
+    return attention(q, k, v, attn_mask, past_key, past_value, nonpad_kv_seqlen, is_causal=is_causal,
+                     kv_num_heads=kv_num_heads, q_num_heads=q_num_heads,
+                     qk_matmul_output_mode=qk_matmul_output_mode, scale=scale, softcap=softcap,
+                     softmax_precision=softmax_precision, _n_out=_n_out)
+
+
+register("Attention", since=25, shape=_attention_shape)(attention)
 register("Attention", domain="shapeplan", since=1, shape=_attention_shape)(attention)
 
 

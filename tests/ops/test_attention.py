@@ -324,3 +324,11 @@ def test_flex_attention_matches_reference(attrs):
     if "prob_mod" in attrs:
         attrs["prob_mod"] = _mod_graph("prob_mod", 2.0)
     assert_close(*run_both(_flex_model(feeds, **attrs), feeds))
+
+
+def test_attention_window_attributes_need_opset_25():
+    feeds = attn_feeds(sq=4, skv=4)
+    model = single_node_model("Attention", feeds, 1, opset=23, left_window_size=2)
+    with pytest.raises(sp.ModelError, match="left_window_size"):
+        sp.compile(model, mode="slot_by_slot", optimize=False).run(
+            {k: v for k, v in feeds.items() if v is not None})
