@@ -7,6 +7,7 @@ sum per axis.
 """
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any
 
@@ -175,7 +176,9 @@ def _resize(x: torch.Tensor, roi: Any, scales: Any, sizes: Any, cfg: dict, axes:
     else:
         raise ExecutionError("Resize needs either scales or sizes")
     orig_dtype = x.dtype
-    work = x if x.dtype in (torch.float32, torch.float64) else x.to(torch.float32)
+    # integers resize in float64 so that rounding matches the reference; half types in float32
+    work = x if x.dtype in (torch.float32, torch.float64) else \
+        x.to(torch.float32 if x.dtype.is_floating_point else torch.float64)
     for a in axes:
         r = None if full_roi is None else (full_roi[a], full_roi[rank + a])
         if math.isclose(factors[a], 1.0) and out[a] == work.shape[a] and \
@@ -241,8 +244,8 @@ def upsample(x, scales, *, mode="nearest"):
 
 
 # ----------------------------------------------------------------------------- GridSample / AffineGrid
-_GS_MODES = {"linear": "bilinear", "bilinear": "bilinear", "nearest": "nearest", "cubic": "bicubic",
-             "bicubic": "bicubic"}
+_GS_MODES = {"linear": "linear", "bilinear": "linear", "nearest": "nearest", "cubic": "cubic",
+             "bicubic": "cubic"}
 
 
 def _gs_shape(node: Any) -> list:
@@ -252,55 +255,84 @@ def _gs_shape(node: Any) -> list:
     return [(x.dtype, tuple(x.shape[:2]) + tuple(grid.shape[1:-1]))]
 
 
-@register("GridSample", since=16, shape=_gs_shape)
-def grid_sample(x, grid, *, align_corners=0, mode="bilinear", padding_mode="zeros"):
-    """ONNX GridSample: x [N, C, *in] sampled at grid [N, *out, r] (x, y[, z] in [-1, 1])."""
-    if mode not in _GS_MODES:
-        raise ExecutionError(f"GridSample: unknown mode {mode!r}")
-    tmode = _GS_MODES[mode]
-    if tmode == "nearest":
-        return _grid_sample_nearest(x, grid, bool(align_corners), padding_mode)
-    dt = x.dtype if x.dtype in (torch.float32, torch.float64) else torch.float32
-    out = F.grid_sample(x.to(dt), grid.to(dt), mode=tmode, padding_mode=padding_mode,
-                        align_corners=bool(align_corners))
-    return out.to(x.dtype)
-
-
 def _reflect(c: torch.Tensor, lo: float, hi: float) -> torch.Tensor:
+    """Reflect coordinates into [lo, hi] off the nearer border, as many times as needed."""
     span = hi - lo
     if span <= 0:
-        return torch.zeros_like(c) + lo
-    d = (c - lo).abs()
+        return torch.full_like(c, lo)
+    below = c < lo
+    d = torch.where(below, lo - c, c - hi)
     flips = torch.floor(d / span)
-    extra = d - flips * span
-    return torch.where(flips.remainder(2) == 0, lo + extra, hi - extra)
+    r = d - flips * span
+    even = flips.remainder(2) == 0
+    inside_val = torch.where(below, torch.where(even, lo + r, hi - r), torch.where(even, hi - r, lo + r))
+    return torch.where((c < lo) | (c > hi), inside_val, c)
 
 
-def _grid_sample_nearest(x: torch.Tensor, grid: torch.Tensor, align: bool, padding: str) -> torch.Tensor:
-    """Nearest GridSample with ONNX rounding (half to even), any number of spatial dims."""
+def _cubic_weights(t: torch.Tensor, a: float = -0.75) -> torch.Tensor:
+    """[..., 4] cubic convolution weights for taps floor-1 .. floor+2 at fraction t."""
+    ts = torch.stack([t + 1, t, 1 - t, 2 - t], dim=-1).abs()
+    near = ((a + 2) * ts - (a + 3)) * ts * ts + 1
+    far = ((a * ts - 5 * a) * ts + 8 * a) * ts - 4 * a
+    return torch.where(ts <= 1, near, torch.where(ts < 2, far, torch.zeros_like(ts)))
+
+
+def _grid_taps(coord: torch.Tensor, size: int, mode: str, padding: str, align: bool):
+    """One spatial dim: (tap indices [.., T], weights [.., T], valid [.., T]) following onnx.reference."""
+    pix = (coord + 1) / 2 * (size - 1) if align else ((coord + 1) * size - 1) / 2
+    lo, hi = (0.0, size - 1.0) if align else (-0.5, size - 0.5)
+    if mode == "nearest":
+        pix = torch.round(pix)                                  # half to even, like PyTorch
+    if padding == "border":
+        pix = torch.where((pix < lo) | (pix > hi), pix.clamp(0, size - 1), pix)
+    elif padding == "reflection":
+        pix = _reflect(pix, lo, hi)
+    if mode == "nearest":
+        taps, w = pix.trunc().unsqueeze(-1), torch.ones_like(pix).unsqueeze(-1)
+    elif mode == "linear":
+        x0 = pix.floor()
+        t = pix - x0
+        taps, w = torch.stack([x0, x0 + 1], -1), torch.stack([1 - t, t], -1)
+    else:
+        x0 = pix.floor()
+        taps = torch.stack([x0 - 1, x0, x0 + 1, x0 + 2], -1)
+        w = _cubic_weights(pix - x0)
+    if padding == "zeros":
+        valid = (taps >= 0) & (taps <= size - 1)
+    else:
+        valid = torch.ones_like(taps, dtype=torch.bool)
+        if padding == "reflection":
+            taps = _reflect(taps, lo, hi).trunc()
+    return taps.clamp(0, size - 1).to(torch.int64), w, valid
+
+
+@register("GridSample", since=16, shape=_gs_shape)
+def grid_sample(x, grid, *, align_corners=0, mode="bilinear", padding_mode="zeros"):
+    """ONNX GridSample: x [N, C, *in] sampled at grid [N, *out, r] (x, y[, z] in [-1, 1]); any rank,
+    nearest/linear/cubic, zeros/border/reflection padding, exactly as onnx.reference computes it."""
+    if mode not in _GS_MODES:
+        raise ExecutionError(f"GridSample: unknown mode {mode!r}; expected linear, nearest or cubic")
+    if padding_mode not in ("zeros", "border", "reflection"):
+        raise ExecutionError(f"GridSample: unknown padding_mode {padding_mode!r}")
+    tmode = _GS_MODES[mode]
     nd = x.dim() - 2
     n, c = x.shape[:2]
     sizes = list(x.shape[2:])
-    g = grid.to(torch.float64).reshape(n, -1, nd)                          # [N, P, nd] (x, y, z order)
-    lin = torch.zeros(g.shape[:2], dtype=torch.int64, device=x.device)
-    inside = torch.ones(g.shape[:2], dtype=torch.bool, device=x.device)
-    for d in range(nd):
-        size = sizes[d]
-        coord = g[..., nd - 1 - d]
-        pix = (coord + 1) / 2 * (size - 1) if align else ((coord + 1) * size - 1) / 2
-        if padding == "border":
-            pix = pix.clamp(0, size - 1)
-        elif padding == "reflection":
-            pix = _reflect(pix, 0, size - 1) if align else _reflect(pix, -0.5, size - 0.5)
-        idx = torch.round(pix)
-        if padding == "reflection" or padding == "border":
-            idx = idx.clamp(0, size - 1)
-        inside &= (idx >= 0) & (idx <= size - 1)
-        lin = lin * size + idx.clamp(0, size - 1).to(torch.int64)
-    flat = x.reshape(n, c, -1)
-    out = torch.gather(flat, 2, lin.unsqueeze(1).expand(n, c, lin.shape[1]))
-    out = torch.where(inside.unsqueeze(1), out, torch.zeros((), dtype=x.dtype, device=x.device))
-    return out.reshape((n, c) + tuple(grid.shape[1:-1]))
+    g = grid.to(torch.float64).reshape(n, -1, nd)                        # [N, P, nd], (x, y, z) order
+    dims = [_grid_taps(g[..., nd - 1 - d], sizes[d], tmode, padding_mode, bool(align_corners))
+            for d in range(nd)]
+    flat = x.reshape(n, c, -1).to(torch.float64)
+    out = torch.zeros(n, c, g.shape[1], dtype=torch.float64, device=x.device)
+    for combo in itertools.product(*[range(t.shape[-1]) for t, _, _ in dims]):
+        lin = torch.zeros_like(dims[0][0][..., 0])
+        w = torch.ones_like(dims[0][1][..., 0])
+        for d, k in enumerate(combo):
+            taps, wd, valid = dims[d]
+            lin = lin * sizes[d] + taps[..., k]
+            w = w * torch.where(valid[..., k], wd[..., k], torch.zeros_like(wd[..., k]))
+        vals = torch.gather(flat, 2, lin.unsqueeze(1).expand(n, c, lin.shape[1]))
+        out += vals * w.unsqueeze(1)
+    return out.to(x.dtype).reshape((n, c) + tuple(grid.shape[1:-1]))
 
 
 def _affine_grid_shape(node: Any) -> list:
