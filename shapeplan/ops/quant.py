@@ -76,6 +76,8 @@ def _quantize(x, y_scale, y_zero_point, axis, saturate, block_size, output_dtype
         if saturate:                             # as the ONNX reference: clip, infinities included
             fi = torch.finfo(out_t.torch)
             q = q.clamp(fi.min, fi.max)
+        elif out_t.name == "float8e4m3fn":         # torch's cast saturates; ONNX wants NaN past max
+            q = torch.where(q.abs() > 464.0, torch.full_like(q, float("nan")), q)
         return q.to(out_t.torch)
     if out_t.name == "float4e2m1":                 # runs widened in float32
         if y_zero_point is not None:
