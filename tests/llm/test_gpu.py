@@ -1,0 +1,49 @@
+"""The pipeline on CUDA (skipped without a GPU): every GPU mode matches slot_by_slot and transformers
+in float32, the decode plan replays, and a bf16 preset runs sessions and sampling."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from shapeplan.llm import GenerationPipeline, Sampling
+from tests.llm.conftest import hf_greedy
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+PROMPT = "Explain KV caching: keys and values"
+KW = dict(device="cuda", max_prefill_length=64, max_kv_cache_length=160, progress=False)
+
+
+@pytest.mark.parametrize("mode", ["cuda_graphs", "triton", "auto"])
+def test_gpu_modes_match_slot_by_slot_and_transformers(mode, checkpoints, hf_models):
+    path = checkpoints("llama")
+    ref = GenerationPipeline.from_pretrained(path, mode="slot_by_slot", **KW)
+    pipe = GenerationPipeline.from_pretrained(path, mode=mode, **KW)
+    want = ref.generate(PROMPT, max_new_tokens=32)
+    for _ in range(2):                                  # the second request replays captured plans
+        got = pipe.generate(PROMPT, max_new_tokens=32)
+        assert got.token_ids == want.token_ids
+    assert want.token_ids == hf_greedy(hf_models(path), want.prompt_token_ids, 32)
+    with pipe.start_session() as s:
+        s.generate(PROMPT, max_new_tokens=16)
+        cont = s.generate(" Once upon a time", max_new_tokens=16)
+    with ref.start_session() as s:
+        s.generate(PROMPT, max_new_tokens=16)
+        assert s.generate(" Once upon a time", max_new_tokens=16).token_ids == cont.token_ids
+    if mode == "cuda_graphs":
+        import shapeplan.testing as spt
+        pipe.generate(PROMPT, max_new_tokens=8)
+        spt.assert_fully_replaying(pipe.engine)
+
+
+def test_gpu_bf16_preset_sessions_and_sampling():
+    pipe = GenerationPipeline.from_preset("llama-tiny", device="cuda", dtype="bfloat16", mode="auto",
+                                          max_prefill_length=32, max_kv_cache_length=128)
+    prompt = list(range(3, 20))
+    a = pipe.generate(prompt, max_new_tokens=40, sampling=Sampling.random(temperature=0.9, top_p=0.9, seed=7))
+    b = pipe.generate(prompt, max_new_tokens=40, sampling=Sampling.random(temperature=0.9, top_p=0.9, seed=7))
+    assert a.token_ids == b.token_ids and len(a.token_ids) == 40
+    assert a.metrics.late_steady_tok_s > 0
+    with pipe.start_session() as s:
+        s.generate(prompt, max_new_tokens=8)
+        res = s.generate([5, 6, 7], max_new_tokens=200)
+    assert res.finish_reason == "length"
