@@ -11,7 +11,7 @@ from shapeplan.errors import ExecutionError
 from shapeplan.ir.dtypes import dtype as as_dtype
 from shapeplan.ops.registry import Trait, register
 from shapeplan.ops.shape_fns import same_as
-from shapeplan.ops.tensor import const_of, ints, norm_axis
+from shapeplan.ops.tensor import const_of, ints, norm_axis, strings_ok
 
 INT64 = as_dtype("int64")
 DYN = Trait.DYNAMIC_OUTPUT_SIZE
@@ -33,6 +33,7 @@ def _gather_shape(node: Any) -> list:
 
 
 @register("Gather", since=1, shape=_gather_shape)
+@strings_ok
 def gather(x, indices, *, axis=0):
     """ONNX Gather: take slices along ``axis`` (negative indices count from the end)."""
     axis = norm_axis(axis, x.dim())
@@ -42,6 +43,7 @@ def gather(x, indices, *, axis=0):
 
 
 @register("GatherElements", since=11, shape=lambda n: [(n.inputs[0].dtype, n.inputs[1].shape)])
+@strings_ok
 def gather_elements(x, indices, *, axis=0):
     """ONNX GatherElements (torch.gather with negative indices)."""
     axis = norm_axis(axis, x.dim())
@@ -58,6 +60,7 @@ def _gathernd_shape(node: Any) -> list:
 
 
 @register("GatherND", since=11, shape=_gathernd_shape)
+@strings_ok
 def gather_nd(x, indices, *, batch_dims=0):
     """ONNX GatherND: indices[..., k] address the first k non-batch dims of x."""
     b = batch_dims
@@ -87,18 +90,21 @@ def _scatter_elements(x, indices, updates, axis, reduction):  # noqa: ANN001, AN
 
 
 @register("Scatter", since=9, shape=same_as(0))
+@strings_ok
 def scatter(x, indices, updates, *, axis=0):
     """ONNX Scatter (deprecated alias of ScatterElements without reduction)."""
     return _scatter_elements(x, indices, updates, axis, "none")
 
 
 @register("ScatterElements", since=11, shape=same_as(0))
+@strings_ok
 def scatter_elements(x, indices, updates, *, axis=0, reduction="none"):
     """ONNX ScatterElements (reduction none/add/mul/max/min)."""
     return _scatter_elements(x, indices, updates, axis, reduction)
 
 
 @register("ScatterND", since=11, shape=same_as(0))
+@strings_ok
 def scatter_nd(x, indices, updates, *, reduction="none"):
     """ONNX ScatterND: indices[..., k] address slices of x's first k dims."""
     k = indices.shape[-1]
@@ -205,6 +211,7 @@ def nonzero(x):
 
 
 @register("Compress", since=9, traits=DYN)
+@strings_ok
 def compress(x, condition, *, axis=None):
     """ONNX Compress: keep slices along ``axis`` (flattened when absent) where condition is true."""
     src = x.reshape(-1) if axis is None else x
@@ -327,3 +334,31 @@ def roi_align(x, rois, batch_indices, *, coordinate_transformation_mode="half_pi
     """ONNX RoiAlign: x [N, C, H, W], rois [R, 4] (x1, y1, x2, y2) -> [R, C, OH, OW]."""
     return _roi_align(x, rois, batch_indices, mode, output_height, output_width, sampling_ratio,
                       spatial_scale, coordinate_transformation_mode == "half_pixel")
+
+
+# ----------------------------------------------------------------------------- MaxRoiPool
+def _round_away(v: float) -> int:
+    return int(math.floor(v + 0.5)) if v >= 0 else int(math.ceil(v - 0.5))
+
+
+@register("MaxRoiPool", since=1)
+def max_roi_pool(x, rois, *, pooled_shape, spatial_scale=1.0):
+    """ONNX MaxRoiPool: rois [R, 5] (batch, x1, y1, x2, y2) -> [R, C, ph, pw] max over each bin
+    (bins of an empty intersection with the image give 0)."""
+    ph_n, pw_n = pooled_shape
+    h, w = x.shape[2:]
+    out = torch.zeros(rois.shape[0], x.shape[1], ph_n, pw_n, dtype=x.dtype, device=x.device)
+    for r, (b, x1, y1, x2, y2) in enumerate(rois.to(torch.float64).tolist()):
+        sw, sh = _round_away(x1 * spatial_scale), _round_away(y1 * spatial_scale)
+        ew, eh = _round_away(x2 * spatial_scale), _round_away(y2 * spatial_scale)
+        bh, bw = max(eh - sh + 1, 1) / ph_n, max(ew - sw + 1, 1) / pw_n
+        img = x[int(b)]
+        for i in range(ph_n):
+            hs = min(max(math.floor(i * bh) + sh, 0), h)
+            he = min(max(math.ceil((i + 1) * bh) + sh, 0), h)
+            for j in range(pw_n):
+                ws = min(max(math.floor(j * bw) + sw, 0), w)
+                we = min(max(math.ceil((j + 1) * bw) + sw, 0), w)
+                if he > hs and we > ws:
+                    out[r, :, i, j] = img[:, hs:he, ws:we].amax(dim=(1, 2))
+    return out

@@ -5,9 +5,11 @@ from an input's *value* (Reshape's shape, Slice's starts) they read it when that
 """
 from __future__ import annotations
 
+import functools
 import math
-from typing import Any
+from typing import Any, Callable
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -58,6 +60,34 @@ def dim_prod(dims: Any) -> Any:
             return None
         out *= d
     return out
+
+
+def strings_ok(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Let a pure data-movement kernel run on ONNX string tensors (numpy object arrays): the strings
+    become int64 codes into one table, the kernel moves the codes, and the outputs are decoded."""
+
+    @functools.wraps(fn)
+    def kernel(*args: Any, **kw: Any) -> Any:
+        if not any(isinstance(a, np.ndarray) and a.dtype == object for a in args):
+            return fn(*args, **kw)
+        table: list[Any] = []
+        coded = []
+        for a in args:
+            if isinstance(a, np.ndarray) and a.dtype == object:
+                coded.append(torch.arange(len(table), len(table) + a.size, dtype=torch.int64).reshape(a.shape))
+                table.extend(a.reshape(-1).tolist())
+            else:
+                coded.append(a)
+        lut = np.empty(len(table), dtype=object)
+        lut[:] = table
+
+        def decode(t: torch.Tensor) -> np.ndarray:
+            return lut[t.reshape(-1).cpu().numpy()].reshape(tuple(t.shape))
+
+        out = fn(*coded, **kw)
+        return tuple(decode(o) for o in out) if isinstance(out, tuple) else decode(out)
+
+    return kernel
 
 
 def _in(node: Any, i: int) -> Any:
@@ -113,12 +143,14 @@ def _reshape_shape(node: Any) -> list:
 
 
 @register("Reshape", since=1, traits=Trait.VIEW, shape=_reshape_shape)
+@strings_ok
 def reshape_v1(x, *, shape=None, consumed_inputs=None):
     """ONNX Reshape-1 (shape attribute)."""
     return torch.reshape(x, _reshape_target(x, list(shape), 0))
 
 
 @register("Reshape", since=5, traits=Trait.VIEW | VDS, shape=_reshape_shape, host_inputs=(1,))
+@strings_ok
 def reshape(x, shape, *, allowzero=0):
     """ONNX Reshape: 0 copies the input dim (unless allowzero), -1 is inferred."""
     return torch.reshape(x, _reshape_target(x, ints(shape), allowzero))
@@ -134,6 +166,7 @@ def _transpose_shape(node: Any) -> list:
 
 
 @register("Transpose", traits=Trait.NONE, shape=_transpose_shape)
+@strings_ok
 def transpose(x, *, perm=None):
     """ONNX Transpose (default: reverse the axes)."""
     return x.permute(*(perm if perm is not None else range(x.dim() - 1, -1, -1)))
@@ -159,12 +192,14 @@ def _concat_shape(node: Any) -> list:
 
 
 @register("Concat", since=1, shape=_concat_shape)
+@strings_ok
 def concat(*xs, axis=1):
     """ONNX Concat."""
     return torch.cat(xs, dim=axis)
 
 
 @register("Concat", since=4, shape=_concat_shape)
+@strings_ok
 def concat_v4(*xs, axis):
     """ONNX Concat (axis required)."""
     return torch.cat(xs, dim=axis)
@@ -205,18 +240,21 @@ def _split(x: torch.Tensor, split: Any, axis: int, n_out: int, num_outputs: Any 
 
 
 @register("Split", since=1, shape=_split_shape, host_inputs=(1,))
+@strings_ok
 def split_v1(x, split_in=None, *, axis=0, split=None, _n_out):
     """ONNX Split-1/2/11 (split as attribute; Split-1 also takes it as an input)."""
     return _split(x, split if split is not None else split_in, axis, _n_out)
 
 
 @register("Split", since=13, shape=_split_shape, host_inputs=(1,))
+@strings_ok
 def split_v13(x, split=None, *, axis=0, _n_out):
     """ONNX Split-13 (split as input)."""
     return _split(x, split, axis, _n_out)
 
 
 @register("Split", since=18, shape=_split_shape, host_inputs=(1,))
+@strings_ok
 def split_v18(x, split=None, *, axis=0, num_outputs=None, _n_out):
     """ONNX Split-18: num_outputs splits into ceil-sized chunks, the last one smaller."""
     return _split(x, split, axis, _n_out, num_outputs)
@@ -282,12 +320,14 @@ def _slice_shape(node: Any) -> list:
 
 
 @register("Slice", since=1, shape=_slice_shape)
+@strings_ok
 def slice_v1(x, *, starts, ends, axes=None):
     """ONNX Slice-1 (attributes)."""
     return _slice(x, list(starts), list(ends), axes, None)
 
 
 @register("Slice", since=10, traits=VDS, shape=_slice_shape, host_inputs=(1, 2, 3, 4))
+@strings_ok
 def slice_(x, starts, ends, axes=None, steps=None):
     """ONNX Slice (inputs; Python slice semantics, negative steps allowed)."""
     return _slice(x, ints(starts), ints(ends), None if axes is None else ints(axes),
@@ -329,12 +369,14 @@ def _squeeze(x: torch.Tensor, axes: list[int] | None) -> torch.Tensor:
 
 
 @register("Squeeze", since=1, traits=Trait.VIEW, shape=_squeeze_shape)
+@strings_ok
 def squeeze_v1(x, *, axes=None):
     """ONNX Squeeze-1/11 (axes attribute)."""
     return _squeeze(x, axes)
 
 
 @register("Squeeze", since=13, traits=Trait.VIEW | VDS, shape=_squeeze_shape, host_inputs=(1,))
+@strings_ok
 def squeeze(x, axes=None):
     """ONNX Squeeze (axes input; none: drop every size-1 dim)."""
     return _squeeze(x, None if axes is None else ints(axes))
@@ -360,12 +402,14 @@ def _unsqueeze_dims(shape: list, axes: list[int]) -> list:
 
 
 @register("Unsqueeze", since=1, traits=Trait.VIEW, shape=_unsqueeze_shape)
+@strings_ok
 def unsqueeze_v1(x, *, axes):
     """ONNX Unsqueeze-1/11 (axes attribute)."""
     return x.reshape(_unsqueeze_dims(list(x.shape), list(axes)))
 
 
 @register("Unsqueeze", since=13, traits=Trait.VIEW | VDS, shape=_unsqueeze_shape, host_inputs=(1,))
+@strings_ok
 def unsqueeze(x, axes):
     """ONNX Unsqueeze (axes input, relative to the output rank)."""
     return x.reshape(_unsqueeze_dims(list(x.shape), ints(axes)))
@@ -391,6 +435,7 @@ def _flatten_shape(node: Any) -> list:
 
 
 @register("Flatten", traits=Trait.VIEW, shape=_flatten_shape)
+@strings_ok
 def flatten(x, *, axis=1):
     """ONNX Flatten: 2-D [prod(dims[:axis]), prod(dims[axis:])]."""
     axis = axis + x.dim() if axis < 0 else axis
@@ -406,6 +451,7 @@ def _expand_shape(node: Any) -> list:
 
 
 @register("Expand", since=8, traits=VDS, shape=_expand_shape, host_inputs=(1,))
+@strings_ok
 def expand(x, shape):
     """ONNX Expand: bidirectional broadcast of x to ``shape``."""
     out = torch.broadcast_shapes(tuple(x.shape), tuple(ints(shape)))
@@ -422,6 +468,7 @@ def _tile_shape(node: Any) -> list:
 
 
 @register("Tile", since=6, traits=VDS, shape=_tile_shape, host_inputs=(1,))
+@strings_ok
 def tile(x, repeats):
     """ONNX Tile."""
     return x.repeat(ints(repeats)) if x.dim() else x.clone()
@@ -515,6 +562,7 @@ def identity(x):
 
 
 @register("Where", since=9, traits=Trait.ELEMENTWISE, shape=broadcast(dtype_from=1))
+@strings_ok
 def where(cond, x, y):
     """ONNX Where."""
     return torch.where(cond.to(torch.bool), x, y)
@@ -529,6 +577,7 @@ def trilu(x, k=None, *, upper=1):
 
 # ----------------------------------------------------------------------------- ReverseSequence
 @register("ReverseSequence", since=10, shape=same_as(0))
+@strings_ok
 def reverse_sequence(x, sequence_lens, *, batch_axis=1, time_axis=0):
     """ONNX ReverseSequence: reverse the first seq_len[b] steps of every batch entry."""
     t = torch.arange(x.shape[time_axis], device=x.device)

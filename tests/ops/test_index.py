@@ -112,3 +112,25 @@ def test_gather_symbolic_shape():
     assert g.op.Gather(x, np.array([[1, 2, 3]], np.int64), axis=1).shape == ("batch", 1, 3, 16)
     i = g.placeholder("i", "int64", ("batch", "seq"))
     assert g.op.Gather(g.placeholder("emb", "float32", (100, 16)), i).shape == ("batch", "seq", 16)
+
+
+def test_max_roi_pool_matches_onnxruntime():
+    ort = pytest.importorskip("onnxruntime")
+    from tests.ops._mathops_util import node_model, run_ours
+    x = rng.standard_normal((2, 3, 10, 12)).astype(np.float32)
+    rois = np.array([[0, 1, 1, 6, 7], [1, 0, 0, 11, 9], [0, -3, -2, 2, 3], [1, 4.4, 2.5, 8.6, 5.5],
+                     [0, 20, 20, 30, 30]], np.float32)
+    model = node_model("MaxRoiPool", {"x": x, "r": rois}, {"pooled_shape": [3, 2], "spatial_scale": 0.8},
+                       opset=12)
+    model.graph.output[0].type.tensor_type.elem_type = 1
+    ours = run_ours(model, {"x": x, "r": rois})[0]
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x, "r": rois})[0]
+    np.testing.assert_array_equal(ours, want)
+
+
+def test_gather_and_compress_on_strings():
+    s = np.array([["a", "bb"], ["c", "d"], ["e", "f"]], dtype=object)
+    check("Gather", {"x": s, "i": np.array([2, 0, -1], np.int64)})
+    check("GatherND", {"x": s, "i": np.array([[0, 1], [2, 0]], np.int64)})
+    check("Compress", {"x": s, "c": np.array([True, False, True])}, {"axis": 0})

@@ -158,3 +158,15 @@ def test_squeeze_of_non_unit_axis_names_the_node():
     model = node_model("Squeeze", {"x": X, "a": I64(0)})
     with pytest.raises(sp.ShapeplanError, match="Squeeze"):
         run_ours(model, {"x": X, "a": I64(0)})
+
+
+def test_data_movement_ops_on_strings():
+    s = np.array([["a", "bb", "c"], ["d", "e", "ff"]], dtype=object)
+    check("Reshape", {"x": s, "s": I64(3, -1)})
+    check("Transpose", {"x": s})
+    check("Concat", {"a": s, "b": s[:, :1].copy()}, {"axis": 1})
+    check("Slice", {"x": s, "st": I64(-1), "en": I64(-10), "ax": I64(1), "sp": I64(-2)})
+    check("Unsqueeze", {"x": s, "a": I64(0)})
+    check("Split", {"x": s}, {"axis": 1, "num_outputs": 2}, outputs=2, opset=18)
+    check("Where", {"c": np.array([True, False, True]), "a": s, "b": np.array(["z"], dtype=object)})
+    check("Tile", {"x": s, "r": I64(2, 1)})
