@@ -84,6 +84,18 @@ def test_no_safetensors_is_a_clean_error(llama, tmp_path):
         GenerationPipeline.from_pretrained(d, progress=False)
 
 
+def test_corrupt_or_truncated_safetensors_is_a_clean_error(llama, tmp_path):
+    d = _copy(llama, tmp_path / "m")
+    f = os.path.join(d, "model.safetensors")
+    data = open(f, "rb").read()
+    open(f, "wb").write(data[: len(data) // 2])                      # truncated: tensors past the end
+    with pytest.raises(sp.ModelError, match="model.safetensors.*(beyond the end|truncated)"):
+        GenerationPipeline.from_pretrained(d, progress=False)
+    open(f, "wb").write(b"\x05\x00\x00\x00\x00\x00\x00\x00{bad}")          # header is not JSON
+    with pytest.raises(sp.ModelError, match="model.safetensors"):
+        GenerationPipeline.from_pretrained(d, progress=False)
+
+
 def test_generation_past_kv_cache_stops_with_length(llama):
     p = GenerationPipeline.from_pretrained(llama, mode="slot_by_slot", max_prefill_length=24,
                                            max_kv_cache_length=48, progress=False, eos_token_ids=[])
