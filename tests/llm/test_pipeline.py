@@ -6,7 +6,6 @@ import os
 import shutil
 
 import pytest
-import torch
 from safetensors.torch import load_file, save_file
 
 import shapeplan as sp
