@@ -1,12 +1,15 @@
 """emulated_replay: the CUDA-graph lifecycle on CPU.
 
-``compile`` turns a segment into one straight-line Python function (registers that live only inside
-the segment become local variables, so they are freed as soon as their last reader ran); ``capture``
-runs it once and records where each live-out landed: the runner's stable buffers, written in place
-with ``copy_``. ``replay`` calls the function again. Same kernels, same order, same inputs as
-slot_by_slot, so results are bit-identical.
+``compile`` turns a segment into one straight-line Python function over the slots' bound kernels
+(registers that live only inside the segment become local variables). ``capture`` runs the segment
+once while recording the torch call each kernel makes (``emulated_capture``) and binds a replay
+program: outputs written in place with ``out=`` into preallocated buffers where that is bit-exact,
+direct torch calls without the kernels' wrappers elsewhere, live-outs copied into the runner's stable
+buffers; every object it needs is bound at capture, so ``replay`` is one call of one function. Same
+ops, same order, same inputs as slot_by_slot: results are bit-identical. When the capture cannot
+build the program (a bug, reported as a GRAPH_REPLAY event) the compiled function is replayed instead.
 
-Generated code for a segment ``Add -> Relu`` whose Relu output is read later::
+Generated code for a segment ``Add -> Relu`` whose Relu output is read later (``compile``)::
 
     def segment_0(R, B, f0, f1):
         v5, = f0(R[0], R[3])
@@ -20,8 +23,10 @@ from typing import Any, Callable
 
 import torch
 
+from shapeplan import diagnostics
 from shapeplan.errors import ExecutionError, ShapeplanError
 from shapeplan.runtime.backends import SegmentContext
+from shapeplan.runtime.backends import emulated_capture
 from shapeplan.runtime.backends.slot_by_slot import describe_inputs, run_slot
 
 ABSENT = -1
@@ -39,7 +44,14 @@ class Handle:
     seg: SegmentContext
     compiled: Compiled
     buffers: dict[int, Any]
+    run: Callable[[list[Any]], None]                 # the replay: run(regs)
+    program: emulated_capture.Program | None = None  # None: replays the compiled function
     replays: int = 0
+
+    def stats(self) -> dict[str, Any]:
+        if self.program is None:
+            return {"specialised": False}
+        return {"specialised": True, "steps": dict(self.program.counts), "pool_bytes": self.program.pool_bytes}
 
 
 def generate(seg: SegmentContext) -> Compiled:
@@ -88,14 +100,30 @@ class EmulatedReplayBackend:
         return generate(seg)
 
     def capture(self, seg: SegmentContext, compiled: Compiled, regs: list[Any]) -> Handle:
-        h = Handle(seg, compiled, seg.out_buffers)
-        self.replay(h, regs)
-        return h
+        scratch = list(regs)
+        steps, produced = emulated_capture.record(seg, scratch)       # this call's results, traced
+        program = None
+        try:
+            bufs, nbytes = emulated_capture.pool(steps, produced, seg)
+            program = emulated_capture.build(seg, steps, bufs, nbytes)
+        except Exception as e:  # noqa: BLE001 - a capture bug must not cost correctness
+            diagnostics.record("GRAPH_REPLAY", "replay program not built: replaying the compiled segment",
+                               plan=seg.plan_key, segment=seg.segment.index, reason=f"{type(e).__name__}: {e}")
+        del produced
+        for r in seg.live_out:
+            x, buf = scratch[r], seg.out_buffers.get(r)
+            if buf is not None:
+                buf.copy_(x)
+                x = buf
+            regs[r] = x
+        if program is not None:
+            return Handle(seg, compiled, seg.out_buffers, program.fn, program)
+        bufs_, fn, kernels = seg.out_buffers, compiled.fn, compiled.kernels
+        return Handle(seg, compiled, bufs_, lambda R: fn(R, bufs_, *kernels))
 
     def replay(self, handle: Handle, regs: list[Any]) -> None:
-        c = handle.compiled
         try:
-            c.fn(regs, handle.buffers, *c.kernels)
+            handle.run(regs)
         except ShapeplanError:
             raise
         except Exception as e:
@@ -104,6 +132,12 @@ class EmulatedReplayBackend:
 
     def release(self, handle: Handle) -> None:
         handle.buffers = {}
+        handle.run = _released
+        handle.program = None
+
+
+def _released(regs: list[Any]) -> None:
+    raise ExecutionError("replay of a released capture (the runner recaptures after a drift)")
 
 
 def _locate(seg: SegmentContext, regs: list[Any], e: Exception) -> ExecutionError:
