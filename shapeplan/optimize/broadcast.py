@@ -16,6 +16,9 @@ from shapeplan.ir.shape_inference import infer_node
 from shapeplan.ops.registry import Trait
 from shapeplan.optimize.rewrite import Rewriter, shapes_equal
 
+_ELEMENTWISE = Trait.ELEMENTWISE.value        # plain ints: enum.Flag arithmetic is slow per node
+_COMMUTATIVE = Trait.COMMUTATIVE.value
+
 
 def run(graph: Graph) -> int:
     rw = Rewriter.get(graph, "BroadcastElimination")
@@ -30,10 +33,11 @@ def run(graph: Graph) -> int:
                     count += 1
                     rw.emit(f"removed no-op {node.describe()}", node=node.name)
             continue
-        if not rw.has(node, Trait.ELEMENTWISE) or len(node.inputs) < 2:
+        traits = rw.traits(node)
+        if not traits & _ELEMENTWISE or len(node.inputs) < 2:
             continue
         count += _drop_expand_inputs(rw, node)
-        if len(node.inputs) == 2 and rw.has(node, Trait.COMMUTATIVE):
+        if len(node.inputs) == 2 and traits & _COMMUTATIVE:
             a, b = node.inputs
             if a is not None and b is not None and _key(a) > _key(b):
                 node.inputs = [b, a]

@@ -18,12 +18,19 @@ from shapeplan.ir.graph import Graph, ValueKind
 from shapeplan.ops.registry import Trait
 from shapeplan.optimize.rewrite import Rewriter
 
-_NEVER = Trait.RANDOM | Trait.MUTATES_INPUT | Trait.CONTROL_FLOW
+_NEVER = (Trait.RANDOM | Trait.MUTATES_INPUT | Trait.CONTROL_FLOW).value   # plain ints: Flag ops are slow
+_COMMUTATIVE = Trait.COMMUTATIVE.value
 
 
 def _raw(t: torch.Tensor) -> bytes:
     """The tensor's bytes, whatever its device or dtype (bf16 and CUDA tensors included)."""
-    return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+    t = t.detach()
+    if t.device.type == "cpu":
+        try:                          # the same bytes without the (slow) dtype view
+            return t.contiguous().numpy().tobytes()
+        except (TypeError, RuntimeError):   # bf16 / fp8 / conj views: numpy has no such dtype
+            pass
+    return t.cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
 
 
 def _attr_key(v: Any) -> Any:
@@ -78,13 +85,13 @@ def run(graph: Graph) -> int:
     for node in graph.nodes:
         if node in rw.dead or node.implicit_inputs or node.subgraphs():
             continue
-        od = rw.opdef(node)
-        if od is None or od.has(_NEVER):
+        traits = rw.traits(node)
+        if traits & _NEVER or rw.opdef(node) is None:
             continue
         if any(v is not None and (id(v) in rw.mutated or v.kind is ValueKind.VARIABLE) for v in node.inputs):
             continue
         ins = [id(v) if v is not None else 0 for v in node.inputs]
-        if len(ins) == 2 and od.has(Trait.COMMUTATIVE):
+        if len(ins) == 2 and traits & _COMMUTATIVE:
             ins.sort()
         key = (node.domain, node.op_type, tuple(ins), len(node.outputs),
                tuple(sorted((k, _attr_key(a)) for k, a in node.attrs.items())))

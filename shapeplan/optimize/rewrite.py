@@ -40,6 +40,9 @@ log = logging.getLogger("shapeplan.optimize")
 #: nodes that must never be removed even when their outputs are unused
 KEEP_TRAITS = Trait.MUTATES_INPUT
 _COMMUTATIVE = Trait.COMMUTATIVE.value
+_MUTATES = Trait.MUTATES_INPUT.value
+_KEEP = KEEP_TRAITS.value
+_CONTROL_FLOW = Trait.CONTROL_FLOW.value
 
 
 # ------------------------------------------------------------------------------ event sink
@@ -252,13 +255,15 @@ class Rewriter:
         return rw
 
     def _positions(self) -> None:
-        self.pos: dict[Any, int] = {}
+        nodes = self.g.nodes
+        self.pos: dict[Any, int] = dict(zip(nodes, range(len(nodes))))
         self.mutator_pos: list[int] = []
         self.mutated: set[int] = set()
-        mut = Trait.MUTATES_INPUT.value
-        for i, n in enumerate(self.g.nodes):
-            self.pos[n] = i
-            if self.traits(n) & mut:
+        mut = _MUTATES
+        tc, traits = self._tc, self.traits
+        for i, n in enumerate(nodes):
+            t = tc.get(n)
+            if (traits(n) if t is None else t) & mut:
                 self.mutator_pos.append(i)
                 self.mutated.update(id(v) for v in n.inputs if v is not None)
 
@@ -289,14 +294,38 @@ class Rewriter:
         dead = self.dead
         return [n for n in lst if n not in dead] if dead else list(lst)
 
+    def has_readers(self, v: Value) -> bool:
+        """``bool(self.readers(v))`` without building the list (shared constants have long ones)."""
+        lst = self.users.get(v)
+        if not lst:
+            return False
+        dead = self.dead
+        if not dead:
+            return True
+        for n in lst:
+            if n not in dead:
+                return True
+        return False
+
     def pinned(self, v: Value) -> bool:
         """A graph output or a value that a subgraph reads by name."""
         return id(v) in self.output_ids or id(v) in self.implicit or v.name in self.captured_names
 
     def single_use(self, v: Value) -> bool:
         """Exactly one node reads ``v`` (possibly in several input slots) and it is not pinned."""
-        rs = self.readers(v)
-        return bool(rs) and all(n is rs[0] for n in rs) and not self.pinned(v)
+        lst = self.users.get(v)
+        if not lst:
+            return False
+        dead = self.dead
+        first = None
+        for n in lst:
+            if n in dead:
+                continue
+            if first is None:
+                first = n
+            elif n is not first:
+                return False
+        return first is not None and not self.pinned(v)
 
     def alive(self, n: Node) -> bool:
         return n not in self.dead
@@ -450,9 +479,9 @@ class Rewriter:
 
     def removable(self, n: Node) -> bool:
         t = self.traits(n)
-        if t & KEEP_TRAITS.value:
+        if t & _KEEP:
             return False
-        if t & Trait.CONTROL_FLOW.value and _subgraphs_mutate(n, self.g):
+        if t & _CONTROL_FLOW and _subgraphs_mutate(n, self.g):
             return False
         return True
 
@@ -463,7 +492,7 @@ class Rewriter:
             node = stack.pop()
             if node in self.dead or not self.removable(node):
                 continue
-            if any(self.readers(o) or self.pinned(o) for o in node.outputs):
+            if any(self.has_readers(o) or self.pinned(o) for o in node.outputs):
                 continue
             self._kill(node)
             for v in node.all_inputs:
@@ -556,23 +585,30 @@ class Rewriter:
         n = len(ins)
         while n and ins[n - 1] is None:
             n -= 1
-        if pat.inputs and n != len(pat.inputs):
+        pins = pat.inputs
+        if pins and n != len(pins):
             return False
         if pat.pred is not None and not pat.pred(node):
             return False
-        orders = [list(ins[:n])]
-        if n == 2 and len(pat.inputs) == 2 and self.traits(node) & _COMMUTATIVE:
-            orders.append([ins[1], ins[0]])
+        if n == 2 and len(pins) == 2 and self.traits(node) & _COMMUTATIVE:
+            orders: tuple = (ins, (ins[1], ins[0]))
+        else:
+            orders = (ins,)                     # zip() below stops at len(pins) <= n
+        match_value = self._match_value
         for order in orders:
-            saved = (dict(m.binds), len(m.nodes))
-            ok = all(self._match_value(p, v, m) for p, v in zip(pat.inputs, order))
+            saved_binds, saved_len = dict(m.binds), len(m.nodes)
+            ok = True
+            for p, v in zip(pins, order):
+                if not match_value(p, v, m):
+                    ok = False
+                    break
             if ok:
                 if pat.name:
                     m.binds[pat.name] = node
                 m.nodes.append(node)
                 return True
-            m.binds, del_to = saved
-            del m.nodes[del_to:]
+            m.binds = saved_binds
+            del m.nodes[saved_len:]
         return False
 
     def _match_value(self, p: Any, v: Value | None, m: Match) -> bool:
@@ -610,7 +646,9 @@ def _quick_order(pins: tuple, ins: Any) -> bool:
                     v.producer.op_type not in p.op_set:
                 return False
         elif type(p) is C:
-            if v is None or v.kind is not ValueKind.CONSTANT:
+            # the full match needs a tensor constant the predicate accepts (cached per tensor)
+            if v is None or v.kind is not ValueKind.CONSTANT or not isinstance(v.data, torch.Tensor) or \
+                    (p.pred is not None and not _safe_pred(p.pred, v.data)):
                 return False
     return True
 
