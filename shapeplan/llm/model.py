@@ -106,7 +106,8 @@ def build_graph(cfg: LlamaConfig, weights: dict[str, torch.Tensor], *, max_kv_ca
         v = op.Transpose(v, perm=perm)
         k_all = op.CacheWrite(k_cache, k, position, axis=2, _domain=SP)                 # [B, Hkv, L, D]
         v_all = op.CacheWrite(v_cache, v, position, axis=2, _domain=SP)
-        a = op.CachedAttention(q, k_all, v_all, mask, scale=float(d) ** -0.5, _domain=SP)  # [B, Hq, S, D]
+        a = op.CachedAttention(q, k_all, v_all, mask, position, scale=float(d) ** -0.5,
+                               window=cfg.sliding_window, _domain=SP)                   # [B, Hq, S, D]
         a = op.Reshape(op.Transpose(a, perm=perm), merged)                               # [B, S, Hq*D]
         h = op.Add(h, b.linear(a, p + "self_attn.o_proj"))
         x = b.rms_norm(h, p + "post_attention_layernorm.weight")

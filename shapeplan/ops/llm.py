@@ -7,6 +7,8 @@ causal mask and the sampling noise are all computed on the device from tensors, 
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 
@@ -79,16 +81,51 @@ def causal_mask(input_ids, position, *, kv_length: int, window: int = 0, groups:
     return torch.zeros((), dtype=neg.dtype, device=mask.device).where(mask, neg)
 
 
+#: "auto": the Triton split-K kernel for decode steps on CUDA, SDPA otherwise; "sdpa": always SDPA;
+#: "triton": the Triton kernel wherever it can run (CPU under TRITON_INTERPRET=1: tests)
+_DECODE_ATTENTION = os.environ.get("SHAPEPLAN_LLM_DECODE_ATTENTION", "auto")
+_triton_failed: list[str] = []
+
+
+def set_decode_attention(mode: str) -> str:
+    """Choose the decode attention implementation (auto | sdpa | triton); returns the previous one."""
+    global _DECODE_ATTENTION
+    if mode not in ("auto", "sdpa", "triton"):
+        raise ValueError(f"decode attention must be auto, sdpa or triton, got {mode!r}")
+    old, _DECODE_ATTENTION = _DECODE_ATTENTION, mode
+    return old
+
+
+def _use_triton(q, position) -> bool:
+    if position is None or q.shape[2] != 1 or _DECODE_ATTENTION == "sdpa" or _triton_failed:
+        return False
+    return q.is_cuda or _DECODE_ATTENTION == "triton"
+
+
 @register("CachedAttention", domain="shapeplan", shape=same_as(0))
-def cached_attention(q, k_cache, v_cache, mask, *, scale: float = 0.0):
+def cached_attention(q, k_cache, v_cache, mask, position=None, *, scale: float = 0.0, window: int = 0):
     """Attention of this step's queries over a static KV cache.
 
     q: [B, Hq, S, D]; k_cache, v_cache: [B, Hkv, L, D], already holding this step's keys; mask: bool
-    or additive [G*S, L] from ``shapeplan::CausalMask`` (G = Hq / Hkv), so stale cache entries beyond the
-    position are never read and no host sync is needed. Grouped-query attention folds the G query
-    heads of a group into the query-row axis, so K/V are never repeated in memory."""
+    or additive [G*S, L] from ``shapeplan::CausalMask`` (G = Hq / Hkv), so stale cache entries beyond
+    the position are never read and no host sync is needed. Grouped-query attention folds the G query
+    heads of a group into the query-row axis, so K/V are never repeated in memory.
+
+    With the optional ``position`` (the same one the mask was built from, and the same ``window``), a
+    decode step (S = 1) on CUDA runs a Triton split-K kernel that reads only the live keys instead of
+    the whole buffer (shapeplan/llm/decode_attention.py); results agree with SDPA to rounding."""
     b, hq, s, d = q.shape
     hkv = k_cache.shape[1]
+    if _use_triton(q, position):
+        try:
+            from shapeplan.llm.decode_attention import decode_attention
+            return decode_attention(q, k_cache, v_cache, position.reshape(-1)[:1],
+                                    scale=scale or d ** -0.5, window=window)
+        except Exception as e:  # noqa: BLE001 - e.g. no triton, or an unsupported GPU: fall back, visibly
+            _triton_failed.append(f"{type(e).__name__}: {e}")
+            from shapeplan import diagnostics
+            diagnostics.record("FALLBACK", "CachedAttention: Triton decode kernel unavailable, using SDPA",
+                               reason=_triton_failed[-1][:300])
     qg = q.reshape(b, hkv, (hq // hkv) * s, d)                                   # [B, Hkv, G*S, D]
     out = F.scaled_dot_product_attention(qg, k_cache.to(q.dtype), v_cache.to(q.dtype), attn_mask=mask,
                                          scale=scale or None)
