@@ -142,13 +142,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--vs-torch-compile", action="store_true",
                     help="also run the PyTorch baselines (eager, eager + CUDA graph, torch.compile)")
     ap.add_argument("--no-optimize", action="store_true", help="compile our graph without the optimizer passes")
+    ap.add_argument("--decode-attention", default="auto", choices=["auto", "sdpa", "triton"],
+                    help="our decode attention: the Triton split-K kernel (auto on CUDA) or SDPA over the cache")
     ap.add_argument("--json", dest="json_path", default=None)
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("CUDA is not available: this benchmark needs a GPU", file=sys.stderr)
         return 2
+    from shapeplan.ops.llm import set_decode_attention
+    set_decode_attention(args.decode_attention)
     results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "prompt_len": args.prompt_len,
-               "new_tokens": args.new_tokens, "max_kv_cache_length": args.max_kv_cache_length, "models": {}}
+               "new_tokens": args.new_tokens, "max_kv_cache_length": args.max_kv_cache_length,
+               "decode_attention": args.decode_attention, "models": {}}
     for preset in [p for p in args.presets.split(",") if p]:
         cfg = preset_config(preset, args.dtype)
         t = time.perf_counter()

@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 SPLIT = 64
-BLOCK_N = 32
+MAX_TILE = 8192          # elements of the [G, BLOCK_N, D] product a program holds (register budget)
 
 
 @triton.jit
@@ -103,6 +103,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     g = hq // hkv
     gp, dp = max(_pow2(g), 2), _pow2(d)
     ns = triton.cdiv(length, SPLIT)
+    bn = min(64, max(16, MAX_TILE // (gp * dp)))
     dev = q.device
     m = torch.empty(b * hkv * ns * gp, dtype=torch.float32, device=dev)
     l = torch.empty_like(m)
@@ -111,7 +112,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     _partial[(b * hkv, ns)](q, k_cache, v_cache, position, m, l, acc,
                             q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
                             v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), scale,
-                            HKV=hkv, G=g, GP=gp, D=d, DP=dp, NS=ns, SPLIT_=SPLIT, BN=BLOCK_N, WINDOW=window)
+                            HKV=hkv, G=g, GP=gp, D=d, DP=dp, NS=ns, SPLIT_=SPLIT, BN=bn, WINDOW=window)
     _combine[(b * hkv,)](m, l, acc, out, out.stride(0), out.stride(1),
                          HKV=hkv, G=g, GP=gp, D=d, DP=dp, NS=ns, NSP=max(_pow2(ns), 2))
     return out
