@@ -65,21 +65,24 @@ def _const_key(t: torch.Tensor) -> tuple | None:
 
 def run(graph: Graph) -> int:
     rw = Rewriter.get(graph, "CommonSubexpressionElimination")
-    canon: dict[int, Any] = {}
+    dup: dict[int, Any] = {}           # id(duplicate constant) -> the first equal constant
     seen_const: dict[tuple, Any] = {}
+    constant = ValueKind.CONSTANT
     for v in graph.values.values():
-        if v.kind is ValueKind.CONSTANT and isinstance(v.data, torch.Tensor) and not rw.pinned(v):
+        if v.kind is constant and isinstance(v.data, torch.Tensor) and not rw.pinned(v):
             k = _const_key(v.data)
             if k is not None:
-                canon[id(v)] = seen_const.setdefault(k, v)
+                c = seen_const.setdefault(k, v)
+                if c is not v:
+                    dup[id(v)] = c
     count = 0
-    # rewire readers of duplicate constants
-    for n in graph.nodes:
-        if any(v is not None and id(v) in canon and canon[id(v)] is not v for v in n.inputs):
+    # rewire readers of duplicate constants (none left after the first round: skip the scan)
+    for n in graph.nodes if dup else ():
+        if any(v is not None and id(v) in dup for v in n.inputs):
             for i, v in enumerate(n.inputs):
-                if v is not None and id(v) in canon and canon[id(v)] is not v:
-                    n.inputs[i] = canon[id(v)]
-                    rw.users.setdefault(canon[id(v)], []).append(n)
+                if v is not None and id(v) in dup:
+                    n.inputs[i] = dup[id(v)]
+                    rw.users.setdefault(dup[id(v)], []).append(n)
             count += 1
     seen: dict[tuple, Any] = {}
     for node in graph.nodes:

@@ -701,13 +701,25 @@ def apply_rules(graph: Graph, rules: list[Rule], pass_name: str) -> int:
             by_op.setdefault(op, []).append(rule)
     rw = Rewriter.get(graph, pass_name)
     count = 0
+    dead, traits, match_node = rw.dead, rw.traits, rw._match_node
     for node in list(graph.nodes):
         cands = by_op.get(node.op_type)
-        if not cands or node in rw.dead or not node.outputs:
+        if not cands or node in dead or not node.outputs:
             continue
+        # Rewriter.match() inlined (this loop sees every node of every rule pass): the structural
+        # pre-check per candidate rule, then the full match
+        ins = node.inputs
+        n = len(ins)
+        while n and ins[n - 1] is None:
+            n -= 1
+        swapped = (ins[1], ins[0]) if n == 2 and traits(node) & _COMMUTATIVE else None
         for pat, fn in cands:
-            m = rw.match(pat, node)
-            if m is None:
+            pins = pat.inputs
+            if pins and (n != len(pins) or not (_quick_order(pins, ins) or
+                                                (swapped is not None and _quick_order(pins, swapped)))):
+                continue
+            m = Match(rw, node)
+            if not match_node(pat, node, m):
                 continue
             if rw.crosses_mutation(m.nodes, node):
                 continue
