@@ -6,6 +6,7 @@ A new shape signature creates another runner; it never mutates a frozen one.
 """
 from __future__ import annotations
 
+import operator
 import threading
 from typing import Any, Mapping, Sequence
 
@@ -51,8 +52,28 @@ def resolve_mode(mode: Mode, device: torch.device) -> tuple[Mode, bool, str | No
     return Mode.EMULATED_REPLAY, False, f"{mode.value} unavailable on {device}: {why}; running emulated_replay"
 
 
+_DATA = operator.attrgetter("data")
+_VERSION = operator.attrgetter("_version")
+
+
+def _guard_chunks(values: list[Any], size: int) -> list[tuple[tuple, tuple, tuple, tuple]]:
+    """The constant guard in chunks of ``size``: (Values, their data objects, the tensors among them,
+    those tensors' version counters) as tuples, so a chunk is checked by C-level ``map`` passes."""
+    out = []
+    for i in range(0, len(values), size):
+        vs = tuple(values[i:i + size])
+        objs = tuple(v.data for v in vs)
+        ts = tuple(o for o in objs if isinstance(o, torch.Tensor))
+        out.append((vs, objs, ts, tuple(t._version for t in ts)))
+    return out
+
+
 class Engine:
     """A compiled model. ``run(feeds)`` executes it; plans are built per requested outputs and shapes."""
+
+    #: constants whose identity and version counter a replaying call checks (round robin over chunks of
+    #: this size; every call that is not a steady replay checks all of them)
+    GUARD_CHUNK = 32
 
     def __init__(self, graph: Graph, device: str | torch.device = "cpu", mode: str | Mode = "auto", *,
                  warmup_calls: int = 1, max_plans: int = 64, max_plan_bytes: int = 1 << 30,
@@ -73,10 +94,13 @@ class Engine:
         self.cache = PlanCache(max_plans, max_plan_bytes, on_evict=lambda k, r: r.release())
         # constants are snapshotted (moved to the device once); a replaced or edited weight is rejected
         self.constants: dict[str, Any] = {v.name: _move(v.data, self.device) for v in graph.constants}
-        self._guards = [(v, v.data, getattr(v.data, "_version", 0)) for v in graph.constants]
+        self._guards = _guard_chunks(graph.constants, self.GUARD_CHUNK)
+        self._guard_next = 0
         # variables persist across calls; they live on the engine's device
         self.variables: dict[str, Any] = {v.name: _move(v.data.clone(), self.device) for v in graph.variables}
         self.calls = 0
+        self._valid: set[tuple] = set()           # feed specs that passed validate_feeds
+        self._mode_value, self._device_str = self.exec_mode.value, str(self.device)
         self._last_key: tuple | None = None
         self._names = {v.name: v for v in graph.inputs}
 
@@ -118,9 +142,29 @@ class Engine:
             diagnostics.record("SHAPE", "new shape signature: new plan", plan=name, signature=str(key[1]))
         return runner
 
-    def _check_constants(self) -> None:
-        for v, obj, ver in self._guards:
-            if v.data is not obj or getattr(obj, "_version", 0) != ver:
+    def _check_constants(self, replaying: bool = False) -> None:
+        """Reject a constant replaced (``value.data = ...``) or edited in place after compile.
+
+        A steady replay checks one chunk of ``GUARD_CHUNK`` constants (round robin), so the cost per
+        call is bounded and an edit is caught within ``ceil(#constants / GUARD_CHUNK)`` calls; any other
+        call (a new plan, warm-up, freeze, capture) checks every constant."""
+        guards = self._guards
+        if not guards:
+            return
+        if replaying:
+            i = self._guard_next
+            self._guard_next = (i + 1) % len(guards)
+            chunks = (guards[i],)
+        else:
+            chunks = guards
+        for vs, objs, ts, vers in chunks:
+            if not all(map(operator.is_, map(_DATA, vs), objs)) or tuple(map(_VERSION, ts)) != vers:
+                self._reject(vs, objs, ts, vers)
+
+    def _reject(self, vs: tuple, objs: tuple, ts: tuple, vers: tuple) -> None:
+        version = {id(t): n for t, n in zip(ts, vers)}
+        for v, obj in zip(vs, objs):
+            if v.data is not obj or getattr(obj, "_version", 0) != version.get(id(obj), 0):
                 what = "replaced" if v.data is not obj else "modified in place"
                 diagnostics.record("LIFECYCLE", "constant changed after compile", constant=v.name, what=what)
                 raise LifecycleError(f"constant {v.name!r} was {what} after sp.compile snapshotted it; "
@@ -129,29 +173,48 @@ class Engine:
 
     # ------------------------------------------------------------------ run
     def run(self, feeds: Mapping[str, Any], outputs: Sequence[str] | None = None) -> dict[str, Any]:
-        if not isinstance(feeds, Mapping):
+        if type(feeds) is not dict and not isinstance(feeds, Mapping):
             raise InputError(f"feeds must be a dict of input name -> array, got {type(feeds).__name__}")
-        validate_feeds(self.graph.inputs, feeds)
-        self._check_constants()
-        torch_in = any(isinstance(x, torch.Tensor) for x in feeds.values())
+        self._validate(feeds)
         plan = self.plan(outputs)
-        rt = [to_runtime(feeds[name], self.device) for name, _ in plan.inputs]
+        device = self.device
+        rt = [to_runtime(feeds[name], device) for name, _ in plan.inputs]
+        torch_in = any(isinstance(x, torch.Tensor) for x in feeds.values())
         if self.exec_mode is Mode.SHAPE_INFERENCE_ONLY:
+            self._check_constants()
             from shapeplan.runtime.shape_only import infer_outputs
             return infer_outputs(plan, rt, self.constants, self.variables)
         sig = tuple(tuple(x.shape) if isinstance(x, torch.Tensor) else
                     (len(x),) if isinstance(x, list) else None for x in rt)
-        key = (plan.requested, sig, self.exec_mode.value, str(self.device), threading.get_ident())
+        key = (plan.requested, sig, self._mode_value, self._device_str, threading.get_ident())
         runner = self._runner(plan, key)
-        if runner.input_dtypes:
+        self._check_constants(replaying=runner.phase is Phase.REPLAYING)
+        if runner.input_dtypes and tuple(getattr(x, "dtype", None) for x in rt) != runner.input_dtypes:
             self._check_dtypes(plan, runner, rt)
         with self.cache.pinned(key):
             outs = runner.run(rt)
         self.calls += 1
         self._last_key = key
+        if torch_in:
+            return {name: v for (name, _), v in zip(plan.outputs, outs)}
         vals = self.graph.values        # declared dtypes restore int4/float4 (they run widened)
-        return {name: (v if torch_in else runtime_to_numpy(v, getattr(vals.get(name), "dtype", None)))
+        return {name: runtime_to_numpy(v, getattr(vals.get(name), "dtype", None))
                 for (name, _), v in zip(plan.outputs, outs)}
+
+    def _validate(self, feeds: Mapping[str, Any]) -> None:
+        """``validate_feeds`` once per distinct (names, types, dtypes, shapes) of the feeds."""
+        try:
+            spec = tuple((k, type(x), getattr(x, "dtype", None), getattr(x, "shape", None))
+                         for k, x in feeds.items())
+            if spec in self._valid:
+                return
+        except TypeError:                     # an unhashable dtype/shape: validate every time
+            spec = None
+        validate_feeds(self.graph.inputs, feeds)
+        if spec is not None:
+            if len(self._valid) > 1024:
+                self._valid.clear()
+            self._valid.add(spec)
 
     def _check_dtypes(self, plan: Plan, runner: PlanRunner, rt: list[Any]) -> None:
         for (name, _), want, x in zip(plan.inputs, runner.input_dtypes, rt):

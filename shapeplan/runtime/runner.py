@@ -96,6 +96,9 @@ class PlanRunner:
         self.lock = threading.Lock()
         self.pins = 0
         self._frozen_release: list[tuple[int, ...]] = []
+        self._stage: tuple[tuple[int, Any], ...] = ()      # (placeholder register, staging buffer | None)
+        self._vars: tuple[tuple[int, str], ...] = ()       # (variable register, name in engine.variables)
+        self._out_regs: tuple[int, ...] = ()
 
     # ------------------------------------------------------------------ bookkeeping
     @property
@@ -198,6 +201,10 @@ class PlanRunner:
         stable = {r for r in stable if r in self.meta and r not in const_regs and r not in pinned_ro
                   and r in plan.shape_stable and self.meta[r].dense}
         self.stable_plan = plan_buffers(plan, nbytes, only={r for r in stable if r not in out_regs})
+        users: dict[int, int] = {}
+        for b in self.stable_plan.assign.values():
+            users[b] = users.get(b, 0) + 1
+        shared = {r for r, b in self.stable_plan.assign.items() if users[b] > 1}
         buffers = allocate(self.meta, self.stable_plan, stable, self.device)
         self.staging, self.buffers = staging, buffers
         regs: list[Any] = [None] * plan.n_regs
@@ -208,13 +215,17 @@ class PlanRunner:
         for r, t in staging.items():
             regs[r] = t
         self.regs = regs
+        self._stage = tuple((r, staging.get(r)) for _, r in plan.inputs)
+        self._vars = tuple((r, name) for name, r in plan.variables)
+        self._out_regs = tuple(r for _, r in plan.outputs)
         owned = set(staging) | set(self.constants) | const_regs | set(buffers)
         self._frozen_release = [tuple(r for r in s.release if r not in const_regs and r not in owned)
                                 for s in plan.slots]
         self.segments = []
         for seg in plan.segments:
             ctx = SegmentContext(plan, seg, [plan.slots[i] for i in seg.slot_ids], seg.live_in, seg.live_out,
-                                 self.device, self.name, {r: buffers[r] for r in seg.live_out if r in buffers})
+                                 self.device, self.name, {r: buffers[r] for r in seg.live_out if r in buffers},
+                                 frozenset(r for r in seg.live_out if r in buffers and r not in shared))
             volatile = tuple(r for r in seg.live_in if r not in owned)
             self.segments.append(SegRun(ctx, SegState.NEEDS_WARMUP if seg.capturable else SegState.GAP, volatile))
         self._last_feeds_meta = []
@@ -239,35 +250,36 @@ class PlanRunner:
 
     # ------------------------------------------------------------------ frozen execution
     def _run_frozen(self, feeds: list[Any]) -> list[Any]:
-        plan, regs = self.plan, self.regs
+        """One call after freeze: stage the inputs, then per segment one replay (or its lifecycle step).
+
+        Everything is pre-bound at freeze: (register, staging buffer) pairs, variable registers, output
+        registers; a replaying segment is one ``backend.replay`` call over its own pre-bound program."""
+        regs = self.regs
         faults.check("staging")
-        for (_, r), x in zip(plan.inputs, feeds):
-            buf = self.staging.get(r)
+        for (r, buf), x in zip(self._stage, feeds):
             if buf is None:
                 regs[r] = x
             else:
                 buf.copy_(x)
-        for name, r in plan.variables:
-            regs[r] = self.variables[name]
+        if self._vars:
+            variables = self.variables
+            for r, name in self._vars:
+                regs[r] = variables[name]
+        replay = self.backend.replay if self.backend is not None else None
         for s in self.segments:
-            st = s.state
-            if st is SegState.REPLAYING:
+            if s.state is SegState.REPLAYING:
                 if s.volatile_in and identity_key(regs, s.volatile_in) != s.volatile_key:
                     self._drift(s, regs)
                     continue
-                self.backend.replay(s.handle, regs)   # type: ignore[union-attr]
+                replay(s.handle, regs)   # type: ignore[misc]
                 s.replays += 1
-            elif st is SegState.GAP or st is SegState.FAILED:
+            elif s.state is SegState.GAP or s.state is SegState.FAILED:
                 self._eager(s, regs)
             else:
                 self._advance(s, regs)
         if self.phase is Phase.SHAPES_FROZEN:
             self._maybe_promote()
-        out = []
-        for _, r in plan.outputs:
-            x = regs[r]
-            out.append(x.clone() if isinstance(x, torch.Tensor) else x)
-        return out
+        return [x.clone() if isinstance(x, torch.Tensor) else x for x in map(regs.__getitem__, self._out_regs)]
 
     def _eager(self, s: SegRun, regs: list[Any]) -> None:
         rel = self._frozen_release

@@ -24,6 +24,9 @@ class SegmentContext:
     device: torch.device
     plan_key: str                     # short id for diagnostics
     out_buffers: dict[int, Any] = field(default_factory=dict)   # register -> stable tensor (runner-owned)
+    #: live-outs whose stable buffer shares memory with no other register: a backend may write them in
+    #: place as they are produced (emulated_replay's ``out=``) instead of copying at the segment's end
+    exclusive_out: frozenset[int] = frozenset()
 
 
 class SegmentBackend(Protocol):

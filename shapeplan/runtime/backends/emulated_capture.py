@@ -110,6 +110,10 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8))
 
 
+def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and a.stride() == b.stride() and a.device == b.device
+
+
 def _spec(x: Any, by_id: dict[int, int]) -> tuple | None:
     """Argument spec of one recorded argument, or None when it cannot be bound."""
     if isinstance(x, torch.Tensor):
@@ -223,7 +227,13 @@ def pool(steps: list[Step], produced: dict[int, Any], seg: Any) -> tuple[dict[in
     taken later); a register whose storage escapes the segment (a live-out or a view of one) keeps a
     fresh allocation per call instead (its step is demoted to ``call``)."""
     live_out = set(seg.live_out)
-    pos = {s.slot.outs[0]: i for i, s in enumerate(steps) if s.kind == "out"}
+    direct = {}                               # live-out -> its exclusive stable buffer, written in place
+    for s in steps:
+        r = s.slot.outs[0] if s.kind == "out" else ABSENT
+        buf = seg.out_buffers.get(r)
+        if r in seg.exclusive_out and buf is not None and _same_layout(buf, produced[r]):
+            direct[r] = buf
+    pos = {s.slot.outs[0]: i for i, s in enumerate(steps) if s.kind == "out" and s.slot.outs[0] not in direct}
     root: dict[int, int] = {}                 # storage -> register of the ``out`` step that owns it
     for r in pos:
         root[_storage(produced[r])] = r
@@ -271,7 +281,7 @@ def pool(steps: list[Step], produced: dict[int, Any], seg: Any) -> tuple[dict[in
             bisect.insort(free, (sizes[assign[r]], assign[r]))
     device = seg.device
     phys = [torch.empty(max(1, nb), dtype=torch.uint8, device=device) for nb in sizes]
-    bufs = {}
+    bufs = dict(direct)
     for r, b in assign.items():
         t = produced[r]
         bufs[r] = phys[b][:t.numel() * t.element_size()].view(t.dtype).view(t.shape)
@@ -316,7 +326,7 @@ def build(seg: Any, steps: list[Step], bufs: dict[int, torch.Tensor], pool_bytes
             r = slot.outs[0]
             call = [arg(a) for a in st.args] + [f"{k}={arg(v)}" for k, v in st.kwargs]
             if st.kind == "out":
-                b = bind(bufs[r], "b")
+                b = bind(bufs[r], "B" if bufs[r] is seg.out_buffers.get(r) else "b")
                 lines.append(f"{bind(st.out_fn, 'f')}({', '.join(call + [f'out={b}'])})")
                 expr[r] = b
             else:
@@ -335,7 +345,9 @@ def build(seg: Any, steps: list[Step], bufs: dict[int, torch.Tensor], pool_bytes
                 lines.append(f"del v{r}")
                 local.discard(r)
     for r in seg.live_out:
-        if r in seg.out_buffers:
+        if r in seg.out_buffers and bufs.get(r) is seg.out_buffers[r]:
+            lines.append(f"R[{r}] = {expr[r]}")          # written in place by its ``out=`` step
+        elif r in seg.out_buffers:
             b = bind(seg.out_buffers[r], "B")
             lines.append(f"{b}.copy_({expr[r]}); R[{r}] = {b}")
         else:                                   # not a tensor of a stable shape: pass it through
