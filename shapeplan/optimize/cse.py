@@ -85,19 +85,28 @@ def run(graph: Graph) -> int:
                     rw.users.setdefault(dup[id(v)], []).append(n)
             count += 1
     seen: dict[tuple, Any] = {}
+    dead, mutated, variable = rw.dead, rw.mutated, ValueKind.VARIABLE
     for node in graph.nodes:
-        if node in rw.dead or node.implicit_inputs or node.subgraphs():
+        if node in dead or node.implicit_inputs or (node.attrs and node.subgraphs()):
             continue
         traits = rw.traits(node)
         if traits & _NEVER or rw.opdef(node) is None:
             continue
-        if any(v is not None and (id(v) in rw.mutated or v.kind is ValueKind.VARIABLE) for v in node.inputs):
+        ins: list[int] = []
+        for v in node.inputs:
+            if v is None:
+                ins.append(0)
+            elif v.kind is variable or (mutated and id(v) in mutated):
+                break                         # reads state a mutator writes: never merged
+            else:
+                ins.append(id(v))
+        if len(ins) != len(node.inputs):      # stopped early at such a read
             continue
-        ins = [id(v) if v is not None else 0 for v in node.inputs]
         if len(ins) == 2 and traits & _COMMUTATIVE:
             ins.sort()
+        attrs = node.attrs
         key = (node.domain, node.op_type, tuple(ins), len(node.outputs),
-               tuple(sorted((k, _attr_key(a)) for k, a in node.attrs.items())))
+               tuple(sorted((k, _attr_key(a)) for k, a in attrs.items())) if attrs else ())
         prev = seen.get(key)
         if prev is None or prev in rw.dead:
             seen[key] = node

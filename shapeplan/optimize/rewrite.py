@@ -137,6 +137,7 @@ def reset_sink() -> None:
     _SINK = EventSink()
     _OPDEFS.clear()                 # the op table may have grown since the last optimize()
     _PRED_CACHE.clear()
+    _PRED_BY_VALUE.clear()
     _TRAITS.clear()
 
 
@@ -661,11 +662,32 @@ def _safe_pred(pred: Callable[[torch.Tensor], bool], t: torch.Tensor) -> bool:
     hit = _PRED_CACHE.get(key)
     if hit is not None and hit[0] is t:
         return hit[1]
-    r = _safe_pred_uncached(pred, t)
+    # Graphs repeat small constants (0, 1, eps, ...) as separate tensors: a second cache keyed on
+    # the contents answers them without running the predicate's torch ops again.
+    vkey = None
+    if t.numel() <= _PRED_BY_VALUE_MAX and t.device.type == "cpu" and t.is_contiguous() and \
+            not t.requires_grad:
+        try:
+            vkey = (id(pred), t.dtype, tuple(t.shape), t.numpy().tobytes())
+        except (TypeError, RuntimeError):       # bf16 / fp8 / conj: numpy has no such dtype
+            vkey = None
+    vhit = _PRED_BY_VALUE.get(vkey) if vkey is not None else None
+    if vhit is not None and vhit[0] is pred:
+        r = vhit[1]
+    else:
+        r = _safe_pred_uncached(pred, t)
+        if vkey is not None:
+            if len(_PRED_BY_VALUE) > 100_000:
+                _PRED_BY_VALUE.clear()
+            _PRED_BY_VALUE[vkey] = (pred, r)   # holds pred: its id cannot be reused while cached
     if len(_PRED_CACHE) > 100_000:
         _PRED_CACHE.clear()
     _PRED_CACHE[key] = (t, r)          # holds t: its id cannot be reused while cached
     return r
+
+
+_PRED_BY_VALUE_MAX = 64
+_PRED_BY_VALUE: dict[tuple, tuple[Callable[[torch.Tensor], bool], bool]] = {}
 
 
 def _safe_pred_uncached(pred: Callable[[torch.Tensor], bool], t: torch.Tensor) -> bool:
