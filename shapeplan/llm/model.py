@@ -22,6 +22,8 @@ with ``W.T`` a transposed view, so loading copies nothing.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 
@@ -63,9 +65,14 @@ class _Builder:
 
 
 def build_graph(cfg: LlamaConfig, weights: dict[str, torch.Tensor], *, max_kv_cache_length: int,
-                batch: int = 1, dtype: torch.dtype | None = None, device: str | torch.device = "cpu") -> Graph:
-    """The decoder graph of ``cfg`` with ``weights`` (Hugging Face names, see weights.expected_shapes)."""
+                batch: int = 1, dtype: torch.dtype | None = None, device: str | torch.device = "cpu",
+                tp: Any = None) -> Graph:
+    """The decoder graph of ``cfg`` with ``weights`` (Hugging Face names, see weights.expected_shapes).
+    ``tp``: a ``shapeplan.parallel.TensorParallel`` (this rank's shard; see shapeplan/parallel/tensor.py)."""
     dtype = dtype or cfg.torch_dtype
+    vocab = cfg.vocab_size
+    if tp is not None:
+        cfg, weights = tp.shard(cfg, weights)          # this rank's heads, MLP columns, vocab rows
     g = Graph(f"{cfg.model_type}_decoder")
     g.opset_imports[""] = max(g.opset_imports.get("", 21), 21)
     g.metadata.update({"model_type": cfg.model_type, "max_kv_cache_length": str(max_kv_cache_length)})
@@ -88,7 +95,8 @@ def build_graph(cfg: LlamaConfig, weights: dict[str, torch.Tensor], *, max_kv_ca
     kv_shape = np.array([0, 0, hkv, d], np.int64)
     merged = np.array([0, 0, hq * d], np.int64)
 
-    h = op.Gather(b.const("model.embed_tokens.weight"), ids, axis=0)                 # [B, S, H]
+    h = op.Gather(b.const("model.embed_tokens.weight"), ids, axis=0) if tp is None \
+        else tp.embed(g, b.const("model.embed_tokens.weight"), ids)                   # [B, S, H]
     for i in range(cfg.num_layers):
         p = f"model.layers.{i}."
         k_cache = g.variable(f"k_cache_{i}", _zeros((batch, hkv, L, d), dtype, device))
@@ -109,16 +117,18 @@ def build_graph(cfg: LlamaConfig, weights: dict[str, torch.Tensor], *, max_kv_ca
         a = op.CachedAttention(q, k_all, v_all, mask, position, scale=float(d) ** -0.5,
                                window=cfg.sliding_window, _domain=SP)                   # [B, Hq, S, D]
         a = op.Reshape(op.Transpose(a, perm=perm), merged)                               # [B, S, Hq*D]
-        h = op.Add(h, b.linear(a, p + "self_attn.o_proj"))
+        h = op.Add(h, _reduce(tp, g, b.linear(a, p + "self_attn.o_proj")))
         x = b.rms_norm(h, p + "post_attention_layernorm.weight")
         gate, up = b.linear(x, p + "mlp.gate_proj"), b.linear(x, p + "mlp.up_proj")
-        h = op.Add(h, b.linear(b.silu_mul(gate, up), p + "mlp.down_proj"))
+        h = op.Add(h, _reduce(tp, g, b.linear(b.silu_mul(gate, up), p + "mlp.down_proj")))
 
     head = "model.embed_tokens" if cfg.tie_word_embeddings else "lm_head"
     last = op.Gather(h, op.Sub(length, np.array([1], np.int64)), axis=1)              # [B, 1, H]
     logits = op.Reshape(b.linear(b.rms_norm(last, "model.norm.weight"), head),
                         np.array([0, -1], np.int64))                                   # [B, V]
     all_logits = b.linear(b.rms_norm(h, "model.norm.weight"), head)                   # [B, S, V]
+    if tp is not None:
+        logits, all_logits = tp.gather_vocab(g, logits, vocab), tp.gather_vocab(g, all_logits, vocab)
 
     params = g.variable("sampling_params", torch.tensor([[0.0, 0.0, 1.0, 1.0]] * batch, device=device))
     seed = g.variable("sampling_seed", torch.zeros(batch, dtype=torch.int64, device=device))
@@ -131,6 +141,10 @@ def build_graph(cfg: LlamaConfig, weights: dict[str, torch.Tensor], *, max_kv_ca
         _rename(g, v, name)
     g.set_outputs(logits, greedy, sampled, next_position, all_logits)
     return g
+
+
+def _reduce(tp: Any, g: Graph, partial: Value) -> Value:
+    return partial if tp is None else tp.reduce(g, partial)        # row-parallel: sum over ranks
 
 
 def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: str | torch.device) -> torch.Tensor:

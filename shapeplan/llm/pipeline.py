@@ -52,7 +52,7 @@ class GenerationPipeline:
                  device: str = "cpu", mode: str = "auto", dtype: torch.dtype | None = None,
                  max_prefill_length: int = 2048, max_kv_cache_length: int = 4096, sync_every: int = 8,
                  buckets: Sequence[int] | None = None, eos_token_ids: Sequence[int] | None = None,
-                 prefix_cache: bool = False, optimize: bool = True) -> None:
+                 prefix_cache: bool = False, optimize: bool = True, tp: Any = None, placement: Any = None) -> None:
         if max_prefill_length >= max_kv_cache_length:
             raise InputError(f"max_prefill_length ({max_prefill_length}) must be smaller than "
                              f"max_kv_cache_length ({max_kv_cache_length}): a full-length prompt would "
@@ -75,8 +75,11 @@ class GenerationPipeline:
             eos = [tokenizer.eos_token_id]
         self.eos_token_ids = set(eos)
         graph = build_graph(cfg, weights, max_kv_cache_length=max_kv_cache_length, dtype=self.dtype,
-                            device=self.device)
-        self.engine = sp.compile(graph, device=str(self.device), mode=mode, optimize=optimize)
+                            device=self.device, tp=tp)    # tp: shapeplan.parallel.TensorParallel (this rank)
+        if placement is not None:                          # shapeplan.parallel.Placement: stages over devices
+            self.engine = placement.compile(graph, mode=mode, optimize=optimize)
+        else:
+            self.engine = sp.compile(graph, device=str(self.device), mode=mode, optimize=optimize)
         self.graph = self.engine.graph         # the optimized graph (the built one may now be freed)
         self.mode = mode
         self._one = torch.ones(1, dtype=torch.int64, device=self.device)

@@ -1,0 +1,6 @@
+"""Multi-device execution: tensor parallelism over torch.distributed (one process per device) and
+pipeline placement of one model's layers over several devices (one process). See docs/parallel.md."""
+from shapeplan.parallel.launch import init_distributed, init_from_env, spawn
+from shapeplan.parallel.tensor import TensorParallel
+
+__all__ = ["TensorParallel", "init_distributed", "init_from_env", "spawn"]

@@ -1,0 +1,107 @@
+"""Processes for tensor parallelism: one process per device, joined by ``torch.distributed``.
+
+Two ways to start them:
+
+* ``spawn(fn, world_size, *args, device=...)``: this process starts ``world_size`` workers (spawn start
+  method), each calls ``init_distributed`` then ``fn(rank, world_size, *args)``; the return values come
+  back in rank order. ``shapeplan generate --tp N`` / ``shapeplan bench --tp N`` use it.
+* ``torchrun --nproc-per-node N script.py``: the script calls ``init_from_env()`` (RANK, WORLD_SIZE,
+  LOCAL_RANK, MASTER_ADDR/PORT as torchrun sets them).
+
+Backend: NCCL when the device is CUDA, gloo otherwise. ``NCCL_NVLS_ENABLE=0`` is set before NCCL starts
+(NVLink multicast off: its buffers are not safe inside captured CUDA graphs on every driver).
+"""
+from __future__ import annotations
+
+import os
+import socket
+import traceback
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from shapeplan import diagnostics
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def backend_for(device: str) -> str:
+    return "nccl" if torch.device(device).type == "cuda" else "gloo"
+
+
+def device_for(device: str, local_rank: int) -> str:
+    """This rank's device: ``cuda`` -> ``cuda:<local_rank>``; anything else as given (all ranks on CPU)."""
+    d = torch.device(device)
+    return f"cuda:{local_rank}" if d.type == "cuda" else str(d)
+
+
+def init_distributed(rank: int, world_size: int, device: str = "cpu", *, addr: str = "127.0.0.1",
+                     port: int | None = None, local_rank: int | None = None) -> str:
+    """Join the default process group; returns this rank's device string."""
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    os.environ.setdefault("MASTER_ADDR", addr)
+    if port is not None:
+        os.environ["MASTER_PORT"] = str(port)
+    dev = device_for(device, rank if local_rank is None else local_rank)
+    if torch.device(dev).type == "cuda":
+        torch.cuda.set_device(torch.device(dev))
+    if not dist.is_initialized():
+        dist.init_process_group(backend_for(dev), rank=rank, world_size=world_size,
+                                **({"device_id": torch.device(dev)} if torch.device(dev).type == "cuda" else {}))
+    diagnostics.record("PARALLEL", "process group ready", rank=rank, world_size=world_size,
+                       backend=dist.get_backend(), device=dev)
+    return dev
+
+
+def init_from_env(device: str = "cuda") -> tuple[int, int, str]:
+    """Under torchrun: (rank, world_size, this rank's device)."""
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local = int(os.environ.get("LOCAL_RANK", rank))
+    return rank, world, init_distributed(rank, world, device, local_rank=local)
+
+
+def _worker(rank: int, fn: Callable[..., Any], world_size: int, device: str, port: int, threads: int,
+            results: Any, args: tuple) -> None:
+    try:
+        if threads:
+            torch.set_num_threads(threads)
+        dev = init_distributed(rank, world_size, device, port=port)
+        out = fn(rank, world_size, dev, *args)
+        results.put((rank, True, out))
+    except BaseException as e:  # noqa: BLE001 - report to the parent, which raises
+        results.put((rank, False, f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+        raise
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def spawn(fn: Callable[..., Any], world_size: int, *args: Any, device: str = "cpu", threads: int = 0) -> list[Any]:
+    """Run ``fn(rank, world_size, device_of_rank, *args)`` in ``world_size`` spawned processes joined by a
+    process group; returns the ranks' return values (picklable) in rank order. ``fn`` must be importable
+    (a module-level function). ``threads``: torch intra-op threads per worker (0 = torch's default)."""
+    import torch.multiprocessing as mp
+    ctx = mp.get_context("spawn")
+    results = ctx.SimpleQueue()
+    port = free_port()
+    try:
+        mp.start_processes(_worker, args=(fn, world_size, device, port, threads, results, args),
+                           nprocs=world_size, join=True, start_method="spawn")
+    except Exception as e:  # noqa: BLE001 - prefer the worker's own message
+        got = _drain(results)
+        errors = [msg for _, ok, msg in got if not ok]
+        raise RuntimeError(f"tensor-parallel worker failed: {errors[0] if errors else e}") from None
+    got = sorted(_drain(results), key=lambda r: r[0])
+    return [out for _, _, out in got]
+
+
+def _drain(q: Any) -> list[tuple[int, bool, Any]]:
+    out = []
+    while not q.empty():
+        out.append(q.get())
+    return out
