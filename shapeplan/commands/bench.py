@@ -25,6 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-kv-cache-length", type=int, default=1024)
     p.add_argument("--no-optimize", action="store_true", help="compile without the optimizer passes")
     p.add_argument("--json", dest="json_path", default=None, help="write the results as JSON to this file")
+    p.add_argument("--tp", type=int, default=1, help="tensor parallel: N processes, one per device (docs/parallel.md)")
     p.set_defaults(func=_bench)
 
 
@@ -32,8 +33,11 @@ def _bench(args: argparse.Namespace) -> int:
     from shapeplan.llm.bench import configs_for, format_table, load_model, run_matrix
     if not args.preset and not args.model:
         args.preset = "llama-125m"
-    cfg, weights = load_model(args.preset, args.model, args.device, args.dtype)
     configs = configs_for(args.device) if args.config == "matrix" else [args.config]
+    if args.tp > 1:
+        from shapeplan.parallel.cli import bench
+        return bench(args, configs)
+    cfg, weights = load_model(args.preset, args.model, args.device, args.dtype)
     name = args.preset or args.model
     rows = run_matrix(cfg, weights, configs, device=args.device, prompt_len=args.prompt_len,
                       new_tokens=args.new_tokens, max_kv_cache_length=args.max_kv_cache_length,

@@ -16,6 +16,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--repetition-penalty", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    p.add_argument("--tp", type=int, default=1, help="tensor parallel: N processes, one per device (gloo on CPU, "
+                   "NCCL on CUDA); see docs/parallel.md")
     add_engine_args(p)
     p.set_defaults(func=_generate)
 
@@ -50,6 +52,9 @@ def print_metrics(res, file=sys.stderr) -> None:
 
 
 def _generate(args: argparse.Namespace) -> int:
+    if args.tp > 1:
+        from shapeplan.parallel.cli import generate
+        return generate(args)
     pipe = load_pipeline(args)
     stream = pipe.stream(args.prompt, max_new_tokens=args.max_new_tokens, sampling=sampling_from(args),
                          chat=args.chat)
