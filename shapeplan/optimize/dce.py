@@ -21,7 +21,7 @@ def run(graph: Graph) -> int:
         live = False
         for o in node.outputs:
             lst = users.get(o)
-            if (lst and any(n not in dead for n in lst)) or (o.name and rw.pinned(o)):
+            if (lst and (not dead or any(n not in dead for n in lst))) or (o.name and rw.pinned(o)):
                 live = True
                 break
         if not live and rw.removable(node):

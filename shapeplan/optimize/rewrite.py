@@ -535,9 +535,9 @@ class Rewriter:
         """Write the node list back (inserts placed, dead nodes dropped); returns #changes."""
         if self.dead or self.inserts:
             out: list[Node] = []
-            dead = self.dead
+            dead, inserts = self.dead, self.inserts
             for n in self.g.nodes:
-                if self.inserts:
+                if inserts and n in inserts:
                     self._emit_inserts(n, out)
                 if n not in dead:
                     out.append(n)
@@ -641,7 +641,13 @@ class Rewriter:
 
 
 def _quick_order(pins: tuple, ins: Any) -> bool:
-    for p, v in zip(pins, ins):
+    return _quick_checks(tuple(enumerate(pins)), ins)
+
+
+def _quick_checks(checks: tuple, ins: Any) -> bool:
+    """The structural pre-check over ``(input index, P | C)`` pairs (string / ANY inputs need none)."""
+    for i, p in checks:
+        v = ins[i]
         if type(p) is P:
             if v is None or v.producer is None or v.kind is not ValueKind.INTERMEDIATE or \
                     v.producer.op_type not in p.op_set:
@@ -717,10 +723,11 @@ def _subgraphs_mutate(n: Node, g: Graph) -> bool:
 
 def apply_rules(graph: Graph, rules: list[Rule], pass_name: str) -> int:
     """Run a (pattern, replacement) table once over the graph in order; returns #rewrites."""
-    by_op: dict[str, list[Rule]] = {}
-    for rule in rules:
-        for op in rule[0].ops():
-            by_op.setdefault(op, []).append(rule)
+    by_op: dict[str, list[tuple]] = {}
+    for pat, fn in rules:
+        checks = tuple((i, p) for i, p in enumerate(pat.inputs) if type(p) is P or type(p) is C)
+        for op in pat.ops():
+            by_op.setdefault(op, []).append((pat, fn, len(pat.inputs), checks))
     rw = Rewriter.get(graph, pass_name)
     count = 0
     dead, traits, match_node = rw.dead, rw.traits, rw._match_node
@@ -735,10 +742,9 @@ def apply_rules(graph: Graph, rules: list[Rule], pass_name: str) -> int:
         while n and ins[n - 1] is None:
             n -= 1
         swapped = (ins[1], ins[0]) if n == 2 and traits(node) & _COMMUTATIVE else None
-        for pat, fn in cands:
-            pins = pat.inputs
-            if pins and (n != len(pins) or not (_quick_order(pins, ins) or
-                                                (swapped is not None and _quick_order(pins, swapped)))):
+        for pat, fn, npins, checks in cands:
+            if npins and (n != npins or not (_quick_checks(checks, ins) or
+                                             (swapped is not None and _quick_checks(checks, swapped)))):
                 continue
             m = Match(rw, node)
             if not match_node(pat, node, m):
