@@ -6,7 +6,6 @@ A new shape signature creates another runner; it never mutates a frozen one.
 """
 from __future__ import annotations
 
-import operator
 import threading
 from typing import Any, Mapping, Sequence
 
@@ -52,20 +51,11 @@ def resolve_mode(mode: Mode, device: torch.device) -> tuple[Mode, bool, str | No
     return Mode.EMULATED_REPLAY, False, f"{mode.value} unavailable on {device}: {why}; running emulated_replay"
 
 
-_DATA = operator.attrgetter("data")
-_VERSION = operator.attrgetter("_version")
-
-
-def _guard_chunks(values: list[Any], size: int) -> list[tuple[tuple, tuple, tuple, tuple]]:
-    """The constant guard in chunks of ``size``: (Values, their data objects, the tensors among them,
-    those tensors' version counters) as tuples, so a chunk is checked by C-level ``map`` passes."""
-    out = []
-    for i in range(0, len(values), size):
-        vs = tuple(values[i:i + size])
-        objs = tuple(v.data for v in vs)
-        ts = tuple(o for o in objs if isinstance(o, torch.Tensor))
-        out.append((vs, objs, ts, tuple(t._version for t in ts)))
-    return out
+def _guard_chunks(values: list[Any], size: int) -> list[tuple[tuple[Any, Any, int | None], ...]]:
+    """The constant guard in chunks of ``size``: (Value, its data object, the tensor's version counter
+    or None for a non-tensor) per constant."""
+    guards = [(v, v.data, v.data._version if isinstance(v.data, torch.Tensor) else None) for v in values]
+    return [tuple(guards[i:i + size]) for i in range(0, len(guards), size)]
 
 
 class Engine:
@@ -157,19 +147,14 @@ class Engine:
             chunks = (guards[i],)
         else:
             chunks = guards
-        for vs, objs, ts, vers in chunks:
-            if not all(map(operator.is_, map(_DATA, vs), objs)) or tuple(map(_VERSION, ts)) != vers:
-                self._reject(vs, objs, ts, vers)
-
-    def _reject(self, vs: tuple, objs: tuple, ts: tuple, vers: tuple) -> None:
-        version = {id(t): n for t, n in zip(ts, vers)}
-        for v, obj in zip(vs, objs):
-            if v.data is not obj or getattr(obj, "_version", 0) != version.get(id(obj), 0):
-                what = "replaced" if v.data is not obj else "modified in place"
-                diagnostics.record("LIFECYCLE", "constant changed after compile", constant=v.name, what=what)
-                raise LifecycleError(f"constant {v.name!r} was {what} after sp.compile snapshotted it; "
-                                     "constants are frozen into the plans: compile a new engine "
-                                     "(or make it a Graph.variable for mutable state)")
+        for chunk in chunks:
+            for v, obj, ver in chunk:
+                if v.data is not obj or (ver is not None and obj._version != ver):
+                    what = "replaced" if v.data is not obj else "modified in place"
+                    diagnostics.record("LIFECYCLE", "constant changed after compile", constant=v.name, what=what)
+                    raise LifecycleError(f"constant {v.name!r} was {what} after sp.compile snapshotted it; "
+                                         "constants are frozen into the plans: compile a new engine "
+                                         "(or make it a Graph.variable for mutable state)")
 
     # ------------------------------------------------------------------ run
     def run(self, feeds: Mapping[str, Any], outputs: Sequence[str] | None = None) -> dict[str, Any]:
