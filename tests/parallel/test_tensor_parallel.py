@@ -1,0 +1,90 @@
+"""Tensor parallelism: TP=2 over gloo (two spawned processes on this machine) gives the same greedy
+tokens as TP=1; the shards reassemble the weights; the graph holds the expected collectives."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from shapeplan.errors import ExecutionError, ModelError
+from shapeplan.llm import GenerationPipeline, Sampling, preset_config
+from shapeplan.llm.model import build_graph
+from shapeplan.llm.weights import random_weights
+from shapeplan.parallel import TensorParallel, spawn
+from shapeplan.parallel.run import tokens_worker
+
+PROMPT = [5, 17, 42, 7, 99, 3, 250, 11, 64, 8, 120, 33]
+KW = dict(max_prefill_length=32, max_kv_cache_length=96)
+
+
+def _tp1(path: str, n: int, mode: str) -> list[int]:
+    pipe = GenerationPipeline.from_pretrained(path, mode=mode, progress=False, **KW)
+    return pipe.generate(PROMPT, max_new_tokens=n, sampling=Sampling.greedy()).token_ids
+
+
+def test_tp2_gloo_greedy_tokens_identical_to_tp1(checkpoints):
+    cases = [("llama", "auto", 24), ("qwen2", "auto", 24), ("qwen2", "slot_by_slot", 12)]
+    work = [dict(path=checkpoints(mt), ids=PROMPT, max_new_tokens=n, mode=mode, **KW) for mt, mode, n in cases]
+    got = spawn(tokens_worker, 2, work, threads=1)[0]          # rank 0's tokens, one list per case
+    for (mt, mode, n), tokens in zip(cases, got):
+        assert len(tokens) == n
+        assert tokens == _tp1(checkpoints(mt), n, mode), (mt, mode)
+
+
+def test_shards_reassemble_the_weights_and_pad_the_vocabulary():
+    cfg = dataclasses.replace(preset_config("llama-tiny", "float32"), vocab_size=511)     # 511 = 2 * 256 - 1
+    w = random_weights(cfg, seed=1)
+    parts = [TensorParallel(r, 2).shard(cfg, w) for r in range(2)]
+    local = parts[0][0]
+    assert (local.num_heads, local.num_kv_heads, local.intermediate_size, local.vocab_size) == \
+        (cfg.num_heads // 2, cfg.num_kv_heads // 2, cfg.intermediate_size // 2, 511)
+    p = "model.layers.1."
+    cat0 = lambda name: torch.cat([s[1][name] for s in parts], 0)        # noqa: E731
+    cat1 = lambda name: torch.cat([s[1][name] for s in parts], 1)        # noqa: E731
+    for name in ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+                 "mlp.gate_proj.weight", "mlp.up_proj.weight"):
+        assert torch.equal(cat0(p + name), w[p + name]), name
+    for name in ("self_attn.o_proj.weight", "mlp.down_proj.weight"):
+        assert torch.equal(cat1(p + name), w[p + name]), name
+    emb = cat0("model.embed_tokens.weight")
+    assert emb.shape[0] == 512 and torch.equal(emb[:511], w["model.embed_tokens.weight"])
+    assert not emb[511].any()                                       # padding row
+    assert parts[1][1][p + "input_layernorm.weight"] is w[p + "input_layernorm.weight"]   # replicated
+
+
+def test_tp_graph_has_two_allreduces_per_layer_and_gathers_the_logits():
+    cfg = dataclasses.replace(preset_config("llama-tiny", "float32"), vocab_size=511)
+    g = build_graph(cfg, random_weights(cfg), max_kv_cache_length=32, tp=TensorParallel(1, 2))
+    hist = g.op_histogram()
+    assert hist["shapeplan::AllReduce"] == 2 * cfg.num_layers + 1          # o, down per layer + embedding
+    assert hist["shapeplan::AllGather"] == 2                               # logits, all_logits
+    out = {v.name: v for v in g.outputs}
+    assert out["logits"].shape == (1, 511) and out["all_logits"].shape[-1] == 511    # padding sliced off
+    kv = g.values["k_cache_0"].shape
+    assert kv[1] == cfg.num_kv_heads // 2
+
+
+def test_tp_size_must_divide_heads():
+    cfg = preset_config("llama-tiny", "float32")            # 4 heads, 2 kv heads
+    with pytest.raises(ModelError, match="num_key_value_heads=2"):
+        TensorParallel(0, 4).shard(cfg, random_weights(cfg))
+
+
+def test_collectives_without_a_process_group_are_a_clean_error():
+    from shapeplan.ops.collective import all_gather, all_reduce
+    with pytest.raises(ExecutionError, match="torch.distributed"):
+        all_reduce(torch.ones(2))
+    with pytest.raises(ExecutionError, match="torch.distributed"):
+        all_gather(torch.ones(2), world_size=2)
+
+
+def test_generate_cli_tp2_prints_the_tp1_text(checkpoints, capfd):
+    from shapeplan.cli import main
+    path = checkpoints("llama")
+    args = ["generate", "--model", path, "--prompt", "Hello world", "--max-new-tokens", "8",
+            "--max-prefill-length", "32", "--max-kv-cache-length", "64"]
+    assert main([*args, "--tp", "2"]) == 0
+    tp2 = capfd.readouterr().out
+    assert main(args) == 0
+    assert tp2 == capfd.readouterr().out
