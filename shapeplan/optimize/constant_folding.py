@@ -31,11 +31,13 @@ def run(graph: Graph) -> int:
 
 
 def _fold(rw: Rewriter, node: Node) -> bool:
-    if node.subgraphs() or node.implicit_inputs:
+    constant = ValueKind.CONSTANT
+    for v in node.inputs:                # cheapest test first: most nodes read a computed value
+        if v is not None and (v.kind is not constant or not isinstance(v.data, torch.Tensor)):
+            return False
+    if node.implicit_inputs or (node.attrs and node.subgraphs()):
         return False
     ins = [v for v in node.inputs if v is not None]
-    if not all(v.kind is ValueKind.CONSTANT and isinstance(v.data, torch.Tensor) for v in ins):
-        return False
     opdef = rw.opdef(node)
     if opdef is None or opdef.has(_NO_FOLD):
         return False

@@ -230,17 +230,20 @@ class Rewriter:
                         users[v] = [n]
                     else:
                         lst.append(n)
-            for v in n.implicit_inputs:
-                users.setdefault(v, []).append(n)
+            if n.implicit_inputs:
+                for v in n.implicit_inputs:
+                    users.setdefault(v, []).append(n)
         self._positions()
         self.output_ids = {id(v) for v in graph.outputs}
         # values read by subgraphs by name (implicit inputs / captures): never renamed or replaced
         self.captured_names: set[str] = set()
         self.implicit: set[int] = set()
         for n in graph.nodes:
-            self.implicit.update(id(v) for v in n.implicit_inputs)
-            for sub in n.subgraphs():
-                _collect_capture_names(sub, self.captured_names)
+            if n.implicit_inputs:
+                self.implicit.update(id(v) for v in n.implicit_inputs)
+            if n.attrs:
+                for sub in n.subgraphs():
+                    _collect_capture_names(sub, self.captured_names)
         self.dead: set[Any] = set()                 # Node objects removed by this pass
         self.inserts: dict[Any, list[Node]] = {}    # Node -> new nodes to place before it
         self.changed = 0
