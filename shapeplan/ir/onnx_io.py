@@ -341,12 +341,14 @@ def _clone(g: Graph, mapping: dict[int, Value]) -> Graph:
         cv(v)
     new.inputs = [cv(v) for v in g.inputs]  # type: ignore[misc]
     new.captures = [cv(v) for v in g.captures]  # type: ignore[misc]
+    get = mapping.get                  # values are already mapped: cv() only for the rare unnamed one
     for n in g.nodes:
         attrs = {k: (_clone(v, mapping) if isinstance(v, Graph) else
                      [_clone(x, mapping) for x in v] if isinstance(v, list) and v and isinstance(v[0], Graph)
-                     else v) for k, v in n.attrs.items()}
-        nn = Node(n.op_type, [cv(v) for v in n.inputs], [cv(o) for o in n.outputs], attrs,  # type: ignore[misc]
-                  n.domain, n.name, [cv(v) for v in n.implicit_inputs])  # type: ignore[misc]
+                     else v) for k, v in n.attrs.items()} if n.attrs else {}
+        nn = Node(n.op_type, [None if v is None else get(id(v)) or cv(v) for v in n.inputs],
+                  [get(id(o)) or cv(o) for o in n.outputs], attrs,  # type: ignore[misc]
+                  n.domain, n.name, [cv(v) for v in n.implicit_inputs] if n.implicit_inputs else [])  # type: ignore[misc]
         for o in nn.outputs:
             o.producer = nn
         new.nodes.append(nn)
