@@ -8,22 +8,46 @@ Pass 1, grid (B * Hkv, L / SPLIT): each program takes one KV head and one SPLIT-
 G = Hq / Hkv query heads of the group, and writes an online-softmax partial (max, sum, acc). Chunks
 past the position exit at once. Pass 2, grid (B * Hkv,): merges the partials of each head group.
 Runs on CUDA, or on CPU tensors under ``TRITON_INTERPRET=1`` (tests).
+
+Tuning (``configure`` or ``SHAPEPLAN_DECODE_ATTN=split,warps,dot``): SPLIT keys per program, warps of
+pass 1, and ``dot`` = the q.k and p.v products on the tensor cores (``tl.dot``, the G query rows
+padded to 16; p rounded to the cache dtype as flash attention does) instead of broadcast-multiply-sum.
 """
 from __future__ import annotations
+
+import os
 
 import torch
 import triton
 import triton.language as tl
 
 SPLIT = 64
+WARPS = 4
+DOT = False
 MAX_TILE = 8192          # elements of the [G, BLOCK_N, D] product a program holds (register budget)
+
+
+def configure(split: int | None = None, warps: int | None = None, dot: bool | None = None) -> tuple:
+    """Set the kernel's tuning (see the module doc); returns the previous (split, warps, dot)."""
+    global SPLIT, WARPS, DOT
+    old = (SPLIT, WARPS, DOT)
+    SPLIT = split or SPLIT
+    WARPS = warps or WARPS
+    DOT = DOT if dot is None else dot
+    return old
+
+
+if os.environ.get("SHAPEPLAN_DECODE_ATTN"):
+    _s, _w, _d = os.environ["SHAPEPLAN_DECODE_ATTN"].split(",")
+    configure(int(_s), int(_w), _d.strip().lower() in ("1", "true", "dot"))
 
 
 @triton.jit
 def _partial(q_ptr, k_ptr, v_ptr, pos_ptr, m_ptr, l_ptr, acc_ptr,
              sq_b, sq_h, sk_b, sk_h, sk_l, sv_b, sv_h, sv_l, scale,
              HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, DP: tl.constexpr,
-             NS: tl.constexpr, SPLIT_: tl.constexpr, BN: tl.constexpr, WINDOW: tl.constexpr):
+             NS: tl.constexpr, SPLIT_: tl.constexpr, BN: tl.constexpr, WINDOW: tl.constexpr,
+             USE_DOT: tl.constexpr, IEEE: tl.constexpr):
     pid_bh = tl.program_id(0)
     pid_s = tl.program_id(1)
     b = pid_bh // HKV
@@ -40,7 +64,9 @@ def _partial(q_ptr, k_ptr, v_ptr, pos_ptr, m_ptr, l_ptr, acc_ptr,
     gmask = g < G
     dmask = d < D
     q = tl.load(q_ptr + b * sq_b + (h * G + g)[:, None] * sq_h + d[None, :],
-                mask=gmask[:, None] & dmask[None, :], other=0.0).to(tl.float32)        # [GP, DP]
+                mask=gmask[:, None] & dmask[None, :], other=0.0)                       # [GP, DP]
+    if not USE_DOT:
+        q = q.to(tl.float32)
     m_i = tl.full([GP], float("-inf"), tl.float32)
     l_i = tl.zeros([GP], tl.float32)
     acc = tl.zeros([GP, DP], tl.float32)
@@ -49,16 +75,31 @@ def _partial(q_ptr, k_ptr, v_ptr, pos_ptr, m_ptr, l_ptr, acc_ptr,
         valid = offs < stop
         kv_mask = valid[:, None] & dmask[None, :]
         k = tl.load(k_ptr + b * sk_b + h * sk_h + offs[:, None] * sk_l + d[None, :], mask=kv_mask,
-                    other=0.0).to(tl.float32)                                           # [BN, DP]
+                    other=0.0)                                                          # [BN, DP]
         v = tl.load(v_ptr + b * sv_b + h * sv_h + offs[:, None] * sv_l + d[None, :], mask=kv_mask,
-                    other=0.0).to(tl.float32)
-        s = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale                       # [GP, BN]
+                    other=0.0)
+        if USE_DOT:
+            if IEEE:
+                s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision="ieee") * scale  # [GP, BN]
+            else:
+                s = tl.dot(q, tl.trans(k.to(q.dtype))) * scale
+        else:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+            s = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale                   # [GP, BN]
         s = tl.where(valid[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         p = tl.exp(s - m_new[:, None])
         alpha = tl.exp(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+        if USE_DOT:
+            if IEEE:
+                pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
+            else:
+                pv = tl.dot(p.to(v.dtype), v)
+        else:
+            pv = tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+        acc = acc * alpha[:, None] + pv
         m_i = m_new
     base = (pid_bh * NS + pid_s) * GP
     tl.store(m_ptr + base + g, m_i)
@@ -101,9 +142,10 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     hkv, length = k_cache.shape[1], k_cache.shape[2]
     assert s == 1 and q.stride(-1) == 1 and k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1
     g = hq // hkv
-    gp, dp = max(_pow2(g), 2), _pow2(d)
+    dot = DOT and q.dtype == k_cache.dtype == v_cache.dtype
+    gp, dp = max(_pow2(g), 16 if dot else 2), max(_pow2(d), 16 if dot else 1)
     ns = triton.cdiv(length, SPLIT)
-    bn = min(64, max(16, MAX_TILE // (gp * dp)))
+    bn = min(SPLIT, 64, max(16, MAX_TILE // (gp * dp))) if not dot else min(SPLIT, 64)
     dev = q.device
     m = torch.empty(b * hkv * ns * gp, dtype=torch.float32, device=dev)
     l = torch.empty_like(m)
@@ -112,7 +154,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     _partial[(b * hkv, ns)](q, k_cache, v_cache, position, m, l, acc,
                             q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
                             v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), scale,
-                            HKV=hkv, G=g, GP=gp, D=d, DP=dp, NS=ns, SPLIT_=SPLIT, BN=bn, WINDOW=window)
+                            HKV=hkv, G=g, GP=gp, D=d, DP=dp, NS=ns, SPLIT_=SPLIT, BN=bn, WINDOW=window,
+                            USE_DOT=dot, IEEE=q.dtype == torch.float32, num_warps=WARPS)
     _combine[(b * hkv,)](m, l, acc, out, out.stride(0), out.stride(1),
                          HKV=hkv, G=g, GP=gp, D=d, DP=dp, NS=ns, NSP=max(_pow2(ns), 2))
     return out

@@ -18,7 +18,12 @@ Variables (persist in the Engine): ``k_cache_{i}``, ``v_cache_{i}`` [B, Hkv, L, 
 [B], ``seen_tokens`` bool [B, V] (repetition penalty).
 
 Weights enter as constants that *view* the checkpoint tensors: a projection is ``MatMul(x, W.T)``
-with ``W.T`` a transposed view, so loading copies nothing.
+with ``W.T`` a transposed view, so loading copies nothing. The q/k/v and gate/up projections are
+emitted fused (``fuse_projections``): one MatMul over a row-stacked weight, then a Split. The stacked
+tensor is the only copy: the caller's ``weights`` entries are rebound to row views of it, so the
+unfused originals are freed (memory beyond the weights stays the KV cache plus plan buffers).
+The residual add before each norm inside the stack is ``shapeplan::SkipRMSNormalization`` (add +
+norm: one kernel on the triton backend, bit-identical to Add + RMSNormalization in torch).
 """
 from __future__ import annotations
 
@@ -50,6 +55,34 @@ class _Builder:
             self._consts[(name, transpose)] = v
         return v
 
+    def stacked(self, names: list[str], fused_name: str, transpose: bool = False) -> Value:
+        """One constant from the tensors ``names`` stacked along dim 0 (output rows). Where the
+        originals already have the model dtype, ``self.w``'s entries become views of the stacked
+        tensor, so the originals are dropped and the weights are held once."""
+        v = self._consts.get((fused_name, transpose))
+        if v is not None:
+            return v
+        parts = [self.w[n] for n in names]
+        t = torch.cat([p.to(self.dtype) for p in parts], dim=0)                   # [sum N_i, K]
+        if all(p.dtype == self.dtype and p.device == t.device for p in parts):
+            row = 0
+            for n, p in zip(names, parts):
+                self.w[n] = t[row:row + p.shape[0]]
+                row += p.shape[0]
+        del parts
+        v = self.g.constant(t.t() if transpose else t, name=fused_name + (".T" if transpose else ""))
+        self._consts[(fused_name, transpose)] = v
+        return v
+
+    def fused_linear(self, x: Value, prefix: str, projs: list[str], fused: str, bias: bool = False) -> tuple:
+        """``[x @ W_p.T (+ b_p) for p in projs]`` as one MatMul (+ Add) and a Split on the last axis."""
+        names = [prefix + p for p in projs]
+        sizes = np.array([int(self.w[n + ".weight"].shape[0]) for n in names], np.int64)
+        y = self.g.op.MatMul(x, self.stacked([n + ".weight" for n in names], prefix + fused + ".weight", True))
+        if bias:
+            y = self.g.op.Add(y, self.stacked([n + ".bias" for n in names], prefix + fused + ".bias"))
+        return self.g.op.Split(y, sizes, axis=-1, _outputs=len(names))
+
     def linear(self, x: Value, prefix: str, bias: bool = False) -> Value:
         y = self.g.op.MatMul(x, self.const(prefix + ".weight", transpose=True))
         return self.g.op.Add(y, self.const(prefix + ".bias")) if bias else y
@@ -57,6 +90,10 @@ class _Builder:
     def rms_norm(self, x: Value, weight: str) -> Value:
         return self.g.op.RMSNormalization(x, self.const(weight), epsilon=self.cfg.rms_norm_eps, axis=-1,
                                           _domain=SP)
+    def skip_rms_norm(self, x: Value, residual: Value, weight: str) -> tuple[Value, Value]:
+        """(RMSNorm(residual + x), residual + x): the residual add fused with the next norm."""
+        return self.g.op.SkipRMSNormalization(x, residual, self.const(weight), epsilon=self.cfg.rms_norm_eps,
+                                              axis=-1, _domain=SP, _outputs=2)
 
     def silu_mul(self, gate: Value, up: Value) -> Value:
         if self.has_silu_mul:
@@ -66,8 +103,10 @@ class _Builder:
 
 def build_graph(cfg: LlamaConfig, weights: dict[str, torch.Tensor], *, max_kv_cache_length: int,
                 batch: int = 1, dtype: torch.dtype | None = None, device: str | torch.device = "cpu",
-                tp: Any = None) -> Graph:
+                tp: Any = None, fuse_projections: bool = True) -> Graph:
     """The decoder graph of ``cfg`` with ``weights`` (Hugging Face names, see weights.expected_shapes).
+    ``fuse_projections``: stack the q/k/v and gate/up weights (``weights``' entries are rebound to
+    views of the stacked tensors: same values, one copy in memory).
     ``tp``: a ``shapeplan.parallel.TensorParallel`` (this rank's shard; see shapeplan/parallel/tensor.py)."""
     dtype = dtype or cfg.torch_dtype
     vocab = cfg.vocab_size
@@ -97,14 +136,19 @@ def build_graph(cfg: LlamaConfig, weights: dict[str, torch.Tensor], *, max_kv_ca
 
     h = op.Gather(b.const("model.embed_tokens.weight"), ids, axis=0) if tp is None \
         else tp.embed(g, b.const("model.embed_tokens.weight"), ids)                   # [B, S, H]
+    x = b.rms_norm(h, "model.layers.0.input_layernorm.weight")
     for i in range(cfg.num_layers):
         p = f"model.layers.{i}."
         k_cache = g.variable(f"k_cache_{i}", _zeros((batch, hkv, L, d), dtype, device))
         v_cache = g.variable(f"v_cache_{i}", _zeros((batch, hkv, L, d), dtype, device))
-        x = b.rms_norm(h, p + "input_layernorm.weight")
-        q = op.Reshape(b.linear(x, p + "self_attn.q_proj", cfg.attention_bias), q_shape)   # [B, S, Hq, D]
-        k = op.Reshape(b.linear(x, p + "self_attn.k_proj", cfg.attention_bias), kv_shape)  # [B, S, Hkv, D]
-        v = op.Reshape(b.linear(x, p + "self_attn.v_proj", cfg.attention_bias), kv_shape)
+        if fuse_projections:
+            q, k, v = b.fused_linear(x, p + "self_attn.", ["q_proj", "k_proj", "v_proj"], "qkv_proj",
+                                     cfg.attention_bias)                              # [B, S, N_i]
+        else:
+            q, k, v = (b.linear(x, p + "self_attn." + n, cfg.attention_bias) for n in ("q_proj", "k_proj", "v_proj"))
+        q = op.Reshape(q, q_shape)                                                    # [B, S, Hq, D]
+        k = op.Reshape(k, kv_shape)                                                   # [B, S, Hkv, D]
+        v = op.Reshape(v, kv_shape)
         if cfg.qk_norm:
             q = b.rms_norm(q, p + "self_attn.q_norm.weight")
             k = b.rms_norm(k, p + "self_attn.k_norm.weight")
@@ -117,10 +161,17 @@ def build_graph(cfg: LlamaConfig, weights: dict[str, torch.Tensor], *, max_kv_ca
         a = op.CachedAttention(q, k_all, v_all, mask, position, scale=float(d) ** -0.5,
                                window=cfg.sliding_window, _domain=SP)                   # [B, Hq, S, D]
         a = op.Reshape(op.Transpose(a, perm=perm), merged)                               # [B, S, Hq*D]
-        h = op.Add(h, _reduce(tp, g, b.linear(a, p + "self_attn.o_proj")))
-        x = b.rms_norm(h, p + "post_attention_layernorm.weight")
-        gate, up = b.linear(x, p + "mlp.gate_proj"), b.linear(x, p + "mlp.up_proj")
-        h = op.Add(h, _reduce(tp, g, b.linear(b.silu_mul(gate, up), p + "mlp.down_proj")))
+        x, h = b.skip_rms_norm(_reduce(tp, g, b.linear(a, p + "self_attn.o_proj")), h,
+                               p + "post_attention_layernorm.weight")                  # h += o; x = norm(h)
+        if fuse_projections:
+            gate, up = b.fused_linear(x, p + "mlp.", ["gate_proj", "up_proj"], "gate_up_proj")
+        else:
+            gate, up = b.linear(x, p + "mlp.gate_proj"), b.linear(x, p + "mlp.up_proj")
+        down = _reduce(tp, g, b.linear(b.silu_mul(gate, up), p + "mlp.down_proj"))
+        if i + 1 < cfg.num_layers:                     # h += down, fused with the next layer's input norm
+            x, h = b.skip_rms_norm(down, h, f"model.layers.{i + 1}.input_layernorm.weight")
+        else:
+            h = op.Add(h, down)
 
     head = "model.embed_tokens" if cfg.tie_word_embeddings else "lm_head"
     last = op.Gather(h, op.Sub(length, np.array([1], np.int64)), axis=1)              # [B, 1, H]

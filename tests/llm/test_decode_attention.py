@@ -55,3 +55,23 @@ def test_pipeline_with_triton_decode_attention_matches_transformers(checkpoints,
                                               max_kv_cache_length=96, progress=False, device=DEV)
     res = pipe.generate("Explain KV caching: keys and values", max_new_tokens=32)
     assert res.token_ids == hf_greedy(hf_models(path), res.prompt_token_ids, 32)
+
+
+@pytest.mark.parametrize("split,warps,dot", [(32, 2, True), (128, 1, False), (16, 4, True)])
+def test_tuned_variants_match_sdpa(split, warps, dot, triton_attention):
+    from shapeplan.llm import decode_attention as da
+    old = da.configure(split, warps, dot)
+    try:
+        for b, hq, hkv, L, d, pos, window in [(1, 8, 2, 200, 64, 150, 0), (1, 4, 2, 96, 16, 60, 24),
+                                               (2, 6, 3, 130, 20, 5, 0)]:
+            torch.manual_seed(1)
+            q = torch.randn(b, hq, 1, d, device=DEV)
+            k, v = torch.randn(b, hkv, L, d, device=DEV), torch.randn(b, hkv, L, d, device=DEV)
+            p = torch.tensor([pos], device=DEV)
+            mask = llm_ops.causal_mask(torch.zeros(b, 1, dtype=torch.int64, device=DEV), p, kv_length=L,
+                                       window=window, groups=hq // hkv)
+            ref = llm_ops.cached_attention(q, k, v, mask, scale=d ** -0.5)
+            out = da.decode_attention(q, k, v, p, scale=d ** -0.5, window=window)
+            torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-4)
+    finally:
+        da.configure(*old)

@@ -155,6 +155,19 @@ def _silu_mul_kernel(G, U, Y, stride_g, stride_u, stride_y, N, BLOCK: tl.constex
     tl.store(Y + row * stride_y + cols, y.to(Y.dtype.element_ty), mask=mask)
 
 
+def _broadcast(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
+    """numpy broadcasting of two shapes. Not torch.broadcast_shapes: its first call imports
+    torch._refs -> sympy, 3.3 s of every process start on the H200 machine (issue 7 profile)."""
+    n = max(len(a), len(b))
+    a, b = (1,) * (n - len(a)) + a, (1,) * (n - len(b)) + b
+    out = []
+    for x, y in zip(a, b):
+        if x != y and x != 1 and y != 1:
+            raise ValueError(f"shapes {a} and {b} do not broadcast")
+        out.append(y if x == 1 else x)
+    return tuple(out)
+
+
 def silu_mul(gate: torch.Tensor, up: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """silu(gate) * up; with one tensor, gate and up are its first and second half (last dim)."""
     if up is None:
@@ -164,7 +177,7 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor | None = None, out: torch.Tens
         g2 = g2[:, :n]
         shape = (*gate.shape[:-1], n)
     else:
-        shape = torch.broadcast_shapes(gate.shape, up.shape)
+        shape = _broadcast(tuple(gate.shape), tuple(up.shape))
         n = shape[-1]
         g2, u2 = _rows(gate.expand(shape)), _rows(up.expand(shape))
     y = out if out is not None else torch.empty(shape, dtype=gate.dtype, device=gate.device)
