@@ -14,7 +14,8 @@ Traits: none that breaks a segment. NCCL collectives are capturable inside CUDA 
 ``NCCL_NVLS_ENABLE=0``: NVLink multicast buffers are not graph-safe on every driver), and on the CPU
 ``emulated_replay`` re-issues each kernel as a whole: a collective kernel makes more than one torch
 call (a copy and the collective), so the capture classifies it as a ``kernel`` step and replays the
-real kernel, never a bare ``clone`` (tests/parallel/test_collective.py pins that down). The kernels
+real kernel, never a bare ``clone`` (the TP=2 ``auto`` test in tests/parallel would diverge
+if it did). The kernels
 write into a fresh tensor, never into their input: the plan compiler's buffer reuse and CSE see an
 ordinary pure op (two AllReduces of one value are equal, so merging them is correct on every rank).
 """
