@@ -44,7 +44,8 @@ def sampling_from(args: argparse.Namespace):
                     repetition_penalty=args.repetition_penalty, seed=args.seed)
 
 
-def print_metrics(res, file=sys.stderr) -> None:
+def print_metrics(res, file=None) -> None:
+    file = file if file is not None else sys.stderr  # resolved per call (stderr may be swapped)
     m = res.metrics
     print(f"[{len(res.token_ids)} tokens, finish={res.finish_reason}, TTFT {m.ttft_s * 1e3:.1f} ms, "
           f"decode {m.decode_tok_s:.1f} tok/s, late_steady {m.late_steady_tok_s:.1f} tok/s, "
