@@ -131,7 +131,8 @@ class PlanRunner:
             if self.backend is not None and self.calls >= self.warmup_calls:
                 self.freeze()
             return outs
-        outs = self._run_frozen(feeds)
+        with torch.no_grad():       # out= replay steps reject autograd; an inference engine records none
+            outs = self._run_frozen(feeds)
         self.calls += 1
         return outs
 

@@ -120,3 +120,13 @@ def test_guard_on_many_constants_catches_edits_within_one_round(name, edit):
     with pytest.raises(sp.LifecycleError, match=name):
         for _ in range(rounds):
             e.run({"x": rand(4, 16)})
+
+
+def test_inputs_that_require_grad_replay_like_slot_by_slot():
+    g = small_ops(20)
+    e, ref = sp.Engine(g, mode="emulated_replay"), sp.Engine(g, mode="slot_by_slot")
+    out = g.outputs[0].name
+    for i in range(7):
+        x = torch.from_numpy(rand(4, 16, seed=i)).requires_grad_()
+        assert torch.equal(e.run({"x": x})[out].detach(), ref.run({"x": x})[out].detach())
+    testing.assert_fully_replaying(e)
