@@ -352,7 +352,7 @@ class Rewriter:
         t = Rewriter.const_value(v)
         if t is None or t.numel() != 1 or t.dtype.is_complex:
             return None
-        return float(t.reshape(()).item())
+        return float(t.item())          # one element, any rank
 
     def supported(self, op_type: str, domain: str = "") -> bool:
         return cached_lookup(op_type, domain, self.g.opset(domain)) is not None
