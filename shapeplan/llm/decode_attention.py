@@ -21,9 +21,9 @@ import torch
 import triton
 import triton.language as tl
 
-SPLIT = 64
-WARPS = 4
-DOT = False
+SPLIT = 0                # keys per program; 0 = auto: 16, or L / 64 for caches over 1,024 (combine <= 64 rows)
+WARPS = 2                # auto / 2 / no dot: fastest in bench/gpu_decode_attention.py on the H200 (7.1 us
+DOT = False              # per llama-1b layer at position 256, vs 10.4 for the first 64 / 4 version)
 MAX_TILE = 8192          # elements of the [G, BLOCK_N, D] product a program holds (register budget)
 
 
@@ -31,7 +31,7 @@ def configure(split: int | None = None, warps: int | None = None, dot: bool | No
     """Set the kernel's tuning (see the module doc); returns the previous (split, warps, dot)."""
     global SPLIT, WARPS, DOT
     old = (SPLIT, WARPS, DOT)
-    SPLIT = split or SPLIT
+    SPLIT = SPLIT if split is None else split
     WARPS = warps or WARPS
     DOT = DOT if dot is None else dot
     return old
@@ -144,8 +144,9 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     g = hq // hkv
     dot = DOT and q.dtype == k_cache.dtype == v_cache.dtype
     gp, dp = max(_pow2(g), 16 if dot else 2), max(_pow2(d), 16 if dot else 1)
-    ns = triton.cdiv(length, SPLIT)
-    bn = min(SPLIT, 64, max(16, MAX_TILE // (gp * dp))) if not dot else min(SPLIT, 64)
+    split = SPLIT or max(16, _pow2(triton.cdiv(length, 64)))
+    ns = triton.cdiv(length, split)
+    bn = min(split, 64, max(16, MAX_TILE // (gp * dp))) if not dot else min(split, 64)
     dev = q.device
     m = torch.empty(b * hkv * ns * gp, dtype=torch.float32, device=dev)
     l = torch.empty_like(m)
@@ -154,7 +155,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     _partial[(b * hkv, ns)](q, k_cache, v_cache, position, m, l, acc,
                             q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
                             v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), scale,
-                            HKV=hkv, G=g, GP=gp, D=d, DP=dp, NS=ns, SPLIT_=SPLIT, BN=bn, WINDOW=window,
+                            HKV=hkv, G=g, GP=gp, D=d, DP=dp, NS=ns, SPLIT_=split, BN=bn, WINDOW=window,
                             USE_DOT=dot, IEEE=q.dtype == torch.float32, num_warps=WARPS)
     _combine[(b * hkv,)](m, l, acc, out, out.stride(0), out.stride(1),
                          HKV=hkv, G=g, GP=gp, D=d, DP=dp, NS=ns, NSP=max(_pow2(ns), 2))
