@@ -72,18 +72,21 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
-    print(f"{'nodes':>7} {'after':>7} {'iters':>5} {'best s':>8} {'median s':>9} {'us/node':>8}")
+    # wall time is what the issue's target is about; CPU time (this process) is printed too because the
+    # dev box is shared and other processes' load inflates wall time
+    print(f"{'nodes':>7} {'after':>7} {'iters':>5} {'best s':>8} {'median s':>9} {'cpu s':>7} {'us/node':>8}")
     last = None
     for n in sizes:
         g = build(n)
-        times = []
+        times, cpu = [], []
         for _ in range(args.repeat):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             g2, rep = optimize_with_report(g)
             times.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
         times.sort()
         print(f"{len(g.nodes):>7} {len(g2.nodes):>7} {rep.iterations:>5} {times[0]:>8.3f} "
-              f"{times[len(times) // 2]:>9.3f} {1e6 * times[0] / len(g.nodes):>8.1f}")
+              f"{times[len(times) // 2]:>9.3f} {min(cpu):>7.3f} {1e6 * times[0] / len(g.nodes):>8.1f}")
         last = (g, rep)
     if last is not None:
         print()
