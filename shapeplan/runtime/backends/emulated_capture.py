@@ -48,6 +48,8 @@ _META_METHODS = frozenset(getattr(_T, n) for n in ("size", "dim", "stride", "num
                                                     "__len__") if hasattr(_T, n))
 _VALUE_READS = frozenset(getattr(_T, n) for n in ("tolist", "item", "__int__", "__float__", "__bool__",
                                                    "__index__", "numpy", "__array__") if hasattr(_T, n))
+#: Tensor methods whose ``torch.<name>`` function takes its arguments in another order
+_REORDERED = frozenset({"where"})
 _PLAIN = (int, float, bool, complex, str, type(None), torch.dtype, torch.device, torch.layout,
           torch.memory_format, slice, type(Ellipsis))
 
@@ -123,18 +125,14 @@ def _spec(x: Any, by_id: dict[int, int]) -> tuple | None:
         if any(isinstance(y, torch.Tensor) for y in x):
             specs = [_spec(y, by_id) for y in x]
             return None if any(s is None for s in specs) else ("seq", type(x), tuple(specs))
-        return ("const", x) if all(isinstance(y, _PLAIN) or isinstance(y, (tuple, list)) for y in x) else None
-    if isinstance(x, (_PLAIN, torch.Size)):
-        return ("const", x)
-    return None
+    return ("const", x) if _plain(x) else None
 
 
-def _value(spec: tuple, regs: list[Any]) -> Any:
-    if spec[0] == "reg":
-        return regs[spec[1]]
-    if spec[0] == "seq":
-        return spec[1](_value(s, regs) for s in spec[2])
-    return spec[1]
+def _plain(x: Any) -> bool:
+    """An immutable host value (nested lists/tuples of them included): safe to bind at capture."""
+    if type(x) in (list, tuple) or isinstance(x, torch.Size):
+        return all(_plain(y) for y in x)
+    return isinstance(x, _PLAIN)
 
 
 def _fixed_read(call: tuple, fixed: dict[int, torch.Tensor]) -> bool:
@@ -197,9 +195,10 @@ def trace_slot(slot: Any, regs: list[Any], stable: frozenset[int], fixed: set[in
 def _out_variant(func: Any, name: str, args: tuple, kwargs: dict, res: torch.Tensor) -> Any:
     """``func`` or ``torch.<name>`` when it accepts ``out=`` and gives the same bits in place."""
     cands = [func]
-    alt = getattr(torch, name, None) if name and not name.startswith("_") else None
-    if alt is not None and alt is not func:
-        cands.append(alt)
+    if getattr(torch.Tensor, name, None) is func and name not in _REORDERED:   # x.add(y) -> torch.add(x, y)
+        alt = getattr(torch, name, None)
+        if alt is not None and alt is not func:
+            cands.append(alt)
     for f in cands:
         tmp = torch.empty_strided(tuple(res.shape), res.stride(), dtype=res.dtype, device=res.device)
         ptr = tmp.data_ptr()
