@@ -6,6 +6,14 @@ positions stay on the device: each step's ``next_token`` / ``next_position`` out
 back as the next step's inputs, so the host only synchronises every ``sync_every`` steps (plus at
 tokens 0, 2 and 19, for exact metrics), which is where EOS and stop strings are checked. Decode steps
 that ran past an EOS are discarded.
+
+Every call whose results a request sees is a replay of a plan whose lifecycle has finished. A plan's
+first calls (slot-by-slot, warm-up, compile, capture) run other kernels than its replays in triton
+mode (torch's RMSNorm/RoPE/SiLU*mul where the replay launches Triton's, which round differently in
+bf16), so the pipeline *settles* a plan before its first use: it drives the plan through those calls
+on the request's own inputs (idempotent: they write the same KV rows the real call then overwrites)
+and only then makes the call whose outputs it keeps. Seeded sampling is then reproducible from the
+first request on (issue 6), as in vLLM, which captures its graphs before serving.
 """
 from __future__ import annotations
 
@@ -83,6 +91,7 @@ class GenerationPipeline:
         self.graph = self.engine.graph         # the optimized graph (the built one may now be freed)
         self.mode = mode
         self._one = torch.ones(1, dtype=torch.int64, device=self.device)
+        self._settled: set[tuple] = set()      # (outputs, input_ids shape) of plans past their lifecycle
         self._session: Session | None = None
 
     # ------------------------------------------------------------------ construction
@@ -181,9 +190,27 @@ class GenerationPipeline:
             seen.scatter_(1, idx.to(seen.device), True)
 
     def _step(self, ids: torch.Tensor, position: torch.Tensor, length: torch.Tensor, tok_out: str):
-        out = self.engine.run({"input_ids": ids, "position": position, "length": length},
-                              outputs=[tok_out, "next_position"])
+        feeds = {"input_ids": ids, "position": position, "length": length}
+        outputs = [tok_out, "next_position"]
+        key = (tok_out, ids.shape)
+        if key not in self._settled:
+            self._settle(feeds, outputs)
+            self._settled.add(key)
+        out = self.engine.run(feeds, outputs=outputs)
         return out[tok_out], out["next_position"]
+
+    def _settle(self, feeds: dict[str, torch.Tensor], outputs: list[str], max_calls: int = 8) -> None:
+        """Run the plan for these feeds until its lifecycle is over (REPLAYING, or REPLAY_BLOCKED when
+        nothing captures), so the caller's next call runs the kernels every later call runs. Modes
+        without a capture backend (slot_by_slot) have no lifecycle and return at once."""
+        from shapeplan.runtime.runner import Phase
+        eng = self.engine
+        if getattr(eng, "exec_mode", None) is None or eng.exec_mode.value in ("slot_by_slot", "shape_inference_only"):
+            return
+        for _ in range(max_calls):
+            eng.run(feeds, outputs=outputs)
+            if eng.phase in (Phase.REPLAYING, Phase.REPLAY_BLOCKED):
+                return
 
     def run_tokens(self, start: int, ids: list[int], max_new_tokens: int, sampling: Sampling,
                    context: list[int]) -> Iterator[tuple[list[int], str | None, Metrics | None]]:
