@@ -82,6 +82,8 @@ class GenerationPipeline:
         if not eos and tokenizer is not None and tokenizer.eos_token_id is not None:
             eos = [tokenizer.eos_token_id]
         self.eos_token_ids = set(eos)
+        if self.device.type == "cuda" and mode in ("triton", "auto") and tp is None and placement is None:
+            _prewarm_decode_kernels(cfg, self.dtype, self.device, max_kv_cache_length)
         graph = build_graph(cfg, weights, max_kv_cache_length=max_kv_cache_length, dtype=self.dtype,
                             device=self.device, tp=tp)    # tp: shapeplan.parallel.TensorParallel (this rank)
         if placement is not None:                          # shapeplan.parallel.Placement: stages over devices
@@ -279,6 +281,43 @@ class GenerationPipeline:
                 seen.scatter_(1, tok, True)
             tok, pos = self._step(tok, pos, self._one, tok_out)
             tokbuf[:, step:step + 1].copy_(tok)
+
+
+def _prewarm_decode_kernels(cfg: LlamaConfig, dtype: torch.dtype, device: torch.device, length: int) -> None:
+    """Start-up: on a background thread, import Triton, compute its cache key (a hash of its 500 MB
+    library, ~0.3 s, once per process) and compile the decode-attention kernel for this model's
+    shapes, while the graph is built and optimized and the prefill plan runs; the triton backend's
+    first capture waits for it (``triton_backend.background``). Off with SHAPEPLAN_TRITON_WARM=0."""
+    try:
+        from shapeplan.ops import llm as llm_ops
+        from shapeplan.runtime.backends import triton_backend
+    except ImportError:
+        return
+    if getattr(llm_ops, "_DECODE_ATTENTION", "auto") == "sdpa":
+        return
+    hq, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+
+    def warm() -> None:
+        from shapeplan.runtime.backends import triton_env
+        import importlib
+        for mod in ("triton.runtime.cache", "triton.compiler.compiler"):     # where Triton versions keep it
+            try:
+                key_fn = getattr(importlib.import_module(mod), "triton_key", None)
+            except ImportError:
+                continue
+            if key_fn is not None:
+                key_fn()
+                break
+        from shapeplan.llm.decode_attention import decode_attention
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        q = torch.zeros(1, hq, 1, d, dtype=dtype, device=device)
+        kv = torch.zeros(1, hkv, length, d, dtype=dtype, device=device)
+        pos = torch.zeros(1, dtype=torch.int64, device=device)
+        decode_attention(q, kv, kv, pos, scale=d ** -0.5, window=cfg.sliding_window or 0)
+        del triton_env
+
+    triton_backend.background(warm)
 
 
 class _TokenReader:

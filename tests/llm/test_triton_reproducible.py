@@ -78,3 +78,44 @@ def test_seeded_bf16_sampling_reproducible_in_triton_mode(triton_on_cpu):
     fused = [s for r in pipe.engine.runners() for s in r.segments
              if s.handle is not None and any(st.kind != "slot" for st in s.handle.steps)]
     assert fused, "no Triton step was chosen: the test would not exercise the kernels"
+
+
+def test_kernel_warmup_covers_every_distinct_triton_step(triton_on_cpu, monkeypatch):
+    """What the parallel warm-up launches at compile time (on CUDA; here the selection and the
+    zero-input launches run through the interpreter): one launch per distinct kernel specialization,
+    from the layouts the backend recorded, each running on zero-filled inputs."""
+    from shapeplan.runtime.backends import triton_backend as tb
+    dev = torch.device("cuda" if CUDA else "cpu")
+    seen: set = set()
+    calls = []
+
+    def warm(seg, steps, metas):
+        distinct = tb.distinct_kernels(seg, steps, metas, seen)
+        for st in distinct:
+            outs = tb.launch_zeros(st, metas, dev)
+            assert all(torch.isfinite(o.float()).all() for o in outs if isinstance(o, torch.Tensor))
+        calls.append((sum(st.kind != "slot" for st in steps), {st.members[0].node.op_type for st in distinct}))
+        return len(distinct)
+
+    monkeypatch.setattr(tb, "warm_kernels", warm)
+    pipe = GenerationPipeline.from_preset("llama-tiny", device=str(dev), dtype="bfloat16", mode="triton",
+                                          max_prefill_length=16, max_kv_cache_length=48)
+    pipe.generate([3, 4, 5], max_new_tokens=2)
+    (n_prefill, first), (n_decode, _) = calls[0], calls[1]          # prefill plan, then decode plan
+    assert {"RMSNormalization", "SkipRMSNormalization", "RotaryEmbedding", "SiluMul"} <= first
+    assert len(first) < n_prefill and n_decode > 0
+
+
+def test_decode_attention_prewarm_runs_in_background():
+    """The pipeline's start-up warm-up of the decode-attention kernel (CUDA pipelines start it at
+    construction) runs on the warm-up pool and leaves nothing pending."""
+    from shapeplan.llm.config import preset_config
+    from shapeplan.llm.pipeline import _prewarm_decode_kernels
+    from shapeplan.runtime.backends import triton_backend as tb
+    cfg = preset_config("llama-tiny", "bfloat16")
+    tb.wait_background()
+    _prewarm_decode_kernels(cfg, torch.bfloat16, torch.device("cuda" if CUDA else "cpu"), 48)
+    assert len(tb._pending) == 1
+    tb._pending[0].result(timeout=120)          # raises what the warm-up raised
+    tb.wait_background()
+    assert not tb._pending

@@ -15,11 +15,21 @@ Correctness: at capture every Triton step runs on the call's real inputs next to
 kernels; a step whose outputs differ beyond the dtype's tolerance, or land in another layout, is
 replaced by its slots (VERIFY event). ``SHAPEPLAN_TRITON_VERIFY=1`` also checks each step on random
 inputs at capture and compares every replay's live-outs against slot_by_slot.
+
+Start-up: compiling a Triton kernel takes ~0.3 s, and a plan has several distinct ones. ``compile``
+therefore launches each distinct kernel of the chosen steps once, on zero-filled inputs of the recorded
+layouts, on a thread pool (``warm_kernels``; Triton's compiler spends most of its time outside the
+GIL: MLIR/LLVM passes, ptxas), and ``capture`` waits for them, so the capture-time check finds every
+kernel compiled instead of compiling them one after the other. ``background(fn)`` runs other warm-ups
+(the pipeline's decode-attention kernel) on the same pool; a capture waits for those too, so no other
+thread launches while a graph is recorded. ``SHAPEPLAN_TRITON_WARM=0`` turns this off.
 """
 from __future__ import annotations
 
 import os
-from typing import Any
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Callable
 
 import torch
 
@@ -41,10 +51,13 @@ def close(a: Any, b: Any) -> tuple[bool, float]:
     if not a.dtype.is_floating_point:
         return bool(torch.equal(a, b)), 0.0
     atol, rtol = TOLERANCE.get(a.dtype, (1e-6, 1e-6))
+    if not a.numel():
+        return True, 0.0
     af, bf = a.float(), b.float()
     err = (af - bf).abs()
-    ok = bool(torch.all(err <= atol + rtol * bf.abs()) and torch.isfinite(af).eq(torch.isfinite(bf)).all())
-    return ok, float(err.nan_to_num(0.0).max()) if err.numel() else 0.0
+    ok = torch.all(err <= atol + rtol * bf.abs()) & torch.isfinite(af).eq(torch.isfinite(bf)).all()
+    flag, mx = torch.stack([ok.float(), err.nan_to_num(0.0).max()]).tolist()     # one device sync
+    return flag == 1.0, mx
 
 
 class TritonBackend(CudaGraphsBackend):
@@ -84,7 +97,13 @@ class TritonBackend(CudaGraphsBackend):
             return steps
         if not metas:
             return steps
-        return rewrite(seg, steps, metas, cg, tlow)
+        out = rewrite(seg, steps, metas, cg, tlow)
+        warm_kernels(seg, out, metas)
+        return out
+
+    def capture(self, seg: SegmentContext, compiled: list[Step], regs: list[Any]) -> GraphHandle:
+        wait_background(seg.device)                 # kernels compiled by warm_kernels; no launch elsewhere
+        return super().capture(seg, compiled, regs)
 
     # ---- capture: every Triton step checked against its slots on real inputs ---------------------------
     def _checked_eager(self, seg: SegmentContext, steps: list[Step], regs: list[Any]) -> list[Step]:
@@ -166,6 +185,106 @@ def _unfuse(seg: SegmentContext, st: Step, release: bool = True) -> list[Step]:
     return [Step(m.fn, tuple(m.ins), tuple(m.outs),
                  tuple(r for r in m.release if r in inside and r not in keep) if release else (), (m,))
             for m in st.members]
+
+
+# ---- parallel kernel warm-up (start-up time) --------------------------------------------------------------
+
+_pool: ThreadPoolExecutor | None = None
+_pending: list[Future] = []
+_warmed: set[tuple] = set()
+_warm_lock = threading.Lock()
+
+
+def _warm_on() -> bool:
+    return os.environ.get("SHAPEPLAN_TRITON_WARM", "1") not in ("", "0")
+
+
+def background(fn: Callable[[], Any]) -> Future | None:
+    """Run ``fn`` (a kernel warm-up) on the warm-up pool; the next capture waits for it. None when off."""
+    global _pool
+    if not _warm_on():
+        return None
+    with _warm_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=max(2, min(8, (os.cpu_count() or 2) - 1)),
+                                       thread_name_prefix="shapeplan-triton-warm")
+        f = _pool.submit(fn)
+        _pending.append(f)
+    return f
+
+
+def wait_background(device: Any = None) -> None:
+    """Wait for every submitted warm-up (and its launches); a failed one is recorded, never raised: the
+    kernel then compiles at its first launch, as without warm-up."""
+    with _warm_lock:
+        fs = list(_pending)
+        _pending.clear()
+    if not fs:
+        return
+    for f in fs:
+        try:
+            f.result()
+        except Exception as e:  # noqa: BLE001
+            diagnostics.record("FALLBACK", "Triton kernel warm-up failed: compiles at first launch",
+                               reason=f"{type(e).__name__}: {e}"[:300])
+    if device is not None and getattr(device, "type", None) == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _meta_key(m: Any) -> tuple:
+    return (m.shape, m.stride, m.dtype) if m is not None else ()
+
+
+def warm_kernels(seg: SegmentContext, steps: list[Step], metas: dict[int, Any]) -> int:
+    """Launch each distinct Triton step once on zero-filled inputs of its recorded layouts, on the pool
+    (Triton compiles on first launch). Returns how many were submitted. CUDA only (the interpreter
+    compiles nothing)."""
+    if seg.device.type != "cuda" or not _warm_on():
+        return 0
+    with _warm_lock:
+        todo = distinct_kernels(seg, steps, metas, _warmed)
+    for st in todo:
+        background(lambda st=st: launch_zeros(st, metas, seg.device))
+    if todo:
+        diagnostics.record("COMPILE", "Triton kernels warmed in parallel", plan=seg.plan_key,
+                           segment=seg.segment.index, kernels=len(todo))
+    return len(todo)
+
+
+def distinct_kernels(seg: SegmentContext, steps: list[Step], metas: dict[int, Any], seen: set[tuple]) -> list[Step]:
+    """One step per distinct (kernel, attributes, input/output layouts) not in ``seen`` (which is updated):
+    the launches that compile every specialization the segment needs."""
+    out: list[Step] = []
+    for st in steps:
+        if st.kind == "slot" or any(r != ABSENT and metas.get(r) is None for r in st.ins):
+            continue
+        m0 = st.members[0]
+        key = (st.kind, tuple(m.node.op_type for m in st.members), repr(sorted(m0.node.attrs.items())),
+               tuple(_meta_key(metas.get(r)) for r in st.ins), tuple(_meta_key(metas.get(r)) for r in st.outs),
+               str(seg.device))
+        if key not in seen:
+            seen.add(key)
+            out.append(st)
+    return out
+
+
+def launch_zeros(st: Step, metas: dict[int, Any], device: torch.device) -> tuple:
+    """``st`` on zero-filled tensors of its inputs' recorded layouts (zeros: every index is in range)."""
+    args = [None if r == ABSENT else
+            torch.zeros(_extent(metas[r]), dtype=metas[r].dtype, device=device).as_strided(metas[r].shape,
+                                                                                          metas[r].stride)
+            for r in st.ins]
+    if device.type == "cuda":
+        with torch.cuda.device(device):
+            return st.fn(*args)
+    return st.fn(*args)
+
+
+def _extent(m: Any) -> int:
+    """Elements of storage a strided view of ``m`` needs."""
+    if not m.shape or any(n == 0 for n in m.shape):
+        return 1
+    return 1 + sum((n - 1) * abs(st) for n, st in zip(m.shape, m.stride))
 
 
 _attached = False
@@ -253,4 +372,4 @@ def _contiguous(m: Any) -> bool:
 
 register_backend("triton", TritonBackend)
 
-__all__ = ["TOLERANCE", "TritonBackend", "close", "rewrite"]
+__all__ = ["TOLERANCE", "TritonBackend", "background", "close", "rewrite", "wait_background", "warm_kernels"]
