@@ -309,8 +309,8 @@ def _prewarm_decode_kernels(cfg: LlamaConfig, dtype: torch.dtype, device: torch.
                 key_fn()
                 break
         from shapeplan.llm.decode_attention import decode_attention
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
+        if device.type == "cuda" and device.index is not None:
+            torch.cuda.set_device(device.index)
         q = torch.zeros(1, hq, 1, d, dtype=dtype, device=device)
         kv = torch.zeros(1, hkv, length, d, dtype=dtype, device=device)
         pos = torch.zeros(1, dtype=torch.int64, device=device)
