@@ -11,6 +11,6 @@ timeout 170 python3 -m pytest -q tests/gpu tests/llm/test_gpu.py tests/llm/test_
 timeout 70 python3 bench/gpu_blocks.py --shapes 1x1 --no-compile --optimize --iters 100 > $O/blocks.log 2>&1; tail -8 $O/blocks.log
 timeout 100 python3 bench/gpu_decode.py --presets llama-1b --configs cuda_graphs,triton --json $O/decode1b.json \
   > $O/decode1b.log 2>&1; grep -v '^  running' $O/decode1b.log | tail -8
-for run in cold warm; do
+[ "${STARTUP:-1}" != 0 ] && for run in cold warm; do
   timeout 45 python3 bench/gpu_startup.py --label $run > $O/startup_$run.log 2>&1; tail -1 $O/startup_$run.log
 done
