@@ -11,7 +11,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("inspect", help="describe a model: inputs, outputs, ops, unsupported ops, plans")
     p.add_argument("model")
     p.add_argument("--optimize", action="store_true", help="run the optimizer and print its per-pass report")
-    p.add_argument("--plan", action="store_true", help="compile and print plans and segments")
+    p.add_argument("--plan", action="store_true",
+                   help="compile, run on zero inputs until the plan replays, print its segments")
+    p.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE",
+                   help="size of a symbolic dimension for --plan (default 1 for each)")
+    p.add_argument("--mode", default="auto", help="execution mode for --plan")
+    p.add_argument("--device", default="cpu", help="device for --plan")
     p.add_argument("--json", action="store_true", help="print one JSON document instead of text")
     p.set_defaults(func=_inspect)
 
@@ -61,8 +66,7 @@ def _inspect(args: argparse.Namespace) -> int:
         doc["optimizer_report"] = report.to_dict()
         report_text = report.to_text()
     if args.plan:
-        engine = sp.compile(graph)
-        doc["plan"] = engine.inspect().report()
+        doc["plan"] = _plan_report(graph, args)
     if args.json:
         print(json.dumps(doc, indent=2, default=str))
         return 1 if doc["model"]["unsupported_ops"] else 0
@@ -82,6 +86,54 @@ def _inspect(args: argparse.Namespace) -> int:
         print(f"\noptimizer: {m['nodes']} -> {doc['optimized']['nodes']} nodes")
         print(report_text)
     if args.plan:
-        print("\nplan:")
-        print(json.dumps(doc["plan"], indent=2, default=str))
+        _print_plan(doc["plan"])
     return 1 if m["unsupported_ops"] else 0
+
+
+def _zero_feeds(graph: Any, dims: dict[str, int]) -> dict[str, Any]:
+    import numpy as np
+
+    from shapeplan.errors import InputError
+
+    feeds = {}
+    for v in graph.inputs:
+        if v.shape is None or v.dtype is None or v.dtype.numpy is None:
+            raise InputError(f"input {v.name!r} has no static tensor type; --plan cannot make a zero input for it")
+        shape = [d if isinstance(d, int) else dims.get(str(d), 1) for d in v.shape]
+        feeds[v.name] = np.zeros(shape, dtype=v.dtype.numpy)
+    return feeds
+
+
+def _plan_report(graph: Any, args: argparse.Namespace) -> dict[str, Any]:
+    import shapeplan as sp
+    from shapeplan.errors import InputError
+
+    dims = {}
+    for item in args.dim:
+        name, _, size = item.partition("=")
+        if not size.isdigit():
+            raise InputError(f"--dim {item!r}: expected NAME=SIZE with an integer size")
+        dims[name] = int(size)
+    engine = sp.compile(graph, device=args.device, mode=args.mode)
+    feeds = _zero_feeds(engine.graph, dims)
+    for _ in range(5):                    # warm-up, freeze, compile, capture, replay
+        engine.run(feeds)
+    return engine.inspect().report()
+
+
+def _print_plan(rep: dict[str, Any]) -> None:
+    summ = rep.get("summary", {})
+    print(f"\nplan {rep.get('plan')}: mode {rep.get('mode')} (running {rep.get('running_mode')}) on "
+          f"{rep.get('device')}, phase {rep.get('phase')}, {summ.get('slots')} slots, "
+          f"{summ.get('segments')} segments ({summ.get('captured_segments')} captured, {summ.get('gaps')} gaps), "
+          f"{summ.get('const_slots')} constant slots")
+    print(f"  {'seg':>3} {'slots':>11} {'state':<12} {'capt':>4} {'repl':>5}  ops / why it ends")
+    for seg in rep.get("segments", []):
+        ops = seg.get("ops", [])
+        hist: dict[str, int] = {}
+        for op in ops:
+            hist[op] = hist.get(op, 0) + 1
+        ops_s = ", ".join(f"{k}x{v}" if v > 1 else k for k, v in hist.items())
+        why = seg.get("failure") or seg.get("reason") or ""
+        print(f"  {seg['index']:>3} {seg['first_slot']:>5}-{seg['end_slot']:<5} {seg.get('state', ''):<12} "
+              f"{seg.get('captures', 0):>4} {seg.get('replays', 0):>5}  {ops_s[:70]}  [{why}]")
