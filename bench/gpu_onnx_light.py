@@ -22,7 +22,10 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import shapeplan as sp  # noqa: E402
-from tests.test_light_models import MODELS, load_case  # noqa: E402
+from tests.test_light_models import MODELS as _PARAMS, load_case  # noqa: E402
+
+# (name, rtol); the test module wraps some in pytest.param(..., marks=slow)
+MODELS = [tuple(p.values) if hasattr(p, "values") else tuple(p) for p in _PARAMS]
 
 MODES = ["slot_by_slot", "cuda_graphs", "triton", "auto"]
 REL_TOL, ATOL = 1e-3, 1e-4
