@@ -129,6 +129,8 @@ def inv_freq(cfg: LlamaConfig) -> torch.Tensor:
     if not sc:
         return freq
     kind = sc.get("rope_type", sc.get("type"))
+    if kind == "freq_factors":      # GGUF's rope_freqs tensor (Llama 3): one divisor per frequency
+        return freq / torch.tensor(sc["factors"], dtype=torch.float32)
     factor = float(sc.get("factor", 1.0))
     if kind == "linear":
         return freq / factor

@@ -100,8 +100,15 @@ class GenerationPipeline:
     @classmethod
     def from_pretrained(cls, path: str, *, device: str = "cpu", dtype: torch.dtype | str | None = None,
                         progress: bool | None = None, **kw: Any) -> "GenerationPipeline":
-        cfg = LlamaConfig.from_file(path)
+        """A Hugging Face directory, or a ``.gguf`` file (``tokenizer=`` a directory or Tokenizer
+        overrides the file's own; see shapeplan/importers/gguf.py)."""
         dt = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+        if os.fspath(path).endswith(".gguf"):
+            from shapeplan.importers.gguf import read_gguf
+            cfg, weights, tok = read_gguf(os.fspath(path), device=device, dtype=dt,
+                                          tokenizer=kw.pop("tokenizer", None))
+            return cls(cfg, weights, tok, device=device, dtype=cfg.torch_dtype, **kw)
+        cfg = LlamaConfig.from_file(path)
         weights = load_weights(path, cfg, device=device, dtype=dt or cfg.torch_dtype, progress=progress)
         tok = Tokenizer(path) if os.path.exists(os.path.join(path, "tokenizer.json")) else None
         gen_cfg = os.path.join(path, "generation_config.json")

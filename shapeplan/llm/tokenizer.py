@@ -24,12 +24,24 @@ class Tokenizer:
         if os.path.exists(tc):
             with open(tc, encoding="utf-8") as f:
                 cfg = json.load(f)
+        jt = os.path.join(path, "chat_template.jinja")
+        if cfg.get("chat_template") is None and os.path.exists(jt):
+            with open(jt, encoding="utf-8") as f:
+                cfg = {**cfg, "chat_template": f.read()}
+        self._configure(cfg)
+
+    @classmethod
+    def from_tokenizer(cls, tok: Any, config: dict[str, Any]) -> "Tokenizer":
+        """From a built ``tokenizers.Tokenizer`` and a tokenizer_config-like dict (bos_token,
+        eos_token, add_bos_token, chat_template); the GGUF importer uses it."""
+        self = cls.__new__(cls)
+        self._tok = tok
+        self._configure(config)
+        return self
+
+    def _configure(self, cfg: dict[str, Any]) -> None:
         self.config = cfg
         self.chat_template: str | None = cfg.get("chat_template")
-        jt = os.path.join(path, "chat_template.jinja")
-        if self.chat_template is None and os.path.exists(jt):
-            with open(jt, encoding="utf-8") as f:
-                self.chat_template = f.read()
         self.bos_token = _token_str(cfg.get("bos_token"))
         self.eos_token = _token_str(cfg.get("eos_token"))
         self.bos_token_id = self._tok.token_to_id(self.bos_token) if self.bos_token else None
