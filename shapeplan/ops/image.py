@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from shapeplan.errors import ExecutionError
 from shapeplan.ops.registry import Trait, register
-from shapeplan.ops.tensor import const_of, norm_axis
+from shapeplan.ops._common import const_of, norm_axis
 
 
 # ----------------------------------------------------------------------------- 1-D coefficient tables

@@ -11,7 +11,7 @@ from shapeplan.errors import ExecutionError
 from shapeplan.ir.dtypes import dtype as as_dtype
 from shapeplan.ops.registry import Trait, register
 from shapeplan.ops.shape_fns import same_as
-from shapeplan.ops.tensor import const_of, ints, norm_axis, strings_ok
+from shapeplan.ops._common import const_of, ints, norm_axis, strings_ok
 
 INT64 = as_dtype("int64")
 DYN = Trait.DYNAMIC_OUTPUT_SIZE

@@ -13,7 +13,7 @@ import torch
 from shapeplan.errors import ExecutionError
 from shapeplan.ir.dtypes import DType, dtype as as_dtype
 from shapeplan.ops.registry import register
-from shapeplan.ops.tensor import norm_axis
+from shapeplan.ops._common import norm_axis
 
 _INT_RANGES = {"uint8": (0, 255), "int8": (-128, 127), "uint16": (0, 65535), "int16": (-32768, 32767),
                "uint4": (0, 15), "int4": (-8, 7), "uint2": (0, 3), "int2": (-2, 1), "int32": (-2 ** 31, 2 ** 31 - 1)}

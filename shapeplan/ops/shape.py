@@ -10,7 +10,7 @@ import torch
 from shapeplan.errors import ExecutionError
 from shapeplan.ir.dtypes import dtype as as_dtype
 from shapeplan.ops.registry import Trait, register
-from shapeplan.ops.tensor import const_of, ints, norm_axis
+from shapeplan.ops._common import const_of, ints, norm_axis
 
 INT64 = as_dtype("int64")
 

@@ -14,7 +14,7 @@ import torch
 from shapeplan.errors import ExecutionError
 from shapeplan.ir.dtypes import dtype as as_dtype
 from shapeplan.ops.registry import Trait, register
-from shapeplan.ops.tensor import ints
+from shapeplan.ops._common import ints
 
 
 def _to_complex(x: torch.Tensor) -> torch.Tensor:

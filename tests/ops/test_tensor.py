@@ -1,4 +1,4 @@
-"""ops/tensor.py: tensor manipulation ops vs the ONNX reference evaluator / numpy, symbolic shapes, traits."""
+"""ops/tensor.py, views.py, padding.py, blocks.py: data-movement ops vs the ONNX reference / numpy."""
 from __future__ import annotations
 
 import numpy as np

@@ -18,7 +18,8 @@ from shapeplan.errors import ModelError
 from shapeplan.optimize import optimize_with_report
 from shapeplan.optimize import cse
 from shapeplan.optimize.manager import run_pipeline
-from shapeplan.optimize.rewrite import _safe_pred, all_equal, reset_sink
+from shapeplan.optimize.rewrite import all_equal, reset_sink
+from shapeplan.optimize.rewrite.patterns import _safe_pred
 from tests.optimize.util import need
 
 
