@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from shapeplan.errors import ShapeError
 from shapeplan.ir.dtypes import DType
 from shapeplan.ir.graph import Shape
-from shapeplan.ops.registry import Trait, register
+from shapeplan.ops.registry import register
 from shapeplan.ops.transformer import dim_add, dim_div, dim_mul
 
 _ONNX_FLOAT = {1: torch.float32, 10: torch.float16, 11: torch.float64, 16: torch.bfloat16}

@@ -12,7 +12,7 @@ import torch
 from shapeplan.errors import ShapeError
 from shapeplan.ir.dtypes import dtype as as_dtype
 from shapeplan.ops._numeric import uint_safe
-from shapeplan.ops.registry import Trait, register
+from shapeplan.ops.registry import register
 from shapeplan.ops.shape_fns import matmul_shape
 
 

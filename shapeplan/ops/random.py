@@ -15,7 +15,6 @@ import torch
 
 from shapeplan.ir.dtypes import dtype as as_dtype
 from shapeplan.ops.registry import Trait, register
-from shapeplan.ops.shape_fns import same_as
 
 RANDOM = Trait.RANDOM
 

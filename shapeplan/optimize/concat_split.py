@@ -8,7 +8,7 @@ Also ``Concat(s0, s1, ..., sn)`` of *all* outputs of ``Split(x)`` in order, on t
 from __future__ import annotations
 
 from shapeplan.ir.graph import Graph, Node
-from shapeplan.optimize.rewrite import Rewriter, int_list, norm_axis
+from shapeplan.optimize.rewrite import Rewriter, norm_axis
 
 
 def run(graph: Graph) -> int:

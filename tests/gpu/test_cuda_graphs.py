@@ -1,7 +1,6 @@
 """CUDA graph capture/replay and the Triton backend on a real GPU. Skipped without CUDA."""
 from __future__ import annotations
 
-import os
 
 import numpy as np
 import pytest

@@ -1,5 +1,3 @@
-import numpy as np
-import pytest
 
 import shapeplan as sp
 from shapeplan.optimize import peephole

@@ -2,7 +2,6 @@
 ConcatSplitSimplification, SliceOfConcat, GatherOfConstant, ConstantConditionWhere,
 RedundancyElimination, ArithmeticChainFolding, StrengthReduction, ShapeFolding, CSE."""
 import numpy as np
-import pytest
 
 import shapeplan as sp
 from shapeplan.optimize import (arithmetic_chain, broadcast, cast_elimination, concat_split, cse,
