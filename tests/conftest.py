@@ -1,3 +1,4 @@
+"""Fixtures shared by the whole test suite."""
 import pytest
 
 from shapeplan import diagnostics
