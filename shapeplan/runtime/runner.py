@@ -136,7 +136,8 @@ class PlanRunner:
         self.calls += 1
         return outs
 
-    def _run_plain(self, feeds: list[Any]) -> list[Any]:
+    def _fresh_registers(self, feeds: list[Any]) -> list[Any]:
+        """A register file with the feeds, constants and variables in place."""
         plan = self.plan
         regs: list[Any] = [None] * plan.n_regs
         for (_, r), x in zip(plan.inputs, feeds):
@@ -145,17 +146,14 @@ class PlanRunner:
             regs[r] = t
         for name, r in plan.variables:
             regs[r] = self.variables[name]
-        return run_slot_by_slot(plan, regs)
+        return regs
+
+    def _run_plain(self, feeds: list[Any]) -> list[Any]:
+        return run_slot_by_slot(self.plan, self._fresh_registers(feeds))
 
     def _run_recording(self, feeds: list[Any]) -> list[Any]:
         plan = self.plan
-        regs: list[Any] = [None] * plan.n_regs
-        for (_, r), x in zip(plan.inputs, feeds):
-            regs[r] = x
-        for r, t in self.constants.items():
-            regs[r] = t
-        for name, r in plan.variables:
-            regs[r] = self.variables[name]
+        regs = self._fresh_registers(feeds)
         meta, const_slots, const_values = self.meta, plan.const_slots, self.const_values
         for r in (r for _, r in plan.inputs):
             if isinstance(regs[r], torch.Tensor):
