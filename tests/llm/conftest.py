@@ -19,12 +19,8 @@ _OVERRIDES = {
 
 
 @pytest.fixture(autouse=True)
-def _one_thread():
-    # tiny matrices: intra-op threads only add contention on a shared 2-core machine
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+def _one_thread(one_thread):
+    """Every test here runs with one intra-op thread (the shared ``one_thread`` fixture)."""
 
 
 @pytest.fixture(scope="session")
