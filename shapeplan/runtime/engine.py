@@ -6,6 +6,7 @@ A new shape signature creates another runner; it never mutates a frozen one.
 """
 from __future__ import annotations
 
+import os
 import threading
 from typing import Any, Mapping, Sequence
 
@@ -61,13 +62,14 @@ def _guard_chunks(values: list[Any], size: int) -> list[tuple[tuple[Any, Any, in
 class Engine:
     """A compiled model. ``run(feeds)`` executes it; plans are built per requested outputs and shapes."""
 
-    #: constants whose identity and version counter a replaying call checks (round robin over chunks of
-    #: this size; every call that is not a steady replay checks all of them)
+    #: with ``weight_guard="sampled"``: constants whose identity and version counter a steady replay
+    #: checks (round robin over chunks of this size; every other call checks all of them)
     GUARD_CHUNK = 32
 
     def __init__(self, graph: Graph, device: str | torch.device = "cpu", mode: str | Mode = "auto", *,
                  warmup_calls: int = 1, max_plans: int = 64, max_plan_bytes: int = 1 << 30,
-                 max_recaptures: int = 3, fallback: bool | None = None) -> None:
+                 max_recaptures: int = 3, fallback: bool | None = None,
+                 weight_guard: str | None = None) -> None:
         self.graph = graph
         self.device = torch.device(device)
         self.mode = Mode.parse(mode)
@@ -84,6 +86,12 @@ class Engine:
         self.cache = PlanCache(max_plans, max_plan_bytes, on_evict=lambda k, r: r.release())
         # constants are snapshotted (moved to the device once); a replaced or edited weight is rejected
         self.constants: dict[str, Any] = {v.name: _move(v.data, self.device) for v in graph.constants}
+        # "full" (default): every call checks every constant, so an edited weight is rejected at once;
+        # "sampled": a steady replay checks one chunk (bounded cost; caught within a round of chunks)
+        guard = (weight_guard or os.environ.get("SHAPEPLAN_WEIGHT_GUARD", "full")).strip().lower()
+        if guard not in ("full", "sampled"):
+            raise ValueError(f"weight_guard must be 'full' or 'sampled', got {guard!r}")
+        self._guard_sampled = guard == "sampled"
         self._guards = _guard_chunks(graph.constants, self.GUARD_CHUNK)
         self._guard_next = 0
         # variables persist across calls; they live on the engine's device
@@ -135,13 +143,14 @@ class Engine:
     def _check_constants(self, replaying: bool = False) -> None:
         """Reject a constant replaced (``value.data = ...``) or edited in place after compile.
 
-        A steady replay checks one chunk of ``GUARD_CHUNK`` constants (round robin), so the cost per
-        call is bounded and an edit is caught within ``ceil(#constants / GUARD_CHUNK)`` calls; any other
-        call (a new plan, warm-up, freeze, capture) checks every constant."""
+        By default every call checks every constant. With ``weight_guard="sampled"`` a steady replay
+        checks one chunk of ``GUARD_CHUNK`` constants (round robin), so the cost per call is bounded and
+        an edit is caught within ``ceil(#constants / GUARD_CHUNK)`` calls; any other call (a new plan,
+        warm-up, freeze, capture) still checks every constant."""
         guards = self._guards
         if not guards:
             return
-        if replaying:
+        if replaying and self._guard_sampled:
             i = self._guard_next
             self._guard_next = (i + 1) % len(guards)
             chunks = (guards[i],)

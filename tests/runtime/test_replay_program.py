@@ -108,7 +108,7 @@ def test_weight_edited_in_place_is_rejected():
 @pytest.mark.parametrize("name,edit", [("c396", "inplace"), ("c0", "replace")])
 def test_guard_on_many_constants_catches_edits_within_one_round(name, edit):
     g = small_ops(400)                                        # 200 constants
-    e = sp.Engine(g, mode="emulated_replay")
+    e = sp.Engine(g, mode="emulated_replay", weight_guard="sampled")
     for i in range(5):
         e.run({"x": rand(4, 16, seed=i)})
     rounds = -(-len(g.constants) // e.GUARD_CHUNK)           # a steady replay checks one chunk per call
@@ -130,3 +130,20 @@ def test_inputs_that_require_grad_replay_like_slot_by_slot():
         x = torch.from_numpy(rand(4, 16, seed=i)).requires_grad_()
         assert torch.equal(e.run({"x": x})[out].detach(), ref.run({"x": x})[out].detach())
     testing.assert_fully_replaying(e)
+
+
+@pytest.mark.parametrize("edit", ["inplace", "replace"])
+def test_default_guard_rejects_an_edited_weight_on_the_next_call(edit):
+    g = small_ops(400)                                        # 200 constants: more than one chunk
+    e = sp.Engine(g, mode="emulated_replay")
+    for i in range(6):
+        e.run({"x": rand(4, 16, seed=i)})
+    v = g.constants[-1]
+    if edit == "inplace":
+        v.data.mul_(2)
+    else:
+        v.data = v.data.clone()
+    with pytest.raises(sp.LifecycleError, match=v.name):
+        e.run({"x": rand(4, 16)})
+    with pytest.raises(ValueError, match="weight_guard"):
+        sp.Engine(g, weight_guard="never")
