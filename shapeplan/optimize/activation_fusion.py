@@ -16,21 +16,17 @@ from __future__ import annotations
 import math
 
 from shapeplan.ir.graph import Graph, Node, Value
-from shapeplan.optimize.rewrite import Rewriter
+from shapeplan.optimize.rewrite import rewrite_ops, Rewriter
 
 _C_TANH = math.sqrt(2.0 / math.pi)
 
 
 def run(graph: Graph) -> int:
-    rw = Rewriter.get(graph, "ActivationFusion")
-    count = 0
-    for node in list(graph.nodes):
-        if node in rw.dead or node.domain not in ("", "ai.onnx"):
-            continue
-        if node.op_type == "Mul":
-            count += _silu_mul(rw, node) or _gelu(rw, node) or _swish(rw, node) or _hardswish(rw, node)
-    rw.commit()
-    return count
+    return rewrite_ops(graph, "ActivationFusion", {"Mul": _fuse_mul})
+
+
+def _fuse_mul(rw: Rewriter, node: Node) -> int:
+    return _silu_mul(rw, node) or _gelu(rw, node) or _swish(rw, node) or _hardswish(rw, node)
 
 
 def _p(rw: Rewriter, v: Value | None, op: str, single: bool = True) -> Node | None:

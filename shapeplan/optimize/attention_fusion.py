@@ -22,17 +22,11 @@ from __future__ import annotations
 import math
 
 from shapeplan.ir.graph import Graph, Node, Value
-from shapeplan.optimize.rewrite import Rewriter, int_list
+from shapeplan.optimize.rewrite import rewrite_ops, Rewriter, int_list
 
 
 def run(graph: Graph) -> int:
-    rw = Rewriter.get(graph, "AttentionFusion")
-    count = 0
-    for node in list(graph.nodes):
-        if node.op_type == "MatMul" and node.domain in ("", "ai.onnx") and node not in rw.dead:
-            count += _try(rw, node)
-    rw.commit()
-    return count
+    return rewrite_ops(graph, "AttentionFusion", {"MatMul": _try})
 
 
 def _p(rw: Rewriter, v: Value | None, ops: tuple[str, ...], single: bool = True) -> Node | None:

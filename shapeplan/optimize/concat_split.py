@@ -8,21 +8,11 @@ Also ``Concat(s0, s1, ..., sn)`` of *all* outputs of ``Split(x)`` in order, on t
 from __future__ import annotations
 
 from shapeplan.ir.graph import Graph, Node
-from shapeplan.optimize.rewrite import Rewriter, norm_axis
+from shapeplan.optimize.rewrite import rewrite_ops, Rewriter, norm_axis
 
 
 def run(graph: Graph) -> int:
-    rw = Rewriter.get(graph, "ConcatSplitSimplification")
-    count = 0
-    for node in list(graph.nodes):
-        if node in rw.dead or node.domain not in ("", "ai.onnx"):
-            continue
-        if node.op_type == "Split":
-            count += _split_of_concat(rw, node)
-        elif node.op_type == "Concat":
-            count += _concat(rw, node)
-    rw.commit()
-    return count
+    return rewrite_ops(graph, "ConcatSplitSimplification", {"Split": _split_of_concat, "Concat": _concat})
 
 
 def _axis(n: Node, rank: int | None) -> int | None:

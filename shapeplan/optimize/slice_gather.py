@@ -16,27 +16,15 @@ from __future__ import annotations
 import torch
 
 from shapeplan.ir.graph import Graph, Node
-from shapeplan.optimize.rewrite import Rewriter, int_list, norm_axis
+from shapeplan.optimize.rewrite import rewrite_ops, Rewriter, int_list, norm_axis
 
 
 def run_slice(graph: Graph) -> int:
-    rw = Rewriter.get(graph, "SliceOfConcat")
-    count = 0
-    for node in list(graph.nodes):
-        if node.op_type == "Slice" and node.domain in ("", "ai.onnx") and node not in rw.dead:
-            count += _slice_of_concat(rw, node)
-    rw.commit()
-    return count
+    return rewrite_ops(graph, "SliceOfConcat", {"Slice": _slice_of_concat})
 
 
 def run_gather(graph: Graph) -> int:
-    rw = Rewriter.get(graph, "GatherOfConstant")
-    count = 0
-    for node in list(graph.nodes):
-        if node.op_type == "Gather" and node.domain in ("", "ai.onnx") and node not in rw.dead:
-            count += _gather_of_concat(rw, node)
-    rw.commit()
-    return count
+    return rewrite_ops(graph, "GatherOfConstant", {"Gather": _gather_of_concat})
 
 
 def _pieces(rw: Rewriter, cat: Node, ax: int) -> list[tuple[int, int, object]] | None:

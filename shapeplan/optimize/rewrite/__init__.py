@@ -25,7 +25,7 @@ from shapeplan.optimize.rewrite.patterns import ANY, C, Match, P, Rule
 from shapeplan.optimize.rewrite.predicates import (all_equal, close_to, dtype_of, int_list, is_float, is_int,
                                                    norm_axis, shapes_equal, static_shape)
 from shapeplan.optimize.rewrite.rewriter import Rewriter, shared
-from shapeplan.optimize.rewrite.rules import apply_rules
+from shapeplan.optimize.rewrite.rules import apply_rules, rewrite_ops
 
 
 def reset_sink() -> None:
@@ -35,6 +35,6 @@ def reset_sink() -> None:
     patterns.clear()
 
 
-__all__ = ["ANY", "C", "EventSink", "KEEP_TRAITS", "Match", "P", "Rewriter", "Rule", "all_equal", "apply_rules",
+__all__ = ["ANY", "C", "EventSink", "KEEP_TRAITS", "Match", "P", "Rewriter", "Rule", "all_equal", "apply_rules", "rewrite_ops",
            "cached_lookup", "close_to", "dtype_of", "int_list", "is_float", "is_int", "log", "norm_axis",
            "reset_sink", "shapes_equal", "shared", "sink", "static_shape"]

@@ -1,7 +1,9 @@
 """Running a (pattern, replacement) table over a graph: one pass of local rewrites as data."""
 from __future__ import annotations
 
-from shapeplan.ir.graph import Graph
+from typing import Callable
+
+from shapeplan.ir.graph import Graph, Node
 from shapeplan.optimize.rewrite.optable import COMMUTATIVE
 from shapeplan.optimize.rewrite.patterns import C, Match, P, Rule, match_node, quick_checks
 from shapeplan.optimize.rewrite.rewriter import Rewriter
@@ -45,5 +47,19 @@ def apply_rules(graph: Graph, rules: list[Rule], pass_name: str) -> int:
                 rw.emit(f"{getattr(fn, '__name__', 'rule')} at {node.describe()}", node=node.name,
                         op=node.op_type)
                 break
+    rw.commit()
+    return count
+
+
+def rewrite_ops(graph: Graph, pass_name: str, handlers: dict[str, Callable[[Rewriter, Node], int]]) -> int:
+    """Run ``handlers[op_type](rw, node)`` on every live ai.onnx node whose op has a handler, in graph
+    order; returns the sum of what the handlers return (#rewrites) and commits. The driver of the
+    passes whose matching is code rather than a (pattern, replacement) table."""
+    rw = Rewriter.get(graph, pass_name)
+    count = 0
+    for node in list(graph.nodes):
+        fn = handlers.get(node.op_type)
+        if fn is not None and node.domain in ("", "ai.onnx") and node not in rw.dead:
+            count += fn(rw, node)
     rw.commit()
     return count
