@@ -30,9 +30,9 @@ from typing import Any, Callable
 import torch
 
 from shapeplan import diagnostics
-from shapeplan.errors import CaptureError, ExecutionError, ShapeplanError
+from shapeplan.errors import CaptureError
 from shapeplan.runtime.backends import SegmentContext, register_backend
-from shapeplan.runtime.backends.slot_by_slot import describe_inputs
+from shapeplan.runtime.backends.slot_by_slot import call_kernel, describe_inputs
 
 ABSENT = -1
 FAST_PATH_AFTER = 3
@@ -64,18 +64,9 @@ def slot_steps(seg: SegmentContext) -> list[Step]:
 
 def run_steps(steps: list[Step], regs: list[Any]) -> None:
     for st in steps:
-        args = [None if r == ABSENT else regs[r] for r in st.ins]
-        try:
-            outs = st.fn(*args)
-        except ShapeplanError:
-            raise
-        except Exception as e:
-            raise ExecutionError(f"While executing {st.describe()} with inputs "
-                                 f"({describe_inputs(st.members[0], regs) if len(st.members) == 1 else len(args)}):"
-                                 f" {type(e).__name__}: {e}") from e
-        for r, o in zip(st.outs, outs):
-            if r != ABSENT:
-                regs[r] = o
+        call_kernel(st.fn, st.ins, st.outs, regs, lambda st=st: (
+            f"{st.describe()} with inputs "
+            f"({describe_inputs(st.members[0], regs) if len(st.members) == 1 else len(st.ins)})"))
         for r in st.release:
             regs[r] = None
 

@@ -1,7 +1,7 @@
 """The reference executor: run each slot's pre-bound kernel in order over the register file."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -26,18 +26,25 @@ def describe_inputs(slot: Slot, regs: list[Any]) -> str:
     return ", ".join(parts)
 
 
-def run_slot(slot: Slot, regs: list[Any]) -> None:
-    args = [None if r == ABSENT else regs[r] for r in slot.ins]
+def call_kernel(fn: Callable[..., tuple], ins: Sequence[int], outs: Sequence[int], regs: list[Any],
+                where: Callable[[], str]) -> None:
+    """Run one bound kernel over the register file; a failure becomes an ExecutionError that says
+    ``where()`` (the node and its input shapes, built only when it fails)."""
+    args = [None if r == ABSENT else regs[r] for r in ins]
     try:
-        outs = slot.fn(*args)
+        results = fn(*args)
     except ShapeplanError:
         raise
     except Exception as e:
-        raise ExecutionError(f"While executing node {slot.node.describe()} with inputs "
-                             f"({describe_inputs(slot, regs)}): {type(e).__name__}: {e}") from e
-    for r, o in zip(slot.outs, outs):
+        raise ExecutionError(f"While executing {where()}: {type(e).__name__}: {e}") from e
+    for r, o in zip(outs, results):
         if r != ABSENT:
             regs[r] = o
+
+
+def run_slot(slot: Slot, regs: list[Any]) -> None:
+    call_kernel(slot.fn, slot.ins, slot.outs, regs,
+                lambda: f"node {slot.node.describe()} with inputs ({describe_inputs(slot, regs)})")
 
 
 def run_slot_by_slot(plan: Plan, regs: list[Any]) -> list[Any]:
