@@ -112,10 +112,7 @@ def torch_baselines(cfg, weights, prompt: list[int], n: int, max_kv: int, ref: l
             _sync()
             row.cold_start_s = time.perf_counter() - t_cold
             times, t0, t_end = _timed_decode(prefill, run, n, tokbuf)
-            m = compute(t0, times, t_end, n)
-            row.ttft_ms, row.overall_tok_s, row.decode_tok_s = m.ttft_s * 1e3, m.overall_tok_s, m.decode_tok_s
-            row.steady_tok_s, row.late_steady_tok_s = m.steady_tok_s, m.late_steady_tok_s
-            row.effective_tok_s = m.effective_tok_s
+            row.take_metrics(compute(t0, times, t_end, n))
             row.tokens = tokbuf[0].tolist()
             if ref is not None:
                 row.agree_with_reference = agreement(row.tokens, ref)

@@ -11,6 +11,7 @@ from typing import Any, Callable
 import torch
 
 from shapeplan.llm.config import LlamaConfig, preset_config
+from shapeplan.llm.metrics import Metrics
 from shapeplan.llm.pipeline import GenerationPipeline
 from shapeplan.llm.sampling import Sampling
 
@@ -31,6 +32,13 @@ class BenchRow:
     effective_tok_s: float = 0.0
     tokens: list[int] = field(default_factory=list)
     agree_with_reference: str = "-"   # "256/256" = identical tokens before the first divergence
+
+    def take_metrics(self, m: Metrics) -> None:
+        """Copy a request's throughputs (``shapeplan.llm.metrics.Metrics``) into this row."""
+        self.ttft_ms = m.ttft_s * 1e3
+        self.overall_tok_s, self.decode_tok_s = m.overall_tok_s, m.decode_tok_s
+        self.steady_tok_s, self.late_steady_tok_s = m.steady_tok_s, m.late_steady_tok_s
+        self.effective_tok_s = m.effective_tok_s
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -79,11 +87,7 @@ def run_config(cfg: LlamaConfig, weights: dict[str, torch.Tensor], config: str, 
         _sync(device)
         row.cold_start_s = time.perf_counter() - t0
         res = pipe.generate(prompt, max_new_tokens=new_tokens, sampling=Sampling.greedy())
-        m = res.metrics
-        row.ttft_ms = m.ttft_s * 1e3
-        row.overall_tok_s, row.decode_tok_s = m.overall_tok_s, m.decode_tok_s
-        row.steady_tok_s, row.late_steady_tok_s = m.steady_tok_s, m.late_steady_tok_s
-        row.effective_tok_s = m.effective_tok_s
+        row.take_metrics(res.metrics)
         row.tokens = res.token_ids
         del pipe, res
     except Exception as e:  # noqa: BLE001 - one failing config must not hide the others

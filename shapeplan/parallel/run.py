@@ -93,10 +93,7 @@ def bench_worker(rank: int, world_size: int, device: str, source: dict[str, Any]
             row.cold_start_s = time.perf_counter() - t0
             dist.barrier()
             res = pipe.generate(prompt, max_new_tokens=opts["new_tokens"], sampling=Sampling.greedy())
-            m = res.metrics
-            row.ttft_ms, row.overall_tok_s, row.decode_tok_s = m.ttft_s * 1e3, m.overall_tok_s, m.decode_tok_s
-            row.steady_tok_s, row.late_steady_tok_s, row.effective_tok_s = \
-                m.steady_tok_s, m.late_steady_tok_s, m.effective_tok_s
+            row.take_metrics(res.metrics)
             row.tokens = res.token_ids
             del pipe
         except Exception as e:  # noqa: BLE001 - every rank fails alike (same graph); report it
