@@ -38,6 +38,8 @@ def main() -> None:
     ap.add_argument("--max-kv-cache-length", type=int, default=1024)
     ap.add_argument("--cprofile", type=int, default=0)
     ap.add_argument("--label", default="")
+    ap.add_argument("--timeline", action="store_true",
+                    help="print the lifecycle/compile/capture events of the timed region with their times")
     a = ap.parse_args()
     cfg = preset_config(a.preset, "bfloat16")
     w = random_weights(cfg, device="cuda", seed=0)
@@ -47,6 +49,11 @@ def main() -> None:
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
     prof = cProfile.Profile() if a.cprofile else None
+    if a.timeline:
+        from shapeplan import diagnostics
+        diagnostics.enable(categories=["LIFECYCLE", "SEGMENT", "GRAPH_REPLAY", "COMPILE", "CACHE", "FALLBACK",
+                                       "VERIFY", "FUSION"], level="detailed")
+        diagnostics.record("LIFECYCLE", "t0")
     t0 = time.perf_counter()
     if prof:
         prof.enable()
@@ -61,6 +68,14 @@ def main() -> None:
     if prof:
         prof.disable()
     extra = torch.cuda.memory_allocated() - base
+    if a.timeline:
+        from shapeplan import diagnostics
+        evs = diagnostics.events()
+        base_t = next(e.t for e in evs if e.message == "t0")
+        for e in evs:
+            f = {k: v for k, v in e.fields.items() if k in ("plan", "segment", "kernels", "reason", "state", "kernel", "seconds", "workers")}
+            print(f"  {1000 * (e.t - base_t):8.1f} ms  {e.category:<12} {e.message}  {f}")
+        print(f"  {1000 * (t1 - t0):8.1f} ms  (constructed)   {1000 * (t2 - t0):8.1f} ms  (first request done)")
     res = pipe.generate(prompt, max_new_tokens=64, sampling=Sampling.greedy())
     if prof:
         s = io.StringIO()

@@ -284,40 +284,31 @@ class GenerationPipeline:
 
 
 def _prewarm_decode_kernels(cfg: LlamaConfig, dtype: torch.dtype, device: torch.device, length: int) -> None:
-    """Start-up: on a background thread, import Triton, compute its cache key (a hash of its 500 MB
-    library, ~0.3 s, once per process) and compile the decode-attention kernel for this model's
-    shapes, while the graph is built and optimized and the prefill plan runs; the triton backend's
-    first capture waits for it (``triton_backend.background``). Off with SHAPEPLAN_TRITON_WARM=0."""
+    """Start-up: while the graph is built and optimized and the prefill plan runs, import Triton and
+    compute its cache key (``triton_backend.prepare``) and compile the decode-attention kernels (two, each
+    on its own warm-up thread, so a cold cache compiles them side by side in the compile workers); the
+    triton backend's first capture waits for them. Off with SHAPEPLAN_TRITON_WARM=0."""
     try:
         from shapeplan.ops import llm as llm_ops
         from shapeplan.runtime.backends import triton_backend
     except ImportError:
         return
+    triton_backend.prepare()
     if getattr(llm_ops, "_DECODE_ATTENTION", "auto") == "sdpa":
         return
     hq, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
 
-    def warm() -> None:
-        from shapeplan.runtime.backends import triton_env
-        import importlib
-        for mod in ("triton.runtime.cache", "triton.compiler.compiler"):     # where Triton versions keep it
-            try:
-                key_fn = getattr(importlib.import_module(mod), "triton_key", None)
-            except ImportError:
-                continue
-            if key_fn is not None:
-                key_fn()
-                break
+    def warm(part: str) -> None:
         from shapeplan.llm.decode_attention import decode_attention
         if device.type == "cuda" and device.index is not None:
             torch.cuda.set_device(device.index)
         q = torch.zeros(1, hq, 1, d, dtype=dtype, device=device)
         kv = torch.zeros(1, hkv, length, d, dtype=dtype, device=device)
         pos = torch.zeros(1, dtype=torch.int64, device=device)
-        decode_attention(q, kv, kv, pos, scale=d ** -0.5, window=cfg.sliding_window or 0)
-        del triton_env
+        decode_attention(q, kv, kv, pos, scale=d ** -0.5, window=cfg.sliding_window or 0, only=part)
 
-    triton_backend.background(warm)
+    for part in ("partial", "combine"):
+        triton_backend.background(lambda part=part: warm(part))
 
 
 class _TokenReader:

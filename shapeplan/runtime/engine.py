@@ -77,6 +77,9 @@ class Engine:
         if self.device.type == "cuda":
             from shapeplan.runtime import determinism
             determinism.apply()                    # TF32 opt-in; SHAPEPLAN_DETERMINISTIC=1 bit-comparable
+            if self.exec_mode is Mode.TRITON:
+                from shapeplan.runtime.backends import triton_backend
+                triton_backend.prepare()           # Triton import + cache key in the background (start-up)
         if why:
             diagnostics.record("FALLBACK", why, requested=self.mode, running=self.exec_mode)
         self.fallback = auto_fallback if fallback is None else fallback

@@ -304,7 +304,11 @@ class PlanRunner:
                 self._place_outputs(s, regs)
                 s.state = SegState.NEEDS_COMPILE
                 self._event("SEGMENT", "segment warmed up", segment=idx, state=s.state)
-            elif s.state is SegState.NEEDS_COMPILE:
+                # compile right away (it runs nothing): the next call captures, one eager call sooner
+                s.compiled = b.compile(s.ctx)
+                s.state = SegState.CAPTURE_PENDING
+                self._event("SEGMENT", "segment compiled", segment=idx, state=s.state)
+            elif s.state is SegState.NEEDS_COMPILE:       # after an address drift re-warm
                 s.compiled = b.compile(s.ctx)
                 s.state = SegState.CAPTURE_PENDING
                 self._event("SEGMENT", "segment compiled", segment=idx, state=s.state)

@@ -78,7 +78,7 @@ def test_backend_compile_failure_falls_back_in_auto_and_raises_when_explicit(mon
     strict.run({"x": rand(2, 8)})            # usable afterwards (segment FAILED, runs eagerly)
 
 
-@pytest.mark.parametrize("fault,at_call", [("staging", 2), ("allocation", 1), ("capture", 4)])
+@pytest.mark.parametrize("fault,at_call", [("staging", 2), ("allocation", 1), ("capture", 3)])
 def test_fault_injection_raises_then_recovers(monkeypatch, fault, at_call):
     g = mlp()
     e, ref = sp.Engine(g, mode="emulated_replay"), ref_engine(g)

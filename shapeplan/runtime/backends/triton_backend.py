@@ -13,8 +13,11 @@ capture -> slot_by_slot (the runner's fallback).
 
 Correctness: at capture every Triton step runs on the call's real inputs next to its slots' torch
 kernels; a step whose outputs differ beyond the dtype's tolerance, or land in another layout, is
-replaced by its slots (VERIFY event). ``SHAPEPLAN_TRITON_VERIFY=1`` also checks each step on random
-inputs at capture and compares every replay's live-outs against slot_by_slot.
+replaced by its slots (VERIFY event). A step that passed is recorded on disk (``verdict_key``: the
+kernel, its members' ops and attributes, every input/output layout, the GPU, the versions and our
+Triton sources), and later processes skip the check for that exact step (start-up time).
+``SHAPEPLAN_TRITON_VERIFY=1`` checks every step again, also on random inputs, and compares every
+replay's live-outs against slot_by_slot.
 
 Start-up: compiling a Triton kernel takes ~0.3 s, and a plan has several distinct ones. ``compile``
 therefore launches each distinct kernel of the chosen steps once, on zero-filled inputs of the recorded
@@ -73,6 +76,9 @@ class TritonBackend(CudaGraphsBackend):
     # ---- warm-up: record every register's layout ------------------------------------------------------
     def warmup(self, seg: SegmentContext, regs: list[Any]) -> None:
         from shapeplan.runtime.backends.triton_codegen import Meta
+        if seg.device.type == "cuda":
+            from shapeplan.runtime.backends import triton_workers
+            triton_workers.prestart_if_cold()     # a cold cache: workers start while this call runs
         metas = self._metas.setdefault(self._key(seg), {})
         for r in seg.live_in:
             if isinstance(regs[r], torch.Tensor):
@@ -113,8 +119,17 @@ class TritonBackend(CudaGraphsBackend):
                 run_steps([st], regs)
                 kept.append(st)
                 continue
+            key = verdict_key(st, regs, seg.device)
+            if key in verified() and not _verify_on():
+                try:                                   # this exact kernel and layout passed before
+                    run_steps([st], regs)
+                    kept.append(st)
+                    continue
+                except Exception:  # noqa: BLE001 - e.g. it no longer builds: check it as new
+                    pass
             ok, why = self._check(seg, st, regs)
             if ok:
+                remember_verdict(key)
                 kept.append(st)
             else:
                 diagnostics.record("VERIFY", "Triton step disagrees with slot_by_slot: unfused",
@@ -187,6 +202,81 @@ def _unfuse(seg: SegmentContext, st: Step, release: bool = True) -> list[Step]:
             for m in st.members]
 
 
+# ---- verdicts of the capture-time check, kept on disk (start-up time) ----------------------------------------
+
+_verified: set[str] | None = None
+_build: str | None = None
+
+
+def _build_id() -> str:
+    """Versions and the Triton-side sources: a verdict holds for this exact build only."""
+    global _build
+    if _build is None:
+        import hashlib
+        import importlib.util
+        h = hashlib.sha256()
+        try:
+            from importlib.metadata import version
+            h.update(version("triton").encode())
+        except Exception:  # noqa: BLE001
+            pass
+        h.update(torch.__version__.encode())
+        for mod in ("shapeplan", "shapeplan.runtime.backends.triton_jit", "shapeplan.runtime.backends.triton_kernels",
+                    "shapeplan.runtime.backends.triton_lowerings", "shapeplan.runtime.backends.triton_codegen",
+                    "shapeplan.runtime.backends.triton_backend"):
+            spec = importlib.util.find_spec(mod)
+            if spec is not None and spec.origin and os.path.exists(spec.origin):
+                with open(spec.origin, "rb") as f:
+                    h.update(f.read())
+        _build = h.hexdigest()
+    return _build
+
+
+def verdict_key(st: Step, regs: list[Any], device: Any) -> str:
+    """What a check of ``st`` depends on: the kernel (generated source name or op + attributes), its
+    members' ops, every input and output layout, the device and the build."""
+    import hashlib
+
+    def lay(r: int) -> str:
+        x = regs[r] if r != ABSENT else None
+        return f"{tuple(x.shape)}{x.stride()}{x.dtype}" if isinstance(x, torch.Tensor) else repr(x)[:64]
+    dev = torch.cuda.get_device_name(device) if getattr(device, "type", None) == "cuda" else str(device)
+    parts = [st.kind, str(getattr(st.fn, "name", "")), dev, _build_id(),
+             ";".join(f"{m.node.op_type}{sorted(m.node.attrs.items())!r}" for m in st.members),
+             ",".join(lay(r) for r in st.ins), ",".join(lay(r) for r in st.outs if r != ABSENT)]
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()
+
+
+def _verdict_path() -> str:
+    from shapeplan.runtime.backends.triton_paths import cache_root
+    return str(cache_root() / "triton_verified.txt")
+
+
+def verified() -> set[str]:
+    """Keys of steps that passed the capture-time check on this machine (``<cache>/triton_verified.txt``)."""
+    global _verified
+    if _verified is None:
+        try:
+            with open(_verdict_path(), encoding="utf-8") as f:
+                _verified = {ln.strip() for ln in f if ln.strip()}
+        except OSError:
+            _verified = set()
+    return _verified
+
+
+def remember_verdict(key: str) -> None:
+    known = verified()
+    if key in known:
+        return
+    known.add(key)
+    try:
+        os.makedirs(os.path.dirname(_verdict_path()), exist_ok=True)
+        with open(_verdict_path(), "a", encoding="utf-8") as f:
+            f.write(key + "\n")
+    except OSError:
+        pass
+
+
 # ---- parallel kernel warm-up (start-up time) --------------------------------------------------------------
 
 _pool: ThreadPoolExecutor | None = None
@@ -213,6 +303,27 @@ def background(fn: Callable[[], Any]) -> Future | None:
     return f
 
 
+_prepared = False
+
+
+def prepare() -> None:
+    """Start-up: start the compile workers when the Triton cache is cold, and on the warm-up pool import
+    Triton (which installs the worker hook) and compute its cache key (a hash of its ~500 MB library, once
+    per process; the hashing runs outside the GIL), so neither waits in line when the first kernel is
+    needed. Called when an engine is created in triton mode; idempotent."""
+    global _prepared
+    if _prepared or not _warm_on():
+        return
+    _prepared = True
+    from shapeplan.runtime.backends import triton_workers
+    triton_workers.prestart_if_cold()
+
+    def job() -> None:
+        from shapeplan.runtime.backends import triton_env  # noqa: F401
+        triton_workers.compute_triton_key()
+    background(job)
+
+
 def wait_background(device: Any = None) -> None:
     """Wait for every submitted warm-up (and its launches); a failed one is recorded, never raised: the
     kernel then compiles at its first launch, as without warm-up."""
@@ -232,7 +343,7 @@ def wait_background(device: Any = None) -> None:
 
 
 def _meta_key(m: Any) -> tuple:
-    return (m.shape, m.stride, m.dtype) if m is not None else ()
+    return (m.shape, m.stride, m.dtype, m.offset == 0) if m is not None else ()
 
 
 def warm_kernels(seg: SegmentContext, steps: list[Step], metas: dict[int, Any]) -> int:
@@ -269,15 +380,21 @@ def distinct_kernels(seg: SegmentContext, steps: list[Step], metas: dict[int, An
 
 
 def launch_zeros(st: Step, metas: dict[int, Any], device: torch.device) -> tuple:
-    """``st`` on zero-filled tensors of its inputs' recorded layouts (zeros: every index is in range)."""
-    args = [None if r == ABSENT else
-            torch.zeros(_extent(metas[r]), dtype=metas[r].dtype, device=device).as_strided(metas[r].shape,
-                                                                                          metas[r].stride)
-            for r in st.ins]
+    """``st`` on zero-filled tensors of its inputs' recorded layouts (zeros: every index is in range),
+    16-byte aligned exactly where the recorded inputs were (so the launch compiles the specialization
+    the real call will use)."""
+    args = [None if r == ABSENT else _zeros_like_meta(metas[r], device) for r in st.ins]
     if device.type == "cuda":
         with torch.cuda.device(device):
             return st.fn(*args)
     return st.fn(*args)
+
+
+def _zeros_like_meta(m: Any, device: torch.device) -> torch.Tensor:
+    size = torch.empty((), dtype=m.dtype).element_size()
+    shift = 0 if m.offset == 0 or m.offset % size else max(1, m.offset // size)   # a misaligned start
+    base = torch.zeros(_extent(m) + shift, dtype=m.dtype, device=device)
+    return base.as_strided(m.shape, m.stride, shift)
 
 
 def _extent(m: Any) -> int:

@@ -126,10 +126,11 @@ class Meta:
     shape: tuple[int, ...]
     stride: tuple[int, ...]
     dtype: torch.dtype
+    offset: int = 0        # data_ptr % 16: Triton specializes pointers on 16-byte alignment
 
     @staticmethod
     def of(t: torch.Tensor) -> "Meta":
-        return Meta(tuple(t.shape), tuple(t.stride()), t.dtype)
+        return Meta(tuple(t.shape), tuple(t.stride()), t.dtype, t.data_ptr() % 16)
 
     @property
     def numel(self) -> int:

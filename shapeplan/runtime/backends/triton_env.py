@@ -5,35 +5,15 @@ it at ``<shapeplan cache>/triton`` before Triton is imported, so ``shapeplan cac
 kernels too and a warm start reuses them. Generated kernel sources live beside it in
 ``<shapeplan cache>/triton_src``.
 
-Importing this module fails with ImportError when Triton is not installed: callers treat that as
+Importing it also wraps Triton's compile so new kernels compile in worker processes
+(``triton_workers``). Importing this module fails with ImportError when Triton is not installed: callers treat that as
 "backend unavailable" and record a FALLBACK event.
 """
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
-
-def cache_root() -> Path:
-    """shapeplan's cache directory (``SHAPEPLAN_CACHE_DIR`` or ``~/.cache/shapeplan``)."""
-    try:                                    # the plan cache owns the location when it exists
-        from shapeplan.cache import cache_dir  # type: ignore[attr-defined]
-        return Path(cache_dir())
-    except Exception:
-        env = os.environ.get("SHAPEPLAN_CACHE_DIR")
-        base = Path(env) if env else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "shapeplan"
-        return base
-
-
-def triton_cache_dir() -> Path:
-    return Path(os.environ.get("TRITON_CACHE_DIR") or cache_root() / "triton")
-
-
-def source_dir() -> Path:
-    d = cache_root() / "triton_src"
-    d.mkdir(parents=True, exist_ok=True)
-    return d
-
+from shapeplan.runtime.backends.triton_paths import cache_root, source_dir, triton_cache_dir
 
 os.environ.setdefault("TRITON_CACHE_DIR", str(cache_root() / "triton"))
 
@@ -45,6 +25,10 @@ try:                                        # Triton >= 3.3 reads env through kn
         triton.knobs.cache.dir = os.environ["TRITON_CACHE_DIR"]
 except AttributeError:
     pass
+
+from shapeplan.runtime.backends import triton_workers  # noqa: E402
+
+triton_workers.install()                    # new kernels compile in worker processes (start-up time)
 
 
 def interpreting() -> bool:

@@ -1,0 +1,89 @@
+"""A Triton compile worker: a separate process that compiles kernels into Triton's on-disk cache.
+
+Run as a script (``python triton_compile_worker.py``) by ``triton_workers``; it imports Triton and
+nothing of shapeplan or torch, so it is ready in the time of a Triton import. Protocol: one JSON
+object per line on stdin, one reply per line on stdout:
+
+    job   {"id", "path", "name", "signature", "constexprs", "attrs", "target", "options", "src_hash"}
+    reply {"id", "ok": bool, "seconds", "error"}
+
+``path``/``name`` locate the ``@triton.jit`` function (a module that imports only triton). The worker
+rebuilds the same ``ASTSource``, refuses a job whose source hash differs from the parent's (the parent
+would then miss the cache: its kernel is compiled in-process as without workers), and calls
+``triton.compile``, which writes the result under ``TRITON_CACHE_DIR``. The parent's own compile of the
+same source then finds it there. Values are JSON with tuples and dicts tagged (``{"t": [...]}``,
+``{"d": [[k, v], ...]}``) so the rebuilt source and options hash exactly as the parent's.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+import time
+
+
+def decode(v):  # noqa: ANN001, ANN201 - JSON values
+    if isinstance(v, list):
+        return [decode(x) for x in v]
+    if isinstance(v, dict):
+        if "t" in v:
+            return tuple(decode(x) for x in v["t"])
+        return {decode(k): decode(x) for k, x in v["d"]}
+    return v
+
+
+_modules: dict = {}
+
+
+def _function(path: str, name: str):  # noqa: ANN202
+    mod = _modules.get(path)
+    if mod is None:
+        spec = importlib.util.spec_from_file_location(f"shapeplan_compile_worker_{len(_modules)}", path)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = mod
+        spec.loader.exec_module(mod)
+        _modules[path] = mod
+    return getattr(mod, name)
+
+
+def main() -> None:
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]   # no shadowing by our modules
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    for mod in ("triton.runtime.cache", "triton.compiler.compiler"):   # the cache key: once, before any job
+        try:
+            fn = getattr(importlib.import_module(mod), "triton_key", None)
+        except ImportError:
+            continue
+        if fn is not None:
+            fn()
+            break
+    out = sys.stdout
+    out.write(json.dumps({"ready": True, "pid": os.getpid(), "triton": triton.__version__}) + "\n")
+    out.flush()
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        t0 = time.perf_counter()
+        job = json.loads(line)
+        reply = {"id": job.get("id"), "ok": False, "error": ""}
+        try:
+            fn = _function(job["path"], job["name"])
+            src = ASTSource(fn, decode(job["signature"]), decode(job["constexprs"]), decode(job["attrs"]))
+            if src.hash() != job["src_hash"]:
+                reply["error"] = "source hash differs from the parent's"
+            else:
+                triton.compile(src, target=GPUTarget(*decode(job["target"])), options=decode(job["options"]))
+                reply["ok"] = True
+        except Exception as e:  # noqa: BLE001 - reported to the parent, which compiles in-process
+            reply["error"] = f"{type(e).__name__}: {e}"[:500]
+        reply["seconds"] = round(time.perf_counter() - t0, 4)
+        out.write(json.dumps(reply) + "\n")
+        out.flush()
+
+
+if __name__ == "__main__":
+    main()

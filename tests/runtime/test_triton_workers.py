@@ -1,0 +1,113 @@
+"""Triton kernels compiled in worker processes (``triton_workers``), checked without a GPU.
+
+Triton compiles for an explicit target (sm_90) on a machine without CUDA, so the whole path runs here:
+the parent wraps ``triton.compile``, a worker process compiles into the disk cache, the parent's own
+compile then finds the kernel there (a cache hit), and the manifest lets the next process skip the
+workers. Each check runs in a fresh process without ``TRITON_INTERPRET`` (the interpreter, which other
+test modules switch on, replaces ``@triton.jit`` functions with ones Triton cannot compile).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytest.importorskip("triton")
+
+SCRIPT = textwrap.dedent("""
+    import json, os, sys, time
+    from shapeplan import diagnostics
+    diagnostics.enable(["COMPILE", "FALLBACK"], level="detailed")
+    from shapeplan.runtime.backends import triton_env, triton_workers
+    from shapeplan.runtime.backends.triton_jit import _silu_mul_kernel
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.compiler.compiler import make_backend
+    hits = []
+    listener_ok = True
+    try:
+        triton.knobs.compilation.listener = lambda **kw: hits.append(kw.get("cache_hit"))
+    except AttributeError:
+        listener_ok = False
+    target = GPUTarget("cuda", 90, 32)
+    options = make_backend(target).parse_options({"num_warps": 2}).__dict__
+    block = int(sys.argv[1])
+    sig = {"G": "*fp16", "U": "*fp16", "Y": "*fp16", "stride_g": "i32", "stride_u": "i32", "stride_y": "i32",
+           "N": "i32", "BLOCK": "constexpr"}
+    src = ASTSource(_silu_mul_kernel, sig, {(7,): block}, {(0,): [["tt.divisibility", 16]]})
+    t = time.perf_counter()
+    k = triton.compiler.compile(src, target=target, options=options)
+    print(json.dumps({"cubin": len(k.asm["cubin"]), "hits": hits, "listener": listener_ok,
+                      "seconds": time.perf_counter() - t,
+                      "events": [[e.category, e.message, e.fields.get("reason")] for e in diagnostics.events()],
+                      "wrapped": triton.compiler.compile is triton_workers.compile_kernel}))
+    """)
+
+
+def _run(tmp_path, block: int, workers: str = "1") -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "TRITON_CACHE_DIR")}
+    env.update(SHAPEPLAN_CACHE_DIR=str(tmp_path), SHAPEPLAN_TRITON_WORKERS=workers,
+               TRITON_DEFAULT_FP_FUSION="1")
+    p = subprocess.run([sys.executable, "-c", SCRIPT, str(block)], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def test_worker_compiles_and_the_parent_hits_the_cache(tmp_path):
+    first = _run(tmp_path, 128)
+    assert first["wrapped"] and first["cubin"] > 0
+    msgs = [m for _, m, _ in first["events"]]
+    assert "Triton compile workers started" in msgs
+    assert "Triton kernel compiled in a worker process" in msgs, first["events"]
+    if first["listener"]:
+        assert first["hits"] == [True]             # the parent's compile loaded what the worker wrote
+    manifest = tmp_path / "triton" / "shapeplan_compiled.txt"
+    assert len(manifest.read_text().split()) == 1
+
+    again = _run(tmp_path, 128)                    # a new process: the manifest lists it, no worker at all
+    assert not any("worker" in m for _, m, _ in again["events"]), again["events"]
+    if again["listener"]:
+        assert again["hits"] == [True]
+
+    other = _run(tmp_path, 256)                    # another specialization: a worker again
+    assert "Triton kernel compiled in a worker process" in [m for _, m, _ in other["events"]]
+    assert len(manifest.read_text().split()) == 2
+
+
+def test_workers_off_compiles_in_process(tmp_path):
+    res = _run(tmp_path, 64, workers="0")
+    assert res["cubin"] > 0
+    assert not any("worker" in m for _, m, _ in res["events"])
+    if res["listener"]:
+        assert res["hits"] == [False]
+
+
+def test_a_job_the_worker_cannot_rebuild_is_declined_with_a_reason(tmp_path, monkeypatch):
+    """A source that hashes differently in the worker is refused (the parent then compiles in-process)."""
+    from shapeplan.runtime.backends import triton_jit
+    from shapeplan.runtime.backends import triton_workers as tw
+    monkeypatch.setenv("SHAPEPLAN_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    enc = tw._enc
+    job = {"path": triton_jit.__file__, "name": "_silu_mul_kernel",
+           "signature": enc({"G": "*fp16", "U": "*fp16", "Y": "*fp16", "stride_g": "i32", "stride_u": "i32",
+                             "stride_y": "i32", "N": "i32", "BLOCK": "constexpr"}),
+           "constexprs": enc({(7,): 64}), "attrs": enc({}), "target": enc(("cuda", 90, 32)), "options": enc({}),
+           "src_hash": "not-the-hash-the-worker-computes"}
+    pool = tw._Pool(1)
+    try:
+        reply = pool.submit(job)
+        assert reply is not None and not reply["ok"] and "hash differs" in reply["error"]
+        reply = pool.submit(dict(job, name="no_such_kernel"))         # the same worker, still serving
+        assert not reply["ok"] and "no_such_kernel" in reply["error"]
+    finally:
+        pool.close()
+    assert tw._enc((1, [2, (3,)], {"a": (4,)})) == {"t": [1, [2, {"t": [3]}], {"d": [["a", {"t": [4]}]]}]}
+    with pytest.raises(TypeError):
+        tw._enc(object())
