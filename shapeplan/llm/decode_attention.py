@@ -48,10 +48,13 @@ def _pow2(n: int) -> int:
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, position: torch.Tensor,
-                     *, scale: float, window: int = 0, only: str | None = None) -> torch.Tensor:
+                     *, scale: float, window: int = 0, only: str | None = None,
+                     compile_only: bool = False) -> torch.Tensor | None:
     """q [B, Hq, 1, D]; k/v_cache [B, Hkv, L, D] (last dim contiguous); position int64 [1] (device).
     Returns [B, Hq, 1, D] in q's dtype: softmax(q k^T * scale) v over the live keys only.
-    ``only="partial"|"combine"`` launches one pass alone (start-up warm-up: each compiles on its own)."""
+    ``only="partial"|"combine"`` launches one pass alone (start-up warm-up: each compiles on its own);
+    ``compile_only`` compiles without touching the device (no allocation, no launch: safe beside a CUDA
+    graph capture on another thread) and returns None."""
     b, hq, s, d = q.shape
     hkv, length = k_cache.shape[1], k_cache.shape[2]
     assert s == 1 and q.stride(-1) == 1 and k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1
@@ -61,6 +64,9 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     split = SPLIT or max(16, _pow2(triton.cdiv(length, 64)))
     ns = triton.cdiv(length, split)
     bn = min(split, 64, max(16, MAX_TILE // (gp * dp))) if not dot else min(split, 64)
+    if compile_only:
+        _compile_only(q, k_cache, v_cache, scale, window, only, hkv, g, gp, d, dp, ns, split, bn, dot)
+        return None
     dev = q.device
     m = torch.empty(b * hkv * ns * gp, dtype=torch.float32, device=dev)
     l = torch.empty_like(m)
@@ -76,3 +82,21 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         _combine[(b * hkv,)](m, l, acc, out, out.stride(0), out.stride(1),
                              HKV=hkv, G=g, GP=gp, D=d, DP=dp, NS=ns, NSP=max(_pow2(ns), 2))
     return out
+
+
+def _compile_only(q, k_cache, v_cache, scale, window, only, hkv, g, gp, d, dp, ns, split, bn, dot) -> None:  # noqa: ANN001
+    """Both passes through Triton's ``warmup`` (compile, no launch) with torch dtypes standing in for the
+    tensors (Triton reads them as 16-byte aligned): the specialization of a launch on aligned tensors
+    with these strides."""
+    f32, qt, kt, vt = torch.float32, q.dtype, k_cache.dtype, v_cache.dtype
+    b = q.shape[0]
+    if only != "combine":
+        _partial.warmup(qt, kt, vt, torch.int64, f32, f32, f32,
+                        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+                        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), scale,
+                        HKV=hkv, G=g, GP=gp, D=d, DP=dp, NS=ns, SPLIT_=split, BN=bn, WINDOW=window,
+                        USE_DOT=dot, IEEE=q.dtype == torch.float32, num_warps=WARPS, grid=(b * hkv, ns))
+    if only != "partial":
+        hq = q.shape[1]
+        _combine.warmup(f32, f32, f32, qt, hq * d, d,
+                        HKV=hkv, G=g, GP=gp, D=d, DP=dp, NS=ns, NSP=max(_pow2(ns), 2), grid=(b * hkv,))

@@ -302,13 +302,13 @@ def _prewarm_decode_kernels(cfg: LlamaConfig, dtype: torch.dtype, device: torch.
         from shapeplan.llm.decode_attention import decode_attention
         if device.type == "cuda" and device.index is not None:
             torch.cuda.set_device(device.index)
-        q = torch.zeros(1, hq, 1, d, dtype=dtype, device=device)
-        kv = torch.zeros(1, hkv, length, d, dtype=dtype, device=device)
-        pos = torch.zeros(1, dtype=torch.int64, device=device)
-        decode_attention(q, kv, kv, pos, scale=d ** -0.5, window=cfg.sliding_window or 0, only=part)
+        q = torch.empty(1, hq, 1, d, dtype=dtype, device="meta")          # layouts only: nothing on the GPU
+        kv = torch.empty(1, hkv, length, d, dtype=dtype, device="meta")
+        decode_attention(q, kv, kv, None, scale=d ** -0.5, window=cfg.sliding_window or 0, only=part,
+                         compile_only=True)
 
-    for part in ("partial", "combine"):
-        triton_backend.background(lambda part=part: warm(part))
+    for part in ("partial", "combine"):        # compile only: a capture on the main thread need not wait
+        triton_backend.background(lambda part=part: warm(part), launches=False)
 
 
 class _TokenReader:

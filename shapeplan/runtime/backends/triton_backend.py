@@ -289,8 +289,9 @@ def _warm_on() -> bool:
     return os.environ.get("SHAPEPLAN_TRITON_WARM", "1") not in ("", "0")
 
 
-def background(fn: Callable[[], Any]) -> Future | None:
-    """Run ``fn`` (a kernel warm-up) on the warm-up pool; the next capture waits for it. None when off."""
+def background(fn: Callable[[], Any], launches: bool = True) -> Future | None:
+    """Run ``fn`` (a kernel warm-up) on the warm-up pool; the next capture waits for it unless it
+    ``launches`` nothing on the device (compile-only work may run beside a capture). None when off."""
     global _pool
     if not _warm_on():
         return None
@@ -299,8 +300,18 @@ def background(fn: Callable[[], Any]) -> Future | None:
             _pool = ThreadPoolExecutor(max_workers=max(2, min(8, (os.cpu_count() or 2) - 1)),
                                        thread_name_prefix="shapeplan-triton-warm")
         f = _pool.submit(fn)
-        _pending.append(f)
+        if launches:
+            _pending.append(f)
+        else:
+            f.add_done_callback(_report)
     return f
+
+
+def _report(f: Future) -> None:
+    e = f.exception()
+    if e is not None:
+        diagnostics.record("FALLBACK", "Triton kernel warm-up failed: compiles at first launch",
+                           reason=f"{type(e).__name__}: {e}"[:300])
 
 
 _prepared = False
@@ -308,9 +319,9 @@ _prepared = False
 
 def prepare() -> None:
     """Start-up: start the compile workers when the Triton cache is cold, and on the warm-up pool import
-    Triton (which installs the worker hook) and compute its cache key (a hash of its ~500 MB library, once
-    per process; the hashing runs outside the GIL), so neither waits in line when the first kernel is
-    needed. Called when an engine is created in triton mode; idempotent."""
+    Triton (which installs the worker hook), compute its cache key (a hash of its ~500 MB library, once
+    per process; the hashing runs outside the GIL) and initialise its driver, so none of it waits in line
+    when the first kernel is needed. Called when an engine is created in triton mode; idempotent."""
     global _prepared
     if _prepared or not _warm_on():
         return
@@ -318,10 +329,18 @@ def prepare() -> None:
     from shapeplan.runtime.backends import triton_workers
     triton_workers.prestart_if_cold()
 
-    def job() -> None:
+    def driver() -> None:
+        from shapeplan.runtime.backends import triton_env
+        try:                                 # the driver's helper module (a C build on a cold cache)
+            triton_env.triton.runtime.driver.active.get_current_target()
+        except Exception:  # noqa: BLE001 - no usable driver: kernels fail later and fall back visibly
+            pass
+
+    def key() -> None:
         from shapeplan.runtime.backends import triton_env  # noqa: F401
         triton_workers.compute_triton_key()
-    background(job)
+    background(driver)                       # two threads: the C build and the hashing both wait outside
+    background(key)                          # the GIL, so they overlap
 
 
 def wait_background(device: Any = None) -> None:

@@ -5,12 +5,13 @@ nothing of shapeplan or torch, so it is ready in the time of a Triton import. Pr
 object per line on stdin, one reply per line on stdout:
 
     job   {"id", "path", "name", "signature", "constexprs", "attrs", "target", "options", "src_hash"}
-    reply {"id", "ok": bool, "seconds", "error"}
+    reply {"id", "ok": bool, "launcher": bool, "seconds", "error"}
 
 ``path``/``name`` locate the ``@triton.jit`` function (a module that imports only triton). The worker
 rebuilds the same ``ASTSource``, refuses a job whose source hash differs from the parent's (the parent
 would then miss the cache: its kernel is compiled in-process as without workers), and calls
-``triton.compile``, which writes the result under ``TRITON_CACHE_DIR``. The parent's own compile of the
+``triton.compile``, which writes the result under ``TRITON_CACHE_DIR``, then builds the kernel's host
+launcher (a C module Triton compiles per kernel signature on some versions), cached there too. The parent's own compile of the
 same source then finds it there. Values are JSON with tuples and dicts tagged (``{"t": [...]}``,
 ``{"d": [[k, v], ...]}``) so the rebuilt source and options hash exactly as the parent's.
 """
@@ -47,20 +48,39 @@ def _function(path: str, name: str):  # noqa: ANN202
     return getattr(mod, name)
 
 
+def _launcher(target, src, kernel) -> bool:  # noqa: ANN001
+    """Build the kernel's host launcher too (Triton compiles a small C module per kernel signature with the
+    system compiler on some versions, ~0.3-0.5 s, cached beside the kernel). CUDA only; best effort."""
+    if getattr(target, "backend", "") != "cuda":
+        return False
+    try:
+        from triton.backends.nvidia.driver import CudaLauncher, CudaUtils
+        CudaUtils()                      # the driver's own helper module (built once per machine)
+        CudaLauncher(src, kernel.metadata)
+        return True
+    except Exception:  # noqa: BLE001 - e.g. no libcuda here: the parent builds it at first launch
+        return False
+
+
 def main() -> None:
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]   # no shadowing by our modules
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    for mod in ("triton.runtime.cache", "triton.compiler.compiler"):   # the cache key: once, before any job
+    for mod in ("triton.compiler.compiler", "triton.runtime.cache"):   # the cache key: once, before any job
         try:
             fn = getattr(importlib.import_module(mod), "triton_key", None)
         except ImportError:
             continue
         if fn is not None:
             fn()
-            break
+    if os.environ.get("SHAPEPLAN_WORKER_INDEX") == "0":    # the CUDA driver's helper module (a C build on a
+        try:                                                # cold cache): one worker builds it up front
+            from triton.backends.nvidia.driver import CudaUtils
+            CudaUtils()
+        except Exception:  # noqa: BLE001, S110 - no CUDA here: the parent builds it when it needs it
+            pass
     out = sys.stdout
     out.write(json.dumps({"ready": True, "pid": os.getpid(), "triton": triton.__version__}) + "\n")
     out.flush()
@@ -76,8 +96,10 @@ def main() -> None:
             if src.hash() != job["src_hash"]:
                 reply["error"] = "source hash differs from the parent's"
             else:
-                triton.compile(src, target=GPUTarget(*decode(job["target"])), options=decode(job["options"]))
+                target = GPUTarget(*decode(job["target"]))
+                kernel = triton.compile(src, target=target, options=decode(job["options"]))
                 reply["ok"] = True
+                reply["launcher"] = _launcher(target, src, kernel)
         except Exception as e:  # noqa: BLE001 - reported to the parent, which compiles in-process
             reply["error"] = f"{type(e).__name__}: {e}"[:500]
         reply["seconds"] = round(time.perf_counter() - t0, 4)

@@ -68,7 +68,9 @@ def _silu_mul_kernel(G, U, Y, stride_g, stride_u, stride_y, N, BLOCK: tl.constex
     tl.store(Y + row * stride_y + cols, y.to(Y.dtype.element_ty), mask=mask)
 
 
-@triton.jit
+# A1, A2 and the position strides only index rows: not specializing them on ==1 / %16 lets the prefill and
+# decode plans, and q and k (other head counts), share one compiled kernel (start-up: fewer compiles)
+@triton.jit(do_not_specialize=["A1", "A2", "sp0", "sp1", "sp2"])
 def _rope_kernel(X, C, S, P, Y, A1, A2, sx0, sx1, sx2, sy0, sy1, sy2, sc0, sc1, sc2, sp0, sp1, sp2,
                  HALF, HAS_POS: tl.constexpr, INTERLEAVED: tl.constexpr, BLOCK: tl.constexpr):
     r = tl.program_id(0).to(tl.int64)           # row index over [A0, A1, A2]

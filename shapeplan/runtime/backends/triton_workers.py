@@ -36,6 +36,7 @@ _lock = threading.Lock()
 _original: Any = None
 _manifest: set[str] | None = None
 _pool: "_Pool | None" = None
+_inflight: dict[str, threading.Event] = {}
 
 
 def worker_count() -> int:
@@ -76,8 +77,21 @@ def compile_kernel(src: Any, target: Any = None, options: Any = None, *args: Any
         job = _job(src, target, options)
     except Exception:  # noqa: BLE001 - not encodable: Triton compiles it here
         return orig(src, target, options, *args, **kw)
-    if key not in _known():
-        reply = _get_pool().submit(job)
+    with _lock:
+        busy = _inflight.get(key)
+        if busy is None and key not in _known():
+            _inflight[key] = mine = threading.Event()
+        else:
+            mine = None
+    if busy is not None:                     # another thread has sent this very kernel: wait for it
+        busy.wait()
+    elif mine is not None:
+        try:
+            reply = _get_pool().submit(job)
+        finally:
+            with _lock:
+                _inflight.pop(key, None)
+            mine.set()
         name = getattr(src, "name", "?")
         if reply is not None and reply.get("ok"):
             diagnostics.record("COMPILE", "Triton kernel compiled in a worker process", kernel=name,
@@ -93,14 +107,15 @@ def compile_kernel(src: Any, target: Any = None, options: Any = None, *args: Any
 def compute_triton_key() -> None:
     """Triton's cache key (cached by Triton per process): computed once, ahead of the first compile."""
     import importlib
-    for mod in ("triton.runtime.cache", "triton.compiler.compiler"):      # where Triton versions keep it
+    done = set()
+    for mod in ("triton.compiler.compiler", "triton.runtime.cache"):      # where Triton versions keep it
         try:
             fn = getattr(importlib.import_module(mod), "triton_key", None)
         except ImportError:
             continue
-        if fn is not None:
+        if fn is not None and id(fn) not in done:
+            done.add(id(fn))
             fn()
-            return
 
 
 def prestart_if_cold() -> None:
@@ -169,8 +184,8 @@ def _remember(key: str) -> None:
 # ---- the worker pool -------------------------------------------------------------------------------------
 
 class _Worker:
-    def __init__(self) -> None:
-        env = dict(os.environ)
+    def __init__(self, index: int = 0) -> None:
+        env = dict(os.environ, SHAPEPLAN_WORKER_INDEX=str(index))
         from shapeplan.runtime.backends.triton_paths import triton_cache_dir
         env.setdefault("TRITON_CACHE_DIR", str(triton_cache_dir()))
         self.proc = subprocess.Popen([sys.executable, "-u", WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -204,9 +219,9 @@ class _Pool:
         self.idle: queue.Queue[_Worker | None] = queue.Queue()
         self.all: list[_Worker] = []
         self.alive = 0
-        for _ in range(n):
+        for i in range(n):
             try:
-                w = _Worker()
+                w = _Worker(i)
             except OSError:
                 continue
             self.all.append(w)
