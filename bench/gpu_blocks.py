@@ -29,6 +29,7 @@ import shapeplan as sp  # noqa: E402
 
 HIDDEN, HEADS, FFN = 768, 12, 2048
 OPTIMIZE = False      # the graph is built fused already; --optimize runs the pass pipeline too
+TIMELINE = False      # --timeline: the triton engine's lifecycle/compile events with times (stderr)
 
 
 def _ensure_matmul() -> None:
@@ -147,6 +148,11 @@ def run_shape(weights, batch: int, seq: int, dtype: str, do_compile: bool, iters
     ref = None
     for mode in ("slot_by_slot", "cuda_graphs", "triton"):
         torch.cuda.synchronize()
+        if TIMELINE and mode == "triton":
+            from shapeplan import diagnostics
+            diagnostics.enable(categories=["LIFECYCLE", "SEGMENT", "GRAPH_REPLAY", "COMPILE", "FALLBACK", "VERIFY"],
+                               level="detailed")
+            diagnostics.record("LIFECYCLE", "t0")
         t0 = time.perf_counter()
         eng = sp.compile(g, device="cuda", mode=mode, optimize=OPTIMIZE)
         calls = 0
@@ -157,6 +163,16 @@ def run_shape(weights, batch: int, seq: int, dtype: str, do_compile: bool, iters
                 break
         torch.cuda.synchronize()
         ready = time.perf_counter() - t0
+        if TIMELINE and mode == "triton":
+            from shapeplan import diagnostics
+            evs = diagnostics.events()
+            base = next(e.t for e in evs if e.message == "t0")
+            for e in evs:
+                f = {k: v for k, v in e.fields.items() if k in ("segment", "kernels", "reason", "kernel", "seconds",
+                                                               "workers")}
+                print(f"  {1000 * (e.t - base):8.1f} ms  {e.category:<12} {e.message}  {f}", file=sys.stderr)
+            print(f"  {1000 * ready:8.1f} ms  (first replayed call done)", file=sys.stderr)
+            diagnostics.disable()
         it = max(3, iters // 20) if mode == "slot_by_slot" else iters
         lat = timeit(lambda: eng.run({"x": x}), it)
         cov, fused = coverage(eng) if mode != "slot_by_slot" else (0.0, 0)
@@ -198,9 +214,10 @@ def main() -> None:
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--json", default="")
     ap.add_argument("--optimize", action="store_true")
+    ap.add_argument("--timeline", action="store_true")
     a = ap.parse_args()
-    global OPTIMIZE
-    OPTIMIZE = a.optimize
+    global OPTIMIZE, TIMELINE
+    OPTIMIZE, TIMELINE = a.optimize, a.timeline
     if not torch.cuda.is_available():
         sys.exit("gpu_blocks.py needs CUDA")
     _ensure_matmul()

@@ -18,6 +18,6 @@ if [ "${WORKERS:-1}" = 0 ]; then
     --label cold_no_workers 2>&1 | tail -1
 fi
 for run in cold warm; do
-  SHAPEPLAN_CACHE_DIR=$C/blocks timeout 120 python3 bench/gpu_blocks.py --shapes 1x1 --no-compile --optimize \
+  SHAPEPLAN_CACHE_DIR=$C/blocks timeout 120 python3 bench/gpu_blocks.py --shapes 1x1 --no-compile --optimize ${TIMELINE:+--timeline} \
     --iters 50 > ${OUT:-/tmp}/blocks_$run.log 2>&1; echo "blocks $run:"; grep -E "cuda_graphs|triton" ${OUT:-/tmp}/blocks_$run.log
 done

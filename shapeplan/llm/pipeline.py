@@ -283,19 +283,20 @@ class GenerationPipeline:
             tokbuf[:, step:step + 1].copy_(tok)
 
 
-def _prewarm_decode_kernels(cfg: LlamaConfig, dtype: torch.dtype, device: torch.device, length: int) -> None:
+def _prewarm_decode_kernels(cfg: LlamaConfig, dtype: torch.dtype, device: torch.device, length: int) -> list:
     """Start-up: while the graph is built and optimized and the prefill plan runs, import Triton and
     compute its cache key (``triton_backend.prepare``) and compile the decode-attention kernels (two, each
     on its own warm-up thread, so a cold cache compiles them side by side in the compile workers); the
-    triton backend's first capture waits for them. Off with SHAPEPLAN_TRITON_WARM=0."""
+    triton backend's first capture waits for them. Off with SHAPEPLAN_TRITON_WARM=0. Returns the
+    decode-attention jobs (futures)."""
     try:
         from shapeplan.ops import llm as llm_ops
         from shapeplan.runtime.backends import triton_backend
     except ImportError:
-        return
+        return []
     triton_backend.prepare()
     if getattr(llm_ops, "_DECODE_ATTENTION", "auto") == "sdpa":
-        return
+        return []
     hq, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
 
     def warm(part: str) -> None:
@@ -307,8 +308,9 @@ def _prewarm_decode_kernels(cfg: LlamaConfig, dtype: torch.dtype, device: torch.
         decode_attention(q, kv, kv, None, scale=d ** -0.5, window=cfg.sliding_window or 0, only=part,
                          compile_only=True)
 
-    for part in ("partial", "combine"):        # compile only: a capture on the main thread need not wait
-        triton_backend.background(lambda part=part: warm(part), launches=False)
+    futures = [triton_backend.background(lambda part=part: warm(part), launches=False)
+               for part in ("partial", "combine")]   # compile only: a capture on the main thread need not wait
+    return [f for f in futures if f is not None]
 
 
 class _TokenReader:

@@ -177,6 +177,29 @@ def test_generated_source_is_cached_on_disk(tmp_path):
     assert next(s for s in kept2 if s.kind == "fused").fn.name == k.name     # same source, same kernel
 
 
+def test_check_verdicts_are_kept_on_disk_and_reused(monkeypatch, tmp_path):
+    """A step that passed the capture-time check is recorded in <cache>/triton_verified.txt; a later
+    process skips that check (same results), and SHAPEPLAN_TRITON_VERIFY=1 checks again."""
+    from shapeplan.runtime.backends import triton_backend as tb
+    g = _chain_graph()
+    kept, got, ref = _fused_run(g, {"x": torch.randn(2, 6, 40, device=DEV)})
+    n_triton = sum(s.kind != "slot" for s in kept)
+    lines = (tmp_path / "triton_verified.txt").read_text().split()
+    assert n_triton >= 1 and len(lines) == n_triton
+    checks = []
+    orig = TritonBackend._check
+    monkeypatch.setattr(TritonBackend, "_check", lambda self, *a: checks.append(1) or orig(self, *a))
+    tb._verified.clear()                              # as a new process: the verdicts come from disk
+    x = torch.randn(2, 6, 40, device=DEV)
+    kept2, got2, ref2 = _fused_run(g, {"x": x})
+    assert not checks and [s.kind for s in kept2] == [s.kind for s in kept]
+    for a, b in zip(got2, ref2):
+        _assert_close(a, b)
+    monkeypatch.setenv("SHAPEPLAN_TRITON_VERIFY", "1")
+    _fused_run(g, {"x": x})
+    assert len(checks) == n_triton
+
+
 def test_fusion_score():
     assert cg.fusion_score(1, 10_000, 10_000) == 0.0               # a lone op never pays
     assert cg.fusion_score(2, 12_000, 8_000) >= cg.MIN_GAIN_US

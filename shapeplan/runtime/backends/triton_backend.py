@@ -204,7 +204,7 @@ def _unfuse(seg: SegmentContext, st: Step, release: bool = True) -> list[Step]:
 
 # ---- verdicts of the capture-time check, kept on disk (start-up time) ----------------------------------------
 
-_verified: set[str] | None = None
+_verified: dict[str, set[str]] = {}       # verdict file -> keys (one per cache directory in use)
 _build: str | None = None
 
 
@@ -254,14 +254,16 @@ def _verdict_path() -> str:
 
 def verified() -> set[str]:
     """Keys of steps that passed the capture-time check on this machine (``<cache>/triton_verified.txt``)."""
-    global _verified
-    if _verified is None:
+    path = _verdict_path()
+    known = _verified.get(path)
+    if known is None:
         try:
-            with open(_verdict_path(), encoding="utf-8") as f:
-                _verified = {ln.strip() for ln in f if ln.strip()}
+            with open(path, encoding="utf-8") as f:
+                known = {ln.strip() for ln in f if ln.strip()}
         except OSError:
-            _verified = set()
-    return _verified
+            known = set()
+        _verified[path] = known
+    return known
 
 
 def remember_verdict(key: str) -> None:

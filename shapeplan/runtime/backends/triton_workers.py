@@ -34,7 +34,7 @@ WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "triton_compil
 
 _lock = threading.Lock()
 _original: Any = None
-_manifest: set[str] | None = None
+_manifests: dict[str, set[str]] = {}     # manifest file -> keys (one per Triton cache directory in use)
 _pool: "_Pool | None" = None
 _inflight: dict[str, threading.Event] = {}
 
@@ -158,14 +158,16 @@ def _key(src: Any, target: Any, options: Any) -> str:
 
 
 def _known() -> set[str]:
-    global _manifest
-    if _manifest is None:
+    path = manifest_path()
+    known = _manifests.get(path)
+    if known is None:
         try:
-            with open(manifest_path(), encoding="utf-8") as f:
-                _manifest = {ln.strip() for ln in f if ln.strip()}
+            with open(path, encoding="utf-8") as f:
+                known = {ln.strip() for ln in f if ln.strip()}
         except OSError:
-            _manifest = set()
-    return _manifest
+            known = set()
+        _manifests[path] = known
+    return known
 
 
 def _remember(key: str) -> None:
