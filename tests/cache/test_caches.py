@@ -116,3 +116,30 @@ def test_cli_cache_ls_and_clear(tmp_path, capsys):
     assert "ok" in capsys.readouterr().out
     assert main(["cache", "clear", "--dir", str(tmp_path)]) == 0
     assert DiskCache(str(tmp_path)).entries() == []
+
+
+def test_cli_cache_clear_all_removes_kernel_caches(tmp_path, monkeypatch, capsys):
+    """``cache clear --all`` also removes the Triton cache (under ours), generated sources and verdicts;
+    ``ls`` counts them; a TRITON_CACHE_DIR outside our cache directory is never deleted."""
+    from shapeplan.cli import main
+    monkeypatch.setenv("SHAPEPLAN_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    k = tmp_path / "triton" / "ABC"
+    k.mkdir(parents=True)
+    (k / "kern.cubin").write_bytes(b"x")
+    (tmp_path / "triton_src").mkdir()
+    (tmp_path / "triton_src" / "fused_1.py").write_text("# k")
+    (tmp_path / "triton_verified.txt").write_text("a\nb\n")
+    assert main(["cache", "ls"]) == 0
+    out = capsys.readouterr().out
+    assert "1 compiled Triton kernel(s), 1 generated source(s), 2 verified step(s)" in out
+    assert main(["cache", "clear"]) == 0                      # plans only
+    assert (tmp_path / "triton").exists()
+    assert main(["cache", "clear", "--all"]) == 0
+    assert not (tmp_path / "triton").exists() and not (tmp_path / "triton_src").exists()
+    assert not (tmp_path / "triton_verified.txt").exists()
+    outside = tmp_path.parent / (tmp_path.name + "_user_triton")
+    outside.mkdir()
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(outside))
+    assert main(["cache", "clear", "--all"]) == 0
+    assert outside.exists()

@@ -1,7 +1,7 @@
 """Import Triton with its compile cache under shapeplan's cache directory.
 
 Triton caches compiled kernels on disk under ``TRITON_CACHE_DIR``; unless the user set it, we point
-it at ``<shapeplan cache>/triton`` before Triton is imported, so ``shapeplan cache clear`` clears
+it at ``<shapeplan cache>/triton`` before Triton is imported, so ``shapeplan cache clear --all`` clears
 kernels too and a warm start reuses them. Generated kernel sources live beside it in
 ``<shapeplan cache>/triton_src``.
 

@@ -1,12 +1,13 @@
 """Where Triton's compile cache and shapeplan's generated kernel sources live (no Triton import here).
 
 Triton caches compiled kernels on disk under ``TRITON_CACHE_DIR``; unless the user set it, it is
-``<shapeplan cache>/triton``, so ``shapeplan cache clear`` clears kernels too and a warm start reuses
-them. Generated kernel sources live beside it in ``<shapeplan cache>/triton_src``.
+``<shapeplan cache>/triton``, so ``shapeplan cache clear --all`` clears kernels too and a warm start
+reuses them. Generated kernel sources live beside it in ``<shapeplan cache>/triton_src``.
 """
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 
@@ -29,3 +30,38 @@ def source_dir() -> Path:
     d = cache_root() / "triton_src"
     d.mkdir(parents=True, exist_ok=True)
     return d
+
+
+def kernel_cache_paths() -> dict[str, Path]:
+    """What start-up keeps beside the plans: Triton's cache (with the compile-worker manifest), generated
+    kernel sources, and the capture-check verdicts."""
+    root = cache_root()
+    return {"triton": triton_cache_dir(), "sources": root / "triton_src", "verdicts": root / "triton_verified.txt"}
+
+
+def kernel_cache_summary() -> dict[str, object]:
+    p = kernel_cache_paths()
+    compiled = 0
+    if p["triton"].is_dir():
+        compiled = sum(1 for d in p["triton"].iterdir() if d.is_dir() and any(d.glob("*.cubin")))
+    sources = len(list(p["sources"].glob("*.py"))) if p["sources"].is_dir() else 0
+    verdicts = len(p["verdicts"].read_text().split()) if p["verdicts"].is_file() else 0
+    return {"triton_dir": str(p["triton"]), "compiled_kernels": compiled, "generated_sources": sources,
+            "verified_steps": verdicts}
+
+
+def clear_kernel_caches() -> list[str]:
+    """Remove the kernel caches (returns what was removed). A ``TRITON_CACHE_DIR`` the user pointed
+    outside shapeplan's cache directory is left alone: it may hold other programs' kernels."""
+    root, removed = cache_root().resolve(), []
+    for name, path in kernel_cache_paths().items():
+        if not path.exists():
+            continue
+        if name == "triton" and root not in path.resolve().parents:
+            continue
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+        removed.append(str(path))
+    return removed
