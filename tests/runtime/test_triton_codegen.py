@@ -180,7 +180,6 @@ def test_generated_source_is_cached_on_disk(tmp_path):
 def test_check_verdicts_are_kept_on_disk_and_reused(monkeypatch, tmp_path):
     """A step that passed the capture-time check is recorded in <cache>/triton_verified.txt; a later
     process skips that check (same results), and SHAPEPLAN_TRITON_VERIFY=1 checks again."""
-    from shapeplan.runtime.backends import triton_backend as tb
     g = _chain_graph()
     kept, got, ref = _fused_run(g, {"x": torch.randn(2, 6, 40, device=DEV)})
     n_triton = sum(s.kind != "slot" for s in kept)
@@ -189,7 +188,8 @@ def test_check_verdicts_are_kept_on_disk_and_reused(monkeypatch, tmp_path):
     checks = []
     orig = TritonBackend._check
     monkeypatch.setattr(TritonBackend, "_check", lambda self, *a: checks.append(1) or orig(self, *a))
-    tb._verified.clear()                              # as a new process: the verdicts come from disk
+    from shapeplan.runtime.backends import triton_paths
+    triton_paths._key_files.clear()                   # as a new process: the verdicts come from disk
     x = torch.randn(2, 6, 40, device=DEV)
     kept2, got2, ref2 = _fused_run(g, {"x": x})
     assert not checks and [s.kind for s in kept2] == [s.kind for s in kept]

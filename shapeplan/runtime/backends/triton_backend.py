@@ -204,7 +204,6 @@ def _unfuse(seg: SegmentContext, st: Step, release: bool = True) -> list[Step]:
 
 # ---- verdicts of the capture-time check, kept on disk (start-up time) ----------------------------------------
 
-_verified: dict[str, set[str]] = {}       # verdict file -> keys (one per cache directory in use)
 _build: str | None = None
 
 
@@ -248,35 +247,19 @@ def verdict_key(st: Step, regs: list[Any], device: Any) -> str:
 
 
 def _verdict_path() -> str:
-    from shapeplan.runtime.backends.triton_paths import cache_root
-    return str(cache_root() / "triton_verified.txt")
+    from shapeplan.runtime.backends.triton_paths import kernel_cache_paths
+    return str(kernel_cache_paths()["verdicts"])
 
 
 def verified() -> set[str]:
     """Keys of steps that passed the capture-time check on this machine (``<cache>/triton_verified.txt``)."""
-    path = _verdict_path()
-    known = _verified.get(path)
-    if known is None:
-        try:
-            with open(path, encoding="utf-8") as f:
-                known = {ln.strip() for ln in f if ln.strip()}
-        except OSError:
-            known = set()
-        _verified[path] = known
-    return known
+    from shapeplan.runtime.backends.triton_paths import keys_in
+    return keys_in(_verdict_path())
 
 
 def remember_verdict(key: str) -> None:
-    known = verified()
-    if key in known:
-        return
-    known.add(key)
-    try:
-        os.makedirs(os.path.dirname(_verdict_path()), exist_ok=True)
-        with open(_verdict_path(), "a", encoding="utf-8") as f:
-            f.write(key + "\n")
-    except OSError:
-        pass
+    from shapeplan.runtime.backends.triton_paths import add_key
+    add_key(_verdict_path(), key)
 
 
 # ---- parallel kernel warm-up (start-up time) --------------------------------------------------------------

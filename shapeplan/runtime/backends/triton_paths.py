@@ -32,6 +32,38 @@ def source_dir() -> Path:
     return d
 
 
+_key_files: dict[str, set[str]] = {}     # path -> keys, read once per process and file
+
+
+def keys_in(path: str | Path) -> set[str]:
+    """The keys listed in a one-key-per-line file (the compile manifest, the check verdicts); read once
+    per process, then kept up to date by ``add_key``. A missing or unreadable file lists nothing."""
+    path = str(path)
+    known = _key_files.get(path)
+    if known is None:
+        try:
+            with open(path, encoding="utf-8") as f:
+                known = {ln.strip() for ln in f if ln.strip()}
+        except OSError:
+            known = set()
+        _key_files[path] = known
+    return known
+
+
+def add_key(path: str | Path, key: str) -> None:
+    """Append ``key`` to the file (one short line: an atomic append; a failure only costs speed)."""
+    known = keys_in(path)
+    if key in known:
+        return
+    known.add(key)
+    try:
+        os.makedirs(os.path.dirname(str(path)), exist_ok=True)
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(key + "\n")
+    except OSError:
+        pass
+
+
 def kernel_cache_paths() -> dict[str, Path]:
     """What start-up keeps beside the plans: Triton's cache (with the compile-worker manifest), generated
     kernel sources, and the capture-check verdicts."""

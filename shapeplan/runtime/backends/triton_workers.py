@@ -34,7 +34,6 @@ WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "triton_compil
 
 _lock = threading.Lock()
 _original: Any = None
-_manifests: dict[str, set[str]] = {}     # manifest file -> keys (one per Triton cache directory in use)
 _pool: "_Pool | None" = None
 _inflight: dict[str, threading.Event] = {}
 
@@ -158,29 +157,13 @@ def _key(src: Any, target: Any, options: Any) -> str:
 
 
 def _known() -> set[str]:
-    path = manifest_path()
-    known = _manifests.get(path)
-    if known is None:
-        try:
-            with open(path, encoding="utf-8") as f:
-                known = {ln.strip() for ln in f if ln.strip()}
-        except OSError:
-            known = set()
-        _manifests[path] = known
-    return known
+    from shapeplan.runtime.backends.triton_paths import keys_in
+    return keys_in(manifest_path())
 
 
 def _remember(key: str) -> None:
-    known = _known()
-    if key in known:
-        return
-    known.add(key)
-    try:
-        os.makedirs(os.path.dirname(manifest_path()), exist_ok=True)
-        with open(manifest_path(), "a", encoding="utf-8") as f:      # one short line: an atomic append
-            f.write(key + "\n")
-    except OSError:
-        pass
+    from shapeplan.runtime.backends.triton_paths import add_key
+    add_key(manifest_path(), key)
 
 
 # ---- the worker pool -------------------------------------------------------------------------------------
