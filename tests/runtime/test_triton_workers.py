@@ -111,3 +111,37 @@ def test_a_job_the_worker_cannot_rebuild_is_declined_with_a_reason(tmp_path, mon
     assert tw._enc((1, [2, (3,)], {"a": (4,)})) == {"t": [1, [2, {"t": [3]}], {"d": [["a", {"t": [4]}]]}]}
     with pytest.raises(TypeError):
         tw._enc(object())
+
+
+def test_a_dead_worker_leaves_the_pool_and_jobs_fall_back(tmp_path, monkeypatch):
+    """A worker that dies answers its job with an error (the parent then compiles in-process); once
+    every worker is gone, jobs get no worker at once instead of waiting."""
+    from shapeplan.runtime.backends import triton_workers as tw
+    monkeypatch.setenv("SHAPEPLAN_CACHE_DIR", str(tmp_path))
+    pool = tw._Pool(1)
+    try:
+        pool.all[0].proc.kill()
+        pool.all[0].proc.wait(timeout=30)
+        reply = pool.submit({"path": "x", "name": "k"})
+        assert reply is not None and not reply["ok"] and reply["error"]      # broken pipe or "exited"
+        assert pool.alive == 0 and pool.submit({"path": "x", "name": "k"}) is None
+    finally:
+        pool.close()
+
+
+def test_worker_count_setting(monkeypatch):
+    from shapeplan import diagnostics
+    from shapeplan.runtime.backends import triton_workers as tw
+    monkeypatch.setenv("SHAPEPLAN_TRITON_WORKERS", "3")
+    assert tw.worker_count() == 3
+    monkeypatch.setenv("SHAPEPLAN_TRITON_WORKERS", "0")
+    assert tw.worker_count() == 0
+    diagnostics.reset()
+    diagnostics.enable(["FALLBACK"])
+    try:
+        monkeypatch.setenv("SHAPEPLAN_TRITON_WORKERS", "lots")
+        assert tw.worker_count() >= 1
+        assert any("SHAPEPLAN_TRITON_WORKERS" in e.message for e in diagnostics.events())
+    finally:
+        diagnostics.disable()
+        diagnostics.reset()

@@ -39,10 +39,16 @@ _inflight: dict[str, threading.Event] = {}
 
 
 def worker_count() -> int:
+    default = max(1, min(8, (os.cpu_count() or 2) - 1))
     env = os.environ.get("SHAPEPLAN_TRITON_WORKERS", "").strip()
-    if env:
+    if not env:
+        return default
+    try:
         return max(0, int(env))
-    return max(1, min(8, (os.cpu_count() or 2) - 1))
+    except ValueError:
+        diagnostics.record("FALLBACK", "SHAPEPLAN_TRITON_WORKERS is not a whole number: using the default",
+                           given=env, default=default)
+        return default
 
 
 def manifest_path() -> str:
