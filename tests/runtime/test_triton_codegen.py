@@ -6,18 +6,11 @@ Every hand-written kernel and every generated kernel is compared with the op tab
 from __future__ import annotations
 
 import os
-import tempfile
 
 import pytest
 import torch
 
-CUDA = torch.cuda.is_available()
-if not CUDA:
-    os.environ.setdefault("TRITON_INTERPRET", "1")          # must precede the first `import triton`
-os.environ.setdefault("TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="sp-triton-"))
-pytest.importorskip("triton")
-if not CUDA and os.environ.get("TRITON_INTERPRET") != "1":
-    pytest.skip("triton needs TRITON_INTERPRET=1 without CUDA", allow_module_level=True)
+from tests.triton_setup import CUDA  # noqa: E402 - before anything imports Triton
 
 import numpy as np  # noqa: E402
 
