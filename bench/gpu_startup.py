@@ -80,7 +80,8 @@ def main() -> None:
     if prof:
         s = io.StringIO()
         pstats.Stats(prof, stream=s).sort_stats("cumulative").print_stats(a.cprofile)
-        print("\n".join(s.getvalue().splitlines()[:a.cprofile + 12]))
+        pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(a.cprofile // 2)
+        print(s.getvalue())
     out = {"label": a.label, "preset": a.preset, "mode": a.mode, "construct_s": round(t1 - t0, 3),
            "first_request_s": round(t2 - t1, 3), "start_s": round(t2 - t0, 3),
            "extra_mb": round(extra / 1e6, 1), "weights_mb": round(wbytes / 1e6, 1),

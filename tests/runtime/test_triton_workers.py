@@ -1,9 +1,10 @@
 """Triton kernels compiled in worker processes (``triton_workers``), checked without a GPU.
 
 Triton compiles for an explicit target (sm_90) on a machine without CUDA, so the whole path runs here:
-the parent wraps ``triton.compile``, a worker process compiles into the disk cache, the parent's own
-compile then finds the kernel there (a cache hit), and the manifest lets the next process skip the
-workers. Each check runs in a fresh process without ``TRITON_INTERPRET`` (the interpreter, which other
+the parent wraps ``triton.compile``, a worker process compiles into the disk cache, the parent loads
+the kernel from the entry the worker names, and the manifest lets the next process load it without a
+worker. Neither ever computes Triton's own cache key (a hash of its whole library): the parent's
+``triton_key`` cache stays empty. Each check runs in a fresh process without ``TRITON_INTERPRET`` (the interpreter, which other
 test modules switch on, replaces ``@triton.jit`` functions with ones Triton cannot compile).
 """
 from __future__ import annotations
@@ -42,7 +43,9 @@ SCRIPT = textwrap.dedent("""
     src = ASTSource(_silu_mul_kernel, sig, {(7,): block}, {(0,): [["tt.divisibility", 16]]})
     t = time.perf_counter()
     k = triton.compiler.compile(src, target=target, options=options)
+    from triton.runtime.cache import triton_key
     print(json.dumps({"cubin": len(k.asm["cubin"]), "hits": hits, "listener": listener_ok,
+                      "triton_key_computed": triton_key.cache_info().currsize, "hash": k.hash,
                       "seconds": time.perf_counter() - t,
                       "events": [[e.category, e.message, e.fields.get("reason")] for e in diagnostics.events()],
                       "wrapped": triton.compiler.compile is triton_workers.compile_kernel}))
@@ -66,18 +69,21 @@ def test_worker_compiles_and_the_parent_hits_the_cache(tmp_path):
     assert "Triton compile workers started" in msgs
     assert "Triton kernel compiled in a worker process" in msgs, first["events"]
     if first["listener"]:
-        assert first["hits"] == [True]             # the parent's compile loaded what the worker wrote
+        assert first["hits"] == []                 # Triton's compile never ran here: loaded what the worker wrote
+    assert first["triton_key_computed"] == 0
     manifest = tmp_path / "triton" / "shapeplan_compiled.txt"
-    assert len(manifest.read_text().split()) == 1
+    lines = manifest.read_text().splitlines()
+    assert len(lines) == 1 and lines[0].split()[1] == first["hash"]
 
     again = _run(tmp_path, 128)                    # a new process: the manifest lists it, no worker at all
     assert not any("worker" in m for _, m, _ in again["events"]), again["events"]
+    assert again["hash"] == first["hash"] and again["triton_key_computed"] == 0
     if again["listener"]:
-        assert again["hits"] == [True]
+        assert again["hits"] == []
 
     other = _run(tmp_path, 256)                    # another specialization: a worker again
     assert "Triton kernel compiled in a worker process" in [m for _, m, _ in other["events"]]
-    assert len(manifest.read_text().split()) == 2
+    assert len(manifest.read_text().splitlines()) == 2
 
 
 def test_workers_off_compiles_in_process(tmp_path):
@@ -85,7 +91,49 @@ def test_workers_off_compiles_in_process(tmp_path):
     assert res["cubin"] > 0
     assert not any("worker" in m for _, m, _ in res["events"])
     if res["listener"]:
-        assert res["hits"] == [False]
+        assert res["hits"] == [False]              # Triton's own compile, with its own key
+    again = _run(tmp_path, 64, workers="0")        # the manifest entry loads without Triton's key
+    assert again["hash"] == res["hash"] and again["triton_key_computed"] == 0
+    if again["listener"]:
+        assert again["hits"] == []
+
+
+def test_a_manifest_entry_whose_files_are_gone_compiles_again(tmp_path):
+    import shutil
+    first = _run(tmp_path, 32)
+    for d in (tmp_path / "triton").iterdir():
+        if d.is_dir():
+            shutil.rmtree(d)
+    again = _run(tmp_path, 32)
+    assert again["cubin"] > 0
+    assert "Triton kernel compiled in a worker process" in [m for _, m, _ in again["events"]]
+    assert again["hash"] == first["hash"]          # the same stamp-keyed entry, written again
+
+
+def test_the_stamp_follows_the_installation(tmp_path, monkeypatch):
+    """The stamp (which stands in for Triton's key) changes when a Triton file's size or time changes."""
+    from shapeplan.runtime.backends import triton_workers as tw
+    root = tmp_path / "triton"
+    (root / "_C").mkdir(parents=True)
+    (root / "__init__.py").write_text("__version__ = '9.9.9'\n")
+    lib = root / "_C" / "libtriton.so"
+    lib.write_bytes(b"x" * 10)
+    monkeypatch.setattr(tw, "triton_dir", lambda: str(root))
+    tw.stamp.cache_clear()
+    try:
+        a = tw.stamp()
+        tw.stamp.cache_clear()
+        assert tw.stamp() == a and "9.9.9" in a
+        os.utime(lib, ns=(1, 2))
+        tw.stamp.cache_clear()
+        b = tw.stamp()
+        assert b != a
+        lib.write_bytes(b"x" * 11)
+        os.utime(lib, ns=(1, 2))
+        tw.stamp.cache_clear()
+        assert tw.stamp() != b
+    finally:
+        tw.stamp.cache_clear()
 
 
 def test_a_job_the_worker_cannot_rebuild_is_declined_with_a_reason(tmp_path, monkeypatch):

@@ -304,9 +304,10 @@ _prepared = False
 
 def prepare() -> None:
     """Start-up: start the compile workers when the Triton cache is cold, and on the warm-up pool import
-    Triton (which installs the worker hook), compute its cache key (a hash of its ~500 MB library, once
-    per process; the hashing runs outside the GIL) and initialise its driver, so none of it waits in line
-    when the first kernel is needed. Called when an engine is created in triton mode; idempotent."""
+    Triton (which installs the worker hook) and initialise its driver, so neither waits in line when
+    the first kernel is needed. Triton's own cache key (a hash of its ~500 MB library) is never
+    computed on our path: the manifest and the workers key kernels by the installation stamp
+    (``triton_workers``). Called when an engine is created in triton mode; idempotent."""
     global _prepared
     if _prepared or not _warm_on():
         return
@@ -320,12 +321,7 @@ def prepare() -> None:
             triton_env.triton.runtime.driver.active.get_current_target()
         except Exception:  # noqa: BLE001 - no usable driver: kernels fail later and fall back visibly
             pass
-
-    def key() -> None:
-        from shapeplan.runtime.backends import triton_env  # noqa: F401
-        triton_workers.compute_triton_key()
-    background(driver)                       # two threads: the C build and the hashing both wait outside
-    background(key)                          # the GIL, so they overlap
+    background(driver)
 
 
 def wait_background(device: Any = None) -> None:

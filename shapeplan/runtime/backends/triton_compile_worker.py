@@ -5,14 +5,16 @@ nothing of shapeplan or torch, so it is ready in the time of a Triton import. Pr
 object per line on stdin, one reply per line on stdout:
 
     job   {"id", "path", "name", "signature", "constexprs", "attrs", "target", "options", "src_hash"}
-    reply {"id", "ok": bool, "launcher": bool, "seconds", "error"}
+    reply {"id", "ok": bool, "hash", "json", "launcher": bool, "seconds", "error"}
 
 ``path``/``name`` locate the ``@triton.jit`` function (a module that imports only triton). The worker
 rebuilds the same ``ASTSource``, refuses a job whose source hash differs from the parent's (the parent
 would then miss the cache: its kernel is compiled in-process as without workers), and calls
 ``triton.compile``, which writes the result under ``TRITON_CACHE_DIR``, then builds the kernel's host
-launcher (a C module Triton compiles per kernel signature on some versions), cached there too. The parent's own compile of the
-same source then finds it there. Values are JSON with tuples and dicts tagged (``{"t": [...]}``,
+launcher (a C module Triton compiles per kernel signature on some versions), cached there too. The reply
+names the cache entry (``hash`` and its metadata file ``json``), which the parent loads. With
+``SHAPEPLAN_TRITON_STAMP`` set, Triton's cache key is that stamp instead of a hash of Triton's library
+(see ``triton_workers``), so the worker is ready after the Triton import. Values are JSON with tuples and dicts tagged (``{"t": [...]}``,
 ``{"d": [[k, v], ...]}``) so the rebuilt source and options hash exactly as the parent's.
 """
 from __future__ import annotations
@@ -62,19 +64,30 @@ def _launcher(target, src, kernel) -> bool:  # noqa: ANN001
         return False
 
 
+def _use_stamp(stamp: str) -> None:
+    """Key this process's compiles by the parent's installation stamp instead of Triton's hash of its
+    own library (``triton_key``, computed once per process: 0.3-1 s). Without a stamp, Triton's key."""
+    import importlib
+    if not stamp:
+        return
+    cache = importlib.import_module("triton.runtime.cache")
+    original = getattr(cache, "triton_key", None)
+    if original is None:
+        return
+    version = getattr(sys.modules.get("triton"), "__version__", "")
+    key = f"{version}-shapeplan-stamp-{stamp}"
+    for name, mod in list(sys.modules.items()):       # every module that imported it by name
+        if name.startswith("triton") and getattr(mod, "triton_key", None) is original:
+            mod.triton_key = lambda: key
+
+
 def main() -> None:
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]   # no shadowing by our modules
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    for mod in ("triton.compiler.compiler", "triton.runtime.cache"):   # the cache key: once, before any job
-        try:
-            fn = getattr(importlib.import_module(mod), "triton_key", None)
-        except ImportError:
-            continue
-        if fn is not None:
-            fn()
+    _use_stamp(os.environ.get("SHAPEPLAN_TRITON_STAMP", ""))
     if os.environ.get("SHAPEPLAN_WORKER_INDEX") == "0":    # the CUDA driver's helper module (a C build on a
         try:                                                # cold cache): one worker builds it up front
             from triton.backends.nvidia.driver import CudaUtils
@@ -99,6 +112,9 @@ def main() -> None:
                 target = GPUTarget(*decode(job["target"]))
                 kernel = triton.compile(src, target=target, options=decode(job["options"]))
                 reply["ok"] = True
+                reply["hash"] = kernel.hash
+                reply["json"] = next((n for n in kernel.metadata_group if n.endswith(".json")
+                                      and not n.startswith("__grp__")), "")
                 reply["launcher"] = _launcher(target, src, kernel)
         except Exception as e:  # noqa: BLE001 - reported to the parent, which compiles in-process
             reply["error"] = f"{type(e).__name__}: {e}"[:500]

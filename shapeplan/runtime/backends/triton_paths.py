@@ -32,34 +32,39 @@ def source_dir() -> Path:
     return d
 
 
-_key_files: dict[str, set[str]] = {}     # path -> keys, read once per process and file
+_key_files: dict[str, dict[str, str]] = {}     # path -> {key: value}, read once per process and file
 
 
-def keys_in(path: str | Path) -> set[str]:
-    """The keys listed in a one-key-per-line file (the compile manifest, the check verdicts); read once
-    per process, then kept up to date by ``add_key``. A missing or unreadable file lists nothing."""
+def keys_in(path: str | Path) -> dict[str, str]:
+    """The entries of a one-entry-per-line file (``key`` or ``key value``: the compile manifest, the
+    check verdicts) as ``{key: value}``; read once per process, then kept up to date by ``add_key``. A
+    missing or unreadable file lists nothing."""
     path = str(path)
     known = _key_files.get(path)
     if known is None:
+        known = {}
         try:
             with open(path, encoding="utf-8") as f:
-                known = {ln.strip() for ln in f if ln.strip()}
+                for ln in f:
+                    key, _, value = ln.strip().partition(" ")
+                    if key:
+                        known[key] = value
         except OSError:
-            known = set()
+            pass
         _key_files[path] = known
     return known
 
 
-def add_key(path: str | Path, key: str) -> None:
-    """Append ``key`` to the file (one short line: an atomic append; a failure only costs speed)."""
+def add_key(path: str | Path, key: str, value: str = "") -> None:
+    """Append ``key [value]`` to the file (one short line: an atomic append; a failure only costs speed)."""
     known = keys_in(path)
-    if key in known:
+    if known.get(key) == value:
         return
-    known.add(key)
+    known[key] = value
     try:
         os.makedirs(os.path.dirname(str(path)), exist_ok=True)
         with open(path, "a", encoding="utf-8") as f:
-            f.write(key + "\n")
+            f.write(f"{key} {value}".rstrip() + "\n")
     except OSError:
         pass
 
@@ -77,7 +82,7 @@ def kernel_cache_summary() -> dict[str, object]:
     if p["triton"].is_dir():
         compiled = sum(1 for d in p["triton"].iterdir() if d.is_dir() and any(d.glob("*.cubin")))
     sources = len(list(p["sources"].glob("*.py"))) if p["sources"].is_dir() else 0
-    verdicts = len(p["verdicts"].read_text().split()) if p["verdicts"].is_file() else 0
+    verdicts = len(p["verdicts"].read_text().splitlines()) if p["verdicts"].is_file() else 0
     return {"triton_dir": str(p["triton"]), "compiled_kernels": compiled, "generated_sources": sources,
             "verified_steps": verdicts}
 

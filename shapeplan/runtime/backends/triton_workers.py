@@ -1,24 +1,34 @@
-"""Compile Triton kernels in worker processes, so a cold start compiles them side by side.
+"""Compile Triton kernels in worker processes, and load compiled ones without Triton's cache key.
 
 Triton compiles a kernel in ~0.3-0.5 s and holds the GIL for most of it, so threads overlap little.
 ``install`` (called by ``triton_env`` once Triton is imported) wraps ``triton.compile``: a compile that
-the manifest does not list is first sent to one of N worker processes (``triton_compile_worker``: a
-Triton import and nothing else), which compiles it into Triton's disk cache; the wrapper then calls
-Triton's own compile, which finds the kernel there. While it waits, the calling thread holds no GIL, so
-the warm-up threads of ``triton_backend.warm_kernels`` compile in parallel for real.
+the manifest does not list is sent to one of N worker processes (``triton_compile_worker``: a Triton
+import and nothing else), which compiles it into Triton's disk cache and answers with the kernel's
+cache entry; the wrapper loads that entry. While it waits, the calling thread holds no GIL, so the
+warm-up threads of ``triton_backend.warm_kernels`` compile in parallel for real.
+
+The manifest (``<Triton cache>/shapeplan_compiled.txt``) maps our key of a kernel (source hash, target,
+options, cache-relevant environment, and the installation *stamp*) to its entry in Triton's cache, so a
+warm start loads every kernel straight from there (``CompiledKernel``), as Triton's compile does on a
+cache hit, without computing Triton's own cache key. That key hashes Triton's whole library (~500 MB:
+0.3-1 s per process, the largest single item of a warm start on the H200). The stamp stands in for it
+the way Python's ``.pyc`` check does: version, size and modification time of every Python file, shared
+library and tool of the Triton installation; reinstalling Triton changes it. Workers compile under the
+stamp too (Triton's warm-up pool does the same with its own key), so they are ready after a Triton
+import.
 
 Nothing depends on a worker for correctness: a job a worker cannot take (a value it cannot encode, a
-source that hashes differently there, a crash) leaves Triton's compile to do the work in-process, as
-without workers (a FALLBACK event says why). The manifest (``<Triton cache>/shapeplan_compiled.txt``,
-one key per compiled source/target/options) lets a warm start skip the workers entirely: a listed
-kernel goes straight to Triton's compile, a cache hit.
+source that hashes differently there, a crash) and an entry that no longer loads leave Triton's own
+compile to do the work in-process, as without workers (a FALLBACK event says why).
 
 ``SHAPEPLAN_TRITON_WORKERS``: number of workers (default min(8, CPUs - 1)); 0 turns this off.
 """
 from __future__ import annotations
 
 import atexit
+import functools
 import hashlib
+import importlib.util
 import json
 import os
 import queue
@@ -73,54 +83,119 @@ def install() -> None:
 
 
 def compile_kernel(src: Any, target: Any = None, options: Any = None, *args: Any, **kw: Any) -> Any:
-    """Triton's ``compile``, with the compile itself done in a worker when the kernel is new."""
+    """Triton's ``compile``: a kernel the manifest lists is loaded from its cache entry; a new one is
+    compiled in a worker (or, failing that, by Triton in-process) and entered in the manifest."""
     orig = _original
-    if worker_count() == 0 or target is None or not hasattr(src, "fn") or args:
+    if target is None or not hasattr(src, "fn") or args or set(kw) - {"_env_vars"}:
         return orig(src, target, options, *args, **kw)
     try:
-        key = _key(src, target, options)
-        job = _job(src, target, options)
+        key = _key(src, target, options, kw.get("_env_vars"))
     except Exception:  # noqa: BLE001 - not encodable: Triton compiles it here
         return orig(src, target, options, *args, **kw)
-    with _lock:
-        busy = _inflight.get(key)
-        if busy is None and key not in _known():
-            _inflight[key] = mine = threading.Event()
+    res = _load(key, src)
+    if res is not None:
+        return res
+    if worker_count():
+        with _lock:
+            busy = _inflight.get(key)
+            if busy is None:
+                _inflight[key] = mine = threading.Event()
+        if busy is not None:                 # another thread has sent this very kernel: wait for it
+            busy.wait()
         else:
-            mine = None
-    if busy is not None:                     # another thread has sent this very kernel: wait for it
-        busy.wait()
-    elif mine is not None:
-        try:
-            reply = _get_pool().submit(job)
-        finally:
-            with _lock:
-                _inflight.pop(key, None)
-            mine.set()
-        name = getattr(src, "name", "?")
-        if reply is not None and reply.get("ok"):
-            diagnostics.record("COMPILE", "Triton kernel compiled in a worker process", kernel=name,
-                               seconds=reply.get("seconds"))
-        else:
-            diagnostics.record("FALLBACK", "Triton kernel compiled in-process (worker declined)", kernel=name,
-                               reason=(reply or {}).get("error", "no worker"))
+            try:
+                reply = _get_pool().submit(_job(src, target, options))
+                if reply is not None and reply.get("ok") and reply.get("hash"):
+                    _remember(key, reply["hash"], reply.get("json", ""))
+            except Exception as e:  # noqa: BLE001 - e.g. a source file we cannot name: compiled here
+                reply = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+            finally:
+                with _lock:
+                    _inflight.pop(key, None)
+                mine.set()
+            name = getattr(src, "name", "?")
+            if reply is not None and reply.get("ok"):
+                diagnostics.record("COMPILE", "Triton kernel compiled in a worker process", kernel=name,
+                                   seconds=reply.get("seconds"))
+            else:
+                diagnostics.record("FALLBACK", "Triton kernel compiled in-process (worker declined)", kernel=name,
+                                   reason=(reply or {}).get("error", "no worker"))
+        res = _load(key, src)
+        if res is not None:
+            return res
     res = orig(src, target, options, *args, **kw)
-    _remember(key)
+    group = getattr(res, "metadata_group", None) or {}
+    json_name = next((n for n in group if n.endswith(".json") and not n.startswith("__grp__")), "")
+    if getattr(res, "hash", None) and json_name:
+        _remember(key, res.hash, json_name)
     return res
 
 
-def compute_triton_key() -> None:
-    """Triton's cache key (cached by Triton per process): computed once, ahead of the first compile."""
-    import importlib
-    done = set()
-    for mod in ("triton.compiler.compiler", "triton.runtime.cache"):      # where Triton versions keep it
+def _load(key: str, src: Any) -> Any:
+    """The compiled kernel of a manifest entry, loaded from Triton's cache as Triton does on a hit; None
+    when the manifest does not list it or its files are gone (then it is compiled again)."""
+    entry = _known().get(key)
+    if not entry:
+        return None
+    kernel_hash, _, json_name = entry.partition(" ")
+    try:
+        from triton.compiler.compiler import CompiledKernel
+        from triton.runtime.cache import get_cache_manager
+        group = get_cache_manager(kernel_hash).get_group(json_name)
+        if not group or json_name not in group:
+            return None
+        return CompiledKernel(src, group, kernel_hash)
+    except Exception as e:  # noqa: BLE001 - e.g. a damaged entry: Triton compiles it again
+        diagnostics.record("FALLBACK", "Triton cache entry did not load: compiling again",
+                           kernel=getattr(src, "name", "?"), reason=f"{type(e).__name__}: {e}"[:300])
+        return None
+
+
+def triton_dir() -> str | None:
+    """Triton's package directory, found without importing Triton."""
+    spec = importlib.util.find_spec("triton")
+    locs = list(spec.submodule_search_locations or []) if spec is not None else []
+    return locs[0] if locs else None
+
+
+@functools.lru_cache(maxsize=None)
+def stamp() -> str:
+    """The installation stamp that stands in for Triton's cache key: Triton's version and the size and
+    modification time of each of its Python files, shared libraries and bundled tools (ptxas ...)."""
+    h = hashlib.sha256()
+    root = triton_dir()
+    version = ""
+    if root:
         try:
-            fn = getattr(importlib.import_module(mod), "triton_key", None)
-        except ImportError:
-            continue
-        if fn is not None and id(fn) not in done:
-            done.add(id(fn))
-            fn()
+            with open(os.path.join(root, "__init__.py"), encoding="utf-8") as f:
+                version = next((ln for ln in f if ln.startswith("__version__")), "")
+        except OSError:
+            pass
+        for d, dirs, files in os.walk(root):
+            dirs.sort()
+            for name in sorted(files):
+                if name.endswith((".py", ".so")) or os.path.basename(d) == "bin":
+                    path = os.path.join(d, name)
+                    try:
+                        st = os.stat(path)
+                    except OSError:
+                        continue
+                    h.update(f"{os.path.relpath(path, root)}|{st.st_size}|{st.st_mtime_ns}\n".encode())
+    return f"{version.strip()}|{root}|{h.hexdigest()}"
+
+
+def _env() -> dict[str, str]:
+    """The environment a kernel's compile depends on: Triton's cache-invalidating variables (when this
+    Triton reports them) plus every TRITON_* variable but the cache locations."""
+    out: dict[str, str] = {}
+    try:
+        from triton._C.libtriton import get_cache_invalidating_env_vars
+        out.update({str(k): str(v) for k, v in get_cache_invalidating_env_vars().items()})
+    except Exception:  # noqa: BLE001, S110 - older Triton: the TRITON_* variables below cover it
+        pass
+    out.update({k: v for k, v in os.environ.items() if k.startswith("TRITON_")
+                and k not in ("TRITON_CACHE_DIR", "TRITON_HOME", "TRITON_DUMP_DIR", "TRITON_OVERRIDE_DIR")})
+    return out
 
 
 def prestart_if_cold() -> None:
@@ -155,28 +230,28 @@ def _job(src: Any, target: Any, options: Any) -> dict[str, Any]:
             "options": _enc(dict(options or {})), "src_hash": src.hash()}
 
 
-def _key(src: Any, target: Any, options: Any) -> str:
-    import triton
+def _key(src: Any, target: Any, options: Any, env_vars: Any = None) -> str:
     opts = json.dumps(_enc(dict(options or {})), sort_keys=True)
-    text = f"{triton.__version__}|{src.hash()}|{target.backend}|{target.arch}|{target.warp_size}|{opts}"
+    env = json.dumps(sorted({**_env(), **{str(k): str(v) for k, v in dict(env_vars or {}).items()}}.items()))
+    text = f"{stamp()}|{src.hash()}|{target.backend}|{target.arch}|{target.warp_size}|{opts}|{env}"
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def _known() -> set[str]:
+def _known() -> dict[str, str]:
     from shapeplan.runtime.backends.triton_paths import keys_in
     return keys_in(manifest_path())
 
 
-def _remember(key: str) -> None:
+def _remember(key: str, kernel_hash: str, json_name: str) -> None:
     from shapeplan.runtime.backends.triton_paths import add_key
-    add_key(manifest_path(), key)
+    add_key(manifest_path(), key, f"{kernel_hash} {json_name}")
 
 
 # ---- the worker pool -------------------------------------------------------------------------------------
 
 class _Worker:
     def __init__(self, index: int = 0) -> None:
-        env = dict(os.environ, SHAPEPLAN_WORKER_INDEX=str(index))
+        env = dict(os.environ, SHAPEPLAN_WORKER_INDEX=str(index), SHAPEPLAN_TRITON_STAMP=stamp())
         from shapeplan.runtime.backends.triton_paths import triton_cache_dir
         env.setdefault("TRITON_CACHE_DIR", str(triton_cache_dir()))
         self.proc = subprocess.Popen([sys.executable, "-u", WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -216,8 +291,9 @@ class _Pool:
             except OSError:
                 continue
             self.all.append(w)
-            self.idle.put(w)
             self.alive += 1
+        for w in self.all[1:] + self.all[:1]:      # worker 0 first builds the driver's helper: asked last
+            self.idle.put(w)
         self.started = time.perf_counter()
         diagnostics.record("COMPILE", "Triton compile workers started", workers=self.alive)
 
