@@ -23,6 +23,7 @@ import importlib.util
 import json
 import os
 import sys
+import threading
 import time
 
 
@@ -62,6 +63,27 @@ def _launcher(target, src, kernel) -> bool:  # noqa: ANN001
         return True
     except Exception:  # noqa: BLE001 - e.g. no libcuda here: the parent builds it at first launch
         return False
+
+
+class _AnyMetadata:
+    """Stands in for a kernel's metadata before it is compiled: every field reads as None."""
+
+    def __getattr__(self, name: str):  # noqa: ANN204
+        return None
+
+
+def _launcher_early(target, src) -> None:  # noqa: ANN001
+    """Start building the host launcher while the kernel compiles (its C source depends only on the
+    signature and constants; the system compiler runs as a subprocess, outside the GIL). The build is
+    cached by source, so ``_launcher`` after the compile finds it. Best effort: any failure here just
+    leaves the build to ``_launcher``."""
+    if getattr(target, "backend", "") != "cuda":
+        return
+    try:
+        from triton.backends.nvidia.driver import CudaLauncher
+        CudaLauncher(src, _AnyMetadata())
+    except Exception:  # noqa: BLE001, S110 - e.g. this Triton reads a field it needs: built after the compile
+        pass
 
 
 def _use_stamp(stamp: str) -> None:
@@ -110,7 +132,10 @@ def main() -> None:
                 reply["error"] = "source hash differs from the parent's"
             else:
                 target = GPUTarget(*decode(job["target"]))
+                early = threading.Thread(target=_launcher_early, args=(target, src), daemon=True)
+                early.start()
                 kernel = triton.compile(src, target=target, options=decode(job["options"]))
+                early.join()
                 reply["ok"] = True
                 reply["hash"] = kernel.hash
                 reply["json"] = next((n for n in kernel.metadata_group if n.endswith(".json")
