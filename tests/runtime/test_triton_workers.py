@@ -193,3 +193,19 @@ def test_worker_count_setting(monkeypatch):
     finally:
         diagnostics.disable()
         diagnostics.reset()
+
+
+def test_a_worker_without_triton_on_its_path_restarts_with_site(tmp_path):
+    """Workers start with ``python -S`` and the parent's import path; one that cannot import Triton that
+    way restarts itself with site initialisation and still reports ready."""
+    from shapeplan.runtime.backends import triton_workers as tw
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "SHAPEPLAN_WORKER_PATH")}
+    env["TRITON_CACHE_DIR"] = str(tmp_path)
+    p = subprocess.Popen([sys.executable, "-S", "-u", tw.WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         text=True, env=env)
+    try:
+        first = json.loads(p.stdout.readline())
+        assert first["ready"] is True
+    finally:
+        p.stdin.close()
+        p.wait(timeout=60)

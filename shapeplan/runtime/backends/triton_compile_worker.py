@@ -105,8 +105,15 @@ def _use_stamp(stamp: str) -> None:
 
 def main() -> None:
     here = os.path.dirname(os.path.abspath(__file__))
-    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]   # no shadowing by our modules
-    import triton
+    extra = [p for p in os.environ.get("SHAPEPLAN_WORKER_PATH", "").split(os.pathsep) if p]
+    sys.path[:] = [p for p in sys.path + [p for p in extra if p not in sys.path]
+                   if os.path.abspath(p or ".") != here]                    # no shadowing by our modules
+    try:
+        import triton
+    except ImportError:
+        if sys.flags.no_site:            # started with -S and Triton needs site initialisation: once more with it
+            os.execv(sys.executable, [sys.executable, "-u", os.path.abspath(__file__)])
+        raise
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     _use_stamp(os.environ.get("SHAPEPLAN_TRITON_STAMP", ""))

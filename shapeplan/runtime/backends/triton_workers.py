@@ -131,6 +131,9 @@ def compile_kernel(src: Any, target: Any = None, options: Any = None, *args: Any
     return res
 
 
+_IR_TEXT = (".source", ".ttir", ".ttgir", ".llir", ".ptx", ".amdgcn")
+
+
 def _load(key: str, src: Any) -> Any:
     """The compiled kernel of a manifest entry, loaded from Triton's cache as Triton does on a hit; None
     when the manifest does not list it or its files are gone (then it is compiled again)."""
@@ -144,6 +147,8 @@ def _load(key: str, src: Any) -> Any:
         group = get_cache_manager(kernel_hash).get_group(json_name)
         if not group or json_name not in group:
             return None
+        # only the metadata and the binary: Triton would also read every IR text (ttir ... ptx, often MBs)
+        group = {n: p for n, p in group.items() if not n.endswith(_IR_TEXT)}
         return CompiledKernel(src, group, kernel_hash)
     except Exception as e:  # noqa: BLE001 - e.g. a damaged entry: Triton compiles it again
         diagnostics.record("FALLBACK", "Triton cache entry did not load: compiling again",
@@ -254,8 +259,12 @@ class _Worker:
         env = dict(os.environ, SHAPEPLAN_WORKER_INDEX=str(index), SHAPEPLAN_TRITON_STAMP=stamp())
         from shapeplan.runtime.backends.triton_paths import triton_cache_dir
         env.setdefault("TRITON_CACHE_DIR", str(triton_cache_dir()))
-        self.proc = subprocess.Popen([sys.executable, "-u", WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.DEVNULL, text=True, env=env)
+        # -S: no site initialisation (0.3 s in some environments); the worker gets this process's import
+        # path instead, and restarts itself with site initialisation when Triton does not import so
+        paths = [p for p in sys.path if p and os.path.isdir(p)]
+        env["SHAPEPLAN_WORKER_PATH"] = os.pathsep.join(paths)
+        self.proc = subprocess.Popen([sys.executable, "-S", "-u", WORKER], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
         self.seq = 0
 
     def call(self, job: dict[str, Any]) -> dict[str, Any]:
