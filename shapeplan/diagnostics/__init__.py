@@ -11,10 +11,10 @@ Environment: ``SHAPEPLAN_DIAGNOSTICS=CAT,CAT|ALL``, ``SHAPEPLAN_DIAGNOSTICS_LEVE
 from __future__ import annotations
 
 from shapeplan.diagnostics.core import (CATEGORIES, LEVELS, RING_SIZE, Category, Event, Level, configure_from_env,
-                                          counters, disable, enable, enabled, events, is_enabled, record,
+                                          counters, disable, enable, enabled, events, is_enabled, muted, record,
                                           reset, segment_records, segment_terminal)
 from shapeplan.diagnostics.report import report, write_report
 
 __all__ = ["CATEGORIES", "LEVELS", "RING_SIZE", "Category", "Event", "Level", "configure_from_env", "counters",
-           "disable", "enable", "enabled", "events", "is_enabled", "record", "report", "reset",
+           "disable", "enable", "enabled", "events", "is_enabled", "muted", "record", "report", "reset",
            "segment_records", "segment_terminal", "write_report"]

@@ -7,12 +7,13 @@ count every accepted event, so they stay right after the ring buffer wraps aroun
 from __future__ import annotations
 
 import collections
+import contextlib
 import enum
 import os
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 RING_SIZE = 65_536
 
@@ -107,6 +108,19 @@ class _State:
 
 
 _S = _State()
+_thread = threading.local()          # .muted: events of this thread are not recorded
+
+
+@contextlib.contextmanager
+def muted() -> Iterator[None]:
+    """Record no events from this thread inside the block (e.g. a background warm-up whose plans and
+    calls are not the user's)."""
+    before = getattr(_thread, "muted", False)
+    _thread.muted = True
+    try:
+        yield
+    finally:
+        _thread.muted = before
 
 
 def record(category: "str | Category", message: str, level: "str | int | Level" = 0, **fields: Any) -> None:
@@ -116,7 +130,7 @@ def record(category: "str | Category", message: str, level: "str | int | Level" 
     their category is enabled; ``full`` events only at level full).
     """
     s = _S
-    if not s.on:
+    if not s.on or getattr(_thread, "muted", False):
         return
     cat = category.value if isinstance(category, Category) else str(category).upper()
     if not s.all and cat not in s.cats:

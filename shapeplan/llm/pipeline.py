@@ -72,8 +72,12 @@ class GenerationPipeline:
         if not eos and tokenizer is not None and tokenizer.eos_token_id is not None:
             eos = [tokenizer.eos_token_id]
         self.eos_token_ids = set(eos)
-        if self.device.type == "cuda" and mode in ("triton", "auto") and tp is None and placement is None:
-            _prewarm_decode_kernels(cfg, self.dtype, self.device, max_kv_cache_length)
+        if self.device.type == "cuda" and tp is None and placement is None:
+            from shapeplan.llm import warmup            # CUDA libraries load while the graph is built
+            warmup.start(cfg, self.dtype, self.device, max_kv_cache_length,
+                         seq=next(b for b in self.buckets if b >= min(128, max_prefill_length)))
+            if mode in ("triton", "auto"):
+                _prewarm_decode_kernels(cfg, self.dtype, self.device, max_kv_cache_length)
         graph = build_graph(cfg, weights, max_kv_cache_length=max_kv_cache_length, dtype=self.dtype,
                             device=self.device, tp=tp)    # tp: shapeplan.parallel.TensorParallel (this rank)
         if placement is not None:                          # shapeplan.parallel.Placement: stages over devices

@@ -47,3 +47,31 @@ def test_gpu_bf16_preset_sessions_and_sampling():
         s.generate(prompt, max_new_tokens=8)
         res = s.generate([5, 6, 7], max_new_tokens=200)
     assert res.finish_reason == "length"
+
+
+def test_gpu_cuda_warmup_thread_changes_nothing(monkeypatch):
+    """The CUDA warm-up thread (shapeplan/llm/warmup.py) runs beside construction, finishes, records no
+    events, and the tokens are those of a pipeline built without it."""
+    import threading
+
+    from shapeplan import diagnostics
+    diagnostics.reset()
+    diagnostics.enable(["COMPILE", "SHAPE", "FALLBACK"], level="detailed")
+    try:
+        pipe = GenerationPipeline.from_preset("llama-tiny", device="cuda", dtype="bfloat16", mode="triton",
+                                              max_prefill_length=32, max_kv_cache_length=128)
+        got = pipe.generate(list(range(5, 25)), max_new_tokens=12)
+        for t in threading.enumerate():
+            if t.name == "shapeplan-cuda-warm":
+                t.join(timeout=60)
+                assert not t.is_alive()
+        plans = [e for e in diagnostics.events() if e.message == "plan compiled"]
+        assert len(plans) == 1, plans                       # the warm-up's own plan was not recorded
+        assert not [e for e in diagnostics.events("FALLBACK") if "warm-up" in e.message]
+    finally:
+        diagnostics.disable()
+        diagnostics.reset()
+    monkeypatch.setenv("SHAPEPLAN_CUDA_WARM", "0")
+    plain = GenerationPipeline.from_preset("llama-tiny", device="cuda", dtype="bfloat16", mode="triton",
+                                           max_prefill_length=32, max_kv_cache_length=128)
+    assert plain.generate(list(range(5, 25)), max_new_tokens=12).token_ids == got.token_ids

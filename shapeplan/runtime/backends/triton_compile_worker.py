@@ -124,7 +124,12 @@ def main() -> None:
         except Exception:  # noqa: BLE001, S110 - no CUDA here: the parent builds it when it needs it
             pass
     out = sys.stdout
-    out.write(json.dumps({"ready": True, "pid": os.getpid(), "triton": triton.__version__}) + "\n")
+    try:                                 # seconds from the parent's spawn to ready (start-up diagnostics)
+        ready_s = round(time.time() - float(os.environ.get("SHAPEPLAN_WORKER_SPAWNED", "")), 3)
+    except ValueError:
+        ready_s = None
+    out.write(json.dumps({"ready": True, "pid": os.getpid(), "triton": triton.__version__, "ready_s": ready_s,
+                          "site": not sys.flags.no_site}) + "\n")
     out.flush()
     for line in sys.stdin:
         if not line.strip():

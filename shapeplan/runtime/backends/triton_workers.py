@@ -263,6 +263,7 @@ class _Worker:
         # path instead, and restarts itself with site initialisation when Triton does not import so
         paths = [p for p in sys.path if p and os.path.isdir(p)]
         env["SHAPEPLAN_WORKER_PATH"] = os.pathsep.join(paths)
+        env["SHAPEPLAN_WORKER_SPAWNED"] = repr(time.time())
         self.proc = subprocess.Popen([sys.executable, "-S", "-u", WORKER], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
         self.seq = 0
@@ -280,6 +281,9 @@ class _Worker:
             msg = json.loads(line)
             if msg.get("id") == self.seq:
                 return msg
+            if msg.get("ready"):
+                diagnostics.record("COMPILE", "Triton compile worker ready", seconds=msg.get("ready_s"),
+                                   site=msg.get("site"))
 
     def close(self) -> None:
         try:
