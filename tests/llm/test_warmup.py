@@ -1,5 +1,5 @@
-"""The pipeline's CUDA warm-up thread (shapeplan/llm/warmup.py), checked on CPU: its body runs the
-one-layer copy slot by slot and records nothing; it is off on CPU and with SHAPEPLAN_CUDA_WARM=0; a
+"""The pipeline's CUDA warm-up thread (shapeplan/llm/warmup.py), checked on CPU: its body calls the
+kernels of the real prefill plan and records nothing; it is off on CPU and with SHAPEPLAN_CUDA_WARM=0; a
 failure is recorded once and raises nothing."""
 from __future__ import annotations
 
@@ -12,12 +12,27 @@ from shapeplan.llm import warmup
 from shapeplan.llm.config import preset_config
 
 
-def test_small_config_keeps_the_kernel_shapes():
-    cfg = preset_config("llama-1b", "bfloat16")
-    small = warmup.small_config(cfg)
-    assert small.num_layers == 1 and small.vocab_size == warmup.WARM_VOCAB
-    assert (small.hidden_size, small.intermediate_size, small.num_heads, small.num_kv_heads, small.head_dim) == \
-        (cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
+def test_the_warm_layer_runs_the_kernels_of_the_real_prefill_plan(monkeypatch):
+    """Every kernel-launching op of the pipeline's prefill plan is one the warm-up calls (guards drift
+    between model.build_graph and warmup.layer)."""
+    from shapeplan.llm import GenerationPipeline
+    from shapeplan.ops import registry
+    used = set()
+    real = registry.lookup
+
+    def spy(op, domain="", opset=None):  # noqa: ANN001, ANN202
+        used.add(op)
+        return real(op, domain, opset)
+    monkeypatch.setattr(registry, "lookup", spy)
+    cfg = preset_config("llama-tiny", "float32")
+    tok = warmup.layer(cfg, torch.float32, torch.device("cpu"), 64, 16)
+    assert tok.shape == (1, 1) and tok.dtype == torch.int64
+    monkeypatch.setattr(registry, "lookup", real)
+    pipe = GenerationPipeline.from_preset("llama-tiny", dtype="float32", max_prefill_length=16,
+                                          max_kv_cache_length=64)
+    plan = pipe.engine.plan(["next_token", "next_position"])
+    shape_only = {"Reshape", "Split", "Transpose", "Add", "Sub", "Identity", "Squeeze", "Unsqueeze", "Concat"}
+    assert {s.op_type for s in plan.slots} - shape_only <= used
 
 
 def test_the_body_runs_and_records_nothing_while_other_threads_still_record():
@@ -49,12 +64,11 @@ def test_off_on_cpu_and_by_setting(monkeypatch):
 
 
 def test_a_failure_is_recorded_and_not_raised(monkeypatch):
-    import shapeplan.llm.model as model
     cfg = preset_config("llama-tiny", "float32")
 
     def broken(*a, **k):  # noqa: ANN002, ANN003, ANN202
         raise RuntimeError("no graph today")
-    monkeypatch.setattr(model, "build_graph", broken)
+    monkeypatch.setattr(warmup, "layer", broken)
     diagnostics.reset()
     diagnostics.enable(["FALLBACK"])
     try:

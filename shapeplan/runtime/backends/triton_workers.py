@@ -163,7 +163,7 @@ def triton_dir() -> str | None:
     return locs[0] if locs else None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def stamp() -> str:
     """The installation stamp that stands in for Triton's cache key: Triton's version and the size and
     modification time of each of its Python files, shared libraries and bundled tools (ptxas ...)."""
