@@ -72,10 +72,11 @@ class GenerationPipeline:
         if not eos and tokenizer is not None and tokenizer.eos_token_id is not None:
             eos = [tokenizer.eos_token_id]
         self.eos_token_ids = set(eos)
+        self._warm_thread = None
         if self.device.type == "cuda" and tp is None and placement is None:
             from shapeplan.llm import warmup            # CUDA libraries load while the graph is built
-            warmup.start(cfg, self.dtype, self.device, max_kv_cache_length,
-                         seq=next(b for b in self.buckets if b >= min(128, max_prefill_length)))
+            self._warm_thread = warmup.start(cfg, self.dtype, self.device, max_kv_cache_length,
+                                             seq=next(b for b in self.buckets if b >= min(128, max_prefill_length)))
             if mode in ("triton", "auto"):
                 _prewarm_decode_kernels(cfg, self.dtype, self.device, max_kv_cache_length)
         graph = build_graph(cfg, weights, max_kv_cache_length=max_kv_cache_length, dtype=self.dtype,
@@ -229,6 +230,9 @@ class GenerationPipeline:
         if max_new_tokens < 1:
             raise InputError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         bucket = self.bucket_for(n, start)
+        if self._warm_thread is not None:     # its cuBLAS handle (and workspace) then passes to this thread
+            self._warm_thread.join()
+            self._warm_thread = None
         greedy = sampling.is_plain_greedy
         tok_out = "next_token" if greedy else "next_token_sampled"
         if not greedy:
