@@ -25,12 +25,30 @@ def _model_hash(model: Any, graph: Any) -> str:
     return "graph:" + hashlib.sha256(graph_to_bytes(graph)).hexdigest()
 
 
+def _prepare_triton(device: Any, mode: Any) -> None:
+    """Start-up: a CUDA engine that may run Triton kernels starts Triton's compile workers (on a cold
+    cache) and its import now, while the model is loaded and optimized, rather than when the Engine is
+    created (``triton_backend.prepare``, idempotent; the Engine calls it too)."""
+    try:
+        import torch
+
+        from shapeplan.runtime.modes import Mode
+        if torch.device(device).type != "cuda" or Mode.parse(mode) not in (Mode.AUTO, Mode.TRITON):
+            return
+        from shapeplan.runtime.backends import triton_backend, triton_workers
+        if triton_workers.triton_dir() is not None and torch.cuda.is_available():
+            triton_backend.prepare()
+    except Exception:  # noqa: BLE001, S110 - an optimisation only: the Engine prepares as before
+        pass
+
+
 def compile_model(model: Any, device: str = "cpu", mode: Any = "auto", *, optimize: bool = True,
                   skip: list[str] | None = None, disk_cache: bool | None = None, cache_dir: str | None = None,
                   force_recompile: bool | None = None, **kw: Any) -> Any:
     from shapeplan.importers import load
     from shapeplan.runtime.engine import Engine
     t0 = time.perf_counter()
+    _prepare_triton(device, mode)
     graph = load(model)
     if disk_cache is None:
         env = os.environ.get("SHAPEPLAN_DISK_CACHE", "")

@@ -166,13 +166,28 @@ def test_a_dead_worker_leaves_the_pool_and_jobs_fall_back(tmp_path, monkeypatch)
     every worker is gone, jobs get no worker at once instead of waiting."""
     from shapeplan.runtime.backends import triton_workers as tw
     monkeypatch.setenv("SHAPEPLAN_CACHE_DIR", str(tmp_path))
-    pool = tw._Pool(1)
+    pool = tw._Pool(2)
     try:
-        pool.all[0].proc.kill()
-        pool.all[0].proc.wait(timeout=30)
-        reply = pool.submit({"path": "x", "name": "k"})
-        assert reply is not None and not reply["ok"] and reply["error"]      # broken pipe or "exited"
+        first = pool.submit({"path": "x", "name": "k"})      # both alive: served (and declined: no such file)
+        assert first is not None and not first["ok"] and first["error"]
+        for w in pool.all:
+            w.proc.kill()
+            w.proc.wait(timeout=30)
+        replies = [pool.submit({"path": "x", "name": "k"}) for _ in range(3)]
+        assert all(r is None or (not r["ok"] and r["error"]) for r in replies)   # broken pipe / "exited"
         assert pool.alive == 0 and pool.submit({"path": "x", "name": "k"}) is None
+    finally:
+        pool.close()
+
+
+def test_a_worker_that_dies_while_starting_leaves_the_pool(tmp_path, monkeypatch):
+    from shapeplan.runtime.backends import triton_workers as tw
+    monkeypatch.setenv("SHAPEPLAN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(tw, "WORKER", str(tmp_path / "no_such_worker.py"))
+    pool = tw._Pool(2)
+    try:
+        assert pool.submit({"path": "x", "name": "k"}) is None     # no worker ever became ready
+        assert pool.alive == 0
     finally:
         pool.close()
 

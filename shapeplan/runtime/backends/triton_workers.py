@@ -205,7 +205,7 @@ def _env() -> dict[str, str]:
 
 def prestart_if_cold() -> None:
     """Start the workers now when this cache has compiled nothing yet (a cold start will need them)."""
-    if worker_count() and not _known():
+    if worker_count() and not _known() and triton_dir() is not None:
         _get_pool()
 
 
@@ -281,9 +281,6 @@ class _Worker:
             msg = json.loads(line)
             if msg.get("id") == self.seq:
                 return msg
-            if msg.get("ready"):
-                diagnostics.record("COMPILE", "Triton compile worker ready", seconds=msg.get("ready_s"),
-                                   site=msg.get("site"))
 
     def close(self) -> None:
         try:
@@ -294,6 +291,9 @@ class _Worker:
 
 
 class _Pool:
+    """Workers join the idle queue when they report ready (a watcher thread per worker reads that
+    line), so a job goes to the first worker that can take it, not to one still importing Triton."""
+
     def __init__(self, n: int) -> None:
         self.idle: queue.Queue[_Worker | None] = queue.Queue()
         self.all: list[_Worker] = []
@@ -305,10 +305,31 @@ class _Pool:
                 continue
             self.all.append(w)
             self.alive += 1
-        for w in self.all[1:] + self.all[:1]:      # worker 0 first builds the driver's helper: asked last
-            self.idle.put(w)
+        for w in self.all:
+            threading.Thread(target=self._await_ready, args=(w,), daemon=True,
+                             name="shapeplan-compile-worker-ready").start()
         self.started = time.perf_counter()
         diagnostics.record("COMPILE", "Triton compile workers started", workers=self.alive)
+
+    def _await_ready(self, w: _Worker) -> None:
+        try:
+            assert w.proc.stdout is not None
+            msg = json.loads(w.proc.stdout.readline() or "{}")
+        except (OSError, ValueError):
+            msg = {}
+        if msg.get("ready"):
+            diagnostics.record("COMPILE", "Triton compile worker ready", seconds=msg.get("ready_s"),
+                               site=msg.get("site"))
+            self.idle.put(w)
+        else:                                      # died while starting
+            self._lost(w)
+
+    def _lost(self, w: _Worker) -> None:
+        w.close()
+        with _lock:
+            self.alive -= 1
+            if not self.alive:
+                self.idle.put(None)
 
     def submit(self, job: dict[str, Any]) -> dict[str, Any] | None:
         if not self.alive:
@@ -320,11 +341,7 @@ class _Pool:
         try:
             reply = w.call(job)
         except Exception as e:  # noqa: BLE001 - a dead worker leaves the pool
-            w.close()
-            with _lock:
-                self.alive -= 1
-                if not self.alive:
-                    self.idle.put(None)
+            self._lost(w)
             return {"ok": False, "error": f"{type(e).__name__}: {e}"}
         self.idle.put(w)
         return reply
