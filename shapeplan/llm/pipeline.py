@@ -293,9 +293,9 @@ class GenerationPipeline:
 
 def _prewarm_decode_kernels(cfg: LlamaConfig, dtype: torch.dtype, device: torch.device, length: int) -> list:
     """Start-up: while the graph is built and optimized and the prefill plan runs, import Triton and
-    compute its cache key (``triton_backend.prepare``) and compile the decode-attention kernels (two, each
-    on its own warm-up thread, so a cold cache compiles them side by side in the compile workers); the
-    triton backend's first capture waits for them. Off with SHAPEPLAN_TRITON_WARM=0. Returns the
+    start its compile workers (``triton_backend.prepare``) and compile the decode-attention kernels (two,
+    each on its own warm-up thread, so a cold cache compiles them side by side in the compile workers)
+    without launching them, so no capture waits for them. Off with SHAPEPLAN_TRITON_WARM=0. Returns the
     decode-attention jobs (futures)."""
     try:
         from shapeplan.ops import llm as llm_ops
