@@ -1,3 +1,8 @@
+#!/bin/bash
+# Same-machine A/B of start-up: an older tree (extracted into ab_base/: `git archive <rev> shapeplan bench
+# | tar -x -C ab_base`) against this one, runs interleaved (cold, then three warm, llama-1b pipeline; then
+# the block stack cold and warm), after one torch process has loaded the CUDA libraries (OS file cache).
+# Usage on the GPU machine: bash bench/gpu_ab_startup.sh   (lent machines differ more than the changes do)
 export PYTHONUNBUFFERED=1 PYTHONPYCACHEPREFIX=/tmp/sp_pycache
 python3 -m compileall -q shapeplan bench ab_base > /dev/null
 python3 -m compileall -q /opt/torch/.venv/lib/python3.12/site-packages/triton > /dev/null
