@@ -177,7 +177,7 @@ def stamp() -> str:
         except OSError:
             pass
         for d, dirs, files in os.walk(root):
-            dirs.sort()
+            dirs[:] = sorted(x for x in dirs if x not in ("include", "__pycache__"))   # headers, bytecode
             for name in sorted(files):
                 if name.endswith((".py", ".so")) or os.path.basename(d) == "bin":
                     path = os.path.join(d, name)
