@@ -123,3 +123,23 @@ def test_deterministic_mode_turns_tf32_off(monkeypatch):
         assert s.deterministic and not s.tf32 and not torch.backends.cuda.matmul.allow_tf32
     finally:
         torch.use_deterministic_algorithms(False)
+
+
+@pytest.mark.parametrize("mode", ["cuda_graphs", "triton"])
+def test_argmax_over_a_vocabulary_matches_torch_when_captured(mode):
+    """ArgMax over a 128,256-entry last axis runs in two stages on CUDA (ops/reduce.py): captured and
+    replayed it gives torch.argmax's answer, ties and NaNs included."""
+    g = sp.Graph()
+    x = g.placeholder("x", "float32", (5, 128256))
+    g.set_outputs(g.op.ArgMax(x, axis=-1, keepdims=1))
+    eng = sp.compile(g, device="cuda", mode=mode)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(4):                                  # through warm-up, capture and replay
+        v = torch.randn(5, 128256, generator=gen)
+        v[1] = (v[1] * 2).round()
+        v[2, torch.randint(0, 128256, (3,), generator=gen)] = float("nan")
+        v[3] = 1.0
+        v[4, -1] = 100.0
+        v = v.cuda()
+        got = _run(eng, v)
+        assert torch.equal(got, torch.argmax(v, -1, keepdim=True))

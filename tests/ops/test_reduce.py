@@ -106,3 +106,39 @@ def test_symbolic_reduce_shapes():
     assert g.op.CumSum(x, np.array(1, np.int64)).shape == ("batch", "seq", 8)
     with pytest.raises(sp.ShapeError):
         g.op.ReduceSum(x, np.array([3], np.int64))
+
+
+def _hard_rows(n: int, dtype, seed: int):
+    """Rows of length n: random, many ties, NaNs, all equal."""
+    import torch
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(5, n, generator=g)
+    x[1] = (x[1] * 2).round()                      # ties everywhere
+    x[2, torch.randint(0, n, (3,), generator=g)] = float("nan")
+    x[3] = 1.0                                     # every entry tied
+    x[4, -1] = 100.0                               # the extreme in the last block
+    return x.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("n", [32768, 128256, 65536 + 128])
+def test_two_stage_argmax_equals_torch(dtype, n):
+    """The two-stage ArgMax/ArgMin that CUDA uses over long last axes (e.g. a vocabulary) gives
+    torch's answer: first index of the extreme on ties, first NaN when there is one."""
+    import torch
+
+    from shapeplan.ops.reduce import _two_stage_block, arg_two_stage
+    x = _hard_rows(n, getattr(torch, dtype), n)
+    assert _two_stage_block(x) > 0
+    for largest, f in ((True, torch.argmax), (False, torch.argmin)):
+        for keepdim in (True, False):
+            assert torch.equal(arg_two_stage(x, keepdim, largest), f(x, -1, keepdim=keepdim))
+
+
+def test_two_stage_argmax_is_only_for_long_float_rows():
+    import torch
+
+    from shapeplan.ops.reduce import _two_stage_block
+    assert _two_stage_block(torch.zeros(2, 1000)) == 0                      # short: one stage
+    assert _two_stage_block(torch.zeros(2, 32768, dtype=torch.int64)) == 0  # integers: one stage
+    assert _two_stage_block(torch.zeros(2, 32771)) == 0                     # no block divides it
