@@ -52,10 +52,10 @@ SCRIPT = textwrap.dedent("""
     """)
 
 
-def _run(tmp_path, block: int, workers: str = "1") -> dict:
+def _run(tmp_path, block: int, workers: str = "1", **extra: str) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "TRITON_CACHE_DIR")}
     env.update(SHAPEPLAN_CACHE_DIR=str(tmp_path), SHAPEPLAN_TRITON_WORKERS=workers,
-               TRITON_DEFAULT_FP_FUSION="1")
+               TRITON_DEFAULT_FP_FUSION="1", **extra)
     p = subprocess.run([sys.executable, "-c", SCRIPT, str(block)], env=env, capture_output=True, text=True,
                        timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
@@ -96,6 +96,15 @@ def test_workers_off_compiles_in_process(tmp_path):
     assert again["hash"] == res["hash"] and again["triton_key_computed"] == 0
     if again["listener"]:
         assert again["hits"] == []
+
+
+def test_always_compile_is_left_to_triton(tmp_path):
+    """TRITON_ALWAYS_COMPILE=1: no manifest load and no worker; Triton's own compile runs."""
+    _run(tmp_path, 16)
+    again = _run(tmp_path, 16, TRITON_ALWAYS_COMPILE="1")
+    assert not any("worker" in m for _, m, _ in again["events"])
+    if again["listener"]:
+        assert again["hits"] == [False]
 
 
 def test_a_manifest_entry_whose_files_are_gone_compiles_again(tmp_path):

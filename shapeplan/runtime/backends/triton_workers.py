@@ -86,7 +86,7 @@ def compile_kernel(src: Any, target: Any = None, options: Any = None, *args: Any
     """Triton's ``compile``: a kernel the manifest lists is loaded from its cache entry; a new one is
     compiled in a worker (or, failing that, by Triton in-process) and entered in the manifest."""
     orig = _original
-    if target is None or not hasattr(src, "fn") or args or set(kw) - {"_env_vars"}:
+    if target is None or not hasattr(src, "fn") or args or set(kw) - {"_env_vars"} or _triton_decides():
         return orig(src, target, options, *args, **kw)
     try:
         key = _key(src, target, options, kw.get("_env_vars"))
@@ -129,6 +129,17 @@ def compile_kernel(src: Any, target: Any = None, options: Any = None, *args: Any
     if getattr(res, "hash", None) and json_name:
         _remember(key, res.hash, json_name)
     return res
+
+
+def _triton_decides() -> bool:
+    """Settings under which Triton's own compile must run: always-compile, or a stages hook that
+    changes its cache key."""
+    try:
+        import triton
+        knobs = triton.knobs
+        return bool(knobs.compilation.always_compile) or knobs.runtime.add_stages_inspection_hook is not None
+    except AttributeError:
+        return False
 
 
 _IR_TEXT = (".source", ".ttir", ".ttgir", ".llir", ".ptx", ".amdgcn")
