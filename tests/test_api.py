@@ -33,3 +33,23 @@ def test_compile_run_inspect_freeze() -> None:
     info = eng.inspect()
     assert "phase" in info.report()
     assert "digraph" in info.to_dot()
+
+
+def test_compile_builds_the_plan_of_the_outputs_asked_for() -> None:
+    """``sp.compile(..., outputs=[...])`` compiles that output set's plan up front (the one the caller
+    will run: the LLM pipeline's next_token/next_position) instead of the all-outputs plan; a name
+    that is not an output is an error at compile time."""
+    import pytest
+
+    from shapeplan.errors import ModelError
+    g = sp.Graph("two_outputs")
+    x = g.placeholder("x", "float32", (2, 3))
+    a, b = g.op.Relu(x), g.op.Neg(x)
+    g.set_outputs(a, b)
+    eng = sp.compile(g, mode="slot_by_slot", outputs=[a.name])
+    assert list(eng._plans) == [(a.name,)]
+    got = eng.run({"x": -np.ones((2, 3), np.float32)}, outputs=[a.name])
+    assert list(got) == [a.name] and list(eng._plans) == [(a.name,)]      # the run reused it
+    assert list(sp.compile(g, mode="slot_by_slot")._plans) == [None]
+    with pytest.raises(ModelError, match="do not exist"):
+        sp.compile(g, mode="slot_by_slot", outputs=["nope"])

@@ -87,7 +87,7 @@ class GenerationPipeline:
             # the pipeline owns its weights: a steady decode step checks a rotating chunk of them, which
             # keeps the host time per step bounded (the configuration the GPU figures were measured in)
             self.engine = sp.compile(graph, device=str(self.device), mode=mode, optimize=optimize,
-                                     weight_guard="sampled")
+                                     weight_guard="sampled", outputs=["next_token", "next_position"])
         self.graph = self.engine.graph         # the optimized graph (the built one may now be freed)
         self.mode = mode
         self._one = torch.ones(1, dtype=torch.int64, device=self.device)

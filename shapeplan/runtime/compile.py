@@ -45,7 +45,10 @@ def _prestart_compile_workers(device: Any, mode: Any) -> None:
 
 def compile_model(model: Any, device: str = "cpu", mode: Any = "auto", *, optimize: bool = True,
                   skip: list[str] | None = None, disk_cache: bool | None = None, cache_dir: str | None = None,
-                  force_recompile: bool | None = None, **kw: Any) -> Any:
+                  force_recompile: bool | None = None, outputs: Any = None, **kw: Any) -> Any:
+    """``outputs``: the output names whose plan is compiled now (default: all of them), as
+    ``engine.run(..., outputs=...)`` will request them; other output sets compile at their first run.
+    Any error compiling it is raised here. The disk cache always stores the all-outputs plan."""
     from shapeplan.importers import load
     from shapeplan.runtime.engine import Engine
     t0 = time.perf_counter()
@@ -74,8 +77,8 @@ def compile_model(model: Any, device: str = "cpu", mode: Any = "auto", *, optimi
         from shapeplan.optimize import optimize as _optimize
         graph = _optimize(graph, skip=skip)
     engine = Engine(graph, device=device, mode=mode, **kw)
-    plan = engine.plan(None)
     if disk is not None and key is not None:
-        disk.put(key, plan, fp, {"graph": graph.name, "nodes": len(graph.nodes)})
+        disk.put(key, engine.plan(None), fp, {"graph": graph.name, "nodes": len(graph.nodes)})
+    engine.plan(list(outputs) if outputs is not None else None)
     engine.compile_info = {"source": "compiled", "seconds": time.perf_counter() - t0, "key": key}
     return engine
