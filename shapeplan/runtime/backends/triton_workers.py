@@ -93,42 +93,46 @@ def compile_kernel(src: Any, target: Any = None, options: Any = None, *args: Any
     except Exception:  # noqa: BLE001 - not encodable: Triton compiles it here
         return orig(src, target, options, *args, **kw)
     res = _load(key, src)
+    if res is None and worker_count():
+        _compile_in_worker(key, src, target, options)
+        res = _load(key, src)
     if res is not None:
         return res
-    if worker_count():
-        with _lock:
-            busy = _inflight.get(key)
-            if busy is None:
-                _inflight[key] = mine = threading.Event()
-        if busy is not None:                 # another thread has sent this very kernel: wait for it
-            busy.wait()
-        else:
-            try:
-                reply = _get_pool().submit(_job(src, target, options))
-                if reply is not None and reply.get("ok") and reply.get("hash"):
-                    _remember(key, reply["hash"], reply.get("json", ""))
-            except Exception as e:  # noqa: BLE001 - e.g. a source file we cannot name: compiled here
-                reply = {"ok": False, "error": f"{type(e).__name__}: {e}"}
-            finally:
-                with _lock:
-                    _inflight.pop(key, None)
-                mine.set()
-            name = getattr(src, "name", "?")
-            if reply is not None and reply.get("ok"):
-                diagnostics.record("COMPILE", "Triton kernel compiled in a worker process", kernel=name,
-                                   seconds=reply.get("seconds"))
-            else:
-                diagnostics.record("FALLBACK", "Triton kernel compiled in-process (worker declined)", kernel=name,
-                                   reason=(reply or {}).get("error", "no worker"))
-        res = _load(key, src)
-        if res is not None:
-            return res
     res = orig(src, target, options, *args, **kw)
     group = getattr(res, "metadata_group", None) or {}
     json_name = next((n for n in group if n.endswith(".json") and not n.startswith("__grp__")), "")
     if getattr(res, "hash", None) and json_name:
         _remember(key, res.hash, json_name)
     return res
+
+
+def _compile_in_worker(key: str, src: Any, target: Any, options: Any) -> None:
+    """Have a worker compile this kernel and enter its cache entry in the manifest; a thread asking for a
+    kernel another thread has already sent waits for that one instead. Failures are recorded only."""
+    with _lock:
+        busy = _inflight.get(key)
+        if busy is None:
+            _inflight[key] = mine = threading.Event()
+    if busy is not None:
+        busy.wait()
+        return
+    try:
+        reply = _get_pool().submit(_job(src, target, options))
+        if reply is not None and reply.get("ok") and reply.get("hash"):
+            _remember(key, reply["hash"], reply.get("json", ""))
+    except Exception as e:  # noqa: BLE001 - e.g. a source file we cannot name: compiled here
+        reply = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+    finally:
+        with _lock:
+            _inflight.pop(key, None)
+        mine.set()
+    name = getattr(src, "name", "?")
+    if reply is not None and reply.get("ok"):
+        diagnostics.record("COMPILE", "Triton kernel compiled in a worker process", kernel=name,
+                           seconds=reply.get("seconds"))
+    else:
+        diagnostics.record("FALLBACK", "Triton kernel compiled in-process (worker declined)", kernel=name,
+                           reason=(reply or {}).get("error", "no worker"))
 
 
 def _triton_decides() -> bool:
@@ -319,7 +323,6 @@ class _Pool:
         for w in self.all:
             threading.Thread(target=self._await_ready, args=(w,), daemon=True,
                              name="shapeplan-compile-worker-ready").start()
-        self.started = time.perf_counter()
         diagnostics.record("COMPILE", "Triton compile workers started", workers=self.alive)
 
     def _await_ready(self, w: _Worker) -> None:
