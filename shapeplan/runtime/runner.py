@@ -7,9 +7,8 @@
     a gap (non-capturable slot) is GAP and always runs slot by slot.
 
 With the defaults call 1 runs slot by slot (shapes recorded, then frozen), call 2 warms each segment up
-and compiles it (compiling runs nothing), call 3 captures (its outputs come from the captured graph's
-first replay), and later calls replay. NEEDS_COMPILE is a resting state only after an address-drift
-re-warm.
+and compiles it (compiling runs nothing), call 3 captures, and later calls replay. NEEDS_COMPILE is a
+resting state only after an address-drift re-warm.
 """
 from __future__ import annotations
 
