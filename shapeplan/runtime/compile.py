@@ -6,9 +6,11 @@ hashing would cost a serialization).
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from shapeplan import diagnostics
@@ -43,16 +45,55 @@ def _prestart_compile_workers(device: Any, mode: Any) -> None:
         pass
 
 
+@contextlib.contextmanager
+def _cores_left_to_workers() -> Iterator[None]:
+    """While Triton compile workers start (each keeps a core busy importing Triton), run this process's
+    CPU kernels on half the cores they leave, and restore torch's thread count afterwards. The
+    optimizer's CPU work (weight concatenation, constant folding) runs on torch's intra-op pool, and an
+    OpenMP region waits for its slowest thread: with a thread per core and eight cores taken by
+    workers, the block stack's optimize took 0.31 s instead of 0.05 s on the H200's 16 cores."""
+    busy = 0
+    try:
+        from shapeplan.runtime.backends import triton_workers
+        busy = triton_workers.starting()
+    except Exception:  # noqa: BLE001, S110 - no Triton here: no workers
+        pass
+    if not busy:
+        yield
+        return
+    import torch
+    before = torch.get_num_threads()
+    cap = max(1, ((os.cpu_count() or 1) - busy) // 2)
+    if cap >= before:
+        yield
+        return
+    torch.set_num_threads(cap)
+    diagnostics.record("COMPILE", "CPU threads capped while compile workers start", threads=cap, was=before,
+                       workers_starting=busy)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def compile_model(model: Any, device: str = "cpu", mode: Any = "auto", *, optimize: bool = True,
                   skip: list[str] | None = None, disk_cache: bool | None = None, cache_dir: str | None = None,
                   force_recompile: bool | None = None, outputs: Any = None, **kw: Any) -> Any:
     """``outputs``: the output names whose plan is compiled now (default: all of them), as
     ``engine.run(..., outputs=...)`` will request them; other output sets compile at their first run.
     Any error compiling it is raised here. The disk cache always stores the all-outputs plan."""
-    from shapeplan.importers import load
-    from shapeplan.runtime.engine import Engine
     t0 = time.perf_counter()
     _prestart_compile_workers(device, mode)
+    with _cores_left_to_workers():
+        return _compile(model, device, mode, optimize, skip, disk_cache, cache_dir, force_recompile, outputs,
+                        t0, kw)
+
+
+def _compile(model: Any, device: str, mode: Any, optimize: bool, skip: list[str] | None,
+             disk_cache: bool | None, cache_dir: str | None, force_recompile: bool | None, outputs: Any,
+             t0: float, kw: dict[str, Any]) -> Any:
+    from shapeplan.importers import load
+    from shapeplan.runtime.engine import Engine
     graph = load(model)
     if disk_cache is None:
         env = os.environ.get("SHAPEPLAN_DISK_CACHE", "")

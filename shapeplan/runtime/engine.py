@@ -79,7 +79,7 @@ class Engine:
             determinism.apply()                    # TF32 opt-in; SHAPEPLAN_DETERMINISTIC=1 bit-comparable
             if self.exec_mode is Mode.TRITON:
                 from shapeplan.runtime.backends import triton_backend
-                triton_backend.prepare()           # Triton import + driver in the background (start-up)
+                triton_backend.prepare(self.device)   # Triton import + driver in the background (start-up)
         if why:
             diagnostics.record("FALLBACK", why, requested=self.mode, running=self.exec_mode)
         self.fallback = auto_fallback if fallback is None else fallback

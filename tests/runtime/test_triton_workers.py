@@ -233,3 +233,61 @@ def test_a_worker_without_triton_on_its_path_restarts_with_site(tmp_path):
     finally:
         p.stdin.close()
         p.wait(timeout=60)
+
+
+@pytest.mark.parametrize("nice", ["", "0"])
+def test_workers_run_below_the_parent_unless_told_not_to(tmp_path, monkeypatch, nice):
+    """Workers lower their priority (default 10) so the parent, still optimizing and compiling the plan,
+    keeps its cores; ``SHAPEPLAN_TRITON_WORKER_NICE=0`` keeps the parent's. ``starting`` counts workers
+    that have not reported ready yet."""
+    from shapeplan.runtime.backends import triton_workers as tw
+    monkeypatch.setenv("SHAPEPLAN_CACHE_DIR", str(tmp_path))
+    if nice:
+        monkeypatch.setenv("SHAPEPLAN_TRITON_WORKER_NICE", nice)
+    else:
+        monkeypatch.delenv("SHAPEPLAN_TRITON_WORKER_NICE", raising=False)
+    pool = tw._Pool(1)
+    try:
+        reply = pool.submit({"path": "x", "name": "k"})     # waits until the worker is ready
+        assert reply is not None and not reply["ok"]
+        assert pool.ready == 1 and pool.alive == 1
+        mine = os.getpriority(os.PRIO_PROCESS, 0)
+        theirs = os.getpriority(os.PRIO_PROCESS, pool.all[0].proc.pid)
+        assert theirs == (min(19, mine + 10) if not nice else mine)
+    finally:
+        pool.close()
+
+
+def test_compile_leaves_cores_to_starting_workers(monkeypatch):
+    """While workers start, sp.compile runs torch's CPU kernels on half the cores they leave, records it,
+    and restores the thread count afterwards (also when compiling fails); with no worker starting it
+    changes nothing."""
+    import torch
+
+    from shapeplan import diagnostics
+    from shapeplan.runtime import compile as spc
+    from shapeplan.runtime.backends import triton_workers as tw
+    before = torch.get_num_threads()
+    seen: list[int] = []
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(tw, "starting", lambda: 6)
+    diagnostics.reset()
+    diagnostics.enable(["COMPILE"])
+    try:
+        torch.set_num_threads(8)
+        with spc._cores_left_to_workers():
+            seen.append(torch.get_num_threads())
+        assert seen == [5] and torch.get_num_threads() == 8
+        ev = [e for e in diagnostics.events() if "capped" in e.message]
+        assert ev and ev[0].fields == {"threads": 5, "was": 8, "workers_starting": 6}
+        with pytest.raises(RuntimeError), spc._cores_left_to_workers():
+            raise RuntimeError("compile failed")
+        assert torch.get_num_threads() == 8
+        monkeypatch.setattr(tw, "starting", lambda: 0)
+        with spc._cores_left_to_workers():
+            seen.append(torch.get_num_threads())
+        assert seen[-1] == 8
+    finally:
+        torch.set_num_threads(before)
+        diagnostics.disable()
+        diagnostics.reset()

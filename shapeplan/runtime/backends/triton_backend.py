@@ -302,18 +302,28 @@ def _report(f: Future) -> None:
 _prepared = False
 
 
-def prepare() -> None:
+def prepare(device: Any = None) -> None:
     """Start-up: start the compile workers when the Triton cache is cold, and on the warm-up pool import
     Triton (which installs the worker hook) and initialise its driver, so neither waits in line when
     the first kernel is needed. Triton's own cache key (a hash of its ~500 MB library) is never
     computed on our path: the manifest and the workers key kernels by the installation stamp
-    (``triton_workers``). Called when an engine is created in triton mode; idempotent."""
+    (``triton_workers``). The torch kernels of the capture-time check (``close``) load too, while the
+    plan is still compiled rather than after the last Triton kernel. Called when an engine is created
+    in triton mode; idempotent."""
     global _prepared
     if _prepared or not _warm_on():
         return
     _prepared = True
     from shapeplan.runtime.backends import triton_workers
     triton_workers.prestart_if_cold()
+
+    def check_kernels() -> None:
+        if getattr(device, "type", None) != "cuda":
+            return
+        for dt in TOLERANCE:
+            x = torch.zeros(4, dtype=dt, device=device)
+            close(x, x)
+    background(check_kernels)
 
     def driver() -> None:
         from shapeplan.runtime.backends import triton_env

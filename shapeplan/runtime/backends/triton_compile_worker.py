@@ -103,7 +103,21 @@ def _use_stamp(stamp: str) -> None:
             mod.triton_key = lambda: key
 
 
+def _lower_priority() -> None:
+    """Run below the parent (``SHAPEPLAN_TRITON_WORKER_NICE``, default 10; 0 keeps the parent's): while
+    the workers import Triton the parent is still optimizing and compiling the plan, and its torch
+    kernels on the CPU fan out over every core (an OpenMP region waits for its slowest thread, so a core
+    taken by a worker stalls the whole region). The workers only need the CPU time the parent leaves."""
+    try:
+        n = int(os.environ.get("SHAPEPLAN_TRITON_WORKER_NICE", "10"))
+        if n > 0:
+            os.nice(n)
+    except (ValueError, OSError):
+        pass
+
+
 def main() -> None:
+    _lower_priority()
     here = os.path.dirname(os.path.abspath(__file__))
     extra = [p for p in os.environ.get("SHAPEPLAN_WORKER_PATH", "").split(os.pathsep) if p]
     sys.path[:] = [p for p in sys.path + [p for p in extra if p not in sys.path]

@@ -313,6 +313,7 @@ class _Pool:
         self.idle: queue.Queue[_Worker | None] = queue.Queue()
         self.all: list[_Worker] = []
         self.alive = 0
+        self.ready = 0
         for i in range(n):
             try:
                 w = _Worker(i)
@@ -334,6 +335,8 @@ class _Pool:
         if msg.get("ready"):
             diagnostics.record("COMPILE", "Triton compile worker ready", seconds=msg.get("ready_s"),
                                site=msg.get("site"))
+            with _lock:
+                self.ready += 1
             self.idle.put(w)
         else:                                      # died while starting
             self._lost(w)
@@ -363,6 +366,15 @@ class _Pool:
     def close(self) -> None:
         for w in self.all:
             w.close()
+
+
+def starting() -> int:
+    """How many workers are still starting (importing Triton, each keeping one core busy)."""
+    pool = _pool
+    if pool is None:
+        return 0
+    with _lock:
+        return max(0, pool.alive - pool.ready)
 
 
 def _get_pool() -> _Pool:
