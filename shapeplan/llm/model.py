@@ -14,7 +14,7 @@ prefill bucket and one for decode (seq = 1). Inputs and outputs::
     all_logits         [B, S, V]   every position (requested only by tests / scoring)
 
 Variables (persist in the Engine): ``k_cache_{i}``, ``v_cache_{i}`` [B, Hkv, L, D] written in place by
-``shapeplan::CacheWrite`` at ``position``; ``sampling_params`` float32 [B, 4], ``sampling_seed`` int64
+``shapeplan::CacheWriteKV`` (both of a layer's writes) at ``position``; ``sampling_params`` float32 [B, 4], ``sampling_seed`` int64
 [B], ``seen_tokens`` bool [B, V] (repetition penalty).
 
 Weights enter as constants that *view* the checkpoint tensors: a projection is ``MatMul(x, W.T)``
@@ -156,8 +156,8 @@ def build_graph(cfg: LlamaConfig, weights: dict[str, torch.Tensor], *, max_kv_ca
         q = op.RotaryEmbedding(op.Transpose(q, perm=perm), cos_s, sin_s, _domain=SP)  # [B, Hq, S, D]
         k = op.RotaryEmbedding(op.Transpose(k, perm=perm), cos_s, sin_s, _domain=SP)  # [B, Hkv, S, D]
         v = op.Transpose(v, perm=perm)
-        k_all = op.CacheWrite(k_cache, k, position, axis=2, _domain=SP)                 # [B, Hkv, L, D]
-        v_all = op.CacheWrite(v_cache, v, position, axis=2, _domain=SP)
+        k_all, v_all = op.CacheWriteKV(k_cache, v_cache, k, v, position, axis=2, _domain=SP,
+                                       _outputs=2)                                      # [B, Hkv, L, D] x 2
         a = op.CachedAttention(q, k_all, v_all, mask, position, scale=float(d) ** -0.5,
                                window=cfg.sliding_window, _domain=SP)                   # [B, Hq, S, D]
         a = op.Reshape(op.Transpose(a, perm=perm), merged)                               # [B, S, Hq*D]

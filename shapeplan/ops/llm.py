@@ -40,6 +40,18 @@ def cache_write(cache, update, position, *, axis: int = 2):
     return cache
 
 
+def _caches_shape(node):
+    return [(v.dtype, v.shape) for v in node.inputs[:2]]
+
+
+@register("CacheWriteKV", domain="shapeplan", traits=Trait.MUTATES_INPUT | Trait.VIEW, shape=_caches_shape)
+def cache_write_kv(k_cache, v_cache, k, v, position, *, axis: int = 2):
+    """Both of a layer's cache writes in one op: ``CacheWrite(k_cache, k, position)`` and
+    ``CacheWrite(v_cache, v, position)``; returns ``(k_cache, v_cache)``. The Triton backend writes a
+    decode step's (S = 1) K and V rows with one kernel launch instead of two (issue 7)."""
+    return cache_write(k_cache, k, position, axis=axis), cache_write(v_cache, v, position, axis=axis)
+
+
 def _position_ids_shape(node):
     ids = node.inputs[0]
     return [(as_dtype("int64"), ids.shape)]

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from shapeplan.ops.llm import (cache_write, cached_attention, causal_mask, position_ids, sample_token,
-                              uniform_noise)
+from shapeplan.ops.llm import (cache_write, cache_write_kv, cached_attention, causal_mask, position_ids,
+                              sample_token, uniform_noise)
 from tests.llm.conftest import MODEL_TYPES
 
 
@@ -19,6 +19,17 @@ def test_cache_write_in_place_at_device_position():
     one = torch.randn(1, 2, 1, 4)                     # decode: the position is the index itself
     cache_write(cache, one, torch.tensor([1]))
     torch.testing.assert_close(cache[:, :, 1:2], one)
+
+
+@pytest.mark.parametrize("s", [1, 3])
+def test_cache_write_kv_is_both_writes(s):
+    kc, vc = torch.randn(1, 2, 8, 4), torch.randn(1, 2, 8, 4)
+    k, v = torch.randn(1, 2, s, 4), torch.randn(1, 2, s, 4, dtype=torch.float64)    # cast to the cache's dtype
+    pos = torch.tensor([4])
+    ref_k, ref_v = cache_write(kc.clone(), k, pos), cache_write(vc.clone(), v, pos)
+    k_all, v_all = cache_write_kv(kc, vc, k, v, pos)
+    assert k_all is kc and v_all is vc
+    assert torch.equal(kc, ref_k) and torch.equal(vc, ref_v)
 
 
 @pytest.mark.parametrize("mask_dtype", ["bool", "float32"])

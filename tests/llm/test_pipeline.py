@@ -241,7 +241,7 @@ def test_sp_load_on_hf_dir_returns_the_decoder_graph(llama):
     assert [v.name for v in g.inputs] == ["input_ids", "position", "length"]
     assert "next_token" in [v.name for v in g.outputs]
     hist = g.op_histogram()
-    assert hist["shapeplan::CacheWrite"] == 4 and hist["shapeplan::CachedAttention"] == 2 and hist["shapeplan::CausalMask"] == 1
+    assert hist["shapeplan::CacheWriteKV"] == 2 and hist["shapeplan::CachedAttention"] == 2 and hist["shapeplan::CausalMask"] == 1
 
 
 def test_prefix_cache_reuses_the_kv_of_the_last_request(llama, pipe):

@@ -96,6 +96,38 @@ def test_rope_matches_rotary_embedding(interleaved, rank, with_pos):
     _assert_close(fn(*args)[0], ref)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("position", [0, 6, 7, 8, -1])
+def test_cache_write_kv_matches_two_cache_writes(dtype, position):
+    """One kernel writes a decode step's K and V rows (V a transposed, non-contiguous view, as the Llama
+    builder makes it) exactly where two CacheWrites do; a position outside the cache writes nothing."""
+    from shapeplan.runtime.backends.triton_codegen import Meta
+    from shapeplan.runtime.backends.triton_lowerings import bind_cache_write_kv
+    b, h, length, d = 2, 3, 8, 24
+    kc, vc = torch.randn(b, h, length, d, device=DEV).to(dtype), torch.randn(b, h, length, d, device=DEV).to(dtype)
+    k = torch.randn(b, h, 1, d, device=DEV).to(dtype)
+    v = torch.randn(b, 1, h, d, device=DEV).to(dtype).transpose(1, 2)            # [B, H, 1, D], strided
+    pos = torch.tensor([position], dtype=torch.int64, device=DEV)
+    args = (kc.clone(), vc.clone(), k, v, pos)
+
+    class _Slot:                                     # just what bind() reads
+        node = type("N", (), {"attrs": {"axis": 2}})()
+        ins = (0, 1, 2, 3, 4)
+        outs = (5, 6)
+    metas = {i: Meta.of(a) for i, a in enumerate(args)} | {5: Meta.of(kc), 6: Meta.of(vc)}
+    fn = bind_cache_write_kv(_Slot, metas)
+    assert fn is not None
+    k_all, v_all = fn(*args)
+    assert k_all is args[0] and v_all is args[1]     # written in place
+    if 0 <= position < length:
+        ref_k, ref_v = _torch_op("CacheWriteKV", kc.clone(), vc.clone(), k, v, pos, domain="shapeplan", axis=2)
+        assert torch.equal(k_all, ref_k) and torch.equal(v_all, ref_v)
+    else:
+        assert torch.equal(k_all, kc) and torch.equal(v_all, vc)
+    metas[2] = Meta.of(torch.randn(b, h, 2, d))      # a prefill write (S = 2) keeps the torch kernel
+    assert bind_cache_write_kv(_Slot, metas) is None
+
+
 # ---- generated elementwise kernels ------------------------------------------------------------------
 
 def _chain_graph(dtype: str = "float32"):

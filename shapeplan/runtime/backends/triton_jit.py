@@ -101,3 +101,19 @@ def _rope_kernel(X, C, S, P, Y, A1, A2, sx0, sx1, sx2, sy0, sy1, sy2, sc0, sc1, 
     im = (s * x1).to(Y.dtype.element_ty).to(tl.float32) + (c * x2).to(Y.dtype.element_ty).to(tl.float32)
     tl.store(yb + lo, re.to(Y.dtype.element_ty), mask=mask)
     tl.store(yb + hi, im.to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _cache_write_kv_kernel(K, V, KC, VC, P, H, L, sk0, sk1, sv0, sv1, skc0, skc1, skc2, svc0, svc1, svc2, D,
+                           BLOCK: tl.constexpr):
+    r = tl.program_id(0).to(tl.int64)           # one (batch, head) row: its K and V vectors of D
+    h = r % H
+    b = r // H
+    p = tl.load(P).to(tl.int64)                 # the write position, read on the device
+    j = tl.arange(0, BLOCK)
+    n = tl.where((p >= 0) & (p < L), D, 0)      # a position outside the cache writes nothing
+    mask = j < n
+    k = tl.load(K + b * sk0 + h * sk1 + j, mask=mask)
+    v = tl.load(V + b * sv0 + h * sv1 + j, mask=mask)
+    tl.store(KC + b * skc0 + h * skc1 + p * skc2 + j, k.to(KC.dtype.element_ty), mask=mask)
+    tl.store(VC + b * svc0 + h * svc1 + p * svc2 + j, v.to(VC.dtype.element_ty), mask=mask)

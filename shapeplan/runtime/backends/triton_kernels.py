@@ -19,8 +19,8 @@ from __future__ import annotations
 import torch
 
 from shapeplan.runtime.backends.triton_env import triton
-from shapeplan.runtime.backends.triton_jit import (_layer_norm_kernel, _rms_norm_kernel, _rope_kernel,
-                                                  _silu_mul_kernel, _softmax_kernel)
+from shapeplan.runtime.backends.triton_jit import (_cache_write_kv_kernel, _layer_norm_kernel, _rms_norm_kernel,
+                                                  _rope_kernel, _silu_mul_kernel, _softmax_kernel)
 
 _MAX_ROW = 65536        # one row per program: beyond this a row no longer fits a block
 
@@ -169,3 +169,15 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: boo
                           *pos_strides, half, HAS_POS=positions is not None, INTERLEAVED=bool(interleaved),
                           BLOCK=block, num_warps=_warps(block))
     return y
+
+
+def cache_write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   position: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One decode step's K and V rows ([B, H, 1, D]) into the caches ([B, H, L, D]) at the device-resident
+    ``position`` (one element), in one launch. Last dims contiguous (checked by the lowering)."""
+    b, h, length, d = k_cache.shape
+    block = _next_pow2(d)
+    _cache_write_kv_kernel[(b * h,)](k, v, k_cache, v_cache, position, h, length, k.stride(0), k.stride(1),
+                                     v.stride(0), v.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], d,
+                                     BLOCK=block, num_warps=_warps(block))
+    return k_cache, v_cache

@@ -174,6 +174,28 @@ def bind_rope(slot: Any, metas: dict[int, Meta]) -> Callable[..., tuple] | None:
     return run
 
 
+def bind_cache_write_kv(slot: Any, metas: dict[int, Meta]) -> Callable[..., tuple] | None:
+    """A decode step's K and V writes in one launch: caches [B, H, L, D], updates [B, H, 1, D] written at
+    the one-element position, last dims contiguous. Prefill writes (S > 1) keep the torch kernel."""
+    ins, outs = _metas(slot, metas)
+    if len(ins) != 5 or any(m is None for m in ins) or int(slot.node.attrs.get("axis", 2)) not in (2, -2):
+        return None
+    kc, vc, k, v, pos = ins
+    if len(kc.shape) != 4 or vc.shape != kc.shape or pos.numel != 1 or pos.dtype.is_floating_point:
+        return None
+    b, h, _, d = kc.shape
+    for upd, cache in ((k, kc), (v, vc)):
+        if upd.shape != (b, h, 1, d) or upd.stride[-1] != 1 or cache.stride[-1] != 1 \
+                or upd.dtype not in FLOATS or cache.dtype not in FLOATS:
+            return None
+    from shapeplan.runtime.backends import triton_kernels as K
+
+    def run(k_cache: torch.Tensor, v_cache: torch.Tensor, k_: torch.Tensor, v_: torch.Tensor,
+            position: torch.Tensor) -> tuple:
+        return K.cache_write_kv(k_cache, v_cache, k_, v_, position)
+    return run
+
+
 KERNEL_LOWERINGS: dict[tuple[str, str], Callable[..., Callable[..., tuple] | None]] = {
     ("", "RMSNormalization"): bind_rms,
     ("shapeplan", "RMSNormalization"): bind_rms,
@@ -183,6 +205,7 @@ KERNEL_LOWERINGS: dict[tuple[str, str], Callable[..., Callable[..., tuple] | Non
     ("shapeplan", "SiluMul"): bind_silu_mul,
     ("", "RotaryEmbedding"): bind_rope,
     ("shapeplan", "RotaryEmbedding"): bind_rope,
+    ("shapeplan", "CacheWriteKV"): bind_cache_write_kv,
 }
 
 
