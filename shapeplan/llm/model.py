@@ -154,10 +154,9 @@ def build_graph(cfg: LlamaConfig, weights: dict[str, torch.Tensor], *, max_kv_ca
             k = b.rms_norm(k, p + "self_attn.k_norm.weight")
         perm = [0, 2, 1, 3]
         q = op.RotaryEmbedding(op.Transpose(q, perm=perm), cos_s, sin_s, _domain=SP)  # [B, Hq, S, D]
-        k = op.RotaryEmbedding(op.Transpose(k, perm=perm), cos_s, sin_s, _domain=SP)  # [B, Hkv, S, D]
-        v = op.Transpose(v, perm=perm)
-        k_all, v_all = op.CacheWriteKV(k_cache, v_cache, k, v, position, axis=2, _domain=SP,
-                                       _outputs=2)                                      # [B, Hkv, L, D] x 2
+        k, v = op.Transpose(k, perm=perm), op.Transpose(v, perm=perm)                # [B, Hkv, S, D]
+        k_all, v_all = op.CacheWriteKV(k_cache, v_cache, k, v, position, cos_s, sin_s, axis=2, _domain=SP,
+                                       _outputs=2)            # RoPE(k), both writes: [B, Hkv, L, D] x 2
         a = op.CachedAttention(q, k_all, v_all, mask, position, scale=float(d) ** -0.5,
                                window=cfg.sliding_window, _domain=SP)                   # [B, Hq, S, D]
         a = op.Reshape(op.Transpose(a, perm=perm), merged)                               # [B, S, Hq*D]

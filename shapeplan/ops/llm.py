@@ -45,10 +45,16 @@ def _caches_shape(node):
 
 
 @register("CacheWriteKV", domain="shapeplan", traits=Trait.MUTATES_INPUT | Trait.VIEW, shape=_caches_shape)
-def cache_write_kv(k_cache, v_cache, k, v, position, *, axis: int = 2):
+def cache_write_kv(k_cache, v_cache, k, v, position, cos=None, sin=None, *, axis: int = 2, interleaved: int = 0):
     """Both of a layer's cache writes in one op: ``CacheWrite(k_cache, k, position)`` and
-    ``CacheWrite(v_cache, v, position)``; returns ``(k_cache, v_cache)``. The Triton backend writes a
-    decode step's (S = 1) K and V rows with one kernel launch instead of two (issue 7)."""
+    ``CacheWrite(v_cache, v, position)``; returns ``(k_cache, v_cache)``. With ``cos``/``sin`` (the
+    per-step tables RotaryEmbedding takes without position ids, [B, S, D/2]) ``k`` is first rotated,
+    ``RotaryEmbedding(k, cos, sin, interleaved)``: the Llama builder passes un-rotated keys here, since
+    the keys are only read through the cache. The Triton backend does a decode step's (S = 1) key
+    rotation and both writes in one kernel launch instead of three (issue 7)."""
+    if cos is not None:
+        from shapeplan.ops.transformer import rotary_embedding
+        k = rotary_embedding(k, cos, sin, interleaved=interleaved)
     return cache_write(k_cache, k, position, axis=axis), cache_write(v_cache, v, position, axis=axis)
 
 

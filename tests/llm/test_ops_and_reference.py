@@ -6,6 +6,7 @@ import torch
 
 from shapeplan.ops.llm import (cache_write, cache_write_kv, cached_attention, causal_mask, position_ids,
                               sample_token, uniform_noise)
+from shapeplan.ops.transformer import rotary_embedding
 from tests.llm.conftest import MODEL_TYPES
 
 
@@ -30,6 +31,11 @@ def test_cache_write_kv_is_both_writes(s):
     k_all, v_all = cache_write_kv(kc, vc, k, v, pos)
     assert k_all is kc and v_all is vc
     assert torch.equal(kc, ref_k) and torch.equal(vc, ref_v)
+    cos, sin = torch.randn(1, s, 2), torch.randn(1, s, 2)   # k rotated first: RotaryEmbedding, then the write
+    rotated = rotary_embedding(k, cos, sin, interleaved=1)
+    ref_k = cache_write(kc.clone(), rotated, pos)
+    cache_write_kv(kc, vc, k, v, pos, cos, sin, interleaved=1)
+    assert torch.equal(kc, ref_k)
 
 
 @pytest.mark.parametrize("mask_dtype", ["bool", "float32"])

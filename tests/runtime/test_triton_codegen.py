@@ -98,9 +98,12 @@ def test_rope_matches_rotary_embedding(interleaved, rank, with_pos):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("position", [0, 6, 7, 8, -1])
-def test_cache_write_kv_matches_two_cache_writes(dtype, position):
+@pytest.mark.parametrize("rotate", [None, 0, 1])
+def test_cache_write_kv_matches_two_cache_writes(dtype, position, rotate):
     """One kernel writes a decode step's K and V rows (V a transposed, non-contiguous view, as the Llama
-    builder makes it) exactly where two CacheWrites do; a position outside the cache writes nothing."""
+    builder makes it) exactly where two CacheWrites do, with k rotated first when cos/sin are given
+    (rotate-half or interleaved, rounded as RotaryEmbedding rounds); a position outside the cache writes
+    nothing."""
     from shapeplan.runtime.backends.triton_codegen import Meta
     from shapeplan.runtime.backends.triton_lowerings import bind_cache_write_kv
     b, h, length, d = 2, 3, 8, 24
@@ -109,19 +112,29 @@ def test_cache_write_kv_matches_two_cache_writes(dtype, position):
     v = torch.randn(b, 1, h, d, device=DEV).to(dtype).transpose(1, 2)            # [B, H, 1, D], strided
     pos = torch.tensor([position], dtype=torch.int64, device=DEV)
     args = (kc.clone(), vc.clone(), k, v, pos)
+    attrs = {"axis": 2}
+    if rotate is not None:
+        theta = torch.rand(b, 1, d // 2, device=DEV) * 6.3                # real rotary tables
+        args += (torch.cos(theta), torch.sin(theta))
+        attrs["interleaved"] = rotate
+    n = len(args)
 
     class _Slot:                                     # just what bind() reads
-        node = type("N", (), {"attrs": {"axis": 2}})()
-        ins = (0, 1, 2, 3, 4)
-        outs = (5, 6)
-    metas = {i: Meta.of(a) for i, a in enumerate(args)} | {5: Meta.of(kc), 6: Meta.of(vc)}
+        node = type("N", (), {"attrs": attrs})()
+        ins = tuple(range(n))
+        outs = (n, n + 1)
+    metas = {i: Meta.of(a) for i, a in enumerate(args)} | {n: Meta.of(kc), n + 1: Meta.of(vc)}
     fn = bind_cache_write_kv(_Slot, metas)
     assert fn is not None
     k_all, v_all = fn(*args)
     assert k_all is args[0] and v_all is args[1]     # written in place
     if 0 <= position < length:
-        ref_k, ref_v = _torch_op("CacheWriteKV", kc.clone(), vc.clone(), k, v, pos, domain="shapeplan", axis=2)
-        assert torch.equal(k_all, ref_k) and torch.equal(v_all, ref_v)
+        ref_k, ref_v = _torch_op("CacheWriteKV", kc.clone(), vc.clone(), *args[2:], domain="shapeplan", **attrs)
+        assert torch.equal(v_all, ref_v)
+        if rotate is None:
+            assert torch.equal(k_all, ref_k)
+        else:       # as for RoPE: the GPU contracts float32 mul+sub to FMAs, the interpreter rounds bf16 its own way
+            _assert_close(k_all, ref_k)
     else:
         assert torch.equal(k_all, kc) and torch.equal(v_all, vc)
     metas[2] = Meta.of(torch.randn(b, h, 2, d))      # a prefill write (S = 2) keeps the torch kernel

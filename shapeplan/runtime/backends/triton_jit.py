@@ -104,16 +104,35 @@ def _rope_kernel(X, C, S, P, Y, A1, A2, sx0, sx1, sx2, sy0, sy1, sy2, sc0, sc1, 
 
 
 @triton.jit
-def _cache_write_kv_kernel(K, V, KC, VC, P, H, L, sk0, sk1, sv0, sv1, skc0, skc1, skc2, svc0, svc1, svc2, D,
-                           BLOCK: tl.constexpr):
+def _cache_write_kv_kernel(K, V, KC, VC, P, C, S, H, L, sk0, sk1, sv0, sv1, skc0, skc1, skc2, svc0, svc1, svc2,
+                           sc0, D, HALF, ROTATE: tl.constexpr, INTERLEAVED: tl.constexpr, BLOCK: tl.constexpr,
+                           BLOCK_H: tl.constexpr):
     r = tl.program_id(0).to(tl.int64)           # one (batch, head) row: its K and V vectors of D
     h = r % H
     b = r // H
     p = tl.load(P).to(tl.int64)                 # the write position, read on the device
+    ok = (p >= 0) & (p < L)                     # a position outside the cache writes nothing
     j = tl.arange(0, BLOCK)
-    n = tl.where((p >= 0) & (p < L), D, 0)      # a position outside the cache writes nothing
-    mask = j < n
-    k = tl.load(K + b * sk0 + h * sk1 + j, mask=mask)
+    mask = j < tl.where(ok, D, 0)
     v = tl.load(V + b * sv0 + h * sv1 + j, mask=mask)
-    tl.store(KC + b * skc0 + h * skc1 + p * skc2 + j, k.to(KC.dtype.element_ty), mask=mask)
     tl.store(VC + b * svc0 + h * svc1 + p * svc2 + j, v.to(VC.dtype.element_ty), mask=mask)
+    kb = K + b * sk0 + h * sk1
+    kcb = KC + b * skc0 + h * skc1 + p * skc2
+    if ROTATE:                                  # RoPE of k first, rounded as _rope_kernel (and torch) round
+        jh = tl.arange(0, BLOCK_H)
+        mh = jh < tl.where(ok, HALF, 0)
+        if INTERLEAVED:
+            lo, hi = 2 * jh, 2 * jh + 1
+        else:
+            lo, hi = jh, jh + HALF
+        c = tl.load(C + b * sc0 + jh, mask=mh, other=0.0).to(K.dtype.element_ty).to(tl.float32)
+        s = tl.load(S + b * sc0 + jh, mask=mh, other=0.0).to(K.dtype.element_ty).to(tl.float32)
+        x1 = tl.load(kb + lo, mask=mh, other=0.0).to(tl.float32)
+        x2 = tl.load(kb + hi, mask=mh, other=0.0).to(tl.float32)
+        re = (c * x1).to(K.dtype.element_ty).to(tl.float32) - (s * x2).to(K.dtype.element_ty).to(tl.float32)
+        im = (s * x1).to(K.dtype.element_ty).to(tl.float32) + (c * x2).to(K.dtype.element_ty).to(tl.float32)
+        tl.store(kcb + lo, re.to(K.dtype.element_ty).to(KC.dtype.element_ty), mask=mh)
+        tl.store(kcb + hi, im.to(K.dtype.element_ty).to(KC.dtype.element_ty), mask=mh)
+    else:
+        k = tl.load(kb + j, mask=mask)
+        tl.store(kcb + j, k.to(KC.dtype.element_ty), mask=mask)

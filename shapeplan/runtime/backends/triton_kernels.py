@@ -172,12 +172,16 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: boo
 
 
 def cache_write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                   position: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                   position: torch.Tensor, cos: torch.Tensor | None = None, sin: torch.Tensor | None = None,
+                   interleaved: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """One decode step's K and V rows ([B, H, 1, D]) into the caches ([B, H, L, D]) at the device-resident
-    ``position`` (one element), in one launch. Last dims contiguous (checked by the lowering)."""
+    ``position`` (one element), in one launch; with ``cos``/``sin`` ([B, 1, D/2], equal strides) ``k`` is
+    rotated on the way (RotaryEmbedding). Last dims contiguous (checked by the lowering)."""
     b, h, length, d = k_cache.shape
-    block = _next_pow2(d)
-    _cache_write_kv_kernel[(b * h,)](k, v, k_cache, v_cache, position, h, length, k.stride(0), k.stride(1),
-                                     v.stride(0), v.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], d,
-                                     BLOCK=block, num_warps=_warps(block))
+    block, rotate = _next_pow2(d), cos is not None
+    c, s = (cos, sin) if rotate else (k, k)
+    _cache_write_kv_kernel[(b * h,)](k, v, k_cache, v_cache, position, c, s, h, length, k.stride(0), k.stride(1),
+                                     v.stride(0), v.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3],
+                                     c.stride(0), d, d // 2, ROTATE=rotate, INTERLEAVED=bool(interleaved),
+                                     BLOCK=block, BLOCK_H=max(1, _next_pow2(d // 2)), num_warps=_warps(block))
     return k_cache, v_cache

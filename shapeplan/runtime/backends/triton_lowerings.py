@@ -175,12 +175,14 @@ def bind_rope(slot: Any, metas: dict[int, Meta]) -> Callable[..., tuple] | None:
 
 
 def bind_cache_write_kv(slot: Any, metas: dict[int, Meta]) -> Callable[..., tuple] | None:
-    """A decode step's K and V writes in one launch: caches [B, H, L, D], updates [B, H, 1, D] written at
-    the one-element position, last dims contiguous. Prefill writes (S > 1) keep the torch kernel."""
+    """A decode step's K and V writes (and k's rotation, with cos/sin) in one launch: caches [B, H, L, D],
+    updates [B, H, 1, D] written at the one-element position, last dims contiguous. Prefill writes
+    (S > 1) keep the torch kernels."""
     ins, outs = _metas(slot, metas)
-    if len(ins) != 5 or any(m is None for m in ins) or int(slot.node.attrs.get("axis", 2)) not in (2, -2):
+    ins = ins + [None] * (7 - len(ins))
+    if any(m is None for m in ins[:5]) or int(slot.node.attrs.get("axis", 2)) not in (2, -2):
         return None
-    kc, vc, k, v, pos = ins
+    kc, vc, k, v, pos, cos, sin = ins
     if len(kc.shape) != 4 or vc.shape != kc.shape or pos.numel != 1 or pos.dtype.is_floating_point:
         return None
     b, h, _, d = kc.shape
@@ -188,11 +190,17 @@ def bind_cache_write_kv(slot: Any, metas: dict[int, Meta]) -> Callable[..., tupl
         if upd.shape != (b, h, 1, d) or upd.stride[-1] != 1 or cache.stride[-1] != 1 \
                 or upd.dtype not in FLOATS or cache.dtype not in FLOATS:
             return None
+    if (cos is None) != (sin is None):
+        return None
+    if cos is not None and (d % 2 or cos.shape != (b, 1, d // 2) or sin.shape != cos.shape
+                            or cos.stride != sin.stride or cos.stride[-1] != 1):
+        return None
+    interleaved = bool(slot.node.attrs.get("interleaved", 0))
     from shapeplan.runtime.backends import triton_kernels as K
 
     def run(k_cache: torch.Tensor, v_cache: torch.Tensor, k_: torch.Tensor, v_: torch.Tensor,
-            position: torch.Tensor) -> tuple:
-        return K.cache_write_kv(k_cache, v_cache, k_, v_, position)
+            position: torch.Tensor, c: torch.Tensor | None = None, s: torch.Tensor | None = None) -> tuple:
+        return K.cache_write_kv(k_cache, v_cache, k_, v_, position, c, s, interleaved)
     return run
 
 
