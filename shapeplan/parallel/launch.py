@@ -65,8 +65,23 @@ def init_from_env(device: str = "cuda") -> tuple[int, int, str]:
     return rank, world, init_distributed(rank, world, device, local_rank=local)
 
 
+def arm_hang_dump() -> float:
+    """With ``SHAPEPLAN_HANG_DUMP_S=N``: every thread's Python stack goes to stderr when this process is
+    still running N seconds from now, and again every N seconds (a rank stuck in a collective shows
+    where). Returns N (0: off)."""
+    try:
+        n = float(os.environ.get("SHAPEPLAN_HANG_DUMP_S", "0") or 0)
+    except ValueError:
+        n = 0.0
+    if n > 0:
+        import faulthandler
+        faulthandler.dump_traceback_later(n, repeat=True)
+    return n
+
+
 def _worker(rank: int, fn: Callable[..., Any], world_size: int, device: str, port: int, threads: int,
             results: Any, args: tuple) -> None:
+    arm_hang_dump()
     try:
         if threads:
             torch.set_num_threads(threads)

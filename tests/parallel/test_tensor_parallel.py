@@ -88,3 +88,20 @@ def test_generate_cli_tp2_prints_the_tp1_text(checkpoints, capfd):
     tp2 = capfd.readouterr().out
     assert main(args) == 0
     assert tp2 == capfd.readouterr().out
+
+
+def test_hang_dump_prints_every_stack_after_the_given_seconds(tmp_path):
+    """``SHAPEPLAN_HANG_DUMP_S``: a worker still running after N seconds writes its Python stacks to
+    stderr (how a rank stuck in a collective shows where)."""
+    import os
+    import subprocess
+    import sys
+    code = ("import time; from shapeplan.parallel.launch import arm_hang_dump; "
+            "assert arm_hang_dump() == 0.5; time.sleep(1.2)")
+    p = subprocess.run([sys.executable, "-c", code], env={**os.environ, "SHAPEPLAN_HANG_DUMP_S": "0.5"},
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert "Thread" in p.stderr and 'File "<string>", line 1' in p.stderr      # where the main thread waits
+    q = subprocess.run([sys.executable, "-c", code.replace("0.5", "0")], capture_output=True, text=True,
+                       timeout=120, env={k: v for k, v in os.environ.items() if k != "SHAPEPLAN_HANG_DUMP_S"})
+    assert q.returncode == 0 and "Thread" not in q.stderr                        # off by default
