@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from shapeplan import diagnostics
+from shapeplan.errors import ExecutionError
 
 
 def free_port() -> int:
@@ -110,9 +111,13 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any, device: str = "cp
     except Exception as e:  # noqa: BLE001 - prefer the worker's own message
         got = _drain(results)
         errors = [msg for _, ok, msg in got if not ok]
-        raise RuntimeError(f"tensor-parallel worker failed: {errors[0] if errors else e}") from None
+        raise WorkerError(f"tensor-parallel worker failed: {errors[0] if errors else e}") from None
     got = sorted(_drain(results), key=lambda r: r[0])
     return [out for _, _, out in got]
+
+
+class WorkerError(ExecutionError, RuntimeError):
+    """A tensor-parallel worker failed; the message is that rank's error and traceback."""
 
 
 def _drain(q: Any) -> list[tuple[int, bool, Any]]:

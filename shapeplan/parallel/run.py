@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 import time
+import traceback
 from typing import Any
 
 import torch
@@ -96,8 +97,11 @@ def bench_worker(rank: int, world_size: int, device: str, source: dict[str, Any]
             row.take_metrics(res.metrics)
             row.tokens = res.token_ids
             del pipe
-        except Exception as e:  # noqa: BLE001 - every rank fails alike (same graph); report it
-            row.ok, row.error = False, f"{type(e).__name__}: {e}"[:300]
+        except Exception:
+            # said at once, with the rank, then raised: a failure of this rank alone (its device, its
+            # shard) would otherwise leave the other ranks waiting in their next collective for good
+            print(f"[rank {rank}] bench config {c} failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
+            raise
         rows.append(row)
     return [{**r.to_dict(), "tokens": r.tokens} for r in rows] if rank == 0 else None
 

@@ -105,3 +105,14 @@ def test_hang_dump_prints_every_stack_after_the_given_seconds(tmp_path):
     q = subprocess.run([sys.executable, "-c", code.replace("0.5", "0")], capture_output=True, text=True,
                        timeout=120, env={k: v for k, v in os.environ.items() if k != "SHAPEPLAN_HANG_DUMP_S"})
     assert q.returncode == 0 and "Thread" not in q.stderr                        # off by default
+
+
+def test_bench_tp2_fails_fast_with_the_rank_and_the_error(capfd):
+    """A config that fails on a rank ends the TP bench with that rank's error at once (a failure of
+    one rank alone must not leave the others waiting in a collective)."""
+    from shapeplan.cli import main
+    assert main(["bench", "--preset", "llama-tiny", "--tp", "2", "--config", "slot_by_slot", "--prompt-len", "16",
+                 "--max-kv-cache-length", "8", "--new-tokens", "4"]) == 1
+    err = capfd.readouterr().err
+    assert "error: WorkerError: tensor-parallel worker failed" in err and "max_prefill_length" in err
+    assert "[rank 0] bench config slot_by_slot failed" in err or "[rank 1] bench config slot_by_slot failed" in err
