@@ -283,6 +283,11 @@ def test_compile_leaves_cores_to_starting_workers(monkeypatch):
         with pytest.raises(RuntimeError), spc._cores_left_to_workers():
             raise RuntimeError("compile failed")
         assert torch.get_num_threads() == 8
+        with spc._cores_left_to_workers():              # overlapping compiles (threads): one cap, and
+            with spc._cores_left_to_workers():          # the last one out restores the count
+                seen.append(torch.get_num_threads())
+            seen.append(torch.get_num_threads())
+        assert seen[-2:] == [5, 5] and torch.get_num_threads() == 8
         monkeypatch.setattr(tw, "starting", lambda: 0)
         with spc._cores_left_to_workers():
             seen.append(torch.get_num_threads())
