@@ -74,7 +74,9 @@ def bench_worker(rank: int, world_size: int, device: str, source: dict[str, Any]
     from shapeplan.llm.bench import BenchRow, bench_prompt, load_model
     from shapeplan.llm.pipeline import GenerationPipeline
     from shapeplan.llm.sampling import Sampling
-    cfg, weights = load_model(source.get("preset"), source.get("model"), "cpu", source.get("dtype"))
+    # made (or loaded) on this rank's device: a preset's random weights are the same on every rank (same
+    # seed, same kind of device); 8b made on the CPU took over a minute per rank
+    cfg, weights = load_model(source.get("preset"), source.get("model"), device, source.get("dtype"))
     prompt = bench_prompt(cfg.vocab_size, opts["prompt_len"])
     rows = []
     for c in configs:
