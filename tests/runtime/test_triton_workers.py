@@ -247,13 +247,16 @@ def test_workers_run_below_the_parent_unless_told_not_to(tmp_path, monkeypatch, 
     else:
         monkeypatch.delenv("SHAPEPLAN_TRITON_WORKER_NICE", raising=False)
     pool = tw._Pool(1)
+    monkeypatch.setattr(tw, "_pool", pool)
     try:
         reply = pool.submit({"path": "x", "name": "k"})     # waits until the worker is ready
         assert reply is not None and not reply["ok"]
-        assert pool.ready == 1 and pool.alive == 1
+        assert pool.ready == {pool.all[0].proc.pid} and pool.alive == 1 and tw.starting() == 0
         mine = os.getpriority(os.PRIO_PROCESS, 0)
         theirs = os.getpriority(os.PRIO_PROCESS, pool.all[0].proc.pid)
         assert theirs == (min(19, mine + 10) if not nice else mine)
+        pool._lost(pool.all[0])                             # a ready worker that dies leaves both counts
+        assert pool.alive == 0 and not pool.ready and tw.starting() == 0
     finally:
         pool.close()
 

@@ -105,9 +105,8 @@ def _use_stamp(stamp: str) -> None:
 
 def _lower_priority() -> None:
     """Run below the parent (``SHAPEPLAN_TRITON_WORKER_NICE``, default 10; 0 keeps the parent's): while
-    the workers import Triton the parent is still optimizing and compiling the plan, and its torch
-    kernels on the CPU fan out over every core (an OpenMP region waits for its slowest thread, so a core
-    taken by a worker stalls the whole region). The workers only need the CPU time the parent leaves."""
+    the workers import Triton the parent is still optimizing and compiling the plan, the work every
+    kernel waits for. (The parent also caps its torch threads meanwhile: ``runtime/compile.py``.)"""
     try:
         n = int(os.environ.get("SHAPEPLAN_TRITON_WORKER_NICE", "10"))
         if n > 0:

@@ -313,7 +313,7 @@ class _Pool:
         self.idle: queue.Queue[_Worker | None] = queue.Queue()
         self.all: list[_Worker] = []
         self.alive = 0
-        self.ready = 0
+        self.ready: set[int] = set()               # pids of the live workers that reported ready
         for i in range(n):
             try:
                 w = _Worker(i)
@@ -336,7 +336,7 @@ class _Pool:
             diagnostics.record("COMPILE", "Triton compile worker ready", seconds=msg.get("ready_s"),
                                site=msg.get("site"))
             with _lock:
-                self.ready += 1
+                self.ready.add(w.proc.pid)
             self.idle.put(w)
         else:                                      # died while starting
             self._lost(w)
@@ -345,6 +345,7 @@ class _Pool:
         w.close()
         with _lock:
             self.alive -= 1
+            self.ready.discard(w.proc.pid)
             if not self.alive:
                 self.idle.put(None)
 
@@ -374,7 +375,7 @@ def starting() -> int:
     if pool is None:
         return 0
     with _lock:
-        return max(0, pool.alive - pool.ready)
+        return pool.alive - len(pool.ready)
 
 
 def _get_pool() -> _Pool:
