@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
+import threading
 import traceback
 from typing import Any, Callable
 
@@ -83,18 +85,54 @@ def arm_hang_dump() -> float:
 def _worker(rank: int, fn: Callable[..., Any], world_size: int, device: str, port: int, threads: int,
             results: Any, args: tuple) -> None:
     arm_hang_dump()
+    ok = False
     try:
         if threads:
             torch.set_num_threads(threads)
         dev = init_distributed(rank, world_size, device, port=port)
         out = fn(rank, world_size, dev, *args)
         results.put((rank, True, out))
+        ok = True
     except BaseException as e:  # noqa: BLE001 - report to the parent, which raises
         results.put((rank, False, f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
         raise
     finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        if not leave_group():
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0 if ok else 1)   # the result is sent; a destroy that never returns must not keep us
+
+
+def leave_group(timeout_s: float | None = None) -> bool:
+    """Destroy the default process group; False when that did not finish within ``timeout_s`` (default
+    ``SHAPEPLAN_DIST_DESTROY_S``, 30 s; the destroy is then left running on a daemon thread).
+
+    NCCL's communicator destroy waits until every CUDA graph that captured one of its collectives has
+    been destroyed (pytorch/pytorch#115388): an engine that is garbage but not yet collected (reference
+    cycles) would keep it waiting for good. So the garbage is collected and the device synchronized
+    first. Under torchrun, drop your pipelines and call this instead of ``destroy_process_group``."""
+    if not dist.is_initialized():
+        return True
+    import gc
+    gc.collect()
+    if dist.get_backend() == "nccl" and torch.cuda.is_available():
+        torch.cuda.synchronize()
+    if timeout_s is None:
+        try:
+            timeout_s = float(os.environ.get("SHAPEPLAN_DIST_DESTROY_S", "30"))
+        except ValueError:
+            timeout_s = 30.0
+    done = threading.Event()
+
+    def destroy() -> None:
+        dist.destroy_process_group()
+        done.set()
+    threading.Thread(target=destroy, daemon=True, name="shapeplan-destroy-process-group").start()
+    if done.wait(timeout_s):
+        return True
+    print(f"shapeplan: destroy_process_group() did not return within {timeout_s:g} s "
+          "(a CUDA graph that captured NCCL collectives still alive?); leaving it", file=sys.stderr, flush=True)
+    return False
 
 
 def spawn(fn: Callable[..., Any], world_size: int, *args: Any, device: str = "cpu", threads: int = 0) -> list[Any]:
@@ -113,6 +151,9 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any, device: str = "cp
         errors = [msg for _, ok, msg in got if not ok]
         raise WorkerError(f"tensor-parallel worker failed: {errors[0] if errors else e}") from None
     got = sorted(_drain(results), key=lambda r: r[0])
+    errors = [msg for _, ok, msg in got if not ok]
+    if errors:
+        raise WorkerError(f"tensor-parallel worker failed: {errors[0]}")
     return [out for _, _, out in got]
 
 

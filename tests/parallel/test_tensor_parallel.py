@@ -116,3 +116,32 @@ def test_bench_tp2_fails_fast_with_the_rank_and_the_error(capfd):
     err = capfd.readouterr().err
     assert "error: WorkerError: tensor-parallel worker failed" in err and "max_prefill_length" in err
     assert "[rank 0] bench config slot_by_slot failed" in err or "[rank 1] bench config slot_by_slot failed" in err
+
+
+def test_leave_group_destroys_the_group_and_gives_up_on_a_destroy_that_hangs(monkeypatch, capfd):
+    """``leave_group`` collects garbage (captured CUDA graphs keep NCCL's destroy waiting) and destroys
+    the group; a destroy that does not return in time is left on a daemon thread and reported, so a
+    worker whose result is sent can still exit."""
+    import threading
+
+    import torch.distributed as dist
+
+    from shapeplan.parallel.launch import free_port, leave_group
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    assert leave_group() is True and not dist.is_initialized()
+    assert leave_group() is True                                   # nothing to leave
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    release = threading.Event()
+    real = dist.destroy_process_group
+    monkeypatch.setattr(dist, "destroy_process_group", lambda: (release.wait(30), real()))
+    try:
+        assert leave_group(timeout_s=0.2) is False
+        assert "did not return within 0.2 s" in capfd.readouterr().err
+    finally:
+        release.set()
+    for _ in range(100):                                           # the daemon thread finishes the destroy
+        if not dist.is_initialized():
+            break
+        threading.Event().wait(0.05)
+    assert not dist.is_initialized()
