@@ -93,14 +93,15 @@ def _worker(rank: int, fn: Callable[..., Any], world_size: int, device: str, por
         out = fn(rank, world_size, dev, *args)
         results.put((rank, True, out))
         ok = True
-    except BaseException as e:  # noqa: BLE001 - report to the parent, which raises
+    except BaseException as e:  # noqa: BLE001 - reported to the parent, which raises it
+        # not re-raised: its traceback would keep this rank's engines, and the CUDA graphs that captured
+        # NCCL collectives, alive through leave_group below
         results.put((rank, False, f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
-        raise
-    finally:
-        if not leave_group():
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(0 if ok else 1)   # the result is sent; a destroy that never returns must not keep us
+    left = leave_group()
+    if not (ok and left):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0 if ok else 1)       # the result is sent; a destroy that never returns must not keep us
 
 
 def leave_group(timeout_s: float | None = None) -> bool:
