@@ -144,17 +144,16 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any, device: str = "cp
     ctx = mp.get_context("spawn")
     results = ctx.SimpleQueue()
     port = free_port()
+    failure: Exception | None = None
     try:
         mp.start_processes(_worker, args=(fn, world_size, device, port, threads, results, args),
                            nprocs=world_size, join=True, start_method="spawn")
-    except Exception as e:  # noqa: BLE001 - prefer the worker's own message
-        got = _drain(results)
-        errors = [msg for _, ok, msg in got if not ok]
-        raise WorkerError(f"tensor-parallel worker failed: {errors[0] if errors else e}") from None
+    except Exception as e:  # noqa: BLE001 - the worker's own message is preferred below
+        failure = e
     got = sorted(_drain(results), key=lambda r: r[0])
     errors = [msg for _, ok, msg in got if not ok]
-    if errors:
-        raise WorkerError(f"tensor-parallel worker failed: {errors[0]}")
+    if errors or failure is not None:          # a rank may fail and still exit 0 (see _worker)
+        raise WorkerError(f"tensor-parallel worker failed: {errors[0] if errors else failure}") from None
     return [out for _, _, out in got]
 
 

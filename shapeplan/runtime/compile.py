@@ -71,17 +71,12 @@ def _cores_left_to_workers() -> Iterator[None]:
         return
     import torch
     with _cap_lock:
-        before = torch.get_num_threads() if not _cap_users else _cap_restore
+        before = _cap_restore if _cap_users else torch.get_num_threads()
         cap = max(1, ((os.cpu_count() or 1) - busy) // 2)
-        if cap >= before:
-            capped = False
-        else:
-            capped = True
-            if not _cap_users:
-                _cap_restore = before
-            _cap_users += 1
+        if cap < before:
+            _cap_restore, _cap_users = before, _cap_users + 1
             torch.set_num_threads(min(cap, torch.get_num_threads()))
-    if not capped:
+    if cap >= before:
         yield
         return
     diagnostics.record("COMPILE", "CPU threads capped while compile workers start", threads=cap, was=before,
@@ -101,44 +96,37 @@ def compile_model(model: Any, device: str = "cpu", mode: Any = "auto", *, optimi
     """``outputs``: the output names whose plan is compiled now (default: all of them), as
     ``engine.run(..., outputs=...)`` will request them; other output sets compile at their first run.
     Any error compiling it is raised here. The disk cache always stores the all-outputs plan."""
+    from shapeplan.importers import load
+    from shapeplan.runtime.engine import Engine
     t0 = time.perf_counter()
     _prestart_compile_workers(device, mode)
     with _cores_left_to_workers():
-        return _compile(model, device, mode, optimize, skip, disk_cache, cache_dir, force_recompile, outputs,
-                        t0, kw)
-
-
-def _compile(model: Any, device: str, mode: Any, optimize: bool, skip: list[str] | None,
-             disk_cache: bool | None, cache_dir: str | None, force_recompile: bool | None, outputs: Any,
-             t0: float, kw: dict[str, Any]) -> Any:
-    from shapeplan.importers import load
-    from shapeplan.runtime.engine import Engine
-    graph = load(model)
-    if disk_cache is None:
-        env = os.environ.get("SHAPEPLAN_DISK_CACHE", "")
-        disk_cache = env not in ("0", "false") and (env in ("1", "true") or isinstance(model, (str, os.PathLike)))
-    disk = key = fp = None
-    if disk_cache:
-        from shapeplan.cache.disk import DiskCache
-        from shapeplan.cache.fingerprint import cache_key, fingerprint
-        disk = DiskCache(cache_dir, force_recompile=force_recompile)
-        fp = fingerprint(str(device))
-        key = cache_key(_model_hash(model, graph), {"optimize": optimize, "skip": sorted(skip or [])}, fp)
-        plan = disk.get(key, fp)
-        if plan is not None:
-            engine = Engine(plan.graph, device=device, mode=mode, **kw)
-            engine._plans[None] = plan
-            engine.compile_info = {"source": "disk", "seconds": time.perf_counter() - t0, "key": key}
-            diagnostics.record("COMPILE", "warm start from disk cache", key=key,
-                               seconds=engine.compile_info["seconds"])
-            return engine
-    graph.verify()
-    if optimize:
-        from shapeplan.optimize import optimize as _optimize
-        graph = _optimize(graph, skip=skip)
-    engine = Engine(graph, device=device, mode=mode, **kw)
-    if disk is not None and key is not None:
-        disk.put(key, engine.plan(None), fp, {"graph": graph.name, "nodes": len(graph.nodes)})
-    engine.plan(list(outputs) if outputs is not None else None)
-    engine.compile_info = {"source": "compiled", "seconds": time.perf_counter() - t0, "key": key}
-    return engine
+        graph = load(model)
+        if disk_cache is None:
+            env = os.environ.get("SHAPEPLAN_DISK_CACHE", "")
+            disk_cache = env not in ("0", "false") and (env in ("1", "true") or isinstance(model, (str, os.PathLike)))
+        disk = key = fp = None
+        if disk_cache:
+            from shapeplan.cache.disk import DiskCache
+            from shapeplan.cache.fingerprint import cache_key, fingerprint
+            disk = DiskCache(cache_dir, force_recompile=force_recompile)
+            fp = fingerprint(str(device))
+            key = cache_key(_model_hash(model, graph), {"optimize": optimize, "skip": sorted(skip or [])}, fp)
+            plan = disk.get(key, fp)
+            if plan is not None:
+                engine = Engine(plan.graph, device=device, mode=mode, **kw)
+                engine._plans[None] = plan
+                engine.compile_info = {"source": "disk", "seconds": time.perf_counter() - t0, "key": key}
+                diagnostics.record("COMPILE", "warm start from disk cache", key=key,
+                                   seconds=engine.compile_info["seconds"])
+                return engine
+        graph.verify()
+        if optimize:
+            from shapeplan.optimize import optimize as _optimize
+            graph = _optimize(graph, skip=skip)
+        engine = Engine(graph, device=device, mode=mode, **kw)
+        if disk is not None and key is not None:
+            disk.put(key, engine.plan(None), fp, {"graph": graph.name, "nodes": len(graph.nodes)})
+        engine.plan(list(outputs) if outputs is not None else None)
+        engine.compile_info = {"source": "compiled", "seconds": time.perf_counter() - t0, "key": key}
+        return engine
