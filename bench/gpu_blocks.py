@@ -169,7 +169,8 @@ def run_shape(weights, batch: int, seq: int, dtype: str, do_compile: bool, iters
             base = next(e.t for e in evs if e.message == "t0")
             for e in evs:
                 f = {k: v for k, v in e.fields.items() if k in ("segment", "kernels", "reason", "kernel", "seconds",
-                                                               "workers", "site")}
+                                                               "workers", "site", "compile_s", "launcher_s",
+                                                               "sent_at_s", "spawn_s")}
                 print(f"  {1000 * (e.t - base):8.1f} ms  {e.category:<12} {e.message}  {f}", file=sys.stderr)
             print(f"  {1000 * ready:8.1f} ms  (first replayed call done)", file=sys.stderr)
             diagnostics.disable()

@@ -327,8 +327,10 @@ def prepare(device: Any = None) -> None:
 
     def driver() -> None:
         from shapeplan.runtime.backends import triton_env
+        diagnostics.record("COMPILE", "Triton imported in this process")
         try:                                 # the driver's helper module (a C build on a cold cache)
             triton_env.triton.runtime.driver.active.get_current_target()
+            diagnostics.record("COMPILE", "Triton driver ready in this process")
         except Exception:  # noqa: BLE001 - no usable driver: kernels fail later and fall back visibly
             pass
     background(driver)

@@ -5,7 +5,7 @@ nothing of shapeplan or torch, so it is ready in the time of a Triton import. Pr
 object per line on stdin, one reply per line on stdout:
 
     job   {"id", "path", "name", "signature", "constexprs", "attrs", "target", "options", "src_hash"}
-    reply {"id", "ok": bool, "hash", "json", "launcher": bool, "seconds", "error"}
+    reply {"id", "ok": bool, "hash", "json", "launcher": bool, "seconds", "compile_s", "launcher_s", "error"}
 
 ``path``/``name`` locate the ``@triton.jit`` function (a module that imports only triton). The worker
 rebuilds the same ``ASTSource``, refuses a job whose source hash differs from the parent's (the parent
@@ -160,12 +160,16 @@ def main() -> None:
                 early = threading.Thread(target=_launcher_early, args=(target, src), daemon=True)
                 early.start()
                 kernel = triton.compile(src, target=target, options=decode(job["options"]))
+                t1 = time.perf_counter()
                 early.join()
                 reply["ok"] = True
                 reply["hash"] = kernel.hash
                 reply["json"] = next((n for n in kernel.metadata_group if n.endswith(".json")
                                       and not n.startswith("__grp__")), "")
                 reply["launcher"] = _launcher(target, src, kernel)
+                # start-up diagnostics: the kernel's compile, then the wait for its host launcher's build
+                reply["compile_s"] = round(t1 - t0, 4)
+                reply["launcher_s"] = round(time.perf_counter() - t1, 4)
         except Exception as e:  # noqa: BLE001 - reported to the parent, which compiles in-process
             reply["error"] = f"{type(e).__name__}: {e}"[:500]
         reply["seconds"] = round(time.perf_counter() - t0, 4)

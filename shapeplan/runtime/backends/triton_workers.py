@@ -46,6 +46,7 @@ _lock = threading.Lock()
 _original: Any = None
 _pool: "_Pool | None" = None
 _inflight: dict[str, threading.Event] = {}
+_t_pool = 0.0                                  # perf_counter when the pool was started (diagnostics)
 
 
 def worker_count() -> int:
@@ -116,6 +117,7 @@ def _compile_in_worker(key: str, src: Any, target: Any, options: Any) -> None:
     if busy is not None:
         busy.wait()
         return
+    sent = time.perf_counter()
     try:
         reply = _get_pool().submit(_job(src, target, options))
         if reply is not None and reply.get("ok") and reply.get("hash"):
@@ -129,7 +131,8 @@ def _compile_in_worker(key: str, src: Any, target: Any, options: Any) -> None:
     name = getattr(src, "name", "?")
     if reply is not None and reply.get("ok"):
         diagnostics.record("COMPILE", "Triton kernel compiled in a worker process", kernel=name,
-                           seconds=reply.get("seconds"))
+                           seconds=reply.get("seconds"), compile_s=reply.get("compile_s"),
+                           launcher_s=reply.get("launcher_s"), sent_at_s=round(sent - _t_pool, 4))
     else:
         diagnostics.record("FALLBACK", "Triton kernel compiled in-process (worker declined)", kernel=name,
                            reason=(reply or {}).get("error", "no worker"))
@@ -314,17 +317,20 @@ class _Pool:
         self.all: list[_Worker] = []
         self.alive = 0
         self.ready: set[int] = set()               # pids of the live workers that reported ready
+        spawn_s = []
         for i in range(n):
+            t = time.perf_counter()
             try:
                 w = _Worker(i)
             except OSError:
                 continue
+            spawn_s.append(round(time.perf_counter() - t, 4))
             self.all.append(w)
             self.alive += 1
         for w in self.all:
             threading.Thread(target=self._await_ready, args=(w,), daemon=True,
                              name="shapeplan-compile-worker-ready").start()
-        diagnostics.record("COMPILE", "Triton compile workers started", workers=self.alive)
+        diagnostics.record("COMPILE", "Triton compile workers started", workers=self.alive, spawn_s=spawn_s)
 
     def _await_ready(self, w: _Worker) -> None:
         try:
@@ -379,9 +385,10 @@ def starting() -> int:
 
 
 def _get_pool() -> _Pool:
-    global _pool
+    global _pool, _t_pool
     with _lock:
         if _pool is None:
+            _t_pool = time.perf_counter()
             _pool = _Pool(worker_count())
             atexit.register(_pool.close)
         return _pool
