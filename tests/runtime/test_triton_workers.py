@@ -299,3 +299,41 @@ def test_compile_leaves_cores_to_starting_workers(monkeypatch):
         torch.set_num_threads(before)
         diagnostics.disable()
         diagnostics.reset()
+
+
+JOB_SCRIPT = textwrap.dedent("""
+    import json, sys
+    from shapeplan.runtime.backends import triton_env, triton_workers as tw
+    from shapeplan.runtime.backends.triton_jit import _silu_mul_kernel
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.compiler.compiler import make_backend
+    target = GPUTarget("cuda", 90, 32)
+    options = make_backend(target).parse_options({"num_warps": 2}).__dict__
+    sig = {"G": "*fp16", "U": "*fp16", "Y": "*fp16", "stride_g": "i32", "stride_u": "i32", "stride_y": "i32",
+           "N": "i32", "BLOCK": "constexpr"}
+    src = ASTSource(_silu_mul_kernel, sig, {(7,): 64}, {})
+    job = dict(tw._job(src, target, options), launcher=sys.argv[1] == "1")
+    pool = tw._Pool(1)
+    try:
+        print(json.dumps(pool.submit(job)))
+    finally:
+        pool.close()
+    """)
+
+
+@pytest.mark.parametrize("launcher", ["0", "1"])
+def test_a_job_says_whether_the_worker_builds_a_launcher(tmp_path, launcher):
+    """The parent that launches a kernel through ``triton_launch`` asks for no host launcher: the worker
+    then compiles the kernel only. The reply splits its time into the compile and the launcher's build."""
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "TRITON_CACHE_DIR")}
+    env.update(SHAPEPLAN_CACHE_DIR=str(tmp_path))
+    p = subprocess.run([sys.executable, "-c", JOB_SCRIPT, launcher], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    reply = json.loads(p.stdout.strip().splitlines()[-1])
+    assert reply["ok"], reply
+    assert reply["compile_s"] > 0 and reply["launcher_s"] >= 0
+    if launcher == "0":
+        assert reply["launcher"] is False
+        assert reply["launcher_s"] < 0.05         # nothing was built after the compile

@@ -4,14 +4,15 @@ Run as a script (``python triton_compile_worker.py``) by ``triton_workers``; it 
 nothing of shapeplan or torch, so it is ready in the time of a Triton import. Protocol: one JSON
 object per line on stdin, one reply per line on stdout:
 
-    job   {"id", "path", "name", "signature", "constexprs", "attrs", "target", "options", "src_hash"}
+    job   {"id", "path", "name", "signature", "constexprs", "attrs", "target", "options", "src_hash", "launcher"}
     reply {"id", "ok": bool, "hash", "json", "launcher": bool, "seconds", "compile_s", "launcher_s", "error"}
 
 ``path``/``name`` locate the ``@triton.jit`` function (a module that imports only triton). The worker
 rebuilds the same ``ASTSource``, refuses a job whose source hash differs from the parent's (the parent
 would then miss the cache: its kernel is compiled in-process as without workers), and calls
 ``triton.compile``, which writes the result under ``TRITON_CACHE_DIR``, then builds the kernel's host
-launcher (a C module Triton compiles per kernel signature on some versions), cached there too. The reply
+launcher (a C module Triton compiles per kernel signature on some versions), cached there too, unless
+the job says the parent launches the kernel without one (``triton_launch``). The reply
 names the cache entry (``hash`` and its metadata file ``json``), which the parent loads. With
 ``SHAPEPLAN_TRITON_STAMP`` set, Triton's cache key is that stamp instead of a hash of Triton's library
 (see ``triton_workers``), so the worker is ready after the Triton import. Values are JSON with tuples and dicts tagged (``{"t": [...]}``,
@@ -115,6 +116,16 @@ def _lower_priority() -> None:
         pass
 
 
+def _builds_launchers() -> bool:
+    """Whether this Triton builds a C launcher per kernel signature (then the parent's ``triton_launch``
+    replaces its helper modules)."""
+    try:
+        import triton.backends.nvidia.driver as nvd
+        return hasattr(nvd, "make_launcher")
+    except Exception:  # noqa: BLE001
+        return False
+
+
 def main() -> None:
     _lower_priority()
     here = os.path.dirname(os.path.abspath(__file__))
@@ -130,8 +141,10 @@ def main() -> None:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     _use_stamp(os.environ.get("SHAPEPLAN_TRITON_STAMP", ""))
-    if os.environ.get("SHAPEPLAN_WORKER_INDEX") == "0":    # the CUDA driver's helper module (a C build on a
-        try:                                                # cold cache): one worker builds it up front
+    ctypes_launch = os.environ.get("SHAPEPLAN_TRITON_CTYPES", "1").strip().lower() not in ("0", "false", "off", "no")
+    if os.environ.get("SHAPEPLAN_WORKER_INDEX") == "0" and not (ctypes_launch and _builds_launchers()):
+        try:      # the CUDA driver's helper module (a C build on a cold cache): one worker builds it up front
+                  # unless the parent loads and launches through ctypes (triton_launch) and never needs it
             from triton.backends.nvidia.driver import CudaUtils
             CudaUtils()
         except Exception:  # noqa: BLE001, S110 - no CUDA here: the parent builds it when it needs it
@@ -157,16 +170,19 @@ def main() -> None:
                 reply["error"] = "source hash differs from the parent's"
             else:
                 target = GPUTarget(*decode(job["target"]))
+                build = job.get("launcher", True)       # False: the parent launches it without one
                 early = threading.Thread(target=_launcher_early, args=(target, src), daemon=True)
-                early.start()
+                if build:
+                    early.start()
                 kernel = triton.compile(src, target=target, options=decode(job["options"]))
                 t1 = time.perf_counter()
-                early.join()
+                if build:
+                    early.join()
                 reply["ok"] = True
                 reply["hash"] = kernel.hash
                 reply["json"] = next((n for n in kernel.metadata_group if n.endswith(".json")
                                       and not n.startswith("__grp__")), "")
-                reply["launcher"] = _launcher(target, src, kernel)
+                reply["launcher"] = _launcher(target, src, kernel) if build else False
                 # start-up diagnostics: the kernel's compile, then the wait for its host launcher's build
                 reply["compile_s"] = round(t1 - t0, 4)
                 reply["launcher_s"] = round(time.perf_counter() - t1, 4)

@@ -6,7 +6,8 @@ kernels too and a warm start reuses them. Generated kernel sources live beside i
 ``<shapeplan cache>/triton_src``.
 
 Importing it also wraps Triton's compile so new kernels compile in worker processes
-(``triton_workers``). Importing this module fails with ImportError when Triton is not installed: callers treat that as
+(``triton_workers``), and loads and launches our kernels through the CUDA driver API instead of C
+modules Triton would build first (``triton_launch``). Importing this module fails with ImportError when Triton is not installed: callers treat that as
 "backend unavailable" and record a FALLBACK event.
 """
 from __future__ import annotations
@@ -26,8 +27,9 @@ try:                                        # Triton >= 3.3 reads env through kn
 except AttributeError:
     pass
 
-from shapeplan.runtime.backends import triton_workers  # noqa: E402
+from shapeplan.runtime.backends import triton_launch, triton_workers  # noqa: E402
 
+triton_launch.install()                     # kernels load and launch without C builds (start-up time)
 triton_workers.install()                    # new kernels compile in worker processes (start-up time)
 
 

@@ -185,9 +185,11 @@ def triton_dir() -> str | None:
 def stamp() -> str:
     """The installation stamp that stands in for Triton's cache key: Triton's version and the size and
     modification time of each of its Python files, shared libraries and bundled tools (ptxas ...)."""
+    t0 = time.perf_counter()
     h = hashlib.sha256()
     root = triton_dir()
     version = ""
+    counted = 0
     if root:
         try:
             with open(os.path.join(root, "__init__.py"), encoding="utf-8") as f:
@@ -204,6 +206,9 @@ def stamp() -> str:
                     except OSError:
                         continue
                     h.update(f"{os.path.relpath(path, root)}|{st.st_size}|{st.st_mtime_ns}\n".encode())
+                    counted += 1
+    diagnostics.record("COMPILE", "Triton installation stamp computed", files=counted,
+                       seconds=round(time.perf_counter() - t0, 4))
     return f"{version.strip()}|{root}|{h.hexdigest()}"
 
 
@@ -247,10 +252,13 @@ def _job(src: Any, target: Any, options: Any) -> dict[str, Any]:
     path = getattr(getattr(pyfn, "__code__", None), "co_filename", None)
     if not path or not os.path.exists(path):
         raise TypeError("kernel has no source file")
+    from shapeplan.runtime.backends import triton_launch
+    launched_here = triton_launch.installed() and triton_launch.argument_types(src.signature) is not None \
+        and triton_launch._ours(src)         # then no host launcher is built for it anywhere
     return {"path": path, "name": pyfn.__name__, "signature": _enc(dict(src.signature)),
             "constexprs": _enc(dict(src.constants)), "attrs": _enc(dict(src.attrs)),
             "target": _enc((target.backend, target.arch, target.warp_size)),
-            "options": _enc(dict(options or {})), "src_hash": src.hash()}
+            "options": _enc(dict(options or {})), "src_hash": src.hash(), "launcher": not launched_here}
 
 
 def _key(src: Any, target: Any, options: Any, env_vars: Any = None) -> str:
