@@ -39,6 +39,21 @@ from shapeplan.ops.registry import is_supported
 SP = "shapeplan"
 
 
+def _already_stacked(parts: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor | None:
+    """The stacked tensor when ``parts`` are consecutive row blocks of one buffer in ``dtype`` (a view
+    of it, nothing copied); None otherwise."""
+    first = parts[0]
+    offset = first.storage_offset()
+    for p in parts:
+        if (p.dtype != dtype or not p.is_contiguous() or p.device != first.device or p.shape[1:] != first.shape[1:]
+                or p.untyped_storage().data_ptr() != first.untyped_storage().data_ptr()
+                or p.storage_offset() != offset):
+            return None
+        offset += p.numel()
+    rows = sum(p.shape[0] for p in parts)
+    return first.as_strided((rows, *first.shape[1:]), first.stride(), first.storage_offset())
+
+
 class _Builder:
     def __init__(self, g: Graph, cfg: LlamaConfig, w: dict[str, torch.Tensor], dtype: torch.dtype) -> None:
         self.g, self.cfg, self.w, self.dtype = g, cfg, w, dtype
@@ -63,7 +78,9 @@ class _Builder:
         if v is not None:
             return v
         parts = [self.w[n] for n in names]
-        t = torch.cat([p.to(self.dtype) for p in parts], dim=0)                   # [sum N_i, K]
+        t = _already_stacked(parts, self.dtype)           # loaded into one buffer (weights.stacked_slots)
+        if t is None:
+            t = torch.cat([p.to(self.dtype) for p in parts], dim=0)               # [sum N_i, K]
         if all(p.dtype == self.dtype and p.device == t.device for p in parts):
             row = 0
             for n, p in zip(names, parts):

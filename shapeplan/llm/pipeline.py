@@ -75,8 +75,14 @@ class GenerationPipeline:
         self._warm_thread = None
         if self.device.type == "cuda" and tp is None and placement is None:
             from shapeplan.llm import warmup            # CUDA libraries load while the graph is built
+            from shapeplan.runtime import frozen_records
+            # plans frozen from records never run the torch kernels that Triton replaces: skip loading
+            # them when records exist (a plan without one loads them in its own slot-by-slot call)
+            replay_only = mode in ("triton", "auto") and frozen_records.enabled(self.device) \
+                and frozen_records.entries() > 0
             self._warm_thread = warmup.start(cfg, self.dtype, self.device, max_kv_cache_length,
-                                             seq=next(b for b in self.buckets if b >= min(128, max_prefill_length)))
+                                             seq=next(b for b in self.buckets if b >= min(128, max_prefill_length)),
+                                             replay_only=replay_only)
             if mode in ("triton", "auto"):
                 _prewarm_decode_kernels(cfg, self.dtype, self.device, max_kv_cache_length)
         graph = build_graph(cfg, weights, max_kv_cache_length=max_kv_cache_length, dtype=self.dtype,

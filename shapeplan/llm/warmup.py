@@ -35,22 +35,34 @@ from shapeplan.llm.config import LlamaConfig
 WARM_VOCAB = 1024
 
 
+#: ops whose torch kernels a triton-mode replay does not run (Triton kernels there), and what stands
+#: in for each in a replay-only warm-up (its input passed through: the layouts downstream stay the same)
+_TRITON_IN_REPLAY = {
+    "RMSNormalization": lambda x, w, **_: x,
+    "SkipRMSNormalization": lambda x, residual, w, **_: (x, residual),
+    "RotaryEmbedding": lambda x, cos, sin, **_: x,
+    "SiluMul": lambda gate, up, **_: gate,
+}
+
+
 def enabled() -> bool:
     return os.environ.get("SHAPEPLAN_CUDA_WARM", "1").strip().lower() not in ("0", "false", "off", "no")
 
 
 def start(cfg: LlamaConfig, dtype: torch.dtype, device: torch.device, max_kv_cache_length: int,
-          seq: int) -> threading.Thread | None:
-    """Start the warm-up thread (CUDA only); it runs one prefill of ``seq`` tokens. None when off."""
+          seq: int, replay_only: bool = False) -> threading.Thread | None:
+    """Start the warm-up thread (CUDA only); it runs one prefill of ``seq`` tokens. None when off.
+    ``replay_only``: only the torch kernels a triton-mode replay runs (see ``layer``)."""
     if device.type != "cuda" or not enabled():
         return None
-    t = threading.Thread(target=_run, args=(cfg, dtype, device, max_kv_cache_length, seq),
+    t = threading.Thread(target=_run, args=(cfg, dtype, device, max_kv_cache_length, seq, replay_only),
                          name="shapeplan-cuda-warm", daemon=True)
     t.start()
     return t
 
 
-def _run(cfg: LlamaConfig, dtype: torch.dtype, device: torch.device, max_kv_cache_length: int, seq: int) -> None:
+def _run(cfg: LlamaConfig, dtype: torch.dtype, device: torch.device, max_kv_cache_length: int, seq: int,
+         replay_only: bool = False) -> None:
     from shapeplan.runtime.backends.cuda_graphs import capture_lock
     try:
         with diagnostics.muted():
@@ -58,7 +70,7 @@ def _run(cfg: LlamaConfig, dtype: torch.dtype, device: torch.device, max_kv_cach
             if cuda and device.index is not None:
                 torch.cuda.set_device(device.index)
             with capture_lock(device) if cuda else contextlib.nullcontext():
-                layer(cfg, dtype, device, max_kv_cache_length, seq)
+                layer(cfg, dtype, device, max_kv_cache_length, seq, replay_only)
                 if cuda:
                     torch.cuda.current_stream(device).synchronize()
     except Exception as e:  # noqa: BLE001 - a warm-up never breaks the pipeline
@@ -66,13 +78,18 @@ def _run(cfg: LlamaConfig, dtype: torch.dtype, device: torch.device, max_kv_cach
                            reason=f"{type(e).__name__}: {e}"[:300])
 
 
-def layer(cfg: LlamaConfig, dtype: torch.dtype, device: torch.device, kv_length: int, seq: int) -> torch.Tensor:
+def layer(cfg: LlamaConfig, dtype: torch.dtype, device: torch.device, kv_length: int, seq: int,
+          replay_only: bool = False) -> torch.Tensor:
     """One prefill step of a one-layer model on zeros, through the op kernels ``model.build_graph``'s
     plan runs (``ops.registry.lookup(...).kernel``), with the same layouts (weights as transposed views,
-    q/k/v and gate/up stacked). Returns the greedy token."""
+    q/k/v and gate/up stacked). Returns the greedy token. ``replay_only`` leaves out the ops a
+    triton-mode replay runs as Triton kernels (the norms, RoPE of q, SiLU*mul): a plan frozen from a
+    record (runtime/frozen_records.py) never runs their torch kernels, so loading them is wasted."""
     from shapeplan.ops.registry import lookup
 
     def k(op: str, domain: str = "shapeplan"):  # noqa: ANN202
+        if replay_only and op in _TRITON_IN_REPLAY:
+            return _TRITON_IN_REPLAY[op]
         return lookup(op, domain).kernel
     matmul, gather, argmax = k("MatMul", ""), k("Gather", ""), k("ArgMax", "")
     h, f, v = cfg.hidden_size, cfg.intermediate_size, min(cfg.vocab_size, WARM_VOCAB)

@@ -100,6 +100,8 @@ class PlanRunner:
         self._stage: tuple[tuple[int, Any], ...] = ()      # (placeholder register, staging buffer | None)
         self._vars: tuple[tuple[int, str], ...] = ()       # (variable register, name in engine.variables)
         self._out_regs: tuple[int, ...] = ()
+        self._record_key: str | None = None                # frozen_records: this plan's key, once computed
+        self._record_used = False                          # frozen from a record (nothing to write back)
 
     # ------------------------------------------------------------------ bookkeeping
     @property
@@ -127,6 +129,11 @@ class PlanRunner:
             if self.backend is None and self.calls:          # the reference path: nothing to record
                 self.calls += 1
                 return self._run_plain(feeds)
+            if not self.calls and self.backend is not None and self._from_record(feeds):
+                with torch.no_grad():
+                    outs = self._run_frozen(feeds)
+                self.calls += 1
+                return outs
             outs = self._run_recording(feeds)
             self.calls += 1
             if self.backend is not None and self.calls >= self.warmup_calls:
@@ -174,12 +181,93 @@ class PlanRunner:
         self._last_feeds_meta = list(feeds)
         return [regs[r] for _, r in plan.outputs]
 
+    # ------------------------------------------------------------------ frozen-plan records
+    def _from_record(self, feeds: list[Any]) -> bool:
+        """First call: freeze from this plan's record on disk (``frozen_records``) and compile every
+        segment, so this call captures. False (nothing changed) when off, absent or unusable."""
+        from shapeplan.runtime import frozen_records as fr
+        if self.warmup_calls != 1 or not fr.enabled(self.device) or not hasattr(self.backend, "seed"):
+            return False
+        try:
+            self._record_key = fr.record_key(self.plan, self.constants, self.variables, feeds, self.device,
+                                             self.backend.name)
+        except Exception as e:  # noqa: BLE001 - e.g. an attribute that cannot be described: no record
+            self._event("CACHE", "no frozen-plan record key", reason=f"{type(e).__name__}: {e}"[:200])
+            return False
+        rec = fr.load(self._record_key)
+        if rec is None:
+            return False
+        try:
+            meta = fr.reg_meta(rec)
+            const_values = self._const_values_from(meta, feeds)
+        except Exception as e:  # noqa: BLE001 - a record this plan cannot use: record as usual
+            self._event("CACHE", "frozen-plan record not usable: recording", reason=f"{type(e).__name__}: {e}"[:200])
+            return False
+        self.meta, self.const_values = meta, const_values
+        self.input_dtypes = tuple(getattr(x, "dtype", None) for x in feeds)
+        self._last_feeds_meta = list(feeds)
+        self._record_used = True
+        self.freeze(from_record=True)
+        self._event("LIFECYCLE", "shapes frozen from a frozen-plan record", key=self._record_key[:12])
+        layouts = rec.get("layouts", {})
+        b = self.backend
+        for s in self.segments:
+            if s.state is not SegState.NEEDS_WARMUP:
+                continue
+            idx = s.ctx.segment.index
+            try:
+                if not b.seed(s.ctx, layouts.get(str(idx))):   # type: ignore[union-attr]
+                    continue
+                s.compiled = b.compile(s.ctx)
+                s.state = SegState.CAPTURE_PENDING
+                self._event("SEGMENT", "segment compiled from the record", segment=idx, state=s.state)
+            except Exception as e:  # noqa: BLE001 - this segment warms up as usual
+                self._event("FALLBACK", "segment not compiled from the record: warms up", segment=idx,
+                            reason=f"{type(e).__name__}: {e}"[:200])
+        return True
+
+    def _const_values_from(self, meta: dict[int, RegMeta], feeds: list[Any]) -> dict[int, Any]:
+        """The plan-constant slots' values, computed from the constants (meta tensors of the recorded
+        layouts stand in for registers a shape-only op reads); ValueError when one needs real data."""
+        plan = self.plan
+        regs = self._fresh_registers(feeds)
+        out: dict[int, Any] = {}
+        for slot in plan.slots:
+            if slot.index not in plan.const_slots:
+                continue
+            for r in slot.ins:
+                if r != ABSENT and regs[r] is None:
+                    m = meta.get(r)
+                    if m is None:
+                        raise ValueError(f"the record has no layout for register {plan.reg_names[r]!r}")
+                    regs[r] = torch.empty_strided(m.shape, m.stride, dtype=m.dtype, device="meta")
+            run_slot(slot, regs)
+            for r in slot.outs:
+                if r != ABSENT:
+                    x = regs[r]
+                    if isinstance(x, torch.Tensor) and x.device.type == "meta":
+                        raise ValueError(f"{slot.op_type} needs data to compute {plan.reg_names[r]!r}")
+                    out[r] = x
+        return out
+
+    def _write_record(self) -> None:
+        """After the first REPLAYING: keep what the eager calls recorded for the next process."""
+        from shapeplan.runtime import frozen_records as fr
+        key = self._record_key
+        if key is None or self._record_used or not fr.enabled(self.device) or not hasattr(self.backend, "layouts"):
+            return
+        if any(s.state is SegState.FAILED for s in self.segments):
+            return
+        layouts = {s.ctx.segment.index: self.backend.layouts(s.ctx) for s in self.segments  # type: ignore[union-attr]
+                   if s.state is SegState.REPLAYING}
+        fr.save(key, self.meta, layouts, self.name)
+
     # ------------------------------------------------------------------ freeze
-    def freeze(self) -> None:
+    def freeze(self, from_record: bool = False) -> None:
         """SLOT_BY_SLOT -> SHAPES_FROZEN: allocate staging + stable buffers, set up segments."""
         if self.phase is not Phase.SLOT_BY_SLOT:
             return
-        if not self.calls:
+        if not self.calls and not from_record:
             raise LifecycleError(f"plan {self.name}: cannot freeze before one call with this shape signature "
                                  "(shapes are recorded from a real call)")
         plan = self.plan
@@ -371,6 +459,7 @@ class PlanRunner:
         if any(st is SegState.REPLAYING for st in states):
             self.phase = Phase.REPLAYING
             self._event("LIFECYCLE", "replaying", phase=self.phase, calls=self.calls + 1)
+            self._write_record()
             for s in self.segments:
                 st = "REPLAYING" if s.state is SegState.REPLAYING else s.state.value
                 why = "captured" if s.state is SegState.REPLAYING else (s.reason or s.ctx.segment.reason)

@@ -79,3 +79,26 @@ def test_gpu_cuda_warmup_thread_changes_nothing(monkeypatch):
     without, events_plain = run("0")
     assert with_warm == without
     assert events_warm == events_plain            # the warm-up's own plans were not recorded
+
+
+@pytest.mark.parametrize("mode", ["cuda_graphs", "triton"])
+def test_gpu_a_warm_start_freezes_from_records_and_gives_the_same_tokens(mode, checkpoints, tmp_path, monkeypatch):
+    """The second pipeline's plans freeze from the first one's frozen-plan records (runtime/
+    frozen_records.py): one lifecycle call per plan instead of three, the same greedy tokens."""
+    from shapeplan import diagnostics
+    monkeypatch.setenv("SHAPEPLAN_CACHE_DIR", str(tmp_path))
+    path = checkpoints("llama")
+    first = GenerationPipeline.from_pretrained(path, mode=mode, **KW).generate(PROMPT, max_new_tokens=24)
+    assert len(list((tmp_path / "frozen").glob("*.json"))) == 2           # prefill and decode plans
+    diagnostics.enable(["LIFECYCLE", "SEGMENT", "CACHE", "FALLBACK"], level="detailed")
+    try:
+        pipe = GenerationPipeline.from_pretrained(path, mode=mode, **KW)
+        again = pipe.generate(PROMPT, max_new_tokens=24)
+        msgs = [e.message for e in diagnostics.events()]
+    finally:
+        diagnostics.disable()
+    assert again.token_ids == first.token_ids
+    assert msgs.count("shapes frozen from a frozen-plan record") == 2, msgs
+    assert "segment warmed up" not in msgs and "frozen-plan record not usable: recording" not in msgs
+    ref = GenerationPipeline.from_pretrained(path, mode="slot_by_slot", **KW).generate(PROMPT, max_new_tokens=24)
+    assert again.token_ids == ref.token_ids

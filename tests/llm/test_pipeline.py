@@ -258,3 +258,40 @@ def test_prefix_cache_reuses_the_kv_of_the_last_request(llama, pipe):
     assert ext.token_ids == pipe.generate(longer, max_new_tokens=8).token_ids
     other = cached.generate("Hello world", max_new_tokens=8)           # unrelated: little or nothing reused
     assert other.token_ids == pipe.generate("Hello world", max_new_tokens=8).token_ids
+
+
+def test_weights_loaded_stacked_are_not_copied_at_construction(llama):
+    """q/k/v and gate/up load into one buffer per group (``weights.stacked_slots``); the builder's fused
+    projections then view that buffer instead of concatenating, and compute what separately held
+    weights compute."""
+    import torch
+
+    from shapeplan.llm.config import LlamaConfig
+    from shapeplan.llm.model import build_graph
+    from shapeplan.llm.weights import load_weights, random_weights
+    cfg = LlamaConfig.from_file(llama)
+    w = random_weights(cfg, seed=3)
+    q = w["model.layers.0.self_attn.q_proj.weight"]
+    gate = w["model.layers.1.mlp.gate_proj.weight"]
+    g = build_graph(cfg, w, max_kv_cache_length=64)
+    by_name = {c.name: c.data for c in g.constants}
+    qkv, gate_up = by_name["model.layers.0.self_attn.qkv_proj.weight.T"], by_name["model.layers.1.mlp.gate_up_proj.weight.T"]
+    assert qkv.data_ptr() == q.data_ptr() and gate_up.data_ptr() == gate.data_ptr()      # views, no copies
+    rows = sum(w[f"model.layers.0.self_attn.{n}_proj.weight"].shape[0] for n in "qkv")
+    assert tuple(qkv.shape) == (cfg.hidden_size, rows)
+
+    separate = {k: v.clone() for k, v in w.items()}                                       # the old layout
+    g2 = build_graph(cfg, separate, max_kv_cache_length=64)
+    assert torch.equal(by_name["model.layers.0.self_attn.qkv_proj.weight.T"],
+                       {c.name: c.data for c in g2.constants}["model.layers.0.self_attn.qkv_proj.weight.T"])
+    ids = [1, 5, 9, 4]
+    a = GenerationPipeline(cfg, w, device="cpu", mode="slot_by_slot", max_prefill_length=16,
+                           max_kv_cache_length=64, eos_token_ids=[]).generate(ids, 6).token_ids
+    b = GenerationPipeline(cfg, separate, device="cpu", mode="slot_by_slot", max_prefill_length=16,
+                           max_kv_cache_length=64, eos_token_ids=[]).generate(ids, 6).token_ids
+    assert a == b
+
+    loaded = load_weights(llama, cfg, device="meta", dtype=torch.float32)                # a non-CPU device:
+    k, v = (loaded[f"model.layers.0.self_attn.{n}_proj.weight"] for n in "kv")          # stacked slots
+    assert k.untyped_storage().data_ptr() == v.untyped_storage().data_ptr()
+    assert v.storage_offset() == k.storage_offset() + k.numel()

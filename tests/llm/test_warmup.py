@@ -78,3 +78,21 @@ def test_a_failure_is_recorded_and_not_raised(monkeypatch):
     finally:
         diagnostics.disable()
         diagnostics.reset()
+
+
+def test_a_replay_only_warm_up_leaves_out_the_kernels_triton_replaces(monkeypatch):
+    """With frozen-plan records a triton-mode plan never runs the torch kernels of its norms, RoPE of q
+    and SiLU*mul: the replay-only warm-up does not look them up (nor load them)."""
+    from shapeplan.ops import registry
+    used = set()
+    real = registry.lookup
+
+    def spy(op, domain="", opset=None):  # noqa: ANN001, ANN202
+        used.add(op)
+        return real(op, domain, opset)
+    monkeypatch.setattr(registry, "lookup", spy)
+    cfg = preset_config("llama-tiny", "float32")
+    tok = warmup.layer(cfg, torch.float32, torch.device("cpu"), 64, 16, replay_only=True)
+    assert tok.shape == (1, 1)
+    assert not used & set(warmup._TRITON_IN_REPLAY)
+    assert {"MatMul", "Gather", "CachedAttention", "CacheWriteKV", "ArgMax"} <= used

@@ -149,6 +149,14 @@ class CudaGraphsBackend:
     def compile(self, seg: SegmentContext) -> list[Step]:
         return slot_steps(seg)
 
+    # frozen-plan records (runtime/frozen_records.py): what compile needs from the warm-up, kept on disk;
+    # ``seed`` gives it back (True: the segment may compile without warming up)
+    def layouts(self, seg: SegmentContext) -> Any:
+        return {}
+
+    def seed(self, seg: SegmentContext, layouts: Any) -> bool:
+        return True
+
     def capture(self, seg: SegmentContext, compiled: list[Step], regs: list[Any]) -> GraphHandle:
         h = GraphHandle(seg, compiled)
         with capture_lock(seg.device):

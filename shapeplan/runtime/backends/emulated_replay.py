@@ -99,6 +99,13 @@ class EmulatedReplayBackend:
     def compile(self, seg: SegmentContext) -> Compiled:
         return generate(seg)
 
+    # frozen-plan records (runtime/frozen_records.py): the warm-up records nothing compile needs
+    def layouts(self, seg: SegmentContext) -> dict:
+        return {}
+
+    def seed(self, seg: SegmentContext, layouts: Any) -> bool:
+        return True
+
     def capture(self, seg: SegmentContext, compiled: Compiled, regs: list[Any]) -> Handle:
         scratch = list(regs)
         steps, produced = emulated_capture.record(seg, scratch)       # this call's results, traced

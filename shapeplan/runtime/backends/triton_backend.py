@@ -68,6 +68,7 @@ class TritonBackend(CudaGraphsBackend):
 
     def __init__(self) -> None:
         self._metas: dict[tuple, dict[int, Any]] = {}
+        self._used: dict[tuple, dict[int, Any]] = {}      # the layouts each segment was compiled for
         self._triton_error: str | None = None
 
     def _key(self, seg: SegmentContext) -> tuple:
@@ -90,9 +91,34 @@ class TritonBackend(CudaGraphsBackend):
                     metas[r] = Meta.of(regs[r])
 
     # ---- compile: choose and build Triton steps -------------------------------------------------------
+    # ---- frozen-plan records: the warm-up's layouts, on disk -------------------------------------------
+    def layouts(self, seg: SegmentContext) -> dict[str, list] | None:
+        metas = self._used.pop(self._key(seg), None)
+        if not metas:
+            return None
+        return {str(r): [list(m.shape), list(m.stride), str(m.dtype).replace("torch.", ""), m.offset]
+                for r, m in metas.items()}
+
+    def seed(self, seg: SegmentContext, layouts: Any) -> bool:
+        """Compile from recorded layouts instead of a warm-up run (False: none recorded: warm up)."""
+        from shapeplan.runtime.backends.triton_codegen import Meta
+        if not layouts:
+            return False
+        metas = {}
+        for r, (shape, stride, dtype, offset) in layouts.items():
+            dt = getattr(torch, dtype)
+            if not isinstance(dt, torch.dtype):
+                raise ValueError(f"not a dtype: {dtype}")
+            metas[int(r)] = Meta(tuple(int(x) for x in shape), tuple(int(x) for x in stride), dt, int(offset))
+        self._metas[self._key(seg)] = metas
+        return True
+
     def compile(self, seg: SegmentContext) -> list[Step]:
         steps = slot_steps(seg)
         metas = self._metas.pop(self._key(seg), None)
+        from shapeplan.runtime import frozen_records
+        if metas and frozen_records.enabled(seg.device):    # kept until the runner writes its record
+            self._used[self._key(seg)] = metas
         try:
             from shapeplan.runtime.backends import triton_codegen as cg
             from shapeplan.runtime.backends import triton_lowerings as tlow

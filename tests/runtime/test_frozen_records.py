@@ -1,0 +1,93 @@
+"""Frozen-plan records (runtime/frozen_records.py): a warm start freezes from disk and captures on its
+first call, with the results every other path gives; a record that does not fit is ignored."""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+import shapeplan as sp
+from shapeplan import diagnostics
+from tests.runtime.graphs import mlp, rand, ref_engine, transformer_stack, with_gap
+
+
+@pytest.fixture(autouse=True)
+def records_on(tmp_path, monkeypatch):
+    monkeypatch.setenv("SHAPEPLAN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("SHAPEPLAN_FROZEN_RECORDS", "1")
+
+
+def _phases(e: sp.Engine, g: sp.Graph, feeds: list[dict], ref: sp.Engine) -> list[str]:
+    out = []
+    for f in feeds:
+        got = e.run(f)
+        want = ref.run(f)
+        for name in want:
+            assert np.array_equal(got[name], want[name]), name
+        out.append(e.inspect().phase)
+    return out
+
+
+def _records(tmp_path) -> list[str]:
+    d = tmp_path / "frozen"
+    return sorted(os.listdir(d)) if d.is_dir() else []
+
+
+@pytest.mark.parametrize("build", [mlp, transformer_stack, with_gap])
+def test_a_second_engine_captures_on_its_first_call(tmp_path, build):
+    g = build()
+    shape = (4, 8) if build is mlp else (8, 16) if build is transformer_stack else (5, 4)
+    feeds = [{"x": rand(*shape, seed=i)} for i in range(4)]
+    ref = ref_engine(g)
+    first = _phases(sp.Engine(g, mode="emulated_replay"), g, feeds, ref)
+    assert first[:2] == ["SHAPES_FROZEN", "SHAPES_FROZEN"]          # record, warm up, then capture
+    assert len(_records(tmp_path)) == 1
+    diagnostics.enable(["LIFECYCLE", "SEGMENT", "CACHE"], level="detailed")
+    try:
+        e = sp.Engine(g, mode="emulated_replay")
+        again = _phases(e, g, feeds, ref)
+        msgs = [ev.message for ev in diagnostics.events()]
+    finally:
+        diagnostics.disable()
+    captured = [s for s in e.inspect().segments if s.get("state") == "REPLAYING"]
+    assert again[0] == "REPLAYING" and set(again) == {"REPLAYING"}, again   # captured on call 1
+    assert captured and "shapes frozen from a frozen-plan record" in msgs
+    assert _records(tmp_path) == _records(tmp_path)                  # nothing rewritten
+
+
+def test_another_shape_or_mode_has_no_record(tmp_path):
+    g = mlp()
+    ref = ref_engine(g)
+    _phases(sp.Engine(g, mode="emulated_replay"), g, [{"x": rand(4, 8, seed=i)} for i in range(3)], ref)
+    other = _phases(sp.Engine(g, mode="emulated_replay"), g, [{"x": rand(3, 8, seed=i)} for i in range(3)], ref)
+    assert other[0] == "SHAPES_FROZEN"                                # a new signature records as usual
+    assert len(_records(tmp_path)) == 2
+
+
+@pytest.mark.parametrize("damage", ["garbage", "wrong_version", "missing_register"])
+def test_a_damaged_record_is_ignored(tmp_path, damage):
+    g = with_gap()
+    feeds = [{"x": rand(5, 4, seed=i)} for i in range(4)]
+    ref = ref_engine(g)
+    _phases(sp.Engine(g, mode="emulated_replay"), g, feeds, ref)
+    (name,) = _records(tmp_path)
+    path = tmp_path / "frozen" / name
+    rec = json.loads(path.read_text())
+    if damage == "garbage":
+        path.write_text("{not json")
+    elif damage == "wrong_version":
+        path.write_text(json.dumps(dict(rec, version=-1)))
+    else:
+        rec["meta"] = {}                                             # Shape's input has no layout
+        path.write_text(json.dumps(rec))
+    phases = _phases(sp.Engine(g, mode="emulated_replay"), g, feeds, ref)
+    assert phases[0] == "SHAPES_FROZEN" and phases[-1] == "REPLAYING"   # the usual three calls
+
+
+def test_records_are_off_on_the_cpu_by_default(tmp_path, monkeypatch):
+    monkeypatch.delenv("SHAPEPLAN_FROZEN_RECORDS")
+    g = mlp()
+    _phases(sp.Engine(g, mode="emulated_replay"), g, [{"x": rand(4, 8, seed=i)} for i in range(3)], ref_engine(g))
+    assert _records(tmp_path) == []
