@@ -82,7 +82,8 @@ class GenerationPipeline:
                 and frozen_records.entries() > 0
             self._warm_thread = warmup.start(cfg, self.dtype, self.device, max_kv_cache_length,
                                              seq=next(b for b in self.buckets if b >= min(128, max_prefill_length)),
-                                             replay_only=replay_only)
+                                             replay_only=replay_only,
+                                             head=weights.get("lm_head.weight", weights.get("model.embed_tokens.weight")))
             if mode in ("triton", "auto"):
                 _prewarm_decode_kernels(cfg, self.dtype, self.device, max_kv_cache_length)
         graph = build_graph(cfg, weights, max_kv_cache_length=max_kv_cache_length, dtype=self.dtype,

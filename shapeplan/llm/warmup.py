@@ -50,19 +50,20 @@ def enabled() -> bool:
 
 
 def start(cfg: LlamaConfig, dtype: torch.dtype, device: torch.device, max_kv_cache_length: int,
-          seq: int, replay_only: bool = False) -> threading.Thread | None:
+          seq: int, replay_only: bool = False, head: torch.Tensor | None = None) -> threading.Thread | None:
     """Start the warm-up thread (CUDA only); it runs one prefill of ``seq`` tokens. None when off.
-    ``replay_only``: only the torch kernels a triton-mode replay runs (see ``layer``)."""
+    ``replay_only``: only the torch kernels a triton-mode replay runs (see ``layer``); ``head``: the
+    model's own LM head (or tied embedding) weight, read only (see ``layer``)."""
     if device.type != "cuda" or not enabled():
         return None
-    t = threading.Thread(target=_run, args=(cfg, dtype, device, max_kv_cache_length, seq, replay_only),
+    t = threading.Thread(target=_run, args=(cfg, dtype, device, max_kv_cache_length, seq, replay_only, head),
                          name="shapeplan-cuda-warm", daemon=True)
     t.start()
     return t
 
 
 def _run(cfg: LlamaConfig, dtype: torch.dtype, device: torch.device, max_kv_cache_length: int, seq: int,
-         replay_only: bool = False) -> None:
+         replay_only: bool = False, head: torch.Tensor | None = None) -> None:
     from shapeplan.runtime.backends.cuda_graphs import capture_lock
     try:
         with diagnostics.muted():
@@ -70,7 +71,7 @@ def _run(cfg: LlamaConfig, dtype: torch.dtype, device: torch.device, max_kv_cach
             if cuda and device.index is not None:
                 torch.cuda.set_device(device.index)
             with capture_lock(device) if cuda else contextlib.nullcontext():
-                layer(cfg, dtype, device, max_kv_cache_length, seq, replay_only)
+                layer(cfg, dtype, device, max_kv_cache_length, seq, replay_only, head)
                 if cuda:
                     torch.cuda.current_stream(device).synchronize()
     except Exception as e:  # noqa: BLE001 - a warm-up never breaks the pipeline
@@ -79,12 +80,15 @@ def _run(cfg: LlamaConfig, dtype: torch.dtype, device: torch.device, max_kv_cach
 
 
 def layer(cfg: LlamaConfig, dtype: torch.dtype, device: torch.device, kv_length: int, seq: int,
-          replay_only: bool = False) -> torch.Tensor:
+          replay_only: bool = False, head: torch.Tensor | None = None) -> torch.Tensor:
     """One prefill step of a one-layer model on zeros, through the op kernels ``model.build_graph``'s
     plan runs (``ops.registry.lookup(...).kernel``), with the same layouts (weights as transposed views,
     q/k/v and gate/up stacked). Returns the greedy token. ``replay_only`` leaves out the ops a
     triton-mode replay runs as Triton kernels (the norms, RoPE of q, SiLU*mul): a plan frozen from a
-    record (runtime/frozen_records.py) never runs their torch kernels, so loading them is wasted."""
+    record (runtime/frozen_records.py) never runs their torch kernels, so loading them is wasted.
+    ``head`` ([vocab, hidden], the model's dtype, on ``device``): the LM head GEMM and the ArgMax run at
+    the real vocabulary size (cuBLAS picks its kernel by shape; ArgMax takes its two-stage path from
+    32,768 entries), reading the weight only; without it a small zero head of WARM_VOCAB rows."""
     from shapeplan.ops.registry import lookup
 
     def k(op: str, domain: str = "shapeplan"):  # noqa: ANN202
@@ -98,7 +102,9 @@ def layer(cfg: LlamaConfig, dtype: torch.dtype, device: torch.device, kv_length:
     def zeros(*shape: int, dt: torch.dtype = dtype) -> torch.Tensor:
         return torch.zeros(shape, dtype=dt, device=device)
     ids, position, length = zeros(1, seq, dt=torch.int64), zeros(1, dt=torch.int64), zeros(1, dt=torch.int64) + seq
-    embed, norm = zeros(v, h), zeros(h)
+    use_head = head is not None and head.dim() == 2 and head.shape[1] == h and head.dtype == dtype \
+        and head.device.type == device.type
+    embed, norm = (head if use_head else zeros(v, h)), zeros(h)
     w_qkv, w_o, w_gu, w_down = zeros((hq + 2 * hkv) * d, h), zeros(h, hq * d), zeros(2 * f, h), zeros(h, f)
     k_cache, v_cache = zeros(1, hkv, kv_length, d), zeros(1, hkv, kv_length, d)
     cos, sin = zeros(kv_length, d // 2), zeros(kv_length, d // 2)

@@ -90,15 +90,18 @@ def test_gpu_a_warm_start_freezes_from_records_and_gives_the_same_tokens(mode, c
     path = checkpoints("llama")
     first = GenerationPipeline.from_pretrained(path, mode=mode, **KW).generate(PROMPT, max_new_tokens=24)
     assert len(list((tmp_path / "frozen").glob("*.json"))) == 2           # prefill and decode plans
-    diagnostics.enable(["LIFECYCLE", "SEGMENT", "CACHE", "FALLBACK"], level="detailed")
+    diagnostics.enable(["LIFECYCLE", "SEGMENT", "CACHE", "FALLBACK", "SHAPE", "GRAPH_REPLAY"], level="detailed")
     try:
         pipe = GenerationPipeline.from_pretrained(path, mode=mode, **KW)
         again = pipe.generate(PROMPT, max_new_tokens=24)
-        msgs = [e.message for e in diagnostics.events()]
+        events = [(e.message, e.fields.get("plan")) for e in diagnostics.events()]
     finally:
         diagnostics.disable()
+    msgs = [m for m, _ in events]
     assert again.token_ids == first.token_ids
-    assert msgs.count("shapes frozen from a frozen-plan record") == 2, msgs
-    assert "segment warmed up" not in msgs and "frozen-plan record not usable: recording" not in msgs
+    new_plans = {p for m, p in events if m == "new shape signature: new plan"}
+    from_record = {p for m, p in events if m == "shapes frozen from a frozen-plan record"}
+    assert len(new_plans) == 2 and from_record == new_plans, events     # both plans, each from its record
+    assert "segment warmed up" not in msgs and "frozen-plan record not usable: recording" not in msgs, events
     ref = GenerationPipeline.from_pretrained(path, mode="slot_by_slot", **KW).generate(PROMPT, max_new_tokens=24)
     assert again.token_ids == ref.token_ids

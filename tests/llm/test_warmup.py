@@ -96,3 +96,32 @@ def test_a_replay_only_warm_up_leaves_out_the_kernels_triton_replaces(monkeypatc
     assert tok.shape == (1, 1)
     assert not used & set(warmup._TRITON_IN_REPLAY)
     assert {"MatMul", "Gather", "CachedAttention", "CacheWriteKV", "ArgMax"} <= used
+
+
+def test_the_warm_up_reads_the_models_head_at_its_real_size():
+    """Given the model's LM head, the warm layer's logits span the whole vocabulary (the GEMM and ArgMax
+    shapes of the real plan) and the weight is only read."""
+    import dataclasses
+    cfg = dataclasses.replace(preset_config("llama-tiny", "float32"), vocab_size=4 * warmup.WARM_VOCAB)
+    head = torch.randn(cfg.vocab_size, cfg.hidden_size)
+    before = head.clone()
+    seen = []
+    from shapeplan.ops import registry
+    real_argmax = registry.lookup("ArgMax", "").kernel
+
+    def spy(x, **kw):  # noqa: ANN001, ANN202
+        seen.append(tuple(x.shape))
+        return real_argmax(x, **kw)
+    orig = registry.lookup
+
+    def lookup(op, domain="", opset=None):  # noqa: ANN001, ANN202
+        d = orig(op, domain, opset)
+        return type("D", (), {"kernel": staticmethod(spy)})() if op == "ArgMax" else d
+    registry.lookup = lookup
+    try:
+        warmup.layer(cfg, torch.float32, torch.device("cpu"), 64, 16, head=head)
+        warmup.layer(cfg, torch.float32, torch.device("cpu"), 64, 16, head=head[:, :8])   # wrong shape: ignored
+    finally:
+        registry.lookup = orig
+    assert seen == [(1, cfg.vocab_size), (1, warmup.WARM_VOCAB)]
+    assert torch.equal(head, before)
