@@ -143,3 +143,34 @@ def test_argmax_over_a_vocabulary_matches_torch_when_captured(mode):
         v = v.cuda()
         got = _run(eng, v)
         assert torch.equal(got, torch.argmax(v, -1, keepdim=True))
+
+
+@pytest.mark.parametrize("mode", ["cuda_graphs", "triton"])
+def test_a_collection_during_capture_does_not_destroy_graphs_mid_capture(mode):
+    """An engine dropped in a reference cycle holds captured CUDA graphs until Python's cyclic GC runs.
+    Destroying a graph is not permitted while another is being captured (it invalidates the capture and
+    leaves the stream capturing), and torch.cuda.graph no longer collects first; so no collection may run
+    during our capture. Here the collector is set to run after every allocation, with a dead engine's
+    graphs waiting for it."""
+    import gc
+    g = _graph()
+    x = torch.randn(4, 64, device="cuda", dtype=torch.float16)
+    old = sp.compile(g, device="cuda", mode=mode)
+    for _ in range(4):
+        _run(old, x)
+    assert old.inspect().phase == "REPLAYING"
+    old.cycle = old                                  # unreachable after `del`, collectable only by the GC
+    del old
+    threshold = gc.get_threshold()
+    gc.set_threshold(1, 1, 1)
+    try:
+        eng = sp.compile(g, device="cuda", mode=mode)
+        ref = sp.compile(g, device="cuda", mode="slot_by_slot")
+        for _ in range(4):
+            out = _run(eng, x)
+    finally:
+        gc.set_threshold(*threshold)
+    gc.collect()
+    assert eng.inspect().phase == "REPLAYING"
+    torch.testing.assert_close(out, _run(ref, x), atol=2e-2, rtol=2e-2)
+    torch.cuda.synchronize()

@@ -20,6 +20,7 @@ Plans sharing a pool must not replay concurrently: the runner runs one plan per 
 """
 from __future__ import annotations
 
+import gc
 import os
 import threading
 import time
@@ -226,12 +227,21 @@ class CudaGraphsBackend:
         g = torch.cuda.CUDAGraph()
         scratch = list(regs)
         bufs = seg.out_buffers
-        with torch.cuda.graph(g, pool=pool, capture_error_mode="thread_local"):
-            run_steps(h.steps, scratch)
-            for r in seg.live_out:
-                buf = bufs.get(r)
-                if buf is not None and scratch[r] is not buf:
-                    buf.copy_(scratch[r])
+        # no garbage collection while capturing: a collection can free an unreachable engine's CUDA graph
+        # on this thread, and destroying a graph is not permitted during a capture (it invalidates this
+        # one). torch.cuda.graph no longer collects before it captures (torch 2.11). Collected afterwards.
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            with torch.cuda.graph(g, pool=pool, capture_error_mode="thread_local"):
+                run_steps(h.steps, scratch)
+                for r in seg.live_out:
+                    buf = bufs.get(r)
+                    if buf is not None and scratch[r] is not buf:
+                        buf.copy_(scratch[r])
+        finally:
+            if collecting:
+                gc.enable()
         bind = []
         for r in seg.live_out:
             t = bufs.get(r, scratch[r])
