@@ -90,6 +90,7 @@ def test_gpu_a_warm_start_freezes_from_records_and_gives_the_same_tokens(mode, c
     path = checkpoints("llama")
     first = GenerationPipeline.from_pretrained(path, mode=mode, **KW).generate(PROMPT, max_new_tokens=24)
     assert len(list((tmp_path / "frozen").glob("*.json"))) == 2           # prefill and decode plans
+    diagnostics.reset()                              # events of earlier tests stay until reset
     diagnostics.enable(["LIFECYCLE", "SEGMENT", "CACHE", "FALLBACK", "SHAPE", "GRAPH_REPLAY"], level="detailed")
     try:
         pipe = GenerationPipeline.from_pretrained(path, mode=mode, **KW)
