@@ -26,10 +26,14 @@ from shapeplan.ops import registry  # noqa: E402
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--full", action="store_true")
+    ap.add_argument("--preset", default="llama-1b")
+    ap.add_argument("--device", default="cuda")
     a = ap.parse_args()
-    cfg = preset_config("llama-1b", "bfloat16")
-    w = random_weights(cfg, device="cuda", seed=0)
-    torch.cuda.synchronize()
+    dev = torch.device(a.device)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    cfg = preset_config(a.preset, "bfloat16")
+    w = random_weights(cfg, device=dev, seed=0)
+    sync()
     real = registry.lookup
     rows: list[tuple[str, float]] = []
 
@@ -38,20 +42,20 @@ def main() -> None:
         k = d.kernel
 
         def timed(*args, **kw):  # noqa: ANN002, ANN003, ANN202
-            torch.cuda.synchronize()
+            sync()
             t = time.perf_counter()
             out = k(*args, **kw)
-            torch.cuda.synchronize()
+            sync()
             rows.append((op, 1000 * (time.perf_counter() - t)))
             return out
         return type("Timed", (), {"kernel": staticmethod(timed)})()
     registry.lookup = lookup
-    head = w["lm_head.weight"]
+    head = w.get("lm_head.weight", w["model.embed_tokens.weight"])
     for rep in (1, 2):
         rows.clear()
         t = time.perf_counter()
-        warmup.layer(cfg, torch.bfloat16, torch.device("cuda"), 1024, 128, replay_only=not a.full, head=head)
-        torch.cuda.synchronize()
+        warmup.layer(cfg, torch.bfloat16, dev, 1024, 128, replay_only=not a.full, head=head)
+        sync()
         total = 1000 * (time.perf_counter() - t)
         timed_sum = sum(ms for _, ms in rows)
         print(f"pass {rep}: total {total:.1f} ms, in op kernels {timed_sum:.1f} ms, elsewhere {total - timed_sum:.1f} ms")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 
+import pytest
 import torch
 
 from shapeplan import diagnostics
@@ -63,18 +64,26 @@ def test_off_on_cpu_and_by_setting(monkeypatch):
     assert warmup.enabled()
 
 
-def test_a_failure_is_recorded_and_not_raised(monkeypatch):
+@pytest.mark.parametrize("threads", ["1", "4"])
+def test_a_failure_is_recorded_and_not_raised(monkeypatch, threads):
     cfg = preset_config("llama-tiny", "float32")
+    ran = []
 
-    def broken(*a, **k):  # noqa: ANN002, ANN003, ANN202
+    def broken():  # noqa: ANN202
         raise RuntimeError("no graph today")
-    monkeypatch.setattr(warmup, "layer", broken)
+
+    def fine():  # noqa: ANN202
+        ran.append(threading.current_thread().name)
+    monkeypatch.setattr(warmup, "parts", lambda *a, **k: [fine, broken, fine])
+    monkeypatch.setenv("SHAPEPLAN_CUDA_WARM_THREADS", threads)
     diagnostics.reset()
     diagnostics.enable(["FALLBACK"])
     try:
         warmup._run(cfg, torch.float32, torch.device("cpu"), 64, 16)
         evs = diagnostics.events()
         assert len(evs) == 1 and "no graph today" in evs[0].fields["reason"]
+        assert len(ran) == 2                      # the other parts still ran
+        assert (len(set(ran)) == 2) == (threads == "4")
     finally:
         diagnostics.disable()
         diagnostics.reset()
