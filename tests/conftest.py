@@ -1,7 +1,20 @@
-"""Fixtures shared by the whole test suite."""
-import pytest
+"""Fixtures shared by the whole test suite.
 
-from shapeplan import diagnostics
+Before anything imports Triton (``import shapeplan.llm`` does, see shapeplan/llm/pipeline.py): on a
+machine without CUDA its interpreter runs the kernels on CPU tensors, which needs ``TRITON_INTERPRET=1``
+before the first ``import triton``, and its compile cache goes to a temporary directory
+(tests/triton_setup.py says the same for modules run on their own)."""
+import os
+import tempfile
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="sp-triton-"))
+
+from shapeplan import diagnostics  # noqa: E402
 
 
 @pytest.fixture

@@ -36,6 +36,23 @@ from shapeplan.llm.weights import load_weights, random_weights
 _METRIC_SYNCS = (0, 2, 19)
 
 
+def _import_triton() -> None:
+    """Import Triton (when installed) with this module, as torch is imported with it: a pipeline's
+    construction then never shares the GIL with Triton's import (0.1-0.35 s of Python on the H200
+    machines, where it ran on a background thread beside the graph build). Importing Triton touches no
+    GPU. ``SHAPEPLAN_TRITON_EARLY_IMPORT=0`` leaves it to the first triton-mode engine, as before."""
+    import importlib.util
+    if os.environ.get("SHAPEPLAN_TRITON_EARLY_IMPORT", "1").strip() == "0" or importlib.util.find_spec("triton") is None:
+        return
+    try:
+        from shapeplan.runtime.backends import triton_env  # noqa: F401
+    except Exception:  # noqa: BLE001, S110 - a broken Triton install: triton mode reports it when asked for
+        pass
+
+
+_import_triton()
+
+
 def bucket_ladder(max_prefill_length: int, smallest: int = 16) -> list[int]:
     """Powers of two from ``smallest`` up to, and always including, ``max_prefill_length``."""
     out, b = [], smallest

@@ -181,8 +181,20 @@ def triton_dir() -> str | None:
     return locs[0] if locs else None
 
 
-@functools.cache
+_stamp_lock = threading.Lock()
+
+
 def stamp() -> str:
+    """The installation stamp (computed once per process; threads asking together wait for one)."""
+    with _stamp_lock:
+        return _stamp()
+
+
+stamp.cache_clear = lambda: _stamp.cache_clear()   # type: ignore[attr-defined]  (tests: a new installation)
+
+
+@functools.cache
+def _stamp() -> str:
     """The installation stamp that stands in for Triton's cache key: Triton's version and the size and
     modification time of each of its Python files, shared libraries and bundled tools (ptxas ...)."""
     t0 = time.perf_counter()
