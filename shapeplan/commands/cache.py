@@ -11,8 +11,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dir", default=None, help="cache directory (default: $SHAPEPLAN_CACHE_DIR or the user cache dir)")
     p.add_argument("--json", action="store_true")
     p.add_argument("--all", action="store_true",
-                   help="clear: also the Triton kernel cache, generated kernel sources and capture-check verdicts "
-                        "(a cold start afterwards compiles every kernel again)")
+                   help="clear: also the Triton kernel cache, generated kernel sources, capture-check verdicts "
+                        "and frozen-plan records (a cold start afterwards compiles every kernel again)")
     p.set_defaults(func=_run)
 
 
@@ -43,5 +43,6 @@ def _run(args: argparse.Namespace) -> int:
               f"{(e.get('meta') or {}).get('graph', '?')}  torch {fp.get('torch', '?')}  "
               f"{'ro ' if e['read_only'] else ''}{status}")
     print(f"kernel cache: {kernels['triton_dir']}  {kernels['compiled_kernels']} compiled Triton kernel(s), "
-          f"{kernels['generated_sources']} generated source(s), {kernels['verified_steps']} verified step(s)")
+          f"{kernels['generated_sources']} generated source(s), {kernels['verified_steps']} verified step(s), "
+          f"{kernels['frozen_plan_records']} frozen-plan record(s)")
     return 0

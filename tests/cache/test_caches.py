@@ -119,7 +119,8 @@ def test_cli_cache_ls_and_clear(tmp_path, capsys):
 
 
 def test_cli_cache_clear_all_removes_kernel_caches(tmp_path, monkeypatch, capsys):
-    """``cache clear --all`` also removes the Triton cache (under ours), generated sources and verdicts;
+    """``cache clear --all`` also removes the Triton cache (under ours), generated sources, verdicts and
+    frozen-plan records;
     ``ls`` counts them; a TRITON_CACHE_DIR outside our cache directory is never deleted."""
     from shapeplan.cli import main
     monkeypatch.setenv("SHAPEPLAN_CACHE_DIR", str(tmp_path))
@@ -130,14 +131,16 @@ def test_cli_cache_clear_all_removes_kernel_caches(tmp_path, monkeypatch, capsys
     (tmp_path / "triton_src").mkdir()
     (tmp_path / "triton_src" / "fused_1.py").write_text("# k")
     (tmp_path / "triton_verified.txt").write_text("a\nb\n")
+    (tmp_path / "frozen").mkdir()
+    (tmp_path / "frozen" / "abc.json").write_text("{}")
     assert main(["cache", "ls"]) == 0
     out = capsys.readouterr().out
-    assert "1 compiled Triton kernel(s), 1 generated source(s), 2 verified step(s)" in out
+    assert "1 compiled Triton kernel(s), 1 generated source(s), 2 verified step(s), 1 frozen-plan record(s)" in out
     assert main(["cache", "clear"]) == 0                      # plans only
     assert (tmp_path / "triton").exists()
     assert main(["cache", "clear", "--all"]) == 0
     assert not (tmp_path / "triton").exists() and not (tmp_path / "triton_src").exists()
-    assert not (tmp_path / "triton_verified.txt").exists()
+    assert not (tmp_path / "triton_verified.txt").exists() and not (tmp_path / "frozen").exists()
     outside = tmp_path.parent / (tmp_path.name + "_user_triton")
     outside.mkdir()
     monkeypatch.setenv("TRITON_CACHE_DIR", str(outside))

@@ -71,9 +71,10 @@ def add_key(path: str | Path, key: str, value: str = "") -> None:
 
 def kernel_cache_paths() -> dict[str, Path]:
     """What start-up keeps beside the plans: Triton's cache (with the compile-worker manifest), generated
-    kernel sources, and the capture-check verdicts."""
+    kernel sources, the capture-check verdicts and the frozen-plan records (runtime/frozen_records.py)."""
     root = cache_root()
-    return {"triton": triton_cache_dir(), "sources": root / "triton_src", "verdicts": root / "triton_verified.txt"}
+    return {"triton": triton_cache_dir(), "sources": root / "triton_src", "verdicts": root / "triton_verified.txt",
+            "frozen": root / "frozen"}
 
 
 def kernel_cache_summary() -> dict[str, object]:
@@ -83,8 +84,9 @@ def kernel_cache_summary() -> dict[str, object]:
         compiled = sum(1 for d in p["triton"].iterdir() if d.is_dir() and any(d.glob("*.cubin")))
     sources = len(list(p["sources"].glob("*.py"))) if p["sources"].is_dir() else 0
     verdicts = len(p["verdicts"].read_text().splitlines()) if p["verdicts"].is_file() else 0
+    frozen = len(list(p["frozen"].glob("*.json"))) if p["frozen"].is_dir() else 0
     return {"triton_dir": str(p["triton"]), "compiled_kernels": compiled, "generated_sources": sources,
-            "verified_steps": verdicts}
+            "verified_steps": verdicts, "frozen_plan_records": frozen}
 
 
 def clear_kernel_caches() -> list[str]:
