@@ -13,18 +13,26 @@ from shapeplan.llm import warmup
 from shapeplan.llm.config import preset_config
 
 
-def test_the_warm_layer_runs_the_kernels_of_the_real_prefill_plan(monkeypatch):
-    """Every kernel-launching op of the pipeline's prefill plan is one the warm-up calls (guards drift
-    between model.build_graph and warmup.layer)."""
-    from shapeplan.llm import GenerationPipeline
+def _spy_lookups(monkeypatch) -> set[str]:  # noqa: ANN001
+    """The op names ``registry.lookup`` is asked for from now on (the set fills as it is called)."""
     from shapeplan.ops import registry
-    used = set()
+    used: set[str] = set()
     real = registry.lookup
 
     def spy(op, domain="", opset=None):  # noqa: ANN001, ANN202
         used.add(op)
         return real(op, domain, opset)
     monkeypatch.setattr(registry, "lookup", spy)
+    return used
+
+
+def test_the_warm_layer_runs_the_kernels_of_the_real_prefill_plan(monkeypatch):
+    """Every kernel-launching op of the pipeline's prefill plan is one the warm-up calls (guards drift
+    between model.build_graph and warmup.layer)."""
+    from shapeplan.llm import GenerationPipeline
+    from shapeplan.ops import registry
+    real = registry.lookup
+    used = _spy_lookups(monkeypatch)
     cfg = preset_config("llama-tiny", "float32")
     tok = warmup.layer(cfg, torch.float32, torch.device("cpu"), 64, 16)
     assert tok.shape == (1, 1) and tok.dtype == torch.int64
@@ -92,14 +100,7 @@ def test_a_failure_is_recorded_and_not_raised(monkeypatch, threads):
 def test_a_replay_only_warm_up_leaves_out_the_kernels_triton_replaces(monkeypatch):
     """With frozen-plan records a triton-mode plan never runs the torch kernels of its norms, RoPE of q
     and SiLU*mul: the replay-only warm-up does not look them up (nor load them)."""
-    from shapeplan.ops import registry
-    used = set()
-    real = registry.lookup
-
-    def spy(op, domain="", opset=None):  # noqa: ANN001, ANN202
-        used.add(op)
-        return real(op, domain, opset)
-    monkeypatch.setattr(registry, "lookup", spy)
+    used = _spy_lookups(monkeypatch)
     cfg = preset_config("llama-tiny", "float32")
     tok = warmup.layer(cfg, torch.float32, torch.device("cpu"), 64, 16, replay_only=True)
     assert tok.shape == (1, 1)
