@@ -140,7 +140,7 @@ def reg_meta(rec: dict[str, Any]) -> dict[int, Any]:
     from shapeplan.runtime.staging import RegMeta
     out = {}
     for r, (shape, stride, dtype, nbytes, contiguous, dense) in rec["meta"].items():
-        dt = getattr(torch, dtype)
+        dt = getattr(torch, str(dtype), None)
         if not isinstance(dt, torch.dtype):
             raise ValueError(f"not a dtype: {dtype}")
         out[int(r)] = RegMeta(tuple(int(x) for x in shape), tuple(int(x) for x in stride), dt, int(nbytes),

@@ -66,7 +66,7 @@ def test_another_shape_or_mode_has_no_record(tmp_path):
     assert len(_records(tmp_path)) == 2
 
 
-@pytest.mark.parametrize("damage", ["garbage", "wrong_version", "missing_register"])
+@pytest.mark.parametrize("damage", ["garbage", "wrong_version", "missing_register", "bad_dtype"])
 def test_a_damaged_record_is_ignored(tmp_path, damage):
     g = with_gap()
     feeds = [{"x": rand(5, 4, seed=i)} for i in range(4)]
@@ -79,8 +79,12 @@ def test_a_damaged_record_is_ignored(tmp_path, damage):
         path.write_text("{not json")
     elif damage == "wrong_version":
         path.write_text(json.dumps(dict(rec, version=-1)))
-    else:
+    elif damage == "missing_register":
         rec["meta"] = {}                                             # Shape's input has no layout
+        path.write_text(json.dumps(rec))
+    else:
+        first = next(iter(rec["meta"]))
+        rec["meta"][first][2] = "no_such_dtype"
         path.write_text(json.dumps(rec))
     phases = _phases(sp.Engine(g, mode="emulated_replay"), g, feeds, ref)
     assert phases[0] == "SHAPES_FROZEN" and phases[-1] == "REPLAYING"   # the usual three calls
@@ -91,3 +95,26 @@ def test_records_are_off_on_the_cpu_by_default(tmp_path, monkeypatch):
     g = mlp()
     _phases(sp.Engine(g, mode="emulated_replay"), g, [{"x": rand(4, 8, seed=i)} for i in range(3)], ref_engine(g))
     assert _records(tmp_path) == []
+
+
+def test_the_triton_backend_writes_and_takes_back_its_layouts():
+    """What the triton backend's warm-up recorded goes into the record as JSON-able lists and comes back
+    as the same layouts (shape, strides, dtype, 16-byte alignment); no layouts: it must warm up."""
+    import types
+
+    import torch
+
+    from shapeplan.runtime.backends.triton_backend import TritonBackend
+    from shapeplan.runtime.backends.triton_codegen import Meta
+    b = TritonBackend()
+    seg = types.SimpleNamespace(plan_key="p1", plan=object(), segment=types.SimpleNamespace(index=0),
+                                device=torch.device("cuda"))
+    metas = {3: Meta((1, 8, 64), (512, 64, 1), torch.bfloat16, 0), 7: Meta((4,), (2,), torch.float32, 8)}
+    b._used[b._key(seg)] = dict(metas)
+    lay = b.layouts(seg)
+    assert json.loads(json.dumps(lay)) == lay
+    assert b.layouts(seg) is None                    # handed over once
+    assert b.seed(seg, lay) is True and b._metas[b._key(seg)] == metas
+    assert b.seed(seg, None) is False and b.seed(seg, {}) is False
+    with pytest.raises(ValueError):
+        b.seed(seg, {"3": [[1], [1], "not_a_dtype_name_but_an_attr", 0]})

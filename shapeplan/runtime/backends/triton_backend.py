@@ -106,7 +106,7 @@ class TritonBackend(CudaGraphsBackend):
             return False
         metas = {}
         for r, (shape, stride, dtype, offset) in layouts.items():
-            dt = getattr(torch, dtype)
+            dt = getattr(torch, str(dtype), None)
             if not isinstance(dt, torch.dtype):
                 raise ValueError(f"not a dtype: {dtype}")
             metas[int(r)] = Meta(tuple(int(x) for x in shape), tuple(int(x) for x in stride), dt, int(offset))
