@@ -3,13 +3,8 @@
 # before frozen-plan records and stacked weight loading, vs this one; runs interleaved, timelines kept);
 # 1b decode speed (triton). Logs under $OUT. Extract ab_base first:
 #   mkdir ab_base && git archive <rev> shapeplan bench | tar -x -C ab_base
-export PYTHONUNBUFFERED=1 PYTHONPYCACHEPREFIX=/tmp/sp_pycache
-O=${OUT:-/tmp}
-python3 -m compileall -q shapeplan bench ab_base > /dev/null
-python3 -m compileall -q "$(python3 -c 'import os, triton; print(os.path.dirname(triton.__file__))')" > /dev/null
-timeout 280 python3 -m pytest -q tests/gpu tests/llm/test_gpu.py tests/llm/test_decode_attention.py \
-  tests/runtime/test_triton_codegen.py tests/runtime/test_triton_workers.py tests/runtime/test_triton_launch.py > $O/tests.log 2>&1
-grep -E "passed|failed|error" $O/tests.log | tail -2; grep -E "^(FAILED|ERROR)" $O/tests.log | head -10
+. bench/gpu_prelude.sh
+gpu_tests 280
 python3 bench/gpu_first_use.py > /dev/null 2>&1
 C=$(mktemp -d)
 for l in cold warm1 warm2 warm3; do

@@ -2,13 +2,8 @@
 # Fifth session, final device call: GPU tests; the block stack (full table with 1x1 and 8x512, then four
 # more cold starts with new empty caches: bench/gpu_ab_cold.sh); llama-1b start-up (cold, warm x3, with
 # timelines); decode tok/s for llama-1b (triton, cuda_graphs) and llama-8b (triton). Logs under $OUT.
-export PYTHONUNBUFFERED=1 PYTHONPYCACHEPREFIX=/tmp/sp_pycache
-O=${OUT:-/tmp}
-python3 -m compileall -q shapeplan bench > /dev/null
-python3 -m compileall -q "$(python3 -c 'import os, triton; print(os.path.dirname(triton.__file__))')" > /dev/null
-timeout 280 python3 -m pytest -q tests/gpu tests/llm/test_gpu.py tests/llm/test_decode_attention.py \
-  tests/runtime/test_triton_codegen.py tests/runtime/test_triton_workers.py tests/runtime/test_triton_launch.py > $O/tests.log 2>&1
-grep -E "passed|failed|error" $O/tests.log | tail -2; grep -E "^(FAILED|ERROR)" $O/tests.log | head -10
+. bench/gpu_prelude.sh
+gpu_tests 280
 SHAPEPLAN_CACHE_DIR=$(mktemp -d) timeout 200 python3 bench/gpu_blocks.py --shapes 1x1,8x512 --optimize --no-compile --timeline > $O/blocks_full.log 2>&1
 grep -E "^ +(1x1|8x512) " $O/blocks_full.log
 OUT=/tmp VARIANTS="final:NICE=10" REPS=4 bash bench/gpu_ab_cold.sh

@@ -4,11 +4,7 @@
 # without their start), 2 with Triton's line info off (compile time); each with new empty caches and the
 # per-kernel compile / launcher-build split. llama-1b: one cold start, two warm with timelines, one warm
 # cProfile. Logs under $OUT (or /tmp).
-export PYTHONUNBUFFERED=1
-export PYTHONPYCACHEPREFIX=${PYTHONPYCACHEPREFIX:-/tmp/sp_pycache}
-O=${OUT:-/tmp}
-python3 -m compileall -q shapeplan bench > /dev/null
-python3 -m compileall -q "$(python3 -c 'import os, triton; print(os.path.dirname(triton.__file__))')" > /dev/null
+. bench/gpu_prelude.sh
 python3 -c "import torch; torch.ones(1, device='cuda') @ torch.ones(1, 1, device='cuda')" > /dev/null
 run() {  # name, env..., -- args
   local name=$1; shift

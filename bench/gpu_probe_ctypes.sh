@@ -3,15 +3,8 @@
 # then a same-machine A/B of cold block-stack starts (SHAPEPLAN_TRITON_CTYPES=1 vs 0, interleaved, new
 # empty caches each run, bench/gpu_cold_probe.py --timeline), then llama-1b start-up: cold, warm x2 with
 # ctypes, warm x1 without (same cache). Logs under $OUT.
-export PYTHONUNBUFFERED=1
-export PYTHONPYCACHEPREFIX=${PYTHONPYCACHEPREFIX:-/tmp/sp_pycache}
-O=${OUT:-/tmp}
-python3 -m compileall -q shapeplan bench > /dev/null
-python3 -m compileall -q "$(python3 -c 'import os, triton; print(os.path.dirname(triton.__file__))')" > /dev/null
-timeout 260 python3 -m pytest -q tests/gpu tests/llm/test_gpu.py tests/llm/test_decode_attention.py \
-  tests/runtime/test_triton_codegen.py tests/runtime/test_triton_workers.py tests/runtime/test_triton_launch.py > $O/tests.log 2>&1
-grep -E "passed|failed|error" $O/tests.log | tail -3
-grep -E "^(FAILED|ERROR)" $O/tests.log | head -10
+. bench/gpu_prelude.sh
+gpu_tests 260
 python3 -c "import torch; torch.ones(1, device='cuda') @ torch.ones(1, 1, device='cuda')" > /dev/null
 printf "%-8s %3s %8s %10s %10s %10s %10s\n" variant rep ready_s driver first_sent last_done captured > $O/ab.txt
 for rep in ${REPS_LIST:-1 2 3}; do

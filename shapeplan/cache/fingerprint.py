@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sys
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -20,3 +21,23 @@ def fingerprint(device: str = "cpu") -> dict[str, Any]:
 def cache_key(model_hash: str, options: dict[str, Any], fp: dict[str, Any]) -> str:
     blob = json.dumps({"model": model_hash, "options": options, "fingerprint": fp}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:40]
+
+
+def tree_stamp(root: str, keep: Callable[[str, str], bool], skip_dirs: tuple[str, ...] = ("__pycache__",)) -> tuple[str, int]:
+    """(sha256 of the relative path, size and modification time of every file under ``root`` that
+    ``keep(directory, name)`` accepts, files counted): a change to any of them changes it, the way
+    Python's ``.pyc`` check works, without reading the files."""
+    h, counted = hashlib.sha256(), 0
+    for d, dirs, files in os.walk(root):
+        dirs[:] = sorted(x for x in dirs if x not in skip_dirs)
+        for name in sorted(files):
+            if not keep(d, name):
+                continue
+            path = os.path.join(d, name)
+            try:
+                st = os.stat(path)
+            except OSError:
+                continue
+            h.update(f"{os.path.relpath(path, root)}|{st.st_size}|{st.st_mtime_ns}\n".encode())
+            counted += 1
+    return h.hexdigest(), counted

@@ -57,15 +57,10 @@ def directory() -> str:
 @functools.cache
 def _build() -> str:
     """torch's version and a stamp of shapeplan's sources (size and modification time of each file)."""
+    from shapeplan.cache.fingerprint import tree_stamp
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    h = hashlib.sha256(torch.__version__.encode())
-    for d, dirs, files in os.walk(root):
-        dirs[:] = sorted(x for x in dirs if x != "__pycache__")
-        for name in sorted(files):
-            if name.endswith(".py"):
-                st = os.stat(os.path.join(d, name))
-                h.update(f"{os.path.relpath(os.path.join(d, name), root)}|{st.st_size}|{st.st_mtime_ns}\n".encode())
-    return h.hexdigest()
+    digest, _ = tree_stamp(root, lambda d, name: name.endswith(".py"))
+    return f"{torch.__version__}|{digest}"
 
 
 def _layout(x: Any) -> str:
@@ -76,10 +71,12 @@ def _layout(x: Any) -> str:
 
 
 def _attr(v: Any) -> str:
-    if isinstance(v, torch.Tensor):
-        return f"tensor{tuple(v.shape)}{v.dtype}:" + hashlib.sha256(v.detach().cpu().contiguous().numpy().tobytes()).hexdigest()[:16] \
-            if v.numel() <= 4096 else f"tensor{tuple(v.shape)}{v.dtype}"
-    return repr(v)
+    if not isinstance(v, torch.Tensor):
+        return repr(v)
+    head = f"tensor{tuple(v.shape)}{v.dtype}"
+    if v.numel() > 4096:                            # a large attribute: its layout stands for it
+        return head
+    return head + ":" + hashlib.sha256(v.detach().cpu().contiguous().numpy().tobytes()).hexdigest()[:16]
 
 
 def record_key(plan: Any, constants: dict[int, Any], variables: dict[str, Any], feeds: list[Any],

@@ -166,6 +166,12 @@ def _ours(src: Any) -> bool:
     return any(path.startswith(os.path.abspath(r) + os.sep) for r in roots)
 
 
+def launches(src: Any) -> bool:
+    """Whether ``Launcher`` launches this kernel itself when its metadata allows (then nobody needs to
+    build Triton's host launcher for it): installed, shapeplan's kernel, arguments it can pass."""
+    return installed() and _ours(src) and argument_types(getattr(src, "signature", {}) or {}) is not None
+
+
 def argument_types(signature: Any) -> list[str] | None:
     """The kernel's argument types in order when ``Launcher`` can pass every one of them (pointers,
     integers, fp32/fp64, constexprs); None otherwise."""

@@ -197,31 +197,21 @@ stamp.cache_clear = lambda: _stamp.cache_clear()   # type: ignore[attr-defined] 
 def _stamp() -> str:
     """The installation stamp that stands in for Triton's cache key: Triton's version and the size and
     modification time of each of its Python files, shared libraries and bundled tools (ptxas ...)."""
+    from shapeplan.cache.fingerprint import tree_stamp
     t0 = time.perf_counter()
-    h = hashlib.sha256()
     root = triton_dir()
-    version = ""
-    counted = 0
+    version, digest, counted = "", hashlib.sha256().hexdigest(), 0
     if root:
         try:
             with open(os.path.join(root, "__init__.py"), encoding="utf-8") as f:
                 version = next((ln for ln in f if ln.startswith("__version__")), "")
         except OSError:
             pass
-        for d, dirs, files in os.walk(root):
-            dirs[:] = sorted(x for x in dirs if x not in ("include", "__pycache__"))   # headers, bytecode
-            for name in sorted(files):
-                if name.endswith((".py", ".so")) or os.path.basename(d) == "bin":
-                    path = os.path.join(d, name)
-                    try:
-                        st = os.stat(path)
-                    except OSError:
-                        continue
-                    h.update(f"{os.path.relpath(path, root)}|{st.st_size}|{st.st_mtime_ns}\n".encode())
-                    counted += 1
+        digest, counted = tree_stamp(root, lambda d, name: name.endswith((".py", ".so")) or os.path.basename(d) == "bin",
+                                     skip_dirs=("include", "__pycache__"))              # not headers, bytecode
     diagnostics.record("COMPILE", "Triton installation stamp computed", files=counted,
                        seconds=round(time.perf_counter() - t0, 4))
-    return f"{version.strip()}|{root}|{h.hexdigest()}"
+    return f"{version.strip()}|{root}|{digest}"
 
 
 def _env() -> dict[str, str]:
@@ -265,12 +255,11 @@ def _job(src: Any, target: Any, options: Any) -> dict[str, Any]:
     if not path or not os.path.exists(path):
         raise TypeError("kernel has no source file")
     from shapeplan.runtime.backends import triton_launch
-    launched_here = triton_launch.installed() and triton_launch.argument_types(src.signature) is not None \
-        and triton_launch._ours(src)         # then no host launcher is built for it anywhere
     return {"path": path, "name": pyfn.__name__, "signature": _enc(dict(src.signature)),
             "constexprs": _enc(dict(src.constants)), "attrs": _enc(dict(src.attrs)),
             "target": _enc((target.backend, target.arch, target.warp_size)),
-            "options": _enc(dict(options or {})), "src_hash": src.hash(), "launcher": not launched_here}
+            "options": _enc(dict(options or {})), "src_hash": src.hash(),
+            "launcher": not triton_launch.launches(src)}      # launched through ctypes: no host launcher
 
 
 def _key(src: Any, target: Any, options: Any, env_vars: Any = None) -> str:
