@@ -73,8 +73,11 @@ def main() -> None:
         evs = diagnostics.events()
         base_t = next(e.t for e in evs if e.message == "t0")
         for e in evs:
-            f = {k: v for k, v in e.fields.items() if k in ("plan", "segment", "kernels", "reason", "state", "kernel", "seconds", "workers", "site")}
+            f = {k: v for k, v in e.fields.items() if k in ("plan", "segment", "kernels", "reason", "state", "kernel", "seconds", "workers", "site", "nodes")}
             print(f"  {1000 * (e.t - base_t):8.1f} ms  {e.category:<12} {e.message}  {f}")
+        from shapeplan.llm import warmup
+        for name, a0, a1 in warmup.timings:
+            print(f"  warm-up part {name:<12} {1000 * (a0 - t0):8.1f} -> {1000 * (a1 - t0):8.1f} ms")
         print(f"  {1000 * (t1 - t0):8.1f} ms  (constructed)   {1000 * (t2 - t0):8.1f} ms  (first request done)")
     res = pipe.generate(prompt, max_new_tokens=64, sampling=Sampling.greedy())
     if prof:

@@ -24,6 +24,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
+from shapeplan import diagnostics
 from shapeplan.errors import InputError, LifecycleError
 from shapeplan.llm.config import LlamaConfig, preset_config
 from shapeplan.llm.metrics import Metrics, compute
@@ -105,6 +106,7 @@ class GenerationPipeline:
                 _prewarm_decode_kernels(cfg, self.dtype, self.device, max_kv_cache_length)
         graph = build_graph(cfg, weights, max_kv_cache_length=max_kv_cache_length, dtype=self.dtype,
                             device=self.device, tp=tp)    # tp: shapeplan.parallel.TensorParallel (this rank)
+        diagnostics.record("COMPILE", "graph built", nodes=len(graph.nodes))
         if placement is not None:                          # shapeplan.parallel.Placement: stages over devices
             self.engine = placement.compile(graph, mode=mode, optimize=optimize)
         else:
@@ -257,6 +259,7 @@ class GenerationPipeline:
         if self._warm_thread is not None:     # its cuBLAS handle (and workspace) then passes to this thread
             self._warm_thread.join()
             self._warm_thread = None
+            diagnostics.record("COMPILE", "CUDA warm-up joined")
         greedy = sampling.is_plain_greedy
         tok_out = "next_token" if greedy else "next_token_sampled"
         if not greedy:

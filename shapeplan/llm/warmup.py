@@ -29,12 +29,16 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import time
 from typing import Callable
 
 import torch
 
 from shapeplan import diagnostics
 from shapeplan.llm.config import LlamaConfig
+
+#: (part name, start, end) in time.perf_counter seconds, of this process's warm-up parts (timelines)
+timings: list[tuple[str, float, float]] = []
 
 #: the warm-up's vocabulary (its LM head GEMM differs from the real one; every other kernel matches)
 WARM_VOCAB = 1024
@@ -88,12 +92,14 @@ def _run(cfg: LlamaConfig, dtype: torch.dtype, device: torch.device, max_kv_cach
 
             def run(part: Callable[[], torch.Tensor]) -> None:
                 try:
+                    t0 = time.perf_counter()
                     with diagnostics.muted():
                         if cuda and device.index is not None:
                             torch.cuda.set_device(device.index)
                         part()
                         if cuda:
                             torch.cuda.current_stream(device).synchronize()
+                    timings.append((part.__name__, t0, time.perf_counter()))
                 except Exception as e:  # noqa: BLE001 - reported below
                     errors.append(e)
             with capture_lock(device) if cuda else contextlib.nullcontext():

@@ -124,7 +124,9 @@ def compile_model(model: Any, device: str = "cpu", mode: Any = "auto", *, optimi
         if optimize:
             from shapeplan.optimize import optimize as _optimize
             graph = _optimize(graph, skip=skip)
+            diagnostics.record("COMPILE", "graph optimized", nodes=len(graph.nodes))
         engine = Engine(graph, device=device, mode=mode, **kw)
+        diagnostics.record("COMPILE", "engine created")
         if disk is not None and key is not None:
             disk.put(key, engine.plan(None), fp, {"graph": graph.name, "nodes": len(graph.nodes)})
         engine.plan(list(outputs) if outputs is not None else None)

@@ -162,6 +162,8 @@ class CudaGraphsBackend:
         h = GraphHandle(seg, compiled)
         with capture_lock(seg.device):
             h.steps = self._checked_eager(seg, h.steps, regs)       # this call's results + JIT warm-up
+            diagnostics.record("SEGMENT", "eager run before capture done", plan=seg.plan_key,
+                               segment=seg.segment.index)
             self._try_capture(h, regs)
         return h
 

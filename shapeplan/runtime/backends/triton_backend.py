@@ -135,6 +135,7 @@ class TritonBackend(CudaGraphsBackend):
 
     def capture(self, seg: SegmentContext, compiled: list[Step], regs: list[Any]) -> GraphHandle:
         wait_background(seg.device)                 # kernels compiled by warm_kernels; no launch elsewhere
+        diagnostics.record("SEGMENT", "Triton warm-ups joined", plan=seg.plan_key, segment=seg.segment.index)
         return super().capture(seg, compiled, regs)
 
     # ---- capture: every Triton step checked against its slots on real inputs ---------------------------
