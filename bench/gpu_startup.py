@@ -23,6 +23,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from shapeplan.llm.bench import bench_prompt  # noqa: E402
 from shapeplan.llm.config import preset_config  # noqa: E402
 from shapeplan.llm.pipeline import GenerationPipeline  # noqa: E402
@@ -38,6 +39,8 @@ def main() -> None:
     ap.add_argument("--max-kv-cache-length", type=int, default=1024)
     ap.add_argument("--cprofile", type=int, default=0)
     ap.add_argument("--label", default="")
+    ap.add_argument("--sample", action="store_true",
+                    help="sample the main thread's stack every ms; print where construction and the first request went")
     ap.add_argument("--timeline", action="store_true",
                     help="print the lifecycle/compile/capture events of the timed region with their times")
     a = ap.parse_args()
@@ -54,6 +57,10 @@ def main() -> None:
         diagnostics.enable(categories=["LIFECYCLE", "SEGMENT", "GRAPH_REPLAY", "COMPILE", "CACHE", "FALLBACK",
                                        "VERIFY", "FUSION"], level="detailed")
         diagnostics.record("LIFECYCLE", "t0")
+    sampler = None
+    if a.sample:
+        from stack_sampler import StackSampler
+        sampler = StackSampler().start()
     t0 = time.perf_counter()
     if prof:
         prof.enable()
@@ -68,6 +75,10 @@ def main() -> None:
     if prof:
         prof.disable()
     extra = torch.cuda.memory_allocated() - base
+    if sampler is not None:
+        sampler.stop()
+        print("construction:\n" + sampler.report(t0, t1, top=30))
+        print("first request:\n" + sampler.report(t1, t2, top=30))
     if a.timeline:
         from shapeplan import diagnostics
         evs = diagnostics.events()
