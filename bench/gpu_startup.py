@@ -39,11 +39,17 @@ def main() -> None:
     ap.add_argument("--max-kv-cache-length", type=int, default=1024)
     ap.add_argument("--cprofile", type=int, default=0)
     ap.add_argument("--label", default="")
+    ap.add_argument("--step-times", action="store_true",
+                    help="print the slowest steps (host time) of the eager runs before the captures")
+    ap.add_argument("--switch-interval", type=float, default=0.0,
+                    help="set SHAPEPLAN_STARTUP_SWITCH_INTERVAL (0: the default)")
     ap.add_argument("--sample", action="store_true",
                     help="sample the main thread's stack every ms; print where construction and the first request went")
     ap.add_argument("--timeline", action="store_true",
                     help="print the lifecycle/compile/capture events of the timed region with their times")
     a = ap.parse_args()
+    if a.switch_interval:
+        os.environ["SHAPEPLAN_STARTUP_SWITCH_INTERVAL"] = repr(a.switch_interval)
     cfg = preset_config(a.preset, "bfloat16")
     w = random_weights(cfg, device="cuda", seed=0)
     wbytes = sum(t.numel() * t.element_size() for t in w.values())
@@ -57,6 +63,17 @@ def main() -> None:
         diagnostics.enable(categories=["LIFECYCLE", "SEGMENT", "GRAPH_REPLAY", "COMPILE", "CACHE", "FALLBACK",
                                        "VERIFY", "FUSION"], level="detailed")
         diagnostics.record("LIFECYCLE", "t0")
+    step_times: list[tuple[float, str]] = []
+    if a.step_times:                 # host time of each step of the eager run before a capture
+        from shapeplan.runtime.backends import triton_backend
+        inner = triton_backend.run_steps
+
+        def timed(steps, regs):  # noqa: ANN001, ANN202
+            s0 = time.perf_counter()
+            inner(steps, regs)
+            if len(steps) == 1:
+                step_times.append((time.perf_counter() - s0, steps[0].describe()))
+        triton_backend.run_steps = timed
     sampler = None
     if a.sample:
         from stack_sampler import StackSampler
@@ -75,6 +92,10 @@ def main() -> None:
     if prof:
         prof.disable()
     extra = torch.cuda.memory_allocated() - base
+    if step_times:
+        print(f"eager-run steps: {len(step_times)}, host {1000 * sum(t for t, _ in step_times):.1f} ms; slowest:")
+        for t, d in sorted(step_times, reverse=True)[:15]:
+            print(f"  {1000 * t:7.2f} ms  {d[:110]}")
     if sampler is not None:
         sampler.stop()
         print("construction:\n" + sampler.report(t0, t1, top=30))

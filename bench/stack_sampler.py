@@ -61,6 +61,8 @@ class StackSampler:
     def report(self, t_from: float, t_to: float, top: int = 25) -> str:
         leaf: collections.Counter = collections.Counter()
         incl: collections.Counter = collections.Counter()
+        runs: collections.Counter = collections.Counter()      # separate visits to a leaf
+        prev = None
         total = 0.0
         for t, dt, stack in self.samples:
             if not t_from <= t <= t_to:
@@ -68,10 +70,14 @@ class StackSampler:
             total += dt
             mine = [s for s in stack if s[0].startswith(_KEEP)]
             top_ = mine[0] if mine else (stack[0] if stack else ("?", 0, "?"))
-            leaf[f"{top_[0]}:{top_[1]} {top_[2]}"] += dt
+            name = f"{top_[0]}:{top_[1]} {top_[2]}"
+            leaf[name] += dt
+            if name != prev:
+                runs[name] += 1
+            prev = name
             for fn in {f"{s[0]} {s[2]}" for s in stack}:
                 incl[fn] += dt
         out = [f"  window {1000 * total:.1f} ms sampled"]
-        out += [f"  leaf {1000 * v:7.1f} ms  {k}" for k, v in leaf.most_common(top)]
+        out += [f"  leaf {1000 * v:7.1f} ms  {runs[k]:4d} visits  {k}" for k, v in leaf.most_common(top)]
         out += [f"  incl {1000 * v:7.1f} ms  {k}" for k, v in incl.most_common(top)]
         return "\n".join(out)

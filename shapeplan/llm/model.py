@@ -154,10 +154,11 @@ def build_graph(cfg: LlamaConfig, weights: dict[str, torch.Tensor], *, max_kv_ca
     h = op.Gather(b.const("model.embed_tokens.weight"), ids, axis=0) if tp is None \
         else tp.embed(g, b.const("model.embed_tokens.weight"), ids)                   # [B, S, H]
     x = b.rms_norm(h, "model.layers.0.input_layernorm.weight")
+    zero: dict[tuple, torch.Tensor] = {}
     for i in range(cfg.num_layers):
         p = f"model.layers.{i}."
-        k_cache = g.variable(f"k_cache_{i}", _zeros((batch, hkv, L, d), dtype, device))
-        v_cache = g.variable(f"v_cache_{i}", _zeros((batch, hkv, L, d), dtype, device))
+        k_cache = g.variable(f"k_cache_{i}", _zeros((batch, hkv, L, d), dtype, device, zero))
+        v_cache = g.variable(f"v_cache_{i}", _zeros((batch, hkv, L, d), dtype, device, zero))
         if fuse_projections:
             q, k, v = b.fused_linear(x, p + "self_attn.", ["q_proj", "k_proj", "v_proj"], "qkv_proj",
                                      cfg.attention_bias)                              # [B, S, N_i]
@@ -214,10 +215,16 @@ def _reduce(tp: Any, g: Graph, partial: Value) -> Value:
     return partial if tp is None else tp.reduce(g, partial)        # row-parallel: sum over ranks
 
 
-def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: str | torch.device) -> torch.Tensor:
+def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: str | torch.device,
+           zero: dict[tuple, torch.Tensor] | None = None) -> torch.Tensor:
     """A zero initial value that costs one element: the engine materializes its own copy of each
-    variable, so the graph need not hold a second full-size KV cache."""
-    return torch.zeros((), dtype=dtype, device=device).expand(shape)
+    variable, so the graph need not hold a second full-size KV cache. ``zero``: one element per
+    (dtype, device) shared by every cache (one device allocation and fill instead of one per cache)."""
+    zero = {} if zero is None else zero
+    key = (dtype, str(device))
+    if key not in zero:
+        zero[key] = torch.zeros((), dtype=dtype, device=device)
+    return zero[key].expand(shape)
 
 
 def _rename(g: Graph, v: Value, name: str) -> None:

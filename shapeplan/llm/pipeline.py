@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import weakref
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
@@ -91,8 +92,12 @@ class GenerationPipeline:
             eos = [tokenizer.eos_token_id]
         self.eos_token_ids = set(eos)
         self._warm_thread = None
+        self._startup_done: Callable[[], None] = lambda: None
         if self.device.type == "cuda" and tp is None and placement is None:
             from shapeplan.llm import warmup            # CUDA libraries load while the graph is built
+            # until the first request has settled both plans (or this pipeline is collected)
+            self._startup_done = warmup.short_switch_interval()
+            weakref.finalize(self, self._startup_done)
             from shapeplan.runtime import frozen_records
             # plans frozen from records never run the torch kernels that Triton replaces: skip loading
             # them when records exist (a plan without one loads them in its own slot-by-slot call)
@@ -229,6 +234,8 @@ class GenerationPipeline:
         if key not in self._settled:
             self._settle(feeds, outputs)
             self._settled.add(key)
+            if ids.shape[-1] == 1:              # a decode plan has settled: the start-up is over
+                self._startup_done()
         out = self.engine.run(feeds, outputs=outputs)
         return out[tok_out], out["next_position"]
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import threading
 import time
 from typing import Callable
@@ -52,6 +53,53 @@ _TRITON_IN_REPLAY = {
     "RotaryEmbedding": lambda x, cos, sin, **_: x,
     "SiluMul": lambda gate, up, **_: gate,
 }
+
+
+def switch_interval() -> float:
+    """The GIL switch interval while a pipeline starts (``SHAPEPLAN_STARTUP_SWITCH_INTERVAL`` seconds,
+    default 0.0002; 0 keeps Python's own, 0.005)."""
+    try:
+        return max(0.0, float(os.environ.get("SHAPEPLAN_STARTUP_SWITCH_INTERVAL", "0.0002")))
+    except ValueError:
+        return 0.0002
+
+
+_switch_lock = threading.Lock()
+_switch_users = 0
+_switch_saved = 0.0
+
+
+def short_switch_interval() -> Callable[[], None]:
+    """Shorten the GIL switch interval until the returned release is called (idempotent; nested users
+    are counted, the last release restores the interval found by the first).
+
+    While the warm-up threads and Triton's warm-up pool run Python beside the main thread, each torch
+    call of the main thread releases the GIL and, once its kernel is queued, waits to take it back: up
+    to the switch interval (5 ms) when another thread is running bytecode. A pipeline's construction
+    makes hundreds of such calls (the KV caches, the rotary tables, the weights' views), so on the
+    H200 they waited ~0.2 s in all (``bench/gpu_probe_warm2.sh``, sampled main thread). A 0.2 ms
+    interval hands the GIL back 25x sooner; the cost is more switching while it lasts."""
+    global _switch_users, _switch_saved
+    s = switch_interval()
+    if s <= 0:
+        return lambda: None
+    with _switch_lock:
+        if _switch_users == 0:
+            _switch_saved = sys.getswitchinterval()
+        _switch_users += 1
+        sys.setswitchinterval(min(s, _switch_saved))
+    done = [False]
+
+    def release() -> None:
+        global _switch_users
+        with _switch_lock:
+            if done[0]:
+                return
+            done[0] = True
+            _switch_users -= 1
+            if _switch_users == 0:
+                sys.setswitchinterval(_switch_saved)
+    return release
 
 
 def threads() -> int:
