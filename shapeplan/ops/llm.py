@@ -145,9 +145,49 @@ def cached_attention(q, k_cache, v_cache, mask, position=None, *, scale: float =
             diagnostics.record("FALLBACK", "CachedAttention: Triton decode kernel unavailable, using SDPA",
                                reason=_triton_failed[-1][:300])
     qg = q.reshape(b, hkv, (hq // hkv) * s, d)                                   # [B, Hkv, G*S, D]
-    out = F.scaled_dot_product_attention(qg, k_cache.to(q.dtype), v_cache.to(q.dtype), attn_mask=mask,
-                                         scale=scale or None)
+    kc, vc = k_cache.to(q.dtype), v_cache.to(q.dtype)
+    out = _efficient_attention(qg, kc, vc, mask, scale or d ** -0.5)
+    if out is None:
+        out = F.scaled_dot_product_attention(qg, kc, vc, attn_mask=mask, scale=scale or None)
     return out.reshape(b, hq, s, d)
+
+
+#: attention that the Triton decode kernel does not run (prefill) on CUDA: "auto": the memory-efficient
+#: kernel, called directly, where it applies; "sdpa": SDPA's own choice (cuDNN on Hopper with torch >= 2.11)
+_PREFILL_ATTENTION = os.environ.get("SHAPEPLAN_LLM_PREFILL_ATTENTION", "auto")
+_efficient_failed: list[str] = []
+
+
+def _efficient_attention(q, k, v, mask, scale: float):
+    """SDPA's memory-efficient kernel on CUDA, or None (SDPA then chooses).
+
+    Why not SDPA's choice: on Hopper, torch >= 2.11 picks cuDNN attention, which builds a cuDNN graph per
+    thread and per shape at its first call (its cache is thread-local): 66 ms in the first prefill of a
+    llama-1b pipeline on the H200 although the warm-up thread had made the same call
+    (``bench/gpu_probe_warm3.sh``). The memory-efficient kernel is a plain kernel: once the warm-up has
+    loaded it, every thread's first call is as fast as its later ones. ``bench/gpu_prefill_attention.py``
+    compares the two per shape. Off (SDPA's choice) with ``SHAPEPLAN_LLM_PREFILL_ATTENTION=sdpa``, when
+    the kernel is disabled (``torch.backends.cuda.enable_mem_efficient_sdp(False)``) or cannot take the
+    inputs; after a failure it is not tried again in this process (a FALLBACK event says why)."""
+    if _PREFILL_ATTENTION != "auto" or _efficient_failed or not q.is_cuda or mask is None:
+        return None
+    if mask.dtype != q.dtype or mask.dim() != 2 or not mask.is_contiguous() or mask.shape[-1] % 16:
+        return None                           # the kernel wants an additive bias with aligned rows
+    b, h, m, _ = q.shape
+    bias = mask.expand(b, h, m, mask.shape[-1])
+    try:
+        cuda = torch.backends.cuda
+        if not cuda.mem_efficient_sdp_enabled() or \
+                not cuda.can_use_efficient_attention(cuda.SDPAParams(q, k, v, bias, 0.0, False, False)):
+            return None
+        return torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, bias, False, 0.0, False,
+                                                                      scale=scale)[0]
+    except Exception as e:  # noqa: BLE001 - e.g. another torch's signature: SDPA decides, visibly
+        _efficient_failed.append(f"{type(e).__name__}: {e}")
+        from shapeplan import diagnostics
+        diagnostics.record("FALLBACK", "CachedAttention: memory-efficient kernel unavailable, using SDPA",
+                           reason=_efficient_failed[-1][:300])
+        return None
 
 
 # --------------------------------------------------------------------------------------------- sampling

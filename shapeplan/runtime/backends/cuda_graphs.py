@@ -6,7 +6,8 @@ Lifecycle (the runner drives it, docs/runtime.md):
   the layout of every register (the Triton backend builds its kernels from it).
 * ``compile``: the steps to capture: one per slot here; the Triton backend fuses some.
 * ``capture`` (serialized per device): run the steps eagerly once (this call's results, Triton JIT
-  happens here, outside the capture), then record them into a graph that allocates from the engine's
+  happens here, outside the capture), then record them into a graph (the Triton backend skips the
+  eager run when every step is known to work: ``_capture_first``; one replay gives the results) that allocates from the engine's
   **one graph memory pool**; each live-out is copied, inside the graph, into the runner's stable
   buffer, so the next island or gap reads a fixed address. An out-of-memory during capture empties
   the cache and retries (bounded); when it still fails the segment is *deferred*: it runs eagerly into
@@ -161,11 +162,30 @@ class CudaGraphsBackend:
     def capture(self, seg: SegmentContext, compiled: list[Step], regs: list[Any]) -> GraphHandle:
         h = GraphHandle(seg, compiled)
         with capture_lock(seg.device):
+            if self._capture_first(seg, h.steps, regs) and self._first_capture(h, regs):
+                return h
             h.steps = self._checked_eager(seg, h.steps, regs)       # this call's results + JIT warm-up
             diagnostics.record("SEGMENT", "eager run before capture done", plan=seg.plan_key,
                                segment=seg.segment.index)
             self._try_capture(h, regs)
         return h
+
+    def _first_capture(self, h: GraphHandle, regs: list[Any]) -> bool:
+        """Capture without an eager run, then one replay gives this call's results. False (nothing
+        launched, ``regs`` untouched) when it did not capture: the caller runs the eager path."""
+        seg = h.seg
+        try:
+            self._try_capture(h, regs, replay=True)
+        except CaptureError as e:
+            h.graph = None
+            diagnostics.record("FALLBACK", "capture before an eager run failed: running it eagerly first",
+                               plan=seg.plan_key, segment=seg.segment.index, reason=str(e)[:300])
+            return False
+        if h.graph is None:                       # deferred after out-of-memory
+            return False
+        diagnostics.record("SEGMENT", "captured before any eager run; replayed for this call",
+                           plan=seg.plan_key, segment=seg.segment.index)
+        return True
 
     def replay(self, handle: GraphHandle, regs: list[Any]) -> None:
         if handle.fast:
@@ -192,6 +212,11 @@ class CudaGraphsBackend:
     def _observe(self, seg: SegmentContext, step: Step, regs: list[Any]) -> None:
         """Called after each warm-up step with its outputs in ``regs``."""
 
+    def _capture_first(self, seg: SegmentContext, steps: list[Step], regs: list[Any]) -> bool:
+        """Whether ``capture`` may record ``steps`` before running them once (see the Triton backend).
+        Here never: the eager run is what loads each kernel before the capture."""
+        return False
+
     def _checked_eager(self, seg: SegmentContext, steps: list[Step], regs: list[Any]) -> list[Step]:
         """Run ``steps`` eagerly into ``regs`` (live-outs land in the stable buffers); return the steps."""
         run_steps(steps, regs)
@@ -199,11 +224,11 @@ class CudaGraphsBackend:
         return steps
 
     # ---- capture ------------------------------------------------------------------------------------
-    def _try_capture(self, h: GraphHandle, regs: list[Any]) -> None:
+    def _try_capture(self, h: GraphHandle, regs: list[Any], replay: bool = False) -> None:
         seg = h.seg
         for attempt in range(self.capture_retries + 1):
             try:
-                self._capture_once(h, regs)
+                self._capture_once(h, regs, replay)
                 return
             except Exception as e:  # noqa: BLE001
                 if not _is_oom(e):
@@ -218,7 +243,9 @@ class CudaGraphsBackend:
         diagnostics.record("GRAPH_REPLAY", "capture deferred after out-of-memory", plan=seg.plan_key,
                            segment=seg.segment.index, deferrals=h.deferrals)
 
-    def _capture_once(self, h: GraphHandle, regs: list[Any]) -> None:
+    def _capture_once(self, h: GraphHandle, regs: list[Any], replay: bool = False) -> None:
+        """Record ``h.steps`` into a graph. ``regs`` hold this call's results from an eager run (copied
+        into the graph's live-out tensors), or with ``replay`` nothing yet: one replay computes them."""
         seg = h.seg
         if "capture_oom" in os.environ.get("SHAPEPLAN_FAULT", "").split(","):
             raise torch.cuda.OutOfMemoryError("injected fault: out of memory during capture (SHAPEPLAN_FAULT)")
@@ -247,10 +274,12 @@ class CudaGraphsBackend:
         bind = []
         for r in seg.live_out:
             t = bufs.get(r, scratch[r])
-            if t is not regs[r] and isinstance(t, torch.Tensor) and isinstance(regs[r], torch.Tensor):
+            if not replay and t is not regs[r] and isinstance(t, torch.Tensor) and isinstance(regs[r], torch.Tensor):
                 t.copy_(regs[r])                  # this call's eager result, into the graph's own tensor
             bind.append((r, t))
         del scratch
+        if replay:
+            g.replay()                            # this call's results
         h.graph, h.bind = g, tuple(bind)
         for r, t in bind:
             regs[r] = t

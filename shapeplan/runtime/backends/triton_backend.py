@@ -69,6 +69,7 @@ class TritonBackend(CudaGraphsBackend):
     def __init__(self) -> None:
         self._metas: dict[tuple, dict[int, Any]] = {}
         self._used: dict[tuple, dict[int, Any]] = {}      # the layouts each segment was compiled for
+        self._compiled_for: dict[tuple, dict[int, Any]] = {}   # the same, until the segment's capture
         self._triton_error: str | None = None
 
     def _key(self, seg: SegmentContext) -> tuple:
@@ -119,6 +120,8 @@ class TritonBackend(CudaGraphsBackend):
         from shapeplan.runtime import frozen_records
         if metas and frozen_records.enabled(seg.device):    # kept until the runner writes its record
             self._used[self._key(seg)] = metas
+        if metas:
+            self._compiled_for[self._key(seg)] = metas
         try:
             from shapeplan.runtime.backends import triton_codegen as cg
             from shapeplan.runtime.backends import triton_lowerings as tlow
@@ -139,6 +142,27 @@ class TritonBackend(CudaGraphsBackend):
         return super().capture(seg, compiled, regs)
 
     # ---- capture: every Triton step checked against its slots on real inputs ---------------------------
+    def _capture_first(self, seg: SegmentContext, steps: list[Step], regs: list[Any]) -> bool:
+        """Capture before any eager run when every Triton step of ``steps`` already passed its check on
+        this machine and build with exactly these input layouts (its verdict is on disk): the eager run
+        would only run them unchecked. The layouts of registers no step has computed yet are the ones
+        the segment was compiled for. Off with ``SHAPEPLAN_TRITON_VERIFY=1`` or
+        ``SHAPEPLAN_CAPTURE_FIRST=0``."""
+        if _verify_on() or not _capture_first_on():
+            return False
+        fused = [st for st in steps if st.kind != "slot"]
+        metas = self._compiled_for.pop(self._key(seg), None)
+        if not fused or not metas:
+            return False
+        view = [x if x is not None else metas.get(r) for r, x in enumerate(regs)]
+        known = verified()
+        if any(verdict_key(st, view, seg.device) not in known for st in fused):
+            return False
+        diagnostics.record("FUSION", "segment uses Triton kernels", plan=seg.plan_key,
+                           segment=seg.segment.index, steps=len(steps), slots=len(seg.slots),
+                           triton_steps=len(fused), checked="earlier (verdicts on disk)")
+        return True
+
     def _checked_eager(self, seg: SegmentContext, steps: list[Step], regs: list[Any]) -> list[Step]:
         kept: list[Step] = []
         for st in steps:
@@ -260,17 +284,37 @@ def _build_id() -> str:
 
 def verdict_key(st: Step, regs: list[Any], device: Any) -> str:
     """What a check of ``st`` depends on: the kernel (generated source name or op + attributes), its
-    members' ops, every input and output layout, the device and the build."""
+    members' ops, every input's layout, how many outputs it writes, the device and the build. An input
+    is a tensor, or the ``Meta`` layout recorded for it (``_capture_first`` keys a step before it runs);
+    the outputs' layouts follow from the inputs' (the check rejects a step whose layout differs)."""
     import hashlib
+
+    from shapeplan.runtime.backends.triton_codegen import Meta
 
     def lay(r: int) -> str:
         x = regs[r] if r != ABSENT else None
-        return f"{tuple(x.shape)}{x.stride()}{x.dtype}" if isinstance(x, torch.Tensor) else repr(x)[:64]
-    dev = torch.cuda.get_device_name(device) if getattr(device, "type", None) == "cuda" else str(device)
+        if isinstance(x, torch.Tensor):
+            return f"{tuple(x.shape)}{tuple(x.stride())}{x.dtype}"
+        if isinstance(x, Meta):
+            return f"{tuple(x.shape)}{tuple(x.stride)}{x.dtype}"
+        return repr(x)[:64]
+    dev = _device_name(device)
     parts = [st.kind, str(getattr(st.fn, "name", "")), dev, _build_id(),
              ";".join(f"{m.node.op_type}{sorted(m.node.attrs.items())!r}" for m in st.members),
-             ",".join(lay(r) for r in st.ins), ",".join(lay(r) for r in st.outs if r != ABSENT)]
+             ",".join(lay(r) for r in st.ins), str(sum(1 for r in st.outs if r != ABSENT))]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()
+
+
+_device_names: dict[str, str] = {}
+
+
+def _device_name(device: Any) -> str:
+    key = str(device)
+    name = _device_names.get(key)
+    if name is None:
+        name = torch.cuda.get_device_name(device) if getattr(device, "type", None) == "cuda" else key
+        _device_names[key] = name
+    return name
 
 
 def _verdict_path() -> str:
@@ -295,6 +339,10 @@ _pool: ThreadPoolExecutor | None = None
 _pending: list[Future] = []
 _warmed: set[tuple] = set()
 _warm_lock = threading.Lock()
+
+
+def _capture_first_on() -> bool:
+    return os.environ.get("SHAPEPLAN_CAPTURE_FIRST", "1").strip().lower() not in ("0", "false", "off", "no")
 
 
 def _warm_on() -> bool:
