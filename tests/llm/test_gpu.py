@@ -81,12 +81,19 @@ def test_gpu_cuda_warmup_thread_changes_nothing(monkeypatch):
     assert events_warm == events_plain            # the warm-up's own plans were not recorded
 
 
-@pytest.mark.parametrize("mode", ["cuda_graphs", "triton"])
-def test_gpu_a_warm_start_freezes_from_records_and_gives_the_same_tokens(mode, checkpoints, tmp_path, monkeypatch):
+@pytest.mark.parametrize("mode,attention", [("cuda_graphs", "auto"), ("triton", "auto"), ("triton", "sdpa")])
+def test_gpu_a_warm_start_freezes_from_records_and_gives_the_same_tokens(mode, attention, checkpoints, tmp_path,
+                                                                          monkeypatch):
     """The second pipeline's plans freeze from the first one's frozen-plan records (runtime/
-    frozen_records.py): one lifecycle call per plan instead of three, the same greedy tokens."""
+    frozen_records.py), during its warm-up (``Engine.prepare``) or at their first call: one lifecycle
+    call per plan instead of three, the same greedy tokens. In triton mode each segment is captured
+    before any eager run (every step's verdict is on disk) and one replay gives the call's results;
+    ``sdpa``: the prefill attention through SDPA's own choice (cuDNN on Hopper), whose first call on
+    this thread then happens inside that capture."""
     from shapeplan import diagnostics
+    from shapeplan.ops import llm as llm_ops
     monkeypatch.setenv("SHAPEPLAN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(llm_ops, "_PREFILL_ATTENTION", attention)
     path = checkpoints("llama")
     first = GenerationPipeline.from_pretrained(path, mode=mode, **KW).generate(PROMPT, max_new_tokens=24)
     assert len(list((tmp_path / "frozen").glob("*.json"))) == 2           # prefill and decode plans
@@ -102,7 +109,12 @@ def test_gpu_a_warm_start_freezes_from_records_and_gives_the_same_tokens(mode, c
     assert again.token_ids == first.token_ids
     new_plans = {p for m, p in events if m == "new shape signature: new plan"}
     from_record = {p for m, p in events if m == "shapes frozen from a frozen-plan record"}
-    assert len(new_plans) == 2 and from_record == new_plans, events     # both plans, each from its record
+    used = {p for m, p in events if m == "segment captured"}
+    assert len(used) == 2 and used <= from_record == new_plans, events  # each plan from its record
     assert "segment warmed up" not in msgs and "frozen-plan record not usable: recording" not in msgs, events
+    assert not [m for m in msgs if "FALLBACK" in m or "failed" in m], events
+    if mode == "triton":
+        assert msgs.count("captured before any eager run; replayed for this call") == 2, events
+        assert "eager run before capture done" not in msgs, events
     ref = GenerationPipeline.from_pretrained(path, mode="slot_by_slot", **KW).generate(PROMPT, max_new_tokens=24)
     assert again.token_ids == ref.token_ids

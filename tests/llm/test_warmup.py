@@ -135,3 +135,56 @@ def test_the_warm_up_reads_the_models_head_at_its_real_size():
         registry.lookup = orig
     assert seen == [(1, cfg.vocab_size), (1, warmup.WARM_VOCAB)]
     assert torch.equal(head, before)
+
+
+def test_the_short_switch_interval_is_counted_and_restored(monkeypatch):
+    import sys
+    monkeypatch.setenv("SHAPEPLAN_STARTUP_SWITCH_INTERVAL", "0.0003")
+    before = sys.getswitchinterval()
+    a = warmup.short_switch_interval()
+    b = warmup.short_switch_interval()
+    assert abs(sys.getswitchinterval() - 0.0003) < 1e-9
+    a()
+    a()                                                   # idempotent: b still holds it
+    assert abs(sys.getswitchinterval() - 0.0003) < 1e-9
+    b()
+    assert sys.getswitchinterval() == before
+    monkeypatch.setenv("SHAPEPLAN_STARTUP_SWITCH_INTERVAL", "0")
+    warmup.short_switch_interval()()
+    assert sys.getswitchinterval() == before
+
+
+def test_a_pipeline_prepares_its_plans_from_records_while_the_warm_up_runs(tmp_path, monkeypatch):
+    """CPU stand-in for the CUDA start-up (records are on by default there): with records of a first
+    pipeline's plans, a second one prepares the greedy decode and prefill plans while its warm-up thread
+    is alive; its first request then runs them frozen from the records, with the same tokens."""
+    from shapeplan.llm import GenerationPipeline, Sampling
+    monkeypatch.setenv("SHAPEPLAN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("SHAPEPLAN_FROZEN_RECORDS", "1")
+    kw = dict(device="cpu", dtype="float32", mode="emulated_replay", max_prefill_length=16, max_kv_cache_length=64)
+    prompt = list(range(3, 14))
+    first = GenerationPipeline.from_preset("llama-tiny", **kw)
+    want = first.generate(prompt, max_new_tokens=12, sampling=Sampling.greedy()).token_ids
+    pipe = GenerationPipeline.from_preset("llama-tiny", **kw)
+    release = threading.Event()
+    pipe._warm_thread = threading.Thread(target=release.wait, daemon=True)
+    pipe._warm_thread.start()
+    bucket = pipe.bucket_for(len(prompt), 0)
+    diagnostics.reset()
+    diagnostics.enable(["LIFECYCLE", "SEGMENT"], level="detailed")
+    try:
+        pipe._prepare_from_records(bucket)
+        prepared = [e.fields for e in diagnostics.events() if e.message.startswith("plan prepared")]
+        release.set()
+        got = pipe.generate(prompt, max_new_tokens=12, sampling=Sampling.greedy()).token_ids
+        msgs = [e.message for e in diagnostics.events()]
+    finally:
+        diagnostics.disable()
+    assert [(p["outputs"], p["tokens"]) for p in prepared] == [("next_token", 1), ("next_token", bucket)]
+    assert got == want
+    assert "segment warmed up" not in msgs                       # both plans came from their records
+    pipe._warm_thread = None
+    assert pipe.engine.prepare({"input_ids": torch.zeros(1, 1, dtype=torch.int64),
+                                "position": torch.zeros(1, dtype=torch.int64),
+                                "length": torch.ones(1, dtype=torch.int64)},
+                               outputs=["next_token", "next_position"]) is False   # in use already

@@ -118,3 +118,28 @@ def test_the_triton_backend_writes_and_takes_back_its_layouts():
     assert b.seed(seg, None) is False and b.seed(seg, {}) is False
     with pytest.raises(ValueError):
         b.seed(seg, {"3": [[1], [1], "not_a_dtype_name_but_an_attr", 0]})
+
+
+def test_prepare_freezes_from_the_record_before_the_first_call(tmp_path):
+    """``Engine.prepare`` does what a first call's record lookup does, without running: the first run
+    then captures, with the results every other path gives; without a record, or once a plan has run,
+    it changes nothing."""
+    g = transformer_stack()
+    feeds = [{"x": rand(8, 16, seed=i)} for i in range(3)]
+    ref = ref_engine(g)
+    fresh = sp.Engine(g, mode="emulated_replay")
+    assert fresh.prepare(feeds[0]) is False                          # no record yet
+    assert fresh.runners() == []                                     # nothing kept
+    _phases(fresh, g, feeds, ref)
+    assert fresh.prepare(feeds[0]) is False                          # that plan has run
+    e = sp.Engine(g, mode="emulated_replay")
+    assert e.prepare({"x": np.zeros((8, 16), np.float32)}) is True   # values do not matter
+    assert e.inspect().phase == "SHAPES_FROZEN"
+    assert e.prepare(feeds[0]) is False                              # once
+    assert _phases(e, g, feeds, ref) == ["REPLAYING"] * 3
+    m = sp.Engine(mlp(), mode="emulated_replay")
+    assert m.prepare({"x": np.zeros((3, 8), np.float32)}) is False   # a shape with no record
+    assert m.runners() == []
+    with pytest.raises(sp.InputError):
+        e.prepare({"y": np.zeros((8, 16), np.float32)})            # feeds are checked as run's are
+    assert _phases(e, g, feeds[:1], ref) == ["REPLAYING"]           # still usable
