@@ -203,6 +203,7 @@ class PlanRunner:
             return False
         rec = fr.load(self._record_key)
         if rec is None:
+            self._event("CACHE", "no frozen-plan record for this plan", key=self._record_key[:12])
             return False
         try:
             meta = fr.reg_meta(rec)

@@ -1,0 +1,84 @@
+"""Decode attention variants on the GPU (llama-1b / 8b head layout, bf16): error vs SDPA and time per
+call inside a CUDA graph of 16 calls (one per layer, 16 separate caches). Prints a table, then
+``BEST=split,warps,dot`` (the fastest variant within the bf16 tolerance), for SHAPEPLAN_DECODE_ATTN.
+
+    python bench/gpu_decode_attention.py --pos 256
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from shapeplan.llm import decode_attention as da  # noqa: E402
+from shapeplan.ops import llm as llm_ops  # noqa: E402
+
+VARIANTS = [(64, 4, False), (32, 2, False), (32, 4, False), (128, 4, False), (16, 2, False),
+            (16, 4, True), (32, 4, True), (64, 4, True), (32, 2, True), (64, 2, True), (128, 4, True)]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--pos", type=int, default=256)
+    ap.add_argument("--length", type=int, default=1024)
+    ap.add_argument("--layers", type=int, default=16)
+    a = ap.parse_args()
+    hq, hkv, d, L, dev = 32, 8, 64, a.length, "cuda"
+    torch.manual_seed(0)
+    q = torch.randn(1, hq, 1, d, device=dev, dtype=torch.bfloat16)
+    ks = [torch.randn(1, hkv, L, d, device=dev, dtype=torch.bfloat16) for _ in range(a.layers)]
+    vs = [torch.randn(1, hkv, L, d, device=dev, dtype=torch.bfloat16) for _ in range(a.layers)]
+    p = torch.tensor([a.pos], device=dev)
+    mask = llm_ops.causal_mask(torch.zeros(1, 1, dtype=torch.int64, device=dev), p, kv_length=L, groups=hq // hkv,
+                               dtype="bfloat16")
+    old = llm_ops.set_decode_attention("sdpa")
+    ref = llm_ops.cached_attention(q, ks[0], vs[0], mask, scale=d ** -0.5).float()
+    rows = []
+
+    def timed(fn) -> float:
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            fn()
+        torch.cuda.current_stream().wait_stream(s)
+        gr = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(gr):
+            fn()
+        for _ in range(5):
+            gr.replay()
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        ts = []
+        for _ in range(7):
+            e0.record()
+            for _ in range(20):
+                gr.replay()
+            e1.record()
+            e1.synchronize()
+            ts.append(e0.elapsed_time(e1) * 1e3 / (20 * a.layers))
+        return sorted(ts)[len(ts) // 2]
+
+    t_sdpa = timed(lambda: [llm_ops.cached_attention(q, k, v, mask, scale=d ** -0.5) for k, v in zip(ks, vs)])
+    print(f"{'variant':<22} {'us/call':>8} {'max err':>9}")
+    print(f"{'sdpa (whole cache)':<22} {t_sdpa:>8.2f} {0:>9.1e}")
+    llm_ops.set_decode_attention(old)
+    for split, warps, dot in VARIANTS:
+        da.configure(split, warps, dot)
+        try:
+            out = da.decode_attention(q, ks[0], vs[0], p, scale=d ** -0.5).float()
+            err = (out - ref).abs().max().item()
+            t = timed(lambda: [da.decode_attention(q, k, v, p, scale=d ** -0.5) for k, v in zip(ks, vs)])
+        except Exception as e:  # noqa: BLE001
+            print(f"{split},{warps},{dot}: FAILED {type(e).__name__}: {str(e)[:200]}")
+            continue
+        rows.append((t, err, split, warps, dot))
+        print(f"{f'{split},{warps},{int(dot)}':<22} {t:>8.2f} {err:>9.1e}")
+    ok = [r for r in rows if r[1] <= 2e-2]
+    best = min(ok) if ok else (0, 0, 64, 4, False)
+    print(f"BEST={best[2]},{best[3]},{int(best[4])}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,44 @@
+"""shapeplan: a compile-once, replay-many inference engine."""
+from __future__ import annotations
+
+from typing import Any
+
+from shapeplan.errors import (CacheError, CaptureError, ExecutionError, InputError, LifecycleError,
+                              ModelError, ShapeError, ShapeplanError, UnsupportedOpError)
+from shapeplan.importers import load
+from shapeplan.ir.dtypes import DType, dtype
+from shapeplan.ir.graph import Graph, Node, Value, ValueKind
+from shapeplan.runtime.engine import Engine
+from shapeplan.runtime.modes import Mode
+
+# Import the optimizer package before defining the ``optimize`` function below: importing a
+# submodule binds its name on this package, which would otherwise shadow the function.
+import shapeplan.optimize as _optimizer_pkg  # noqa: E402,F401
+
+__version__ = "0.1.0"
+
+
+def optimize(model: Any, skip: list[str] | None = None, **kw: Any) -> Graph:
+    """Load ``model`` and run the optimizer's pass pipeline; returns a new optimized Graph."""
+    from shapeplan.optimize import optimize as _optimize
+    return _optimize(load(model), skip=skip, **kw)
+
+
+def compile(model: Any, device: str = "cpu", mode: str | Mode = "auto", *, optimize: bool = True,
+            skip: list[str] | None = None, **kw: Any) -> Engine:
+    """Load, verify, optimize and compile ``model`` into an Engine (warm start from the disk plan cache
+    when enabled: ``disk_cache=``, see shapeplan/runtime/compile.py)."""
+    from shapeplan.runtime.compile import compile_model
+    return compile_model(model, device=device, mode=mode, optimize=optimize, skip=skip, **kw)
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("llm", "testing", "serve", "parallel", "diagnostics"):
+        import importlib
+        return importlib.import_module(f"shapeplan.{name}")
+    raise AttributeError(name)
+
+
+__all__ = ["CacheError", "CaptureError", "DType", "Engine", "ExecutionError", "Graph", "InputError",
+           "LifecycleError", "Mode", "ModelError", "Node", "ShapeError", "ShapeplanError",
+           "UnsupportedOpError", "Value", "ValueKind", "compile", "dtype", "load", "optimize"]

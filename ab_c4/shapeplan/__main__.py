@@ -1,0 +1,5 @@
+import sys
+
+from shapeplan.cli import main
+
+sys.exit(main())

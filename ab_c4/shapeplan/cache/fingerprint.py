@@ -1,0 +1,43 @@
+"""Build fingerprint: what must match for a cached plan to be reused."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from typing import Any, Callable
+
+import torch
+
+
+def fingerprint(device: str = "cpu") -> dict[str, Any]:
+    import shapeplan
+    from shapeplan.plan.serialize import FORMAT_VERSION
+    return {"shapeplan": shapeplan.__version__, "torch": torch.__version__.split("+")[0],
+            "python": f"{sys.version_info.major}.{sys.version_info.minor}", "device": str(device),
+            "plan_format": FORMAT_VERSION}
+
+
+def cache_key(model_hash: str, options: dict[str, Any], fp: dict[str, Any]) -> str:
+    blob = json.dumps({"model": model_hash, "options": options, "fingerprint": fp}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:40]
+
+
+def tree_stamp(root: str, keep: Callable[[str, str], bool], skip_dirs: tuple[str, ...] = ("__pycache__",)) -> tuple[str, int]:
+    """(sha256 of the relative path, size and modification time of every file under ``root`` that
+    ``keep(directory, name)`` accepts, files counted): a change to any of them changes it, the way
+    Python's ``.pyc`` check works, without reading the files."""
+    h, counted = hashlib.sha256(), 0
+    for d, dirs, files in os.walk(root):
+        dirs[:] = sorted(x for x in dirs if x not in skip_dirs)
+        for name in sorted(files):
+            if not keep(d, name):
+                continue
+            path = os.path.join(d, name)
+            try:
+                st = os.stat(path)
+            except OSError:
+                continue
+            h.update(f"{os.path.relpath(path, root)}|{st.st_size}|{st.st_mtime_ns}\n".encode())
+            counted += 1
+    return h.hexdigest(), counted

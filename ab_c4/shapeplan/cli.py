@@ -1,0 +1,38 @@
+"""``shapeplan`` command line. Each subcommand lives in ``shapeplan/commands/<name>.py`` and defines
+``register(subparsers)``, which adds its parser and sets ``func`` (args -> exit code)."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+
+import shapeplan.commands as _commands
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="shapeplan", description="compile-once, replay-many inference engine")
+    ap.add_argument("--version", action="version", version=f"shapeplan {__import__('shapeplan').__version__}")
+    sub = ap.add_subparsers(dest="command", metavar="COMMAND")
+    for m in sorted(pkgutil.iter_modules(_commands.__path__), key=lambda m: m.name):
+        if not m.name.startswith("_"):
+            importlib.import_module(f"shapeplan.commands.{m.name}").register(sub)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    if not getattr(args, "func", None):
+        ap.print_help()
+        return 2
+    from shapeplan.errors import ShapeplanError
+    try:
+        return int(args.func(args) or 0)
+    except ShapeplanError as e:
+        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,52 @@
+"""``shapeplan bench``: decode throughput of a preset or a checkpoint per execution config.
+
+    shapeplan bench --preset llama-1b --config matrix --device cuda --json out.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from shapeplan.llm.bench import CONFIGS
+    from shapeplan.llm.config import PRESETS
+    p = sub.add_parser("bench", help="LLM decode benchmark (TTFT, overall/decode/steady/late_steady tok/s)")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--preset", choices=sorted(PRESETS), help="random weights with a public model's shapes")
+    src.add_argument("--model", help="checkpoint directory")
+    p.add_argument("--config", default="auto", choices=CONFIGS + ["matrix"],
+                   help="execution config; matrix runs every one available and checks each against slot_by_slot")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default=None, help="default: bfloat16 for presets, the checkpoint's otherwise")
+    p.add_argument("--prompt-len", type=int, default=128)
+    p.add_argument("--new-tokens", type=int, default=256)
+    p.add_argument("--max-kv-cache-length", type=int, default=1024)
+    p.add_argument("--no-optimize", action="store_true", help="compile without the optimizer passes")
+    p.add_argument("--json", dest="json_path", default=None, help="write the results as JSON to this file")
+    p.add_argument("--tp", type=int, default=1, help="tensor parallel: N processes, one per device (docs/parallel.md)")
+    p.set_defaults(func=_bench)
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from shapeplan.llm.bench import configs_for, format_table, load_model, run_matrix
+    if not args.preset and not args.model:
+        args.preset = "llama-125m"
+    configs = configs_for(args.device) if args.config == "matrix" else [args.config]
+    if args.tp > 1:
+        from shapeplan.parallel.cli import bench
+        return bench(args, configs)
+    cfg, weights = load_model(args.preset, args.model, args.device, args.dtype)
+    name = args.preset or args.model
+    rows = run_matrix(cfg, weights, configs, device=args.device, prompt_len=args.prompt_len,
+                      new_tokens=args.new_tokens, max_kv_cache_length=args.max_kv_cache_length,
+                      optimize=not args.no_optimize, log=lambda s: print(s, file=sys.stderr))
+    print(format_table(rows, f"{name} on {args.device}, prompt {args.prompt_len}, {args.new_tokens} new tokens, greedy"))
+    if args.json_path:
+        with open(args.json_path, "w", encoding="utf-8") as f:
+            json.dump({"model": name, "device": args.device, "prompt_len": args.prompt_len,
+                       "new_tokens": args.new_tokens, "rows": [r.to_dict() for r in rows]}, f, indent=2)
+    failed = [r for r in rows if not r.ok]
+    diverged = [r for r in rows if r.agree_with_reference not in ("-", f"{len(r.tokens)}/{len(r.tokens)}")]
+    return 1 if failed or (args.device == "cpu" and diverged) else 0

@@ -1,0 +1,38 @@
+"""Typed exceptions. Every message names the node / input, what was expected and what was given."""
+from __future__ import annotations
+
+
+class ShapeplanError(Exception):
+    """Base class of every error shapeplan raises on purpose."""
+
+
+class ModelError(ShapeplanError):
+    """The model file or graph is malformed (corrupt bytes, dangling value, bad attribute, ...)."""
+
+
+class UnsupportedOpError(ModelError):
+    """A node uses an op (or an opset version of it) that the op table does not have."""
+
+
+class InputError(ShapeplanError):
+    """A feed is missing, extra, or has the wrong dtype / shape."""
+
+
+class ShapeError(ShapeplanError):
+    """Shape inference found two shapes that cannot both hold."""
+
+
+class ExecutionError(ShapeplanError):
+    """A kernel failed while running a node; the message says which node and the input shapes."""
+
+
+class CacheError(ShapeplanError):
+    """A plan cache entry is corrupt, foreign or from another build."""
+
+
+class CaptureError(ShapeplanError):
+    """Capturing or replaying a segment failed."""
+
+
+class LifecycleError(ShapeplanError):
+    """A plan was asked to do something its phase does not allow (e.g. a replaced weight)."""

@@ -1,0 +1,85 @@
+"""Runtime values <-> numpy. Tensors run as torch.Tensors; ONNX strings stay numpy object arrays;
+sequences are Python lists; an empty optional is None. Exotic numpy dtypes from ``ml_dtypes``
+(bfloat16, float8, int4) are mapped to torch by reinterpreting their bits."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+try:
+    import ml_dtypes
+except ImportError:  # pragma: no cover - ml_dtypes ships with onnx
+    ml_dtypes = None
+
+_ML_TO_TORCH: dict[str, tuple[Any, torch.dtype | None]] = {
+    # ml_dtypes name -> (bits view dtype, torch dtype to view as; None = widen by value)
+    "bfloat16": (np.uint16, torch.bfloat16),
+    "float8_e4m3fn": (np.uint8, getattr(torch, "float8_e4m3fn", None)),
+    "float8_e4m3fnuz": (np.uint8, getattr(torch, "float8_e4m3fnuz", None)),
+    "float8_e5m2": (np.uint8, getattr(torch, "float8_e5m2", None)),
+    "float8_e5m2fnuz": (np.uint8, getattr(torch, "float8_e5m2fnuz", None)),
+    "int4": (np.int8, None),
+    "uint4": (np.uint8, None),
+    "float4_e2m1fn": (np.float32, None),
+    "float8_e8m0fnu": (np.uint8, getattr(torch, "float8_e8m0fnu", None)),
+    "int2": (np.int8, None),
+    "uint2": (np.uint8, None),
+}
+
+#: shapeplan dtypes that run widened (see _ML_TO_TORCH) -> their ml_dtypes name, for output
+WIDENED = {"int4": "int4", "uint4": "uint4", "int2": "int2", "uint2": "uint2",
+           "float4e2m1": "float4_e2m1fn"}
+
+
+def numpy_to_runtime(a: Any, device: str | torch.device = "cpu") -> Any:
+    """numpy array (or scalar / list for sequences / None) -> runtime value."""
+    if a is None:
+        return None
+    if isinstance(a, list):
+        return [numpy_to_runtime(x, device) for x in a]
+    if isinstance(a, torch.Tensor):
+        return a.to(device)
+    arr = np.asarray(a)
+    if arr.dtype.kind in "SUO":
+        return arr.astype(object)
+    name = arr.dtype.name
+    if name in _ML_TO_TORCH:
+        bits, tdt = _ML_TO_TORCH[name]
+        if tdt is not None:
+            return torch.from_numpy(np.array(arr, order="C", copy=True).view(bits)).view(tdt).to(device)
+        return torch.from_numpy(arr.astype(bits)).to(device)
+    if arr.dtype == np.uint16 or arr.dtype == np.uint32 or arr.dtype == np.uint64:
+        return torch.from_numpy(np.array(arr, order="C", copy=True)).to(device)
+    return torch.from_numpy(np.array(arr, order="C", copy=True)).to(device)  # keeps 0-d (ascontiguousarray does not)
+
+
+def runtime_to_numpy(v: Any, dtype: Any = None) -> Any:
+    """runtime value -> numpy (bfloat16/float8 become ml_dtypes arrays when ml_dtypes is present).
+
+    ``dtype`` (the value's declared DType) restores the types that run widened (int4, float4...)."""
+    if v is None:
+        return None
+    name = getattr(dtype, "name", None)
+    if name in WIDENED and isinstance(v, torch.Tensor) and ml_dtypes is not None:
+        return runtime_to_numpy(v).astype(getattr(ml_dtypes, WIDENED[name]))
+    if isinstance(v, list):
+        return [runtime_to_numpy(x) for x in v]
+    if isinstance(v, np.ndarray):
+        return v
+    if isinstance(v, torch.Tensor):
+        t = v.detach()
+        if t.device.type != "cpu":
+            t = t.cpu()
+        if t.dtype == torch.bfloat16:
+            bits = t.contiguous().view(torch.int16).numpy().view(np.uint16)
+            return bits.view(ml_dtypes.bfloat16) if ml_dtypes is not None else t.float().numpy()
+        if t.dtype.is_floating_point and t.element_size() == 1:
+            name = str(t.dtype).replace("torch.", "")
+            bits = t.contiguous().view(torch.uint8).numpy()
+            if ml_dtypes is not None and hasattr(ml_dtypes, name):
+                return bits.view(getattr(ml_dtypes, name))
+            return t.float().numpy()
+        return t.resolve_conj().resolve_neg().numpy()
+    return np.asarray(v)

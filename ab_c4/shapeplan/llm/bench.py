@@ -1,0 +1,144 @@
+"""Decode benchmark shared by ``shapeplan bench`` and bench/gpu_decode.py: one set of weights, one
+pipeline per execution config, greedy decode from a fixed prompt, metrics per config, and each
+config's tokens checked against slot_by_slot's."""
+from __future__ import annotations
+
+import gc
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from shapeplan.llm.config import LlamaConfig, preset_config
+from shapeplan.llm.metrics import Metrics
+from shapeplan.llm.pipeline import GenerationPipeline
+from shapeplan.llm.sampling import Sampling
+
+CONFIGS = ["slot_by_slot", "emulated_replay", "cuda_graphs", "triton", "auto"]
+
+
+@dataclass(slots=True)
+class BenchRow:
+    config: str
+    ok: bool = True
+    error: str = ""
+    cold_start_s: float = 0.0       # pipeline construction + first (warm-up) request
+    ttft_ms: float = 0.0
+    overall_tok_s: float = 0.0
+    decode_tok_s: float = 0.0
+    steady_tok_s: float = 0.0
+    late_steady_tok_s: float = 0.0
+    effective_tok_s: float = 0.0
+    tokens: list[int] = field(default_factory=list)
+    agree_with_reference: str = "-"   # "256/256" = identical tokens before the first divergence
+
+    def take_metrics(self, m: Metrics) -> None:
+        """Copy a request's throughputs (``shapeplan.llm.metrics.Metrics``) into this row."""
+        self.ttft_ms = m.ttft_s * 1e3
+        self.overall_tok_s, self.decode_tok_s = m.overall_tok_s, m.decode_tok_s
+        self.steady_tok_s, self.late_steady_tok_s = m.steady_tok_s, m.late_steady_tok_s
+        self.effective_tok_s = m.effective_tok_s
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("tokens")
+        return d
+
+
+def configs_for(device: str) -> list[str]:
+    cuda = torch.device(device).type == "cuda"
+    return [c for c in CONFIGS if cuda or c not in ("cuda_graphs", "triton")]
+
+
+def bench_prompt(vocab: int, n: int) -> list[int]:
+    return [(17 + i * 7919) % vocab for i in range(n)]
+
+
+def load_model(preset: str | None, model: str | None, device: str, dtype: str | None):
+    """(config, weights) from a preset (random weights) or a checkpoint directory."""
+    if model:
+        from shapeplan.llm.weights import load_weights
+        cfg = LlamaConfig.from_file(model)
+        dt = getattr(torch, dtype) if dtype else cfg.torch_dtype
+        return cfg, load_weights(model, cfg, device=device, dtype=dt)
+    from shapeplan.llm.weights import random_weights
+    cfg = preset_config(preset or "llama-125m", dtype or "bfloat16")
+    return cfg, random_weights(cfg, device=device, seed=0)
+
+
+def _sync(device: str) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def run_config(cfg: LlamaConfig, weights: dict[str, torch.Tensor], config: str, *, device: str,
+               prompt: list[int], new_tokens: int, max_kv_cache_length: int, max_prefill_length: int,
+               sync_every: int = 16, optimize: bool = True) -> BenchRow:
+    row = BenchRow(config)
+    try:
+        _sync(device)
+        t0 = time.perf_counter()
+        pipe = GenerationPipeline(cfg, weights, None, device=device, mode=config, dtype=weights[
+            "model.embed_tokens.weight"].dtype, max_prefill_length=max_prefill_length,
+            max_kv_cache_length=max_kv_cache_length, sync_every=sync_every, eos_token_ids=[],
+            optimize=optimize)
+        pipe.generate(prompt, max_new_tokens=min(new_tokens, 32), sampling=Sampling.greedy())   # warm-up
+        _sync(device)
+        row.cold_start_s = time.perf_counter() - t0
+        res = pipe.generate(prompt, max_new_tokens=new_tokens, sampling=Sampling.greedy())
+        row.take_metrics(res.metrics)
+        row.tokens = res.token_ids
+        del pipe, res
+    except Exception as e:  # noqa: BLE001 - one failing config must not hide the others
+        row.ok, row.error = False, f"{type(e).__name__}: {e}"[:300]
+    gc.collect()
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()
+    return row
+
+
+def agreement(tokens: list[int], ref: list[int]) -> str:
+    same = 0
+    for a, b in zip(tokens, ref):
+        if a != b:
+            break
+        same += 1
+    return f"{same}/{len(ref)}"
+
+
+def run_matrix(cfg: LlamaConfig, weights: dict[str, torch.Tensor], configs: list[str], *, device: str,
+               prompt_len: int = 128, new_tokens: int = 256, max_kv_cache_length: int = 1024,
+               max_prefill_length: int | None = None, optimize: bool = True,
+               log: Callable[[str], None] = print) -> list[BenchRow]:
+    prompt = bench_prompt(cfg.vocab_size, prompt_len)
+    mp = max_prefill_length or max(prompt_len, 16)
+    rows: list[BenchRow] = []
+    ref: list[int] | None = None
+    if len(configs) > 1 and "slot_by_slot" in configs:
+        configs = ["slot_by_slot"] + [c for c in configs if c != "slot_by_slot"]
+    for c in configs:
+        log(f"  running {c} ...")
+        row = run_config(cfg, weights, c, device=device, prompt=prompt, new_tokens=new_tokens,
+                         max_kv_cache_length=max_kv_cache_length, max_prefill_length=mp, optimize=optimize)
+        if c == "slot_by_slot" and row.ok:
+            ref = row.tokens
+        elif ref is not None and row.ok:
+            row.agree_with_reference = agreement(row.tokens, ref)
+        rows.append(row)
+    return rows
+
+
+def format_table(rows: list[BenchRow], title: str = "") -> str:
+    head = (f"{'config':<16} {'cold s':>7} {'TTFT ms':>8} {'overall':>8} {'decode':>8} {'steady':>8} "
+            f"{'late':>8} {'effective':>9}  {'vs slot_by_slot':>15}")
+    lines = [title, head, "-" * len(head)] if title else [head, "-" * len(head)]
+    for r in rows:
+        if not r.ok:
+            lines.append(f"{r.config:<16} FAILED: {r.error}")
+            continue
+        lines.append(f"{r.config:<16} {r.cold_start_s:>7.2f} {r.ttft_ms:>8.1f} {r.overall_tok_s:>8.1f} "
+                     f"{r.decode_tok_s:>8.1f} {r.steady_tok_s:>8.1f} {r.late_steady_tok_s:>8.1f} "
+                     f"{r.effective_tok_s:>9.1f}  {r.agree_with_reference:>15}")
+    lines.append("(tok/s; late = steps >= 20; cold = construction + a 32-token warm-up request)")
+    return "\n".join(lines)

@@ -1,0 +1,106 @@
+"""Tokenizer (Hugging Face ``tokenizers``), chat template (jinja2) and incremental detokenization."""
+from __future__ import annotations
+
+import json
+import os
+from datetime import datetime
+from typing import Any
+
+from shapeplan.errors import ModelError
+
+
+class Tokenizer:
+    def __init__(self, path: str) -> None:
+        from tokenizers import Tokenizer as _Tok
+        tj = os.path.join(path, "tokenizer.json")
+        if not os.path.exists(tj):
+            raise ModelError(f"{path}: no tokenizer.json (a fast tokenizer file is needed)")
+        try:
+            self._tok = _Tok.from_file(tj)
+        except Exception as e:
+            raise ModelError(f"{tj}: cannot load tokenizer: {e}") from None
+        cfg: dict[str, Any] = {}
+        tc = os.path.join(path, "tokenizer_config.json")
+        if os.path.exists(tc):
+            with open(tc, encoding="utf-8") as f:
+                cfg = json.load(f)
+        jt = os.path.join(path, "chat_template.jinja")
+        if cfg.get("chat_template") is None and os.path.exists(jt):
+            with open(jt, encoding="utf-8") as f:
+                cfg = {**cfg, "chat_template": f.read()}
+        self._configure(cfg)
+
+    @classmethod
+    def from_tokenizer(cls, tok: Any, config: dict[str, Any]) -> "Tokenizer":
+        """From a built ``tokenizers.Tokenizer`` and a tokenizer_config-like dict (bos_token,
+        eos_token, add_bos_token, chat_template); the GGUF importer uses it."""
+        self = cls.__new__(cls)
+        self._tok = tok
+        self._configure(config)
+        return self
+
+    def _configure(self, cfg: dict[str, Any]) -> None:
+        self.config = cfg
+        self.chat_template: str | None = cfg.get("chat_template")
+        self.bos_token = _token_str(cfg.get("bos_token"))
+        self.eos_token = _token_str(cfg.get("eos_token"))
+        self.bos_token_id = self._tok.token_to_id(self.bos_token) if self.bos_token else None
+        self.eos_token_id = self._tok.token_to_id(self.eos_token) if self.eos_token else None
+        self.add_bos = bool(cfg.get("add_bos_token", False)) and self.bos_token_id is not None
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size()
+
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        ids = self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+        if add_special_tokens and self.add_bos and (not ids or ids[0] != self.bos_token_id):
+            ids = [self.bos_token_id] + ids  # type: ignore[list-item]
+        return ids
+
+    def decode(self, ids: list[int], *, skip_special_tokens: bool = True) -> str:
+        return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def apply_chat_template(self, messages: list[dict[str, str]], *, add_generation_prompt: bool = True) -> str:
+        """Render ``messages`` with the checkpoint's jinja2 chat template (sandboxed)."""
+        if not self.chat_template:
+            # no template: a plain transcript, the least surprising fallback
+            text = "".join(f"{m['role']}: {m['content']}\n" for m in messages)
+            return text + ("assistant: " if add_generation_prompt else "")
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        def raise_exception(msg: str) -> None:
+            raise ModelError(f"chat template: {msg}")
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                            extensions=["jinja2.ext.loopcontrols"])   # as transformers
+        env.globals["raise_exception"] = raise_exception
+        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+        env.filters["tojson"] = lambda x, indent=None, **_: json.dumps(x, indent=indent, ensure_ascii=False)
+        return env.from_string(self.chat_template).render(
+            messages=messages, add_generation_prompt=add_generation_prompt,
+            bos_token=self.bos_token or "", eos_token=self.eos_token or "")
+
+
+def _token_str(tok: Any) -> str | None:
+    if isinstance(tok, dict):
+        return tok.get("content")
+    return tok
+
+
+class StreamDecoder:
+    """Turns a growing list of token ids into text deltas, holding back an incomplete UTF-8 tail."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tok = tokenizer
+        self.ids: list[int] = []
+        self.emitted = ""
+
+    def push(self, ids: list[int]) -> str:
+        self.ids.extend(ids)
+        text = self.tok.decode(self.ids)
+        if text.endswith("\ufffd"):
+            return ""
+        delta = text[len(self.emitted):] if text.startswith(self.emitted) else ""
+        self.emitted = text
+        return delta

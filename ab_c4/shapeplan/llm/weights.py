@@ -1,0 +1,228 @@
+"""Checkpoint weights: memory-mapped safetensors (single file or sharded with an index), name and
+shape validation against the config, and random weights for the benchmark presets.
+
+The safetensors format is a little-endian u64 header length, a JSON header
+``{name: {dtype, shape, data_offsets}}`` and the raw bytes; we map the file and build tensors that
+view the mapping (copy-on-write), so nothing is read until a tensor is used.
+"""
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import struct
+import sys
+from typing import Iterator
+
+import torch
+
+from shapeplan.errors import ModelError
+from shapeplan.llm.config import LlamaConfig
+
+_ST_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
+
+
+class SafetensorsFile:
+    """One memory-mapped .safetensors file."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        try:
+            with open(path, "rb") as f:
+                head = f.read(8)
+                if len(head) != 8:
+                    raise ModelError(f"{path}: truncated safetensors file (no header)")
+                (n,) = struct.unpack("<Q", head)
+                if n > 100_000_000:
+                    raise ModelError(f"{path}: implausible safetensors header length {n}")
+                header = json.loads(f.read(n))
+                self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY) if os.path.getsize(path) else None
+        except (OSError, ValueError) as e:
+            raise ModelError(f"{path}: cannot read safetensors file: {e}") from None
+        self._base = 8 + n
+        header.pop("__metadata__", None)
+        self.entries: dict[str, dict] = header
+
+    def names(self) -> list[str]:
+        return list(self.entries)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self.entries[name]["shape"])
+
+    def get(self, name: str) -> torch.Tensor:
+        e = self.entries[name]
+        dt = _ST_DTYPES.get(e["dtype"])
+        if dt is None:
+            raise ModelError(f"{self.path}: tensor {name!r} has unsupported dtype {e['dtype']}")
+        start, end = e["data_offsets"]
+        shape = tuple(e["shape"])
+        count = end - start
+        if self._mm is None or self._base + end > len(self._mm):
+            raise ModelError(f"{self.path}: tensor {name!r} lies beyond the end of the file (truncated?)")
+        if count == 0:
+            return torch.empty(shape, dtype=dt)
+        t = torch.frombuffer(self._mm, dtype=torch.uint8, count=count, offset=self._base + start)
+        return t.view(dt).reshape(shape)
+
+
+class CheckpointWeights:
+    """All tensors of a checkpoint directory: ``model.safetensors`` or ``*.safetensors.index.json``."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        index = os.path.join(path, "model.safetensors.index.json")
+        self._where: dict[str, str] = {}
+        self._files: dict[str, SafetensorsFile] = {}
+        if os.path.exists(index):
+            with open(index, encoding="utf-8") as f:
+                wm = json.load(f).get("weight_map", {})
+            for name, fn in wm.items():
+                self._where[name] = os.path.join(path, fn)
+        else:
+            files = sorted(fn for fn in os.listdir(path) if fn.endswith(".safetensors"))
+            if not files:
+                raise ModelError(f"{path}: no *.safetensors weights (only safetensors checkpoints are loaded; "
+                                 "pickled .bin files are refused)")
+            for fn in files:
+                sf = self._file(os.path.join(path, fn))
+                for name in sf.names():
+                    self._where[name] = sf.path
+
+    def _file(self, path: str) -> SafetensorsFile:
+        sf = self._files.get(path)
+        if sf is None:
+            if not os.path.exists(path):
+                raise ModelError(f"{path}: shard listed in the index is missing")
+            sf = self._files[path] = SafetensorsFile(path)
+        return sf
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._where
+
+    def file_of(self, name: str) -> str:
+        return self._where.get(name, "<none>")
+
+    def get(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        """The tensor ``name``, checked to have ``shape``; errors name the tensor and the file."""
+        if name not in self._where:
+            files = sorted({os.path.basename(p) for p in self._where.values()}) or ["<no files>"]
+            raise ModelError(f"tensor {name!r} is missing from the checkpoint {self.path} "
+                             f"(files: {', '.join(files)})")
+        sf = self._file(self._where[name])
+        if name not in sf.entries:
+            raise ModelError(f"tensor {name!r} is missing from {sf.path} (the index says it is there)")
+        got = sf.shape(name)
+        if got != tuple(shape):
+            raise ModelError(f"tensor {name!r} in {sf.path} has shape {list(got)}, expected {list(shape)} "
+                             "from config.json")
+        return sf.get(name)
+
+
+def expected_shapes(cfg: LlamaConfig) -> dict[str, tuple[int, ...]]:
+    """Hugging Face tensor name -> shape for a Llama-family model."""
+    h, f, v, d = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.head_dim
+    out: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (v, h), "model.norm.weight": (h,)}
+    if not cfg.tie_word_embeddings:
+        out["lm_head.weight"] = (v, h)
+    for i in range(cfg.num_layers):
+        p = f"model.layers.{i}."
+        out.update({
+            p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
+            p + "self_attn.q_proj.weight": (cfg.q_size, h), p + "self_attn.k_proj.weight": (cfg.kv_size, h),
+            p + "self_attn.v_proj.weight": (cfg.kv_size, h), p + "self_attn.o_proj.weight": (h, cfg.q_size),
+            p + "mlp.gate_proj.weight": (f, h), p + "mlp.up_proj.weight": (f, h),
+            p + "mlp.down_proj.weight": (h, f),
+        })
+        if cfg.attention_bias:
+            out.update({p + "self_attn.q_proj.bias": (cfg.q_size,), p + "self_attn.k_proj.bias": (cfg.kv_size,),
+                        p + "self_attn.v_proj.bias": (cfg.kv_size,)})
+        if cfg.qk_norm:
+            out.update({p + "self_attn.q_norm.weight": (d,), p + "self_attn.k_norm.weight": (d,)})
+    return out
+
+
+def fused_groups(cfg: LlamaConfig) -> list[list[str]]:
+    """The tensors the decoder builder stacks into one weight (``model.build_graph``'s fused q/k/v and
+    gate/up projections, and the q/k/v biases), each group in stacking order."""
+    out = []
+    for i in range(cfg.num_layers):
+        p = f"model.layers.{i}."
+        out.append([p + f"self_attn.{n}_proj.weight" for n in "qkv"])
+        if cfg.attention_bias:
+            out.append([p + f"self_attn.{n}_proj.bias" for n in "qkv"])
+        out.append([p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"])
+    return out
+
+
+def stacked_slots(cfg: LlamaConfig, shapes: dict[str, tuple[int, ...]], device: str | torch.device,
+                  dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Uninitialised tensors for every name of ``fused_groups``, each group's tensors consecutive row
+    blocks of one buffer: weights loaded into them are already in the stacked layout the builder uses,
+    so it stacks nothing (vLLM's fused QKV parameters load the same way). Construction then copies no
+    weights: on the H200 the copies of llama-1b's q/k/v and gate/up (1.3 GB, 32 new allocations) were
+    part of every start."""
+    out: dict[str, torch.Tensor] = {}
+    for names in fused_groups(cfg):
+        rows = sum(shapes[n][0] for n in names)
+        buf = torch.empty((rows, *shapes[names[0]][1:]), device=device, dtype=dtype)
+        row = 0
+        for n in names:
+            out[n] = buf[row:row + shapes[n][0]]
+            row += shapes[n][0]
+    return out
+
+
+def _progress(items: list[str], enabled: bool | None, what: str) -> Iterator[str]:
+    if enabled is None:
+        enabled = sys.stderr.isatty()
+    if not enabled:
+        yield from items
+        return
+    from rich.progress import Progress
+    with Progress(transient=True) as bar:
+        task = bar.add_task(what, total=len(items))
+        for it in items:
+            yield it
+            bar.advance(task)
+
+
+def load_weights(path: str, cfg: LlamaConfig, *, device: str | torch.device = "cpu",
+                 dtype: torch.dtype | None = None, progress: bool | None = None) -> dict[str, torch.Tensor]:
+    """name -> tensor for every tensor the model needs, validated, on ``device`` in ``dtype``.
+    On the CPU in the checkpoint's dtype the tensors stay views of the memory map; on another device
+    the q/k/v and gate/up tensors load into stacked buffers (``stacked_slots``)."""
+    ckpt = CheckpointWeights(path)
+    shapes = expected_shapes(cfg)
+    for name, shape in shapes.items():                # validate everything before moving anything
+        ckpt.get(name, shape)
+    slots: dict[str, torch.Tensor] = {}
+    if torch.device(device).type != "cpu" and dtype is not None:
+        slots = stacked_slots(cfg, shapes, device, dtype)
+    out: dict[str, torch.Tensor] = {}
+    for name in _progress(list(shapes), progress, "loading weights"):
+        t = ckpt.get(name, shapes[name])
+        slot = slots.get(name)
+        out[name] = slot.copy_(t) if slot is not None else t.to(device=device, dtype=dtype or t.dtype)
+    return out
+
+
+def random_weights(cfg: LlamaConfig, *, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
+                   seed: int = 0, std: float = 0.02) -> dict[str, torch.Tensor]:
+    """Random weights with the checkpoint's names and shapes (norm weights 1), made on ``device``; the
+    q/k/v and gate/up tensors are row blocks of stacked buffers (``stacked_slots``; same values)."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    dtype = dtype or cfg.torch_dtype
+    shapes = expected_shapes(cfg)
+    slots = stacked_slots(cfg, shapes, device, dtype)
+    out: dict[str, torch.Tensor] = {}
+    for name, shape in shapes.items():
+        if name.endswith("norm.weight"):
+            out[name] = torch.ones(shape, device=device, dtype=dtype)
+        else:
+            t = slots[name] if name in slots else torch.empty(shape, device=device, dtype=dtype)
+            out[name] = t.normal_(0.0, std, generator=gen)
+    return out

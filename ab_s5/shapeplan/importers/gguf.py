@@ -1,0 +1,302 @@
+"""GGUF (llama.cpp) file -> LlamaConfig + Hugging Face-named weights -> shapeplan Graph.
+
+``sp.load("model.gguf")`` calls ``load_gguf``; ``GenerationPipeline.from_pretrained("model.gguf")``
+calls ``read_gguf`` and builds the same decoder as for a Hugging Face directory. Parsing is the
+``gguf`` package's ``GGUFReader`` (a memory map: nothing is read until a tensor is used); every tensor
+is dequantized with ``gguf.quants`` (F32 / F16 / BF16 stay views or cast directly) into the model dtype.
+
+Two things differ from a Hugging Face checkpoint:
+
+- llama.cpp's converter interleaves the rows of ``attn_q`` / ``attn_k`` for its rotary layout
+  (``convert_hf_to_gguf.LlamaModel.permute``: per head, ``[2, D/2]`` rows -> ``[D/2, 2]``); we undo
+  it, so the weights are the Hugging Face ones again and RotaryEmbedding (half-split) applies.
+- Llama 3 rope scaling is stored as a ``rope_freqs.weight`` tensor of per-frequency divisors; it
+  becomes ``rope_scaling={"rope_type": "freq_factors", "factors": [...]}`` (see config.inv_freq).
+
+The tokenizer, when the file holds one (``tokenizer.ggml.model == "gpt2"``: byte-level BPE), is
+rebuilt as a ``tokenizers`` BPE from ``tokenizer.ggml.tokens`` / ``merges``; SentencePiece vocabularies
+(``"llama"``) are not converted: pass ``tokenizer=<Hugging Face directory>`` instead.
+"""
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Any
+
+import numpy as np
+import torch
+
+from shapeplan.errors import ModelError
+from shapeplan.ir.graph import Graph
+from shapeplan.llm.config import LlamaConfig
+from shapeplan.llm.weights import expected_shapes
+
+SUPPORTED_ARCHITECTURES = ("llama",)
+
+# GGUF name (per layer: without the "blk.N." prefix) -> Hugging Face name
+_GLOBAL = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+           "output.weight": "lm_head.weight"}
+_LAYER = {"attn_norm.weight": "input_layernorm.weight", "ffn_norm.weight": "post_attention_layernorm.weight",
+          "attn_q.weight": "self_attn.q_proj.weight", "attn_k.weight": "self_attn.k_proj.weight",
+          "attn_v.weight": "self_attn.v_proj.weight", "attn_output.weight": "self_attn.o_proj.weight",
+          "ffn_gate.weight": "mlp.gate_proj.weight", "ffn_up.weight": "mlp.up_proj.weight",
+          "ffn_down.weight": "mlp.down_proj.weight"}
+_FLOAT_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+
+
+def _reader_class() -> type:
+    import gguf
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    class _Reader(gguf.GGUFReader):
+        """GGUFReader whose tensor table is bounds-checked first, so a truncated file names the
+        tensor that lies past its end (the stock reader fails inside numpy with no name)."""
+
+        path = "<gguf>"
+
+        def _build_tensors(self, start_offs: int, fields: list) -> None:
+            size = len(self.data)
+            for f in fields:
+                _, name_data, _, dims, raw, offset = f.parts
+                name = bytes(name_data).decode("utf-8", "replace")
+                try:
+                    qt = GGMLQuantizationType(int(raw[0]))
+                except ValueError:
+                    raise ModelError(f"{self.path}: tensor {name!r} has unknown ggml type id {int(raw[0])} "
+                                     "(corrupt file, or a quant type newer than the gguf package)") from None
+                block, type_size = GGML_QUANT_SIZES[qt]
+                n = int(np.prod(dims.astype(np.int64)))
+                if n % block:
+                    raise ModelError(f"{self.path}: tensor {name!r} ({qt.name}) has {n} elements, "
+                                     f"not a multiple of the block size {block} (corrupt tensor info)")
+                end = start_offs + int(offset[0]) + n // block * type_size
+                if end > size:
+                    raise ModelError(f"{self.path}: tensor {name!r} ends at byte {end} but the file has "
+                                     f"{size} bytes (truncated file)")
+            super()._build_tensors(start_offs, fields)
+
+    return _Reader
+
+
+class GGUFFile:
+    """One memory-mapped GGUF file: metadata fields and tensors by name."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        if not os.path.isfile(path):
+            raise ModelError(f"{path}: no such GGUF file")
+        cls = _reader_class()
+        try:
+            cls.path = path
+            self._r = cls(path, mode="c")       # copy-on-write map: tensors may view it writably
+        except ModelError:
+            raise
+        except Exception as e:                  # the reader raises ValueError / IndexError / ... on bad bytes
+            raise ModelError(f"{path}: not a readable GGUF file (truncated or corrupt header): "
+                             f"{type(e).__name__}: {e}") from None
+        self.tensors = {t.name: t for t in self._r.tensors}
+
+    def get(self, key: str, default: Any = None) -> Any:
+        f = self._r.get_field(key)
+        if f is None:
+            return default
+        try:
+            return f.contents()
+        except Exception as e:
+            raise ModelError(f"{self.path}: metadata field {key!r} is corrupt: {e}") from None
+
+    def require(self, key: str) -> Any:
+        v = self.get(key)
+        if v is None:
+            raise ModelError(f"{self.path}: required metadata field {key!r} is missing")
+        return v
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        """Row-major shape (GGUF stores dims innermost first)."""
+        return tuple(int(x) for x in reversed(self.tensors[name].shape.tolist()))
+
+    def type_name(self, name: str) -> str:
+        return self.tensors[name].tensor_type.name
+
+    def tensor(self, name: str, dtype: torch.dtype) -> torch.Tensor:
+        """The tensor ``name`` in ``dtype``. F32 / F16 in their own dtype stay views of the map."""
+        from gguf.constants import GGMLQuantizationType as Q
+        from gguf.quants import dequantize
+        t, shape = self.tensors[name], self.shape(name)
+        qt = t.tensor_type
+        if qt in (Q.F32, Q.F16):
+            out = torch.from_numpy(t.data).reshape(shape)
+        elif qt == Q.BF16:                      # raw bytes: reinterpret, exact
+            out = torch.from_numpy(t.data.view(np.int16)).view(torch.bfloat16).reshape(shape)
+        else:
+            try:
+                arr = dequantize(t.data, qt)
+            except NotImplementedError:
+                from gguf.quants import _type_traits
+                ok = ["F32", "F16"] + sorted(q.name for q in _type_traits)
+                raise ModelError(f"{self.path}: tensor {name!r} has quant type {qt.name}, which cannot be "
+                                 f"dequantized (supported: {', '.join(ok)})") from None
+            out = torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float32)).reshape(shape)
+        return out.to(dtype)
+
+
+def _unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
+    """Inverse of llama.cpp's ``permute``: per head, rows ``[D/2, 2]`` (interleaved pairs) back to
+    ``[2, D/2]`` (Hugging Face's rotate-half layout)."""
+    rows = w.shape[0]
+    return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+
+
+def read_config(f: GGUFFile) -> LlamaConfig:
+    arch = f.require("general.architecture")
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise ModelError(f"{f.path}: architecture {arch!r} is not supported; supported GGUF architectures: "
+                         f"{', '.join(SUPPORTED_ARCHITECTURES)}")
+    a = arch + "."
+    hidden, heads = int(f.require(a + "embedding_length")), int(f.require(a + "attention.head_count"))
+    head_dim = int(f.get(a + "attention.key_length") or hidden // heads)
+    rope_dims = int(f.get(a + "rope.dimension_count") or head_dim)
+    if rope_dims != head_dim:
+        raise ModelError(f"{f.path}: partial rotary ({a}rope.dimension_count={rope_dims} < head dim "
+                         f"{head_dim}) is not supported")
+    if "token_embd.weight" not in f.tensors:
+        raise ModelError(f"{f.path}: tensor 'token_embd.weight' is missing")
+    vocab = int(f.get(a + "vocab_size") or f.shape("token_embd.weight")[0])
+    rope_scaling = None
+    kind = f.get(a + "rope.scaling.type")
+    if "rope_freqs.weight" in f.tensors:           # Llama 3: per-frequency divisors
+        rope_scaling = {"rope_type": "freq_factors",
+                        "factors": f.tensor("rope_freqs.weight", torch.float32).tolist()}
+    elif kind == "linear":
+        rope_scaling = {"rope_type": "linear", "factor": float(f.require(a + "rope.scaling.factor"))}
+    elif kind not in (None, "none"):
+        raise ModelError(f"{f.path}: rope scaling {kind!r} is not supported (supported: linear, "
+                         "Llama 3 rope_freqs)")
+    kv_heads = f.get(a + "attention.head_count_kv") or heads
+    if isinstance(kv_heads, list):
+        raise ModelError(f"{f.path}: per-layer {a}attention.head_count_kv is not supported")
+    types = [f.type_name(n) for n in f.tensors if len(f.shape(n)) == 2]
+    common = max(set(types), key=types.count) if types else "F32"
+    eos = [int(e) for e in (f.get("tokenizer.ggml.eos_token_id"), f.get("tokenizer.ggml.eot_token_id"))
+           if e is not None]
+    return LlamaConfig(
+        model_type="llama", vocab_size=vocab, hidden_size=hidden,
+        intermediate_size=int(f.require(a + "feed_forward_length")),
+        num_layers=int(f.require(a + "block_count")), num_heads=heads, num_kv_heads=int(kv_heads),
+        head_dim=head_dim, rms_norm_eps=float(f.get(a + "attention.layer_norm_rms_epsilon", 1e-5)),
+        rope_theta=float(f.get(a + "rope.freq_base", 10000.0)), rope_scaling=rope_scaling,
+        max_position_embeddings=int(f.get(a + "context_length", 4096)),
+        tie_word_embeddings="output.weight" not in f.tensors,
+        # a quantized file computes in float16, as llama.cpp does; override with dtype=
+        dtype=_FLOAT_DTYPES.get(common, "float16"),
+        bos_token_id=f.get("tokenizer.ggml.bos_token_id"), eos_token_ids=list(dict.fromkeys(eos)))
+
+
+def gguf_names(cfg: LlamaConfig) -> dict[str, str]:
+    """Hugging Face name -> GGUF name for every tensor ``cfg`` needs."""
+    out = {hf: g for g, hf in _GLOBAL.items()}
+    for i in range(cfg.num_layers):
+        out.update({f"model.layers.{i}.{hf}": f"blk.{i}.{g}" for g, hf in _LAYER.items()})
+    return out
+
+
+def read_weights(f: GGUFFile, cfg: LlamaConfig, *, device: str | torch.device = "cpu",
+                 dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    """Hugging Face name -> tensor (Q/K un-permuted), all validated by name and shape first."""
+    dtype = dtype or cfg.torch_dtype
+    names, shapes = gguf_names(cfg), expected_shapes(cfg)
+    for hf, shape in shapes.items():
+        g = names[hf]
+        if g not in f.tensors:
+            raise ModelError(f"{f.path}: tensor {g!r} (for {hf}) is missing from the GGUF file")
+        if f.shape(g) != shape:
+            raise ModelError(f"{f.path}: tensor {g!r} has shape {list(f.shape(g))}, expected {list(shape)} "
+                             "from the file's metadata")
+    out: dict[str, torch.Tensor] = {}
+    for hf in shapes:
+        t = f.tensor(names[hf], dtype)
+        if hf.endswith("q_proj.weight"):
+            t = _unpermute(t, cfg.num_heads)
+        elif hf.endswith("k_proj.weight"):
+            t = _unpermute(t, cfg.num_kv_heads)
+        out[hf] = t.to(device)
+    return out
+
+
+def read_tokenizer(f: GGUFFile) -> Any:
+    """A ``shapeplan.llm.tokenizer.Tokenizer`` from ``tokenizer.ggml.*``, or None (with a warning)
+    when the file has none or holds a kind we do not convert."""
+    model = f.get("tokenizer.ggml.model")
+    if model is None:
+        return None
+    if model != "gpt2":
+        warnings.warn(f"{f.path}: tokenizer model {model!r} is not converted (only byte-level BPE, 'gpt2'); "
+                      "pass tokenizer=<Hugging Face directory>", stacklevel=3)
+        return None
+    from tokenizers import AddedToken, Regex
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, models, pre_tokenizers
+
+    from shapeplan.llm.tokenizer import Tokenizer
+    tokens: list[str] = f.require("tokenizer.ggml.tokens")
+    types: list[int] = f.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+    merges = [tuple(m.split(" ", 1)) for m in f.get("tokenizer.ggml.merges") or []]
+    tok = HFTokenizer(models.BPE({t: i for i, t in enumerate(tokens)}, merges))
+    pre = f.get("tokenizer.ggml.pre", "default")
+    if pre in ("llama3", "llama-bpe", "llama-v3"):     # Llama 3's split regex, then bytes -> unicode
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(_LLAMA3_SPLIT), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    else:
+        if pre not in ("default", "gpt2", "gpt-2"):
+            warnings.warn(f"{f.path}: tokenizer.ggml.pre {pre!r} is not known; using GPT-2's split rules",
+                          stacklevel=3)
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    # control (3) and user-defined (4) tokens match whole and are special when decoding
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                            for t, ty in zip(tokens, types) if ty in (3, 4)])
+
+    def name(key: str) -> str | None:
+        i = f.get(key)
+        return tokens[int(i)] if i is not None and 0 <= int(i) < len(tokens) else None
+
+    config = {"bos_token": name("tokenizer.ggml.bos_token_id"), "eos_token": name("tokenizer.ggml.eos_token_id"),
+              "add_bos_token": bool(f.get("tokenizer.ggml.add_bos_token", True)),
+              "chat_template": f.get("tokenizer.chat_template")}
+    return Tokenizer.from_tokenizer(tok, config)
+
+
+_LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def read_gguf(path: str, *, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
+              tokenizer: Any = None) -> tuple[LlamaConfig, dict[str, torch.Tensor], Any]:
+    """(config, weights, tokenizer) of a GGUF file. ``tokenizer``: a Hugging Face directory or a
+    Tokenizer, used instead of the file's own."""
+    f = GGUFFile(path)
+    cfg = read_config(f)
+    if dtype is not None:
+        cfg.dtype = str(dtype).replace("torch.", "")
+    weights = read_weights(f, cfg, device=device, dtype=cfg.torch_dtype)
+    if isinstance(tokenizer, (str, os.PathLike)):
+        from shapeplan.llm.tokenizer import Tokenizer
+        tokenizer = Tokenizer(os.fspath(tokenizer))
+    elif tokenizer is None:
+        tokenizer = read_tokenizer(f)
+    return cfg, weights, tokenizer
+
+
+def load_gguf(path: str, *, max_kv_cache_length: int | None = None, dtype: Any = None, device: str = "cpu",
+              batch: int = 1) -> Graph:
+    """The decoder graph (shapeplan/llm/model.py) of a llama-architecture GGUF file."""
+    from shapeplan.llm.model import build_graph
+    f = GGUFFile(path)
+    cfg = read_config(f)
+    if dtype is not None:
+        cfg.dtype = dtype if isinstance(dtype, str) else str(dtype).replace("torch.", "")
+    weights = read_weights(f, cfg, device=device)
+    length = max_kv_cache_length or min(4096, cfg.max_position_embeddings)
+    return build_graph(cfg, weights, max_kv_cache_length=length, batch=batch, dtype=cfg.torch_dtype,
+                       device=device)

@@ -1,0 +1,226 @@
+"""Build a Llama-family decoder as a shapeplan Graph (builder API).
+
+One graph serves prefill and decode: the sequence axis is symbolic, so the engine makes one plan per
+prefill bucket and one for decode (seq = 1). Inputs and outputs::
+
+    input_ids   int64 [B, S]   tokens of this step (prefill: padded to a bucket; decode: S = 1)
+    position    int64 [1]      absolute position of input_ids[:, 0]   (device-resident)
+    length      int64 [1]      valid tokens in input_ids (<= S; the rest is padding)
+
+    logits             [B, V]      at the last valid position only (the LM head runs on one row)
+    next_token         int64 [B,1] greedy pick (ArgMax)
+    next_token_sampled int64 [B,1] sampled pick (shapeplan::SampleToken, settings in variables)
+    next_position      int64 [1]   position + length: feed it back for the next step
+    all_logits         [B, S, V]   every position (requested only by tests / scoring)
+
+Variables (persist in the Engine): ``k_cache_{i}``, ``v_cache_{i}`` [B, Hkv, L, D] written in place by
+``shapeplan::CacheWriteKV`` (both of a layer's writes) at ``position``; ``sampling_params`` float32 [B, 4], ``sampling_seed`` int64
+[B], ``seen_tokens`` bool [B, V] (repetition penalty).
+
+Weights enter as constants that *view* the checkpoint tensors: a projection is ``MatMul(x, W.T)``
+with ``W.T`` a transposed view, so loading copies nothing. The q/k/v and gate/up projections are
+emitted fused (``fuse_projections``): one MatMul over a row-stacked weight, then a Split. The stacked
+tensor is the only copy: the caller's ``weights`` entries are rebound to row views of it, so the
+unfused originals are freed (memory beyond the weights stays the KV cache plus plan buffers).
+The residual add before each norm inside the stack is ``shapeplan::SkipRMSNormalization`` (add +
+norm: one kernel on the triton backend, bit-identical to Add + RMSNormalization in torch).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from shapeplan.ir.graph import Graph, Value
+from shapeplan.llm.config import LlamaConfig, rope_tables
+from shapeplan.ops.registry import is_supported
+
+SP = "shapeplan"
+
+
+def _already_stacked(parts: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor | None:
+    """The stacked tensor when ``parts`` are consecutive row blocks of one buffer in ``dtype`` (a view
+    of it, nothing copied); None otherwise."""
+    first = parts[0]
+    offset = first.storage_offset()
+    for p in parts:
+        if (p.dtype != dtype or not p.is_contiguous() or p.device != first.device or p.shape[1:] != first.shape[1:]
+                or p.untyped_storage().data_ptr() != first.untyped_storage().data_ptr()
+                or p.storage_offset() != offset):
+            return None
+        offset += p.numel()
+    rows = sum(p.shape[0] for p in parts)
+    return first.as_strided((rows, *first.shape[1:]), first.stride(), first.storage_offset())
+
+
+class _Builder:
+    def __init__(self, g: Graph, cfg: LlamaConfig, w: dict[str, torch.Tensor], dtype: torch.dtype) -> None:
+        self.g, self.cfg, self.w, self.dtype = g, cfg, w, dtype
+        self.has_silu_mul = is_supported("SiluMul", SP)
+        self._consts: dict[tuple[str, bool], Value] = {}
+
+    def const(self, name: str, transpose: bool = False) -> Value:
+        v = self._consts.get((name, transpose))
+        if v is None:
+            t = self.w[name]
+            if t.dtype != self.dtype:
+                t = t.to(self.dtype)
+            v = self.g.constant(t.t() if transpose else t, name=name + (".T" if transpose else ""))
+            self._consts[(name, transpose)] = v
+        return v
+
+    def stacked(self, names: list[str], fused_name: str, transpose: bool = False) -> Value:
+        """One constant from the tensors ``names`` stacked along dim 0 (output rows). Where the
+        originals already have the model dtype, ``self.w``'s entries become views of the stacked
+        tensor, so the originals are dropped and the weights are held once."""
+        v = self._consts.get((fused_name, transpose))
+        if v is not None:
+            return v
+        parts = [self.w[n] for n in names]
+        t = _already_stacked(parts, self.dtype)           # loaded into one buffer (weights.stacked_slots)
+        if t is None:
+            t = torch.cat([p.to(self.dtype) for p in parts], dim=0)               # [sum N_i, K]
+        if all(p.dtype == self.dtype and p.device == t.device for p in parts):
+            row = 0
+            for n, p in zip(names, parts):
+                self.w[n] = t[row:row + p.shape[0]]
+                row += p.shape[0]
+        del parts
+        v = self.g.constant(t.t() if transpose else t, name=fused_name + (".T" if transpose else ""))
+        self._consts[(fused_name, transpose)] = v
+        return v
+
+    def fused_linear(self, x: Value, prefix: str, projs: list[str], fused: str, bias: bool = False) -> tuple:
+        """``[x @ W_p.T (+ b_p) for p in projs]`` as one MatMul (+ Add) and a Split on the last axis."""
+        names = [prefix + p for p in projs]
+        sizes = np.array([int(self.w[n + ".weight"].shape[0]) for n in names], np.int64)
+        y = self.g.op.MatMul(x, self.stacked([n + ".weight" for n in names], prefix + fused + ".weight", True))
+        if bias:
+            y = self.g.op.Add(y, self.stacked([n + ".bias" for n in names], prefix + fused + ".bias"))
+        return self.g.op.Split(y, sizes, axis=-1, _outputs=len(names))
+
+    def linear(self, x: Value, prefix: str, bias: bool = False) -> Value:
+        y = self.g.op.MatMul(x, self.const(prefix + ".weight", transpose=True))
+        return self.g.op.Add(y, self.const(prefix + ".bias")) if bias else y
+
+    def rms_norm(self, x: Value, weight: str) -> Value:
+        return self.g.op.RMSNormalization(x, self.const(weight), epsilon=self.cfg.rms_norm_eps, axis=-1,
+                                          _domain=SP)
+    def skip_rms_norm(self, x: Value, residual: Value, weight: str) -> tuple[Value, Value]:
+        """(RMSNorm(residual + x), residual + x): the residual add fused with the next norm."""
+        return self.g.op.SkipRMSNormalization(x, residual, self.const(weight), epsilon=self.cfg.rms_norm_eps,
+                                              axis=-1, _domain=SP, _outputs=2)
+
+    def silu_mul(self, gate: Value, up: Value) -> Value:
+        if self.has_silu_mul:
+            return self.g.op.SiluMul(gate, up, _domain=SP)
+        return self.g.op.Mul(self.g.op.Mul(gate, self.g.op.Sigmoid(gate)), up)
+
+
+def build_graph(cfg: LlamaConfig, weights: dict[str, torch.Tensor], *, max_kv_cache_length: int,
+                batch: int = 1, dtype: torch.dtype | None = None, device: str | torch.device = "cpu",
+                tp: Any = None, fuse_projections: bool = True) -> Graph:
+    """The decoder graph of ``cfg`` with ``weights`` (Hugging Face names, see weights.expected_shapes).
+    ``fuse_projections``: stack the q/k/v and gate/up weights (``weights``' entries are rebound to
+    views of the stacked tensors: same values, one copy in memory).
+    ``tp``: a ``shapeplan.parallel.TensorParallel`` (this rank's shard; see shapeplan/parallel/tensor.py)."""
+    dtype = dtype or cfg.torch_dtype
+    vocab = cfg.vocab_size
+    if tp is not None:
+        cfg, weights = tp.shard(cfg, weights)          # this rank's heads, MLP columns, vocab rows
+    g = Graph(f"{cfg.model_type}_decoder")
+    g.opset_imports[""] = max(g.opset_imports.get("", 21), 21)
+    g.metadata.update({"model_type": cfg.model_type, "max_kv_cache_length": str(max_kv_cache_length)})
+    b = _Builder(g, cfg, weights, dtype)
+    op = g.op
+    hq, hkv, d, L = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, max_kv_cache_length
+
+    ids = g.placeholder("input_ids", "int64", (batch, "seq"))
+    position = g.placeholder("position", "int64", (1,))
+    length = g.placeholder("length", "int64", (1,))
+
+    cos, sin = rope_tables(cfg, L, dtype)
+    cos_c, sin_c = g.constant(cos, name="rope.cos"), g.constant(sin, name="rope.sin")   # [L, D/2]
+    pos_ids = op.PositionIds(ids, position, _domain=SP)                               # [B, S]
+    # per step, not per layer: the rotary angles of this step's positions and the attention mask
+    cos_s, sin_s = op.Gather(cos_c, pos_ids, axis=0), op.Gather(sin_c, pos_ids, axis=0)  # [B, S, D/2]
+    mask = op.CausalMask(ids, position, kv_length=L, window=cfg.sliding_window, groups=hq // hkv,
+                         dtype=str(dtype).replace("torch.", ""), _domain=SP)          # [G*S, L] additive
+    q_shape = np.array([0, 0, hq, d], np.int64)
+    kv_shape = np.array([0, 0, hkv, d], np.int64)
+    merged = np.array([0, 0, hq * d], np.int64)
+
+    h = op.Gather(b.const("model.embed_tokens.weight"), ids, axis=0) if tp is None \
+        else tp.embed(g, b.const("model.embed_tokens.weight"), ids)                   # [B, S, H]
+    x = b.rms_norm(h, "model.layers.0.input_layernorm.weight")
+    for i in range(cfg.num_layers):
+        p = f"model.layers.{i}."
+        k_cache = g.variable(f"k_cache_{i}", _zeros((batch, hkv, L, d), dtype, device))
+        v_cache = g.variable(f"v_cache_{i}", _zeros((batch, hkv, L, d), dtype, device))
+        if fuse_projections:
+            q, k, v = b.fused_linear(x, p + "self_attn.", ["q_proj", "k_proj", "v_proj"], "qkv_proj",
+                                     cfg.attention_bias)                              # [B, S, N_i]
+        else:
+            q, k, v = (b.linear(x, p + "self_attn." + n, cfg.attention_bias) for n in ("q_proj", "k_proj", "v_proj"))
+        q = op.Reshape(q, q_shape)                                                    # [B, S, Hq, D]
+        k = op.Reshape(k, kv_shape)                                                   # [B, S, Hkv, D]
+        v = op.Reshape(v, kv_shape)
+        if cfg.qk_norm:
+            q = b.rms_norm(q, p + "self_attn.q_norm.weight")
+            k = b.rms_norm(k, p + "self_attn.k_norm.weight")
+        perm = [0, 2, 1, 3]
+        q = op.RotaryEmbedding(op.Transpose(q, perm=perm), cos_s, sin_s, _domain=SP)  # [B, Hq, S, D]
+        k, v = op.Transpose(k, perm=perm), op.Transpose(v, perm=perm)                # [B, Hkv, S, D]
+        k_all, v_all = op.CacheWriteKV(k_cache, v_cache, k, v, position, cos_s, sin_s, axis=2, _domain=SP,
+                                       _outputs=2)            # RoPE(k), both writes: [B, Hkv, L, D] x 2
+        a = op.CachedAttention(q, k_all, v_all, mask, position, scale=float(d) ** -0.5,
+                               window=cfg.sliding_window, _domain=SP)                   # [B, Hq, S, D]
+        a = op.Reshape(op.Transpose(a, perm=perm), merged)                               # [B, S, Hq*D]
+        x, h = b.skip_rms_norm(_reduce(tp, g, b.linear(a, p + "self_attn.o_proj")), h,
+                               p + "post_attention_layernorm.weight")                  # h += o; x = norm(h)
+        if fuse_projections:
+            gate, up = b.fused_linear(x, p + "mlp.", ["gate_proj", "up_proj"], "gate_up_proj")
+        else:
+            gate, up = b.linear(x, p + "mlp.gate_proj"), b.linear(x, p + "mlp.up_proj")
+        down = _reduce(tp, g, b.linear(b.silu_mul(gate, up), p + "mlp.down_proj"))
+        if i + 1 < cfg.num_layers:                     # h += down, fused with the next layer's input norm
+            x, h = b.skip_rms_norm(down, h, f"model.layers.{i + 1}.input_layernorm.weight")
+        else:
+            h = op.Add(h, down)
+
+    head = "model.embed_tokens" if cfg.tie_word_embeddings else "lm_head"
+    last = op.Gather(h, op.Sub(length, np.array([1], np.int64)), axis=1)              # [B, 1, H]
+    logits = op.Reshape(b.linear(b.rms_norm(last, "model.norm.weight"), head),
+                        np.array([0, -1], np.int64))                                   # [B, V]
+    all_logits = b.linear(b.rms_norm(h, "model.norm.weight"), head)                   # [B, S, V]
+    if tp is not None:
+        logits, all_logits = tp.gather_vocab(g, logits, vocab), tp.gather_vocab(g, all_logits, vocab)
+
+    params = g.variable("sampling_params", torch.tensor([[0.0, 0.0, 1.0, 1.0]] * batch, device=device))
+    seed = g.variable("sampling_seed", torch.zeros(batch, dtype=torch.int64, device=device))
+    seen = g.variable("seen_tokens", torch.zeros(batch, cfg.vocab_size, dtype=torch.bool, device=device))
+    next_position = op.Add(position, length)
+    greedy = op.ArgMax(logits, axis=-1, keepdims=1)                                    # [B, 1]
+    sampled = op.SampleToken(logits, params, seed, next_position, seen, _domain=SP)    # [B, 1]
+    for v, name in ((logits, "logits"), (greedy, "next_token"), (sampled, "next_token_sampled"),
+                    (next_position, "next_position"), (all_logits, "all_logits")):
+        _rename(g, v, name)
+    g.set_outputs(logits, greedy, sampled, next_position, all_logits)
+    return g
+
+
+def _reduce(tp: Any, g: Graph, partial: Value) -> Value:
+    return partial if tp is None else tp.reduce(g, partial)        # row-parallel: sum over ranks
+
+
+def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: str | torch.device) -> torch.Tensor:
+    """A zero initial value that costs one element: the engine materializes its own copy of each
+    variable, so the graph need not hold a second full-size KV cache."""
+    return torch.zeros((), dtype=dtype, device=device).expand(shape)
+
+
+def _rename(g: Graph, v: Value, name: str) -> None:
+    del g.values[v.name]
+    v.name = name
+    g.values[name] = v

@@ -1,0 +1,91 @@
+"""A gpt-fast-style PyTorch decoder over the same weights (Hugging Face names): static KV cache,
+``F.linear`` projections, one SDPA per layer. It is the baseline of bench/gpu_decode.py (eager, eager
++ one CUDA graph per step, torch.compile) and a second, independent check of the graph builder."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from shapeplan.llm.config import LlamaConfig, rope_tables
+
+
+def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps)).to(x.dtype) * w
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # x: [B, H, S, D]; cos/sin: [S, D/2]
+    x1, x2 = x.chunk(2, dim=-1)
+    c, s = cos[None, None], sin[None, None]
+    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
+
+
+class TorchDecoder(torch.nn.Module):
+    def __init__(self, cfg: LlamaConfig, weights: dict[str, torch.Tensor], *, max_kv_cache_length: int,
+                 device: str | torch.device = "cpu", dtype: torch.dtype | None = None) -> None:
+        super().__init__()
+        self.cfg, self.w = cfg, weights
+        self.dtype = dtype or cfg.torch_dtype
+        self.L = max_kv_cache_length
+        shape = (1, cfg.num_kv_heads, max_kv_cache_length, cfg.head_dim)
+        self.k = [torch.zeros(shape, dtype=self.dtype, device=device) for _ in range(cfg.num_layers)]
+        self.v = [torch.zeros(shape, dtype=self.dtype, device=device) for _ in range(cfg.num_layers)]
+        cos, sin = rope_tables(cfg, max_kv_cache_length, self.dtype)
+        self.cos, self.sin = cos.to(device), sin.to(device)
+        for i, (k, v) in enumerate(zip(self.k, self.v)):     # buffers: static addresses for torch.compile
+            self.register_buffer(f"k_cache_{i}", k, persistent=False)
+            self.register_buffer(f"v_cache_{i}", v, persistent=False)
+        self.head = weights["model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"]
+
+    @torch.no_grad()
+    def forward(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """ids [1, S], pos int64 [S] (absolute positions) -> logits of the last position [1, V]."""
+        cfg, w = self.cfg, self.w
+        b, s = ids.shape
+        hq, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        g = hq // hkv
+        h = F.embedding(ids, w["model.embed_tokens.weight"])
+        cos, sin = self.cos[pos], self.sin[pos]
+        mask = torch.arange(self.L, device=ids.device)[None, :] <= pos[:, None]       # [S, L]
+        if cfg.sliding_window:
+            mask = mask & (torch.arange(self.L, device=ids.device)[None, :] > pos[:, None] - cfg.sliding_window)
+        mask = mask.repeat(g, 1)
+        for i in range(cfg.num_layers):
+            p = f"model.layers.{i}."
+            x = _rms(h, w[p + "input_layernorm.weight"], cfg.rms_norm_eps)
+            bias = cfg.attention_bias
+            q = F.linear(x, w[p + "self_attn.q_proj.weight"], w[p + "self_attn.q_proj.bias"] if bias else None)
+            k = F.linear(x, w[p + "self_attn.k_proj.weight"], w[p + "self_attn.k_proj.bias"] if bias else None)
+            v = F.linear(x, w[p + "self_attn.v_proj.weight"], w[p + "self_attn.v_proj.bias"] if bias else None)
+            q, k, v = q.view(b, s, hq, d), k.view(b, s, hkv, d), v.view(b, s, hkv, d)
+            if cfg.qk_norm:
+                q = _rms(q, w[p + "self_attn.q_norm.weight"], cfg.rms_norm_eps)
+                k = _rms(k, w[p + "self_attn.k_norm.weight"], cfg.rms_norm_eps)
+            q = _rope(q.transpose(1, 2), cos, sin)
+            k = _rope(k.transpose(1, 2), cos, sin)
+            self.k[i].index_copy_(2, pos, k)
+            self.v[i].index_copy_(2, pos, v.transpose(1, 2))
+            qg = q.reshape(b, hkv, g * s, d)
+            a = F.scaled_dot_product_attention(qg, self.k[i], self.v[i], attn_mask=mask)
+            a = a.reshape(b, hq, s, d).transpose(1, 2).reshape(b, s, hq * d)
+            h = h + F.linear(a, w[p + "self_attn.o_proj.weight"])
+            x = _rms(h, w[p + "post_attention_layernorm.weight"], cfg.rms_norm_eps)
+            act = F.silu(F.linear(x, w[p + "mlp.gate_proj.weight"])) * F.linear(x, w[p + "mlp.up_proj.weight"])
+            h = h + F.linear(act, w[p + "mlp.down_proj.weight"])
+        h = _rms(h[:, -1:], w["model.norm.weight"], cfg.rms_norm_eps)
+        return F.linear(h, self.head)[:, 0]                                          # [1, V]
+
+    def decode_step(self, tok: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """tok [1, 1], pos [1] -> greedy next token [1, 1] (no host sync)."""
+        return self.forward(tok, pos).argmax(-1, keepdim=True)
+
+    def generate(self, ids: list[int], n: int) -> list[int]:
+        dev = self.k[0].device
+        t = torch.tensor([ids], device=dev)
+        tok = self.forward(t, torch.arange(len(ids), device=dev)).argmax(-1, keepdim=True)
+        out = [tok]
+        for i in range(n - 1):
+            tok = self.decode_step(tok, torch.tensor([len(ids) + i], device=dev))
+            out.append(tok)
+        return torch.cat(out, 1)[0].tolist()

@@ -1,0 +1,165 @@
+"""Requests' results and conversations: GenerationResult, Session (a conversation whose K/V stays in
+the cache between turns) and TextStream (text deltas with stop-string hold-back)."""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+
+from shapeplan.errors import InputError, LifecycleError
+from shapeplan.llm.metrics import Metrics
+from shapeplan.llm.sampling import Sampling
+from shapeplan.llm.tokenizer import StreamDecoder
+
+if TYPE_CHECKING:
+    from shapeplan.llm.pipeline import GenerationPipeline
+
+
+@dataclass(slots=True)
+class GenerationResult:
+    text: str
+    token_ids: list[int]
+    prompt_token_ids: list[int]
+    finish_reason: str                 # "stop" (EOS / stop string) or "length"
+    metrics: Metrics = field(default_factory=Metrics)
+
+
+class Session:
+    """A conversation: ``tokens`` is the whole context so far, ``cached`` how many of them have valid
+    K/V in the cache (the last generated token is not yet in it)."""
+
+    def __init__(self, pipe: GenerationPipeline) -> None:
+        self.pipe = pipe
+        self.tokens: list[int] = []
+        self.cached = 0
+        self.messages: list[dict[str, str]] = []
+        self.closed = False
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.pipe._retained = (list(self.tokens), self.cached)
+
+    def _new_ids(self, prompt: str | Sequence[int], chat: bool) -> list[int]:
+        pipe = self.pipe
+        if chat and isinstance(prompt, str):
+            if pipe.tokenizer is None:
+                raise InputError("chat needs a tokenizer")
+            self.messages.append({"role": "user", "content": prompt})
+            full = pipe.tokenizer.encode(pipe.tokenizer.apply_chat_template(self.messages),
+                                         add_special_tokens=False)
+            common = 0
+            for a, b in zip(full, self.tokens):
+                if a != b:
+                    break
+                common += 1
+            self.cached = min(self.cached, common)
+            self.tokens = self.tokens[:self.cached]
+            return full[self.cached:]
+        return pipe.encode(prompt, add_special_tokens=not self.tokens)
+
+    def stream_tokens(self, prompt: str | Sequence[int], max_new_tokens: int = 256,
+                      sampling: Sampling | None = None, *, chat: bool = False,
+                      truncate: str | None = None) -> Iterator[tuple[list[int], str | None, Any]]:
+        if self.closed:
+            raise LifecycleError("session is closed")
+        pipe = self.pipe
+        sampling = sampling or Sampling.greedy()
+        new = self._new_ids(prompt, chat)
+        if not self.tokens and len(new) > pipe.max_prefill_length and truncate == "left":
+            warnings.warn(f"prompt of {len(new)} tokens left-truncated to {pipe.max_prefill_length}",
+                          stacklevel=3)
+            new = new[-pipe.max_prefill_length:]
+        if not self.tokens:                                  # a fresh conversation: reuse a cached prefix
+            reuse = pipe.reusable_prefix(new)
+            self.tokens, self.cached = new[:reuse], reuse
+            pending = new[reuse:]
+        else:
+            pending = self.tokens[self.cached:] + new
+        if len(pending) > pipe.max_prefill_length:
+            raise InputError(f"prompt has {len(pending)} tokens to prefill, more than max_prefill_length="
+                             f"{pipe.max_prefill_length} (for a new prompt, truncate='left' keeps the last tokens)")
+        if not pending:
+            raise InputError("empty prompt: nothing to generate from")
+        start = self.cached
+        context = self.tokens[:self.cached] + pending
+        generated: list[int] = []
+        for ids, finish, metrics in pipe.run_tokens(start, pending, max_new_tokens, sampling, context):
+            generated.extend(ids)
+            if finish is not None:
+                eos_cut = next((i + 1 for i, t in enumerate(generated) if t in pipe.eos_token_ids), None)
+                generated = generated[:eos_cut] if eos_cut else generated
+                self.tokens = context + generated
+                self.cached = len(context) + len(generated) - 1
+                if chat:
+                    self.messages.append({"role": "assistant", "content": pipe.decode(generated)})
+                metrics.cached_tokens = start
+                yield ids, finish, (metrics, new, generated)
+                return
+            yield ids, None, None
+
+    def stream(self, prompt: str | Sequence[int], max_new_tokens: int = 256, sampling: Sampling | None = None,
+               **kw: Any) -> "TextStream":
+        return TextStream(self.stream_tokens(prompt, max_new_tokens, sampling, **kw), self.pipe, sampling)
+
+    def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 256, sampling: Sampling | None = None,
+                 *, chat: bool = False, truncate: str | None = None,
+                 on_text: Callable[[str], None] | None = None) -> GenerationResult:
+        stream = self.stream(prompt, max_new_tokens, sampling, chat=chat, truncate=truncate)
+        for delta in stream:
+            if on_text is not None:
+                on_text(delta)
+        assert stream.result is not None
+        return stream.result
+
+
+class TextStream:
+    """``for delta in pipe.stream(...)``: text as it is produced; ``.result`` afterwards."""
+
+    def __init__(self, events: Iterator[tuple[list[int], str | None, Any]], pipe: GenerationPipeline,
+                 sampling: Sampling | None, session: Session | None = None) -> None:
+        self._events, self._pipe, self._session = events, pipe, session
+        self._stops = (sampling or Sampling()).stop
+        self.result: GenerationResult | None = None
+
+    def __iter__(self) -> Iterator[str]:
+        pipe = self._pipe
+        dec = StreamDecoder(pipe.tokenizer) if pipe.tokenizer is not None else None
+        sent = ""
+        try:
+            for ids, finish, extra in self._events:
+                if finish is not None:
+                    metrics, prompt_ids, generated = extra
+                    text = _until_stop(pipe.decode(generated), self._stops, hold=False)
+                    if text.startswith(sent) and len(text) > len(sent):
+                        yield text[len(sent):]
+                    self.result = GenerationResult(text, generated, prompt_ids, finish, metrics)
+                    return
+                if dec is not None and ids:
+                    dec.push(ids)
+                    safe = _until_stop(dec.emitted, self._stops, hold=True)
+                    if len(safe) > len(sent) and safe.startswith(sent):
+                        yield safe[len(sent):]
+                        sent = safe
+        finally:
+            if self._session is not None:
+                self._session.close()
+
+
+def _until_stop(text: str, stops: tuple[str, ...], *, hold: bool) -> str:
+    """``text`` cut before the first stop string; with ``hold``, also without a tail that could be
+    the start of a stop string completed by later tokens (so a stream never shows part of one)."""
+    cut = min((text.find(s) for s in stops if s in text), default=-1)
+    if cut >= 0:
+        return text[:cut]
+    if hold:
+        for k in range(min(len(text), max((len(s) for s in stops), default=1) - 1), 0, -1):
+            if any(s.startswith(text[-k:]) for s in stops):
+                return text[:-k]
+    return text

@@ -1,0 +1,214 @@
+"""Start-up: load the CUDA libraries and kernels a model's first call uses while the pipeline is built.
+
+A fresh process pays on the first use of each CUDA library and kernel: cuBLAS's initialisation, the
+attention kernels, each elementwise kernel's module (CUDA loads modules lazily). On the H200 that is
+0.3-0.4 s of the llama-1b pipeline's first (slot-by-slot) prefill call, against ~0.03 s for the same
+call once they are loaded (``bench/gpu_slot_times.py``). So, on CUDA, the pipeline starts a thread that
+calls the model's own op kernels (the registered ones the plan will run) once, on zero tensors with the
+model's hidden and MLP sizes, heads, dtype and KV length: the same kernels, loaded while the main thread
+builds and optimizes the graph. The kernels are called in four independent parts (``parts``: GEMMs,
+attention, index ops, elementwise), each on its own thread (``SHAPEPLAN_CUDA_WARM_THREADS``, default 4),
+so each part's libraries and modules load beside the others' instead of after them
+(``bench/gpu_first_use_ops.py``: on the H200 the first GEMM, the first attention, the first gathers and
+the first ArgMax each cost 40-110 ms, one after another ~0.43 s). The threads do almost no Python work
+(a first version ran a one-layer copy of the model through the engine; its graph build competed with
+the main thread's for the GIL and gained nothing); torch releases the GIL inside its kernels, so the
+loading overlaps construction.
+
+The pipeline joins the thread before its first request runs: torch keeps one cuBLAS handle per thread
+and a 32 MiB workspace per handle, and a handle released by a finished thread is the one the next
+thread takes, so the request's thread reuses it instead of allocating a second workspace (measured:
++33.6 MB of memory beyond weights when the two overlapped). The thread holds the device's capture lock while it launches, so no CUDA graph capture in the process
+runs beside it (a capture waits for it). It warms the prefill only: a decode step would wait for the
+decode-attention kernels, which a cold start is still compiling. Best effort: a failure is recorded
+and changes nothing else. Memory: one layer's weights, freed when it ends (only the GEMM part uses
+cuBLAS, so one handle and workspace, as before). ``SHAPEPLAN_CUDA_WARM=0`` turns it off.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from typing import Callable
+
+import torch
+
+from shapeplan import diagnostics
+from shapeplan.llm.config import LlamaConfig
+
+#: the warm-up's vocabulary (its LM head GEMM differs from the real one; every other kernel matches)
+WARM_VOCAB = 1024
+
+
+#: ops whose torch kernels a triton-mode replay does not run (Triton kernels there), and what stands
+#: in for each in a replay-only warm-up (its input passed through: the layouts downstream stay the same)
+_TRITON_IN_REPLAY = {
+    "RMSNormalization": lambda x, w, **_: x,
+    "SkipRMSNormalization": lambda x, residual, w, **_: (x, residual),
+    "RotaryEmbedding": lambda x, cos, sin, **_: x,
+    "SiluMul": lambda gate, up, **_: gate,
+}
+
+
+def threads() -> int:
+    """Threads the warm-up's parts run on (``SHAPEPLAN_CUDA_WARM_THREADS``, default 4; 1: one after another)."""
+    try:
+        return max(1, int(os.environ.get("SHAPEPLAN_CUDA_WARM_THREADS", "4")))
+    except ValueError:
+        return 4
+
+
+def enabled() -> bool:
+    return os.environ.get("SHAPEPLAN_CUDA_WARM", "1").strip().lower() not in ("0", "false", "off", "no")
+
+
+def start(cfg: LlamaConfig, dtype: torch.dtype, device: torch.device, max_kv_cache_length: int,
+          seq: int, replay_only: bool = False, head: torch.Tensor | None = None) -> threading.Thread | None:
+    """Start the warm-up thread (CUDA only); it runs one prefill of ``seq`` tokens. None when off.
+    ``replay_only``: only the torch kernels a triton-mode replay runs (see ``layer``); ``head``: the
+    model's own LM head (or tied embedding) weight, read only (see ``layer``)."""
+    if device.type != "cuda" or not enabled():
+        return None
+    t = threading.Thread(target=_run, args=(cfg, dtype, device, max_kv_cache_length, seq, replay_only, head),
+                         name="shapeplan-cuda-warm", daemon=True)
+    t.start()
+    return t
+
+
+def _run(cfg: LlamaConfig, dtype: torch.dtype, device: torch.device, max_kv_cache_length: int, seq: int,
+         replay_only: bool = False, head: torch.Tensor | None = None) -> None:
+    from shapeplan.runtime.backends.cuda_graphs import capture_lock
+    try:
+        with diagnostics.muted():
+            cuda = device.type == "cuda"
+            if cuda and device.index is not None:
+                torch.cuda.set_device(device.index)
+            todo = parts(cfg, dtype, device, max_kv_cache_length, seq, replay_only, head)
+            errors: list[BaseException] = []
+
+            def run(part: Callable[[], torch.Tensor]) -> None:
+                try:
+                    with diagnostics.muted():
+                        if cuda and device.index is not None:
+                            torch.cuda.set_device(device.index)
+                        part()
+                        if cuda:
+                            torch.cuda.current_stream(device).synchronize()
+                except Exception as e:  # noqa: BLE001 - reported below
+                    errors.append(e)
+            with capture_lock(device) if cuda else contextlib.nullcontext():
+                if threads() <= 1:
+                    for part in todo:
+                        run(part)
+                else:                   # each part's libraries and modules load beside the others'
+                    ts = [threading.Thread(target=run, args=(p,), name=f"shapeplan-cuda-warm-{i}-{p.__name__}",
+                                           daemon=True) for i, p in enumerate(todo)]
+                    for t in ts:
+                        t.start()
+                    for t in ts:
+                        t.join()
+            if errors:
+                raise errors[0]
+    except Exception as e:  # noqa: BLE001 - a warm-up never breaks the pipeline
+        diagnostics.record("FALLBACK", "CUDA warm-up thread failed (first calls load libraries themselves)",
+                           reason=f"{type(e).__name__}: {e}"[:300])
+
+
+def layer(cfg: LlamaConfig, dtype: torch.dtype, device: torch.device, kv_length: int, seq: int,
+          replay_only: bool = False, head: torch.Tensor | None = None) -> torch.Tensor:
+    """One prefill step of a one-layer model on zeros through the op kernels ``model.build_graph``'s plan
+    runs: every part of ``parts`` in turn. Returns the greedy token."""
+    out = None
+    for part in parts(cfg, dtype, device, kv_length, seq, replay_only, head):
+        res = part()
+        if part.__name__ == "index":
+            out = res
+    assert out is not None
+    return out
+
+
+def parts(cfg: LlamaConfig, dtype: torch.dtype, device: torch.device, kv_length: int, seq: int,
+          replay_only: bool = False, head: torch.Tensor | None = None) -> list[Callable[[], torch.Tensor]]:
+    """The op kernels ``model.build_graph``'s prefill plan runs (``ops.registry.lookup(...).kernel``), with
+    the same layouts (weights as transposed views, q/k/v and gate/up stacked, q/k/v split from one GEMM
+    output), on zeros, as four independent parts that may run on four threads: the GEMMs (cuBLAS), the
+    attention with its mask and positions, the index ops (gathers, ArgMax), the cache write and the
+    elementwise ops. ``replay_only`` leaves out the ops a triton-mode replay runs as Triton kernels (the
+    norms, RoPE of q, SiLU*mul): a plan frozen from a record (runtime/frozen_records.py) never runs their
+    torch kernels, so loading them is wasted. ``head`` ([vocab, hidden], the model's dtype, on
+    ``device``): the LM head GEMM, embedding gather and ArgMax run at the real vocabulary size (cuBLAS
+    picks its kernel by shape; ArgMax takes its two-stage path from 32,768 entries), reading the weight
+    only; without it a small zero head of WARM_VOCAB rows."""
+    from shapeplan.ops.registry import lookup
+
+    def k(op: str, domain: str = "shapeplan"):  # noqa: ANN202
+        if replay_only and op in _TRITON_IN_REPLAY:
+            return _TRITON_IN_REPLAY[op]
+        return lookup(op, domain).kernel
+    matmul, gather, argmax = k("MatMul", ""), k("Gather", ""), k("ArgMax", "")
+    h, f = cfg.hidden_size, cfg.intermediate_size
+    hq, hkv, d, eps = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps
+    use_head = head is not None and head.dim() == 2 and head.shape[1] == h and head.dtype == dtype \
+        and head.device.type == device.type
+    v = head.shape[0] if use_head else min(cfg.vocab_size, WARM_VOCAB)
+
+    def zeros(*shape: int, dt: torch.dtype = dtype) -> torch.Tensor:
+        return torch.zeros(shape, dtype=dt, device=device)
+
+    def embed() -> torch.Tensor:
+        return head if use_head else zeros(v, h)
+
+    def ids_position() -> tuple[torch.Tensor, torch.Tensor]:
+        return zeros(1, seq, dt=torch.int64), zeros(1, dt=torch.int64)
+
+    def qkv_views() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        q, kk, vv = zeros(1, seq, (hq + 2 * hkv) * d).split([hq * d, hkv * d, hkv * d], dim=-1)
+        return (q.reshape(1, seq, hq, d).transpose(1, 2), kk.reshape(1, seq, hkv, d).transpose(1, 2),
+                vv.reshape(1, seq, hkv, d).transpose(1, 2))
+
+    def rope_tables(position: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        pos = k("PositionIds")(ids, position)
+        cos, sin = zeros(kv_length, d // 2), zeros(kv_length, d // 2)
+        return gather(cos, pos, axis=0), gather(sin, pos, axis=0)
+
+    def gemms() -> torch.Tensor:
+        w_qkv, w_o, w_gu, w_down = zeros((hq + 2 * hkv) * d, h), zeros(h, hq * d), zeros(2 * f, h), zeros(h, f)
+        matmul(zeros(1, seq, h), w_qkv.t())
+        matmul(zeros(1, seq, hq * d), w_o.t())
+        gate, up = matmul(zeros(1, seq, h), w_gu.t()).split([f, f], dim=-1)
+        matmul(zeros(1, seq, f), w_down.t())
+        return matmul(zeros(1, 1, h), embed().t()).reshape(1, -1)
+
+    def attention() -> torch.Tensor:
+        ids, position = ids_position()
+        q, _, _ = qkv_views()
+        mask = k("CausalMask")(ids, position, kv_length=kv_length, window=cfg.sliding_window, groups=hq // hkv,
+                               dtype=str(dtype).replace("torch.", ""))
+        k_all, v_all = zeros(1, hkv, kv_length, d), zeros(1, hkv, kv_length, d)
+        a = k("CachedAttention")(q, k_all, v_all, mask, position, scale=float(d) ** -0.5, window=cfg.sliding_window)
+        return a.transpose(1, 2).reshape(1, seq, hq * d)
+
+    def index() -> torch.Tensor:
+        ids, position = ids_position()
+        rope_tables(position, ids)
+        gather(embed(), ids, axis=0)
+        length = zeros(1, dt=torch.int64) + seq
+        gather(zeros(1, seq, h), length - 1, axis=1)
+        return argmax(zeros(1, v), axis=-1, keepdims=1)
+
+    def elementwise() -> torch.Tensor:
+        ids, position = ids_position()
+        cos_s, sin_s = rope_tables(position, ids)
+        q, kk, vv = qkv_views()
+        norm, x = zeros(h), zeros(1, seq, h)
+        k("RotaryEmbedding")(q, cos_s, sin_s)
+        k("CacheWriteKV")(zeros(1, hkv, kv_length, d), zeros(1, hkv, kv_length, d), kk, vv, position, cos_s, sin_s,
+                          axis=2)
+        k("RMSNormalization")(x, norm, epsilon=eps)
+        x2, resid = k("SkipRMSNormalization")(zeros(1, seq, h), x, norm, epsilon=eps)
+        gate, up = zeros(1, seq, 2 * f).split([f, f], dim=-1)
+        k("SiluMul")(gate, up)
+        k("RMSNormalization")(zeros(1, 1, h), norm, epsilon=eps)
+        return resid + x2
+
+    return [gemms, attention, index, elementwise]

@@ -1,0 +1,90 @@
+"""Argument helpers shared by the op families (not an op module: the leading underscore keeps
+shapeplan.ops.__init__ from importing it as one).
+
+* Shape functions read an input's compile-time value with :func:`const_of` and :func:`ints`;
+* kernels normalise axes with :func:`norm_axis` (an out-of-range axis is an ExecutionError);
+* :func:`strings_ok` lets a pure data-movement kernel run on ONNX string tensors.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from shapeplan.errors import ExecutionError
+from shapeplan.ir.graph import ValueKind
+
+
+def const_of(v: Any) -> Any:
+    """The compile-time value of Value ``v`` (an initializer or a Constant node's output), else None."""
+    if v is None:
+        return None
+    if v.kind is ValueKind.CONSTANT and v.data is not None:
+        return v.data
+    p = v.producer
+    if p is not None and p.op_type == "Constant" and not p.domain:
+        for key in ("value", "value_int", "value_ints", "value_float", "value_floats"):
+            if key in p.attrs:
+                val = p.attrs[key]
+                return val if isinstance(val, torch.Tensor) else torch.tensor(val)
+    return None
+
+
+def ints(t: Any) -> list[int]:
+    """An int64 tensor / list / scalar -> list of Python ints (one host read)."""
+    if isinstance(t, torch.Tensor):
+        return [int(i) for i in t.reshape(-1).tolist()]
+    if isinstance(t, (list, tuple)):
+        return [int(i) for i in t]
+    return [int(t)]
+
+
+def norm_axis(axis: int, rank: int, what: str = "axis") -> int:
+    if not -rank <= axis < max(rank, 1):
+        raise ExecutionError(f"{what} {axis} is out of range for a tensor of rank {rank}")
+    return axis + rank if axis < 0 else axis
+
+
+def dim_prod(dims: Any) -> Any:
+    """Product of dims; None when any dim is not a concrete int."""
+    out = 1
+    for d in dims:
+        if not isinstance(d, int):
+            return None
+        out *= d
+    return out
+
+
+def strings_ok(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Let a pure data-movement kernel run on ONNX string tensors (numpy object arrays): the strings
+    become int64 codes into one table, the kernel moves the codes, and the outputs are decoded."""
+
+    @functools.wraps(fn)
+    def kernel(*args: Any, **kw: Any) -> Any:
+        if not any(isinstance(a, np.ndarray) and a.dtype == object for a in args):
+            return fn(*args, **kw)
+        table: list[Any] = []
+        coded = []
+        for a in args:
+            if isinstance(a, np.ndarray) and a.dtype == object:
+                coded.append(torch.arange(len(table), len(table) + a.size, dtype=torch.int64).reshape(a.shape))
+                table.extend(a.reshape(-1).tolist())
+            else:
+                coded.append(a)
+        lut = np.empty(len(table), dtype=object)
+        lut[:] = table
+
+        def decode(t: torch.Tensor) -> np.ndarray:
+            return lut[t.reshape(-1).cpu().numpy()].reshape(tuple(t.shape))
+
+        out = fn(*coded, **kw)
+        return tuple(decode(o) for o in out) if isinstance(out, tuple) else decode(out)
+
+    return kernel
+
+
+def input_at(node: Any, i: int) -> Any:
+    """The node's ``i``-th input, None when it is absent (optional trailing inputs)."""
+    return node.inputs[i] if i < len(node.inputs) else None

@@ -1,0 +1,211 @@
+"""LLM decode ops (domain ``shapeplan``): static KV cache writes, attention over a static cache with a
+device-resident position, position ids, and in-graph token sampling.
+
+Everything here is written so that a decode step never needs the host: the write position, the
+causal mask and the sampling noise are all computed on the device from tensors, so a captured step
+(CUDA graph, emulated replay) replays with no host synchronisation.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn.functional as F
+
+from shapeplan.ir.dtypes import dtype as as_dtype
+from shapeplan.ops.registry import Trait, register
+from shapeplan.ops.shape_fns import same_as
+
+_M32 = 0xFFFFFFFF
+
+
+def _start(position: torch.Tensor) -> torch.Tensor:
+    """The first write position as a 1-element int64 tensor (no host read)."""
+    return position.reshape(-1)[:1].to(torch.int64)
+
+
+@register("CacheWrite", domain="shapeplan", traits=Trait.MUTATES_INPUT | Trait.VIEW, shape=same_as(0))
+def cache_write(cache, update, position, *, axis: int = 2):
+    """Write ``update`` into ``cache`` in place at ``position .. position + update.shape[axis]`` along
+    ``axis``; returns ``cache`` (the same storage) so readers are ordered after the write.
+
+    cache: [B, H, L, D] (any rank), update: same rank with the sequence length S on ``axis``,
+    position: int64 on the device, either [1] (the first position) or [S] (one index per row).
+    With S = 1 the position tensor is the index itself: a decode step's write is one kernel."""
+    s = update.shape[axis]
+    idx = position.reshape(-1)
+    if idx.numel() != s:
+        idx = _start(position) + torch.arange(s, device=cache.device)          # [S]
+    cache.index_copy_(axis, idx, update.to(cache.dtype))
+    return cache
+
+
+def _caches_shape(node):
+    return [(v.dtype, v.shape) for v in node.inputs[:2]]
+
+
+@register("CacheWriteKV", domain="shapeplan", traits=Trait.MUTATES_INPUT | Trait.VIEW, shape=_caches_shape)
+def cache_write_kv(k_cache, v_cache, k, v, position, cos=None, sin=None, *, axis: int = 2, interleaved: int = 0):
+    """Both of a layer's cache writes in one op: ``CacheWrite(k_cache, k, position)`` and
+    ``CacheWrite(v_cache, v, position)``; returns ``(k_cache, v_cache)``. With ``cos``/``sin`` (the
+    per-step tables RotaryEmbedding takes without position ids, [B, S, D/2]) ``k`` is first rotated,
+    ``RotaryEmbedding(k, cos, sin, interleaved)``: the Llama builder passes un-rotated keys here, since
+    the keys are only read through the cache. The Triton backend does a decode step's (S = 1) key
+    rotation and both writes in one kernel launch instead of three (issue 7)."""
+    if cos is not None:
+        from shapeplan.ops.transformer import rotary_embedding
+        k = rotary_embedding(k, cos, sin, interleaved=interleaved)
+    return cache_write(k_cache, k, position, axis=axis), cache_write(v_cache, v, position, axis=axis)
+
+
+def _position_ids_shape(node):
+    ids = node.inputs[0]
+    return [(as_dtype("int64"), ids.shape)]
+
+
+@register("PositionIds", domain="shapeplan", shape=_position_ids_shape)
+def position_ids(input_ids, position):
+    """Absolute positions ``position + arange(S)`` broadcast to ``input_ids``' shape [B, S]."""
+    s = input_ids.shape[-1]
+    pos = _start(position) + torch.arange(s, device=input_ids.device)            # [S]
+    return pos.expand(input_ids.shape).contiguous()
+
+
+def _mask_shape(node):
+    ids = node.inputs[0]
+    s = ids.shape[-1] if ids.shape is not None else None
+    g = int(node.attrs.get("groups", 1))
+    rows = s * g if isinstance(s, int) else (s if g == 1 else None)
+    return [(as_dtype(node.attrs.get("dtype", "bool")), (rows, int(node.attrs["kv_length"])))]
+
+
+@register("CausalMask", domain="shapeplan", shape=_mask_shape)
+def causal_mask(input_ids, position, *, kv_length: int, window: int = 0, groups: int = 1, dtype: str = "bool"):
+    """The step's attention mask over a static cache, from the device-resident position: [G*S, L],
+    row ``g*S + i`` (query i of any head in a group of G) sees key j when ``j <= position + i`` (and
+    ``j > position + i - window`` with a sliding window). Built once per step and shared by every
+    layer. ``dtype`` "bool" gives a boolean mask; a float dtype gives the additive form (0 / -inf)
+    that SDPA would otherwise rebuild from a boolean mask in every layer."""
+    s = input_ids.shape[-1]
+    qpos = _start(position) + torch.arange(s, device=input_ids.device)           # [S]
+    kpos = torch.arange(kv_length, device=input_ids.device)                      # [L]
+    mask = kpos[None, :] <= qpos[:, None]                                        # [S, L]
+    if window:
+        mask = mask & (kpos[None, :] > qpos[:, None] - window)
+    mask = mask.repeat(groups, 1) if groups > 1 else mask
+    if dtype == "bool":
+        return mask
+    neg = torch.full((), float("-inf"), dtype=as_dtype(dtype).torch, device=mask.device)
+    return torch.zeros((), dtype=neg.dtype, device=mask.device).where(mask, neg)
+
+
+#: "auto": the Triton split-K kernel for decode steps on CUDA, SDPA otherwise; "sdpa": always SDPA;
+#: "triton": the Triton kernel wherever it can run (CPU under TRITON_INTERPRET=1: tests)
+_DECODE_ATTENTION = os.environ.get("SHAPEPLAN_LLM_DECODE_ATTENTION", "auto")
+_triton_failed: list[str] = []
+
+
+def set_decode_attention(mode: str) -> str:
+    """Choose the decode attention implementation (auto | sdpa | triton); returns the previous one."""
+    global _DECODE_ATTENTION
+    if mode not in ("auto", "sdpa", "triton"):
+        raise ValueError(f"decode attention must be auto, sdpa or triton, got {mode!r}")
+    old, _DECODE_ATTENTION = _DECODE_ATTENTION, mode
+    return old
+
+
+def _use_triton(q, position) -> bool:
+    if position is None or q.shape[2] != 1 or _DECODE_ATTENTION == "sdpa" or _triton_failed:
+        return False
+    return q.is_cuda or _DECODE_ATTENTION == "triton"
+
+
+@register("CachedAttention", domain="shapeplan", shape=same_as(0))
+def cached_attention(q, k_cache, v_cache, mask, position=None, *, scale: float = 0.0, window: int = 0):
+    """Attention of this step's queries over a static KV cache.
+
+    q: [B, Hq, S, D]; k_cache, v_cache: [B, Hkv, L, D], already holding this step's keys; mask: bool
+    or additive [G*S, L] from ``shapeplan::CausalMask`` (G = Hq / Hkv), so stale cache entries beyond
+    the position are never read and no host sync is needed. Grouped-query attention folds the G query
+    heads of a group into the query-row axis, so K/V are never repeated in memory.
+
+    With the optional ``position`` (the same one the mask was built from, and the same ``window``), a
+    decode step (S = 1) on CUDA runs a Triton split-K kernel that reads only the live keys instead of
+    the whole buffer (shapeplan/llm/decode_attention.py); results agree with SDPA to rounding."""
+    b, hq, s, d = q.shape
+    hkv = k_cache.shape[1]
+    if _use_triton(q, position):
+        try:
+            from shapeplan.llm.decode_attention import decode_attention
+            return decode_attention(q, k_cache, v_cache, position.reshape(-1)[:1],
+                                    scale=scale or d ** -0.5, window=window)
+        except Exception as e:  # noqa: BLE001 - e.g. no triton, or an unsupported GPU: fall back, visibly
+            _triton_failed.append(f"{type(e).__name__}: {e}")
+            from shapeplan import diagnostics
+            diagnostics.record("FALLBACK", "CachedAttention: Triton decode kernel unavailable, using SDPA",
+                               reason=_triton_failed[-1][:300])
+    qg = q.reshape(b, hkv, (hq // hkv) * s, d)                                   # [B, Hkv, G*S, D]
+    out = F.scaled_dot_product_attention(qg, k_cache.to(q.dtype), v_cache.to(q.dtype), attn_mask=mask,
+                                         scale=scale or None)
+    return out.reshape(b, hq, s, d)
+
+
+# --------------------------------------------------------------------------------------------- sampling
+def _mix32(h: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer hash on int64 tensors holding values in [0, 2**32) (multipliers < 2**31, so
+    products never overflow int64: identical results on every device)."""
+    h = h ^ (h >> 16)
+    h = (h * 0x7FEB352D) & _M32
+    h = h ^ (h >> 15)
+    h = (h * 0x1B873593) & _M32
+    return h ^ (h >> 16)
+
+
+def uniform_noise(seed: torch.Tensor, position: torch.Tensor, n: int) -> torch.Tensor:
+    """Counter-based uniforms in (0, 1): [B, n] from seed [B] and the step's position, reproducible
+    across runs and devices and free of generator state (so it is capture-safe)."""
+    dev = seed.device
+    key = _mix32((seed.reshape(-1, 1).to(torch.int64) & _M32) ^ 0x5BD1E995)                # [B, 1]
+    key = _mix32(key ^ (_start(position).reshape(1, 1) & _M32))
+    idx = torch.arange(n, device=dev, dtype=torch.int64).reshape(1, n)
+    h = _mix32(key ^ _mix32(idx + 0x27D4EB2F))                                               # [B, n]
+    return ((h >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
+
+
+def _sample_shape(node):
+    logits = node.inputs[0]
+    b = logits.shape[0] if logits.shape is not None else None
+    return [(as_dtype("int64"), (b, 1))]
+
+
+@register("SampleToken", domain="shapeplan", shape=_sample_shape)
+def sample_token(logits, params, seed, position, seen=None):
+    """Pick the next token on the device.
+
+    logits: [B, V]; params: float32 [B, 4] = (temperature, top_k, top_p, repetition_penalty) with
+    temperature 0 = greedy, top_k <= 0 = off, top_p >= 1 = off, penalty 1 = off; seed: int64 [B];
+    position: int64 [1] (the sampling counter); seen: optional [B, V] mask of tokens already in the
+    context (for the repetition penalty). Returns int64 [B, 1].
+
+    Order as in transformers: repetition penalty, temperature, top-k, top-p, then a draw. The draw is
+    an exponential race (argmax of p / Exp(1)), which samples exactly from p."""
+    x = logits.to(torch.float32)
+    params = params.to(device=x.device, dtype=torch.float32)
+    if seen is not None:
+        pen = params[:, 3:4]
+        x = torch.where(seen.to(torch.bool), torch.where(x > 0, x / pen, x * pen), x)
+    greedy = x.argmax(-1, keepdim=True)                                         # [B, 1]
+    temp = params[:, 0:1]
+    x = x / torch.where(temp > 0, temp, torch.ones_like(temp))
+    vals, order = x.sort(-1, descending=True)                                   # [B, V]
+    ranks = torch.arange(x.shape[-1], device=x.device).reshape(1, -1)
+    top_k = params[:, 1:2]
+    keep = (top_k <= 0) | (ranks < top_k)
+    vals = vals.masked_fill(~keep, float("-inf"))
+    probs = torch.softmax(vals, -1)
+    before = probs.cumsum(-1) - probs                                           # mass ranked above
+    keep = keep & ((before < params[:, 2:3]) | (ranks == 0))
+    probs = torch.softmax(vals.masked_fill(~keep, float("-inf")), -1)
+    race = probs / -torch.log(uniform_noise(seed, position, x.shape[-1]))
+    pick = order.gather(-1, race.argmax(-1, keepdim=True))                      # [B, 1]
+    return torch.where(temp > 0, pick, greedy)
