@@ -120,11 +120,13 @@ class _Builder:
 
 def build_graph(cfg: LlamaConfig, weights: dict[str, torch.Tensor], *, max_kv_cache_length: int,
                 batch: int = 1, dtype: torch.dtype | None = None, device: str | torch.device = "cpu",
-                tp: Any = None, fuse_projections: bool = True) -> Graph:
+                tp: Any = None, fuse_projections: bool = True, state: dict[str, torch.Tensor] | None = None) -> Graph:
     """The decoder graph of ``cfg`` with ``weights`` (Hugging Face names, see weights.expected_shapes).
     ``fuse_projections``: stack the q/k/v and gate/up weights (``weights``' entries are rebound to
     views of the stacked tensors: same values, one copy in memory).
-    ``tp``: a ``shapeplan.parallel.TensorParallel`` (this rank's shard; see shapeplan/parallel/tensor.py)."""
+    ``tp``: a ``shapeplan.parallel.TensorParallel`` (this rank's shard; see shapeplan/parallel/tensor.py).
+    ``state``: ``initial_state``'s tensors, used as the variables' initial values and the rotary tables
+    (an engine compiled with ``adopt_variables=True`` then keeps them as its state, without a copy)."""
     dtype = dtype or cfg.torch_dtype
     vocab = cfg.vocab_size
     if tp is not None:
@@ -140,7 +142,8 @@ def build_graph(cfg: LlamaConfig, weights: dict[str, torch.Tensor], *, max_kv_ca
     position = g.placeholder("position", "int64", (1,))
     length = g.placeholder("length", "int64", (1,))
 
-    cos, sin = rope_tables(cfg, L, dtype)
+    state = state or {}
+    cos, sin = (state["rope.cos"], state["rope.sin"]) if "rope.cos" in state else rope_tables(cfg, L, dtype)
     cos_c, sin_c = g.constant(cos, name="rope.cos"), g.constant(sin, name="rope.sin")   # [L, D/2]
     pos_ids = op.PositionIds(ids, position, _domain=SP)                               # [B, S]
     # per step, not per layer: the rotary angles of this step's positions and the attention mask
@@ -157,8 +160,10 @@ def build_graph(cfg: LlamaConfig, weights: dict[str, torch.Tensor], *, max_kv_ca
     zero: dict[tuple, torch.Tensor] = {}
     for i in range(cfg.num_layers):
         p = f"model.layers.{i}."
-        k_cache = g.variable(f"k_cache_{i}", _zeros((batch, hkv, L, d), dtype, device, zero))
-        v_cache = g.variable(f"v_cache_{i}", _zeros((batch, hkv, L, d), dtype, device, zero))
+        k_cache = g.variable(f"k_cache_{i}", state[f"k_cache_{i}"]
+                             if f"k_cache_{i}" in state else _zeros((batch, hkv, L, d), dtype, device, zero))
+        v_cache = g.variable(f"v_cache_{i}", state[f"v_cache_{i}"]
+                             if f"v_cache_{i}" in state else _zeros((batch, hkv, L, d), dtype, device, zero))
         if fuse_projections:
             q, k, v = b.fused_linear(x, p + "self_attn.", ["q_proj", "k_proj", "v_proj"], "qkv_proj",
                                      cfg.attention_bias)                              # [B, S, N_i]
@@ -198,9 +203,10 @@ def build_graph(cfg: LlamaConfig, weights: dict[str, torch.Tensor], *, max_kv_ca
     if tp is not None:
         logits, all_logits = tp.gather_vocab(g, logits, vocab), tp.gather_vocab(g, all_logits, vocab)
 
-    params = g.variable("sampling_params", torch.tensor([[0.0, 0.0, 1.0, 1.0]] * batch, device=device))
-    seed = g.variable("sampling_seed", torch.zeros(batch, dtype=torch.int64, device=device))
-    seen = g.variable("seen_tokens", torch.zeros(batch, cfg.vocab_size, dtype=torch.bool, device=device))
+    init = state if "sampling_params" in state else _sampling_state(cfg, batch, device)
+    params = g.variable("sampling_params", init["sampling_params"])
+    seed = g.variable("sampling_seed", init["sampling_seed"])
+    seen = g.variable("seen_tokens", init["seen_tokens"])
     next_position = op.Add(position, length)
     greedy = op.ArgMax(logits, axis=-1, keepdims=1)                                    # [B, 1]
     sampled = op.SampleToken(logits, params, seed, next_position, seen, _domain=SP)    # [B, 1]
@@ -209,6 +215,32 @@ def build_graph(cfg: LlamaConfig, weights: dict[str, torch.Tensor], *, max_kv_ca
         _rename(g, v, name)
     g.set_outputs(logits, greedy, sampled, next_position, all_logits)
     return g
+
+
+def _sampling_state(cfg: LlamaConfig, batch: int, device: str | torch.device) -> dict[str, torch.Tensor]:
+    return {"sampling_params": torch.tensor([[0.0, 0.0, 1.0, 1.0]] * batch, device=device),
+            "sampling_seed": torch.zeros(batch, dtype=torch.int64, device=device),
+            "seen_tokens": torch.zeros(batch, cfg.vocab_size, dtype=torch.bool, device=device)}
+
+
+def initial_state(cfg: LlamaConfig, *, max_kv_cache_length: int, dtype: torch.dtype | None = None,
+                  device: str | torch.device = "cpu", batch: int = 1) -> dict[str, torch.Tensor]:
+    """The device tensors ``build_graph(state=...)`` takes: every layer's K and V cache as views of one
+    zero buffer, the sampling state, and the rotary tables, made with a handful of device calls.
+
+    The LLM pipeline makes them before its CUDA warm-up threads start: while those load CUDA modules,
+    another thread's device calls wait for them, and the engine's 35 variable copies plus the tables'
+    host-to-device copies waited ~0.13 s on the H200 (``bench/gpu_probe_prepare.sh``)."""
+    dtype = dtype or cfg.torch_dtype
+    hkv, d, n = cfg.num_kv_heads, cfg.head_dim, cfg.num_layers
+    kv = torch.zeros(n, 2, batch, hkv, max_kv_cache_length, d, dtype=dtype, device=device)
+    out = {}
+    for i in range(n):
+        out[f"k_cache_{i}"], out[f"v_cache_{i}"] = kv[i, 0], kv[i, 1]
+    out.update(_sampling_state(cfg, batch, device))
+    cos, sin = rope_tables(cfg, max_kv_cache_length, dtype)
+    out["rope.cos"], out["rope.sin"] = cos.to(device), sin.to(device)
+    return out
 
 
 def _reduce(tp: Any, g: Graph, partial: Value) -> Value:

@@ -29,7 +29,7 @@ from shapeplan import diagnostics
 from shapeplan.errors import InputError, LifecycleError
 from shapeplan.llm.config import LlamaConfig, preset_config
 from shapeplan.llm.metrics import Metrics, compute
-from shapeplan.llm.model import build_graph
+from shapeplan.llm.model import build_graph, initial_state
 from shapeplan.llm.sampling import Sampling
 from shapeplan.llm.session import GenerationResult, Session, TextStream, _until_stop  # noqa: F401
 from shapeplan.llm.tokenizer import Tokenizer
@@ -94,6 +94,10 @@ class GenerationPipeline:
         self._warm_thread = None
         self._startup_done: Callable[[], None] = lambda: None
         replay_only = warm_seq = 0
+        # the KV caches, sampling state and rotary tables, made before any warm-up thread starts (see
+        # model.initial_state); the engine keeps them as its state
+        state = initial_state(cfg, max_kv_cache_length=max_kv_cache_length, dtype=self.dtype, device=self.device) \
+            if tp is None and placement is None else None
         if self.device.type == "cuda" and tp is None and placement is None:
             from shapeplan.llm import warmup            # CUDA libraries load while the graph is built
             # until the first request has settled both plans (or this pipeline is collected)
@@ -111,7 +115,7 @@ class GenerationPipeline:
             if mode in ("triton", "auto"):
                 _prewarm_decode_kernels(cfg, self.dtype, self.device, max_kv_cache_length)
         graph = build_graph(cfg, weights, max_kv_cache_length=max_kv_cache_length, dtype=self.dtype,
-                            device=self.device, tp=tp)    # tp: shapeplan.parallel.TensorParallel (this rank)
+                            device=self.device, tp=tp, state=state)   # tp: parallel.TensorParallel (this rank)
         diagnostics.record("COMPILE", "graph built", nodes=len(graph.nodes))
         if placement is not None:                          # shapeplan.parallel.Placement: stages over devices
             self.engine = placement.compile(graph, mode=mode, optimize=optimize)
@@ -119,7 +123,8 @@ class GenerationPipeline:
             # the pipeline owns its weights: a steady decode step checks a rotating chunk of them, which
             # keeps the host time per step bounded (the configuration the GPU figures were measured in)
             self.engine = sp.compile(graph, device=str(self.device), mode=mode, optimize=optimize,
-                                     weight_guard="sampled", outputs=["next_token", "next_position"])
+                                     weight_guard="sampled", outputs=["next_token", "next_position"],
+                                     adopt_variables=state is not None)
         self.graph = self.engine.graph         # the optimized graph (the built one may now be freed)
         self.mode = mode
         self._one = torch.ones(1, dtype=torch.int64, device=self.device)

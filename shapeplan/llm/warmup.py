@@ -52,6 +52,7 @@ _TRITON_IN_REPLAY = {
     "SkipRMSNormalization": lambda x, residual, w, **_: (x, residual),
     "RotaryEmbedding": lambda x, cos, sin, **_: x,
     "SiluMul": lambda gate, up, **_: gate,
+    "CacheWriteKV": lambda k_cache, v_cache, k, v, *_, **__: (k_cache, v_cache),
 }
 
 
@@ -188,7 +189,7 @@ def parts(cfg: LlamaConfig, dtype: torch.dtype, device: torch.device, kv_length:
     output), on zeros, as four independent parts that may run on four threads: the GEMMs (cuBLAS), the
     attention with its mask and positions, the index ops (gathers, ArgMax), the cache write and the
     elementwise ops. ``replay_only`` leaves out the ops a triton-mode replay runs as Triton kernels (the
-    norms, RoPE of q, SiLU*mul): a plan frozen from a record (runtime/frozen_records.py) never runs their
+    norms, RoPE of q, SiLU*mul, the KV cache write): a plan frozen from a record (runtime/frozen_records.py) never runs their
     torch kernels, so loading them is wasted. ``head`` ([vocab, hidden], the model's dtype, on
     ``device``): the LM head GEMM, embedding gather and ArgMax run at the real vocabulary size (cuBLAS
     picks its kernel by shape; ArgMax takes its two-stage path from 32,768 entries), reading the weight

@@ -32,6 +32,25 @@ def _move(x: Any, device: torch.device) -> Any:
     return x
 
 
+def _adoptable(variables: list[Any], device: torch.device) -> set[str]:
+    """Names of the variables whose initial tensors can serve as the engine's state without a copy: on
+    the engine's device, contiguous (no broadcast view) and overlapping no other variable's memory."""
+    spans: list[tuple[int, int, int, str]] = []
+    for v in variables:
+        t = v.data
+        here = isinstance(t, torch.Tensor) and t.device.type == device.type and \
+            (device.index is None or t.device.index == device.index)
+        if here and t.is_contiguous() and t.numel():
+            start = t.data_ptr()
+            spans.append((start, start + t.numel() * t.element_size(), id(t.untyped_storage()), v.name))
+    spans.sort()
+    clash: set[str] = set()
+    for a, b in zip(spans, spans[1:]):
+        if b[0] < a[1]:                          # two variables over the same bytes: both are copied
+            clash.update((a[3], b[3]))
+    return {name for *_, name in spans if name not in clash}
+
+
 def resolve_mode(mode: Mode, device: torch.device) -> tuple[Mode, bool, str | None]:
     """(the mode that runs, per-segment fallback allowed, why the requested mode was replaced)."""
     if mode in (Mode.SLOT_BY_SLOT, Mode.SHAPE_INFERENCE_ONLY):
@@ -69,7 +88,7 @@ class Engine:
     def __init__(self, graph: Graph, device: str | torch.device = "cpu", mode: str | Mode = "auto", *,
                  warmup_calls: int = 1, max_plans: int = 64, max_plan_bytes: int = 1 << 30,
                  max_recaptures: int = 3, fallback: bool | None = None,
-                 weight_guard: str | None = None) -> None:
+                 weight_guard: str | None = None, adopt_variables: bool = False) -> None:
         self.graph = graph
         self.device = torch.device(device)
         self.mode = Mode.parse(mode)
@@ -98,7 +117,10 @@ class Engine:
         self._guards = _guard_chunks(graph.constants, self.GUARD_CHUNK)
         self._guard_next = 0
         # variables persist across calls; they live on the engine's device
-        self.variables: dict[str, Any] = {v.name: _move(v.data.clone(), self.device) for v in graph.variables}
+        # (``adopt_variables``: the graph's own tensors where they can be the state, see _adoptable)
+        owned = _adoptable(graph.variables, self.device) if adopt_variables else set()
+        self.variables: dict[str, Any] = {v.name: v.data if v.name in owned else _move(v.data.clone(), self.device)
+                                          for v in graph.variables}
         self.calls = 0
         self._valid: set[tuple] = set()           # feed specs that passed validate_feeds
         self._mode_value, self._device_str = self.exec_mode.value, str(self.device)

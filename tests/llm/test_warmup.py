@@ -98,14 +98,14 @@ def test_a_failure_is_recorded_and_not_raised(monkeypatch, threads):
 
 
 def test_a_replay_only_warm_up_leaves_out_the_kernels_triton_replaces(monkeypatch):
-    """With frozen-plan records a triton-mode plan never runs the torch kernels of its norms, RoPE of q
-    and SiLU*mul: the replay-only warm-up does not look them up (nor load them)."""
+    """With frozen-plan records a triton-mode plan never runs the torch kernels of its norms, RoPE of q,
+    SiLU*mul and KV cache write: the replay-only warm-up does not look them up (nor load them)."""
     used = _spy_lookups(monkeypatch)
     cfg = preset_config("llama-tiny", "float32")
     tok = warmup.layer(cfg, torch.float32, torch.device("cpu"), 64, 16, replay_only=True)
     assert tok.shape == (1, 1)
     assert not used & set(warmup._TRITON_IN_REPLAY)
-    assert {"MatMul", "Gather", "CachedAttention", "CacheWriteKV", "ArgMax"} <= used
+    assert {"MatMul", "Gather", "CachedAttention", "ArgMax"} <= used
 
 
 def test_the_warm_up_reads_the_models_head_at_its_real_size():
@@ -188,3 +188,18 @@ def test_a_pipeline_prepares_its_plans_from_records_while_the_warm_up_runs(tmp_p
                                 "position": torch.zeros(1, dtype=torch.int64),
                                 "length": torch.ones(1, dtype=torch.int64)},
                                outputs=["next_token", "next_position"]) is False   # in use already
+
+
+def test_the_pipeline_state_is_made_once_and_kept_without_copies():
+    """model.initial_state: every KV cache is a view of one zero buffer, and the engine keeps those views
+    (and the sampling state) as its variables instead of copying them (adopt_variables)."""
+    from shapeplan.llm import GenerationPipeline
+    pipe = GenerationPipeline.from_preset("llama-tiny", device="cpu", dtype="float32", mode="emulated_replay",
+                                          max_prefill_length=16, max_kv_cache_length=64)
+    var = pipe.engine.variables
+    caches = [var[f"{kv}_cache_{i}"] for i in range(pipe.cfg.num_layers) for kv in "kv"]
+    assert len({c.untyped_storage().data_ptr() for c in caches}) == 1
+    assert all(var[v.name] is v.data for v in pipe.engine.graph.variables)
+    assert not any(c.any() for c in caches)
+    pipe.generate(list(range(3, 9)), max_new_tokens=4)
+    assert any(c.any() for c in caches)                       # the engine wrote into that buffer

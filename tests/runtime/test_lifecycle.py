@@ -176,3 +176,37 @@ def test_inspect_report_and_dot_are_complete():
     assert all({"op_type", "inputs", "outputs", "release", "segment"} <= set(s) for s in rep["slots"])
     dot = info.to_dot()
     assert dot.startswith("digraph") and "cluster_1" in dot and "REPLAYING" in dot
+
+
+def _two_states(a, b) -> sp.Graph:  # noqa: ANN001
+    from tests.runtime.graphs import op
+    g = sp.Graph("two_states")
+    o = op(g)
+    x = g.placeholder("x", "float32", ("n",))
+    y = o.Add(o.Accumulate(g.variable("a", a), o.Relu(x)), o.Accumulate(g.variable("b", b), o.Tanh(x)))
+    g.set_outputs(y)
+    return g
+
+
+def test_adopted_variables_are_the_graphs_own_tensors():
+    """``adopt_variables=True``: a variable's initial tensor becomes the engine's state without a copy
+    when it can (views of one buffer, as the LLM pipeline's KV caches); a broadcast view or two
+    variables over the same bytes are copied as without it. Results match slot_by_slot either way."""
+    import torch
+    buf = torch.zeros(2, 1)
+    g = _two_states(buf[0], buf[1])
+    e, ref = sp.Engine(g, mode="emulated_replay", adopt_variables=True), ref_engine(g)
+    assert e.variables["a"] is g.values["a"].data and e.variables["b"] is g.values["b"].data
+    for i in range(4):
+        x = rand(5, seed=i)
+        assert np.array_equal(e.run({"x": x})[g.outputs[0].name], ref.run({"x": x})[g.outputs[0].name])
+    assert torch.equal(buf.reshape(-1), torch.cat([ref.variables["a"], ref.variables["b"]]))   # state in buf
+    assert not torch.equal(buf, torch.zeros(2, 1))
+    same = torch.zeros(1)
+    shared = sp.Engine(_two_states(same, same), mode="emulated_replay", adopt_variables=True)
+    assert shared.variables["a"] is not same and shared.variables["b"] is not same
+    wide = _two_states(torch.zeros(()).expand(2), torch.zeros(1))
+    w = sp.Engine(wide, mode="emulated_replay", adopt_variables=True)
+    assert w.variables["a"] is not wide.values["a"].data and w.variables["b"] is wide.values["b"].data
+    plain = sp.Engine(g, mode="emulated_replay")
+    assert plain.variables["a"] is not g.values["a"].data                    # the default copies
