@@ -6,8 +6,9 @@ attention kernels, each elementwise kernel's module (CUDA loads modules lazily).
 call once they are loaded (``bench/gpu_slot_times.py``). So, on CUDA, the pipeline starts a thread that
 calls the model's own op kernels (the registered ones the plan will run) once, on zero tensors with the
 model's hidden and MLP sizes, heads, dtype and KV length: the same kernels, loaded while the main thread
-builds and optimizes the graph. The kernels are called in four independent parts (``parts``: GEMMs,
-attention, index ops, elementwise), each on its own thread (``SHAPEPLAN_CUDA_WARM_THREADS``, default 4),
+builds and optimizes the graph. The kernels are called in five independent parts (``parts``: GEMMs,
+attention, index ops, the KV cache write, elementwise), each on its own thread (``SHAPEPLAN_CUDA_WARM_THREADS``:
+1 runs them one after another),
 so each part's libraries and modules load beside the others' instead of after them
 (``bench/gpu_first_use_ops.py``: on the H200 the first GEMM, the first attention, the first gathers and
 the first ArgMax each cost 40-110 ms, one after another ~0.43 s). The threads do almost no Python work
@@ -52,7 +53,6 @@ _TRITON_IN_REPLAY = {
     "SkipRMSNormalization": lambda x, residual, w, **_: (x, residual),
     "RotaryEmbedding": lambda x, cos, sin, **_: x,
     "SiluMul": lambda gate, up, **_: gate,
-    "CacheWriteKV": lambda k_cache, v_cache, k, v, *_, **__: (k_cache, v_cache),
 }
 
 
@@ -104,7 +104,8 @@ def short_switch_interval() -> Callable[[], None]:
 
 
 def threads() -> int:
-    """Threads the warm-up's parts run on (``SHAPEPLAN_CUDA_WARM_THREADS``, default 4; 1: one after another)."""
+    """``SHAPEPLAN_CUDA_WARM_THREADS``: 1 runs the warm-up's parts one after another; any other value
+    (default 4) runs each part on its own thread."""
     try:
         return max(1, int(os.environ.get("SHAPEPLAN_CUDA_WARM_THREADS", "4")))
     except ValueError:
@@ -186,10 +187,11 @@ def parts(cfg: LlamaConfig, dtype: torch.dtype, device: torch.device, kv_length:
           replay_only: bool = False, head: torch.Tensor | None = None) -> list[Callable[[], torch.Tensor]]:
     """The op kernels ``model.build_graph``'s prefill plan runs (``ops.registry.lookup(...).kernel``), with
     the same layouts (weights as transposed views, q/k/v and gate/up stacked, q/k/v split from one GEMM
-    output), on zeros, as four independent parts that may run on four threads: the GEMMs (cuBLAS), the
-    attention with its mask and positions, the index ops (gathers, ArgMax), the cache write and the
-    elementwise ops. ``replay_only`` leaves out the ops a triton-mode replay runs as Triton kernels (the
-    norms, RoPE of q, SiLU*mul, the KV cache write): a plan frozen from a record (runtime/frozen_records.py) never runs their
+    output), on zeros, as five independent parts that may run on five threads: the GEMMs (cuBLAS), the
+    attention with its mask and positions, the index ops (gathers, ArgMax), the KV cache write (with k's
+    rotation) and the elementwise ops. ``replay_only`` leaves out the ops a triton-mode replay runs as Triton kernels (the
+    norms, RoPE of q, SiLU*mul; not the KV cache write, whose Triton kernel writes one position, so a
+    prefill keeps the torch kernel): a plan frozen from a record (runtime/frozen_records.py) never runs their
     torch kernels, so loading them is wasted. ``head`` ([vocab, hidden], the model's dtype, on
     ``device``): the LM head GEMM, embedding gather and ArgMax run at the real vocabulary size (cuBLAS
     picks its kernel by shape; ArgMax takes its two-stage path from 32,768 entries), reading the weight
@@ -251,14 +253,19 @@ def parts(cfg: LlamaConfig, dtype: torch.dtype, device: torch.device, kv_length:
         gather(zeros(1, seq, h), length - 1, axis=1)
         return argmax(zeros(1, v), axis=-1, keepdims=1)
 
+    def cache_write() -> torch.Tensor:
+        ids, position = ids_position()
+        cos_s, sin_s = rope_tables(position, ids)
+        _, kk, vv = qkv_views()
+        return k("CacheWriteKV")(zeros(1, hkv, kv_length, d), zeros(1, hkv, kv_length, d), kk, vv, position,
+                                 cos_s, sin_s, axis=2)[0]
+
     def elementwise() -> torch.Tensor:
         ids, position = ids_position()
         cos_s, sin_s = rope_tables(position, ids)
-        q, kk, vv = qkv_views()
+        q, _, _ = qkv_views()
         norm, x = zeros(h), zeros(1, seq, h)
         k("RotaryEmbedding")(q, cos_s, sin_s)
-        k("CacheWriteKV")(zeros(1, hkv, kv_length, d), zeros(1, hkv, kv_length, d), kk, vv, position, cos_s, sin_s,
-                          axis=2)
         k("RMSNormalization")(x, norm, epsilon=eps)
         x2, resid = k("SkipRMSNormalization")(zeros(1, seq, h), x, norm, epsilon=eps)
         gate, up = zeros(1, seq, 2 * f).split([f, f], dim=-1)
@@ -266,4 +273,4 @@ def parts(cfg: LlamaConfig, dtype: torch.dtype, device: torch.device, kv_length:
         k("RMSNormalization")(zeros(1, 1, h), norm, epsilon=eps)
         return resid + x2
 
-    return [gemms, attention, index, elementwise]
+    return [gemms, attention, index, cache_write, elementwise]

@@ -99,13 +99,14 @@ def test_a_failure_is_recorded_and_not_raised(monkeypatch, threads):
 
 def test_a_replay_only_warm_up_leaves_out_the_kernels_triton_replaces(monkeypatch):
     """With frozen-plan records a triton-mode plan never runs the torch kernels of its norms, RoPE of q,
-    SiLU*mul and KV cache write: the replay-only warm-up does not look them up (nor load them)."""
+    SiLU*mul: the replay-only warm-up does not look them up (nor load them); the prefill's KV cache write
+    stays a torch kernel (the Triton one writes one position), so it is warmed."""
     used = _spy_lookups(monkeypatch)
     cfg = preset_config("llama-tiny", "float32")
     tok = warmup.layer(cfg, torch.float32, torch.device("cpu"), 64, 16, replay_only=True)
     assert tok.shape == (1, 1)
     assert not used & set(warmup._TRITON_IN_REPLAY)
-    assert {"MatMul", "Gather", "CachedAttention", "ArgMax"} <= used
+    assert {"MatMul", "Gather", "CachedAttention", "CacheWriteKV", "ArgMax"} <= used
 
 
 def test_the_warm_up_reads_the_models_head_at_its_real_size():

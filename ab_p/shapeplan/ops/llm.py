@@ -153,27 +153,36 @@ def cached_attention(q, k_cache, v_cache, mask, position=None, *, scale: float =
 
 
 #: attention that the Triton decode kernel does not run (prefill) on CUDA: "auto": the memory-efficient
-#: kernel, called directly, where it applies; "sdpa": SDPA's own choice (cuDNN on Hopper with torch >= 2.11)
+#: kernel, called directly, for score matrices of up to EFFICIENT_MAX_SCORES entries per head, SDPA's own
+#: choice above; "efficient": that kernel wherever it applies; "sdpa": always SDPA's choice (cuDNN on
+#: Hopper with torch >= 2.11)
 _PREFILL_ATTENTION = os.environ.get("SHAPEPLAN_LLM_PREFILL_ATTENTION", "auto")
+EFFICIENT_MAX_SCORES = 1 << 20
 _efficient_failed: list[str] = []
 
 
 def _efficient_attention(q, k, v, mask, scale: float):
     """SDPA's memory-efficient kernel on CUDA, or None (SDPA then chooses).
 
-    Why not SDPA's choice: on Hopper, torch >= 2.11 picks cuDNN attention, which builds a cuDNN graph per
-    thread and per shape at its first call (its cache is thread-local): 66 ms in the first prefill of a
-    llama-1b pipeline on the H200 although the warm-up thread had made the same call
-    (``bench/gpu_probe_warm3.sh``). The memory-efficient kernel is a plain kernel: once the warm-up has
-    loaded it, every thread's first call is as fast as its later ones. ``bench/gpu_prefill_attention.py``
-    compares the two per shape. Off (SDPA's choice) with ``SHAPEPLAN_LLM_PREFILL_ATTENTION=sdpa``, when
-    the kernel is disabled (``torch.backends.cuda.enable_mem_efficient_sdp(False)``) or cannot take the
-    inputs; after a failure it is not tried again in this process (a FALLBACK event says why)."""
-    if _PREFILL_ATTENTION != "auto" or _efficient_failed or not q.is_cuda or mask is None:
+    Why: on Hopper, torch >= 2.11 picks cuDNN attention, which builds a cuDNN graph per thread and per
+    shape at its first call (its cache is thread-local): 52-69 ms per call on a new thread on the H200
+    although another thread had made the same call, 66 ms in the first prefill of a llama-1b pipeline
+    whose warm-up thread had (``bench/gpu_prefill_attention.py``, ``bench/gpu_probe_warm3.sh``). The
+    memory-efficient kernel is a plain kernel: once loaded, every thread's first call costs 0.4-1.3 ms.
+    But per call it is slower: 59 vs 40 us at 512 query rows x 1,024 keys, 285 vs 74 us at 2,048 x 4,096,
+    781 vs 268 us at 8,192 x 4,096. So ``auto`` takes it only where the score matrix is small (at most
+    EFFICIENT_MAX_SCORES entries: llama-1b's 128-token prefill over a 1,024-token cache is 2**19), where
+    the first call's cost dominates, and SDPA's choice for larger prefills, whose captured graph
+    replays cuDNN's faster kernel at no host cost. Not taken when the kernel is disabled
+    (``torch.backends.cuda.enable_mem_efficient_sdp(False)``) or cannot take the inputs; after a failure
+    it is not tried again in this process (a FALLBACK event says why)."""
+    if _PREFILL_ATTENTION not in ("auto", "efficient") or _efficient_failed or not q.is_cuda or mask is None:
         return None
     if mask.dtype != q.dtype or mask.dim() != 2 or not mask.is_contiguous() or mask.shape[-1] % 16:
         return None                           # the kernel wants an additive bias with aligned rows
     b, h, m, _ = q.shape
+    if _PREFILL_ATTENTION == "auto" and m * mask.shape[-1] > EFFICIENT_MAX_SCORES:
+        return None
     bias = mask.expand(b, h, m, mask.shape[-1])
     try:
         cuda = torch.backends.cuda

@@ -53,9 +53,12 @@ def layer_bytes(graph: Graph) -> tuple[list[int], int, int]:
     per = [0] * n
     first = last = 0
     seen: set[int] = set()
+    variables = {id(v) for v in graph.variables}
     for v in graph.constants + graph.variables:
         t = v.data
-        key = t.untyped_storage().data_ptr() if isinstance(t, torch.Tensor) and t.numel() else id(v)
+        # a variable is materialized on its own (its initial value may be a view shared with others)
+        key = t.untyped_storage().data_ptr() if isinstance(t, torch.Tensor) and t.numel() \
+            and id(v) not in variables else id(v)
         if key in seen:
             continue                 # a transposed view and its source count once
         seen.add(key)

@@ -131,17 +131,23 @@ class Engine:
     def _runner(self, plan: Plan, key: tuple) -> PlanRunner:
         runner = self.cache.get(key)
         if runner is None:
-            backend = None if self.exec_mode in (Mode.SLOT_BY_SLOT, Mode.SHAPE_INFERENCE_ONLY) \
-                else get_backend(self.exec_mode)
-            consts = {r: self.constants.get(plan.reg_names[r]) if plan.reg_names[r] in self.constants
-                      else _move(d, self.device) for r, d in plan.constants}
-            name = f"p{len(self._plans)}.{abs(hash(key)) % 10**6:06d}"
-            runner = PlanRunner(plan, key, name, device=self.device, backend=backend, constants=consts,
-                                variables=self.variables, warmup_calls=self.warmup_calls, fallback=self.fallback,
-                                max_recaptures=self.max_recaptures)
-            self.cache.put(key, runner)
-            diagnostics.record("SHAPE", "new shape signature: new plan", plan=name, signature=str(key[1]))
+            runner = self._new_runner(plan, key)
+            self._keep(runner)
         return runner
+
+    def _new_runner(self, plan: Plan, key: tuple) -> PlanRunner:
+        backend = None if self.exec_mode in (Mode.SLOT_BY_SLOT, Mode.SHAPE_INFERENCE_ONLY) \
+            else get_backend(self.exec_mode)
+        consts = {r: self.constants.get(plan.reg_names[r]) if plan.reg_names[r] in self.constants
+                  else _move(d, self.device) for r, d in plan.constants}
+        name = f"p{len(self._plans)}.{abs(hash(key)) % 10**6:06d}"
+        return PlanRunner(plan, key, name, device=self.device, backend=backend, constants=consts,
+                          variables=self.variables, warmup_calls=self.warmup_calls, fallback=self.fallback,
+                          max_recaptures=self.max_recaptures)
+
+    def _keep(self, runner: PlanRunner) -> None:
+        self.cache.put(runner.key, runner)
+        diagnostics.record("SHAPE", "new shape signature: new plan", plan=runner.name, signature=str(runner.key[1]))
 
     def _check_constants(self, replaying: bool = False) -> None:
         """Reject a constant replaced (``value.data = ...``) or edited in place after compile.
@@ -181,9 +187,7 @@ class Engine:
             self._check_constants()
             from shapeplan.runtime.shape_only import infer_outputs
             return infer_outputs(plan, rt, self.constants, self.variables)
-        sig = tuple(tuple(x.shape) if isinstance(x, torch.Tensor) else
-                    (len(x),) if isinstance(x, list) else None for x in rt)
-        key = (plan.requested, sig, self._mode_value, self._device_str, threading.get_ident())
+        key = self._key(plan, rt)
         runner = self._runner(plan, key)
         self._check_constants(replaying=runner.phase is Phase.REPLAYING)
         if runner.input_dtypes and tuple(getattr(x, "dtype", None) for x in rt) != runner.input_dtypes:
@@ -197,6 +201,35 @@ class Engine:
         vals = self.graph.values        # declared dtypes restore int4/float4 (they run widened)
         return {name: runtime_to_numpy(v, getattr(vals.get(name), "dtype", None))
                 for (name, _), v in zip(plan.outputs, outs)}
+
+    def _key(self, plan: Plan, rt: list[Any]) -> tuple:
+        """The plan cache key of a call: outputs, shape signature, mode, device, calling thread."""
+        sig = tuple(tuple(x.shape) if isinstance(x, torch.Tensor) else
+                    (len(x),) if isinstance(x, list) else None for x in rt)
+        return (plan.requested, sig, self._mode_value, self._device_str, threading.get_ident())
+
+    def prepare(self, feeds: Mapping[str, Any], outputs: Sequence[str] | None = None) -> bool:
+        """Freeze, now and on this thread, the plan that ``run(feeds, outputs)`` would use, from its
+        frozen-plan record (docs/runtime.md), and compile its segments, so that call captures at once.
+        Only the feeds' shapes, dtypes and devices matter, not their values. Returns False, changing
+        nothing, when there is no usable record (then the first run records as usual), when records are
+        off (the CPU by default), or when the plan has already run. Used by the LLM pipeline while its
+        CUDA warm-up runs (start-up time). A signature with a plan already (run or prepared) is left
+        as it is (False)."""
+        self._validate(feeds)
+        plan = self.plan(outputs)
+        rt = [to_runtime(feeds[name], self.device) for name, _ in plan.inputs]
+        if self.exec_mode in (Mode.SLOT_BY_SLOT, Mode.SHAPE_INFERENCE_ONLY):
+            return False
+        key = self._key(plan, rt)
+        if self.cache.get(key) is not None:
+            return False                          # this signature has a plan already
+        self._check_constants()
+        runner = self._new_runner(plan, key)
+        if not runner.prepare(rt):
+            return False                          # no record: nothing kept
+        self._keep(runner)
+        return True
 
     def _validate(self, feeds: Mapping[str, Any]) -> None:
         """``validate_feeds`` once per distinct (names, types, dtypes, shapes) of the feeds."""

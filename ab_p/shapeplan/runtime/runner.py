@@ -144,6 +144,13 @@ class PlanRunner:
         self.calls += 1
         return outs
 
+    def prepare(self, feeds: list[Any]) -> bool:
+        """Before the first call: freeze from this plan's record and compile (``_from_record``); the
+        first call then captures. False when there is no usable record."""
+        if self.calls or self.phase is not Phase.SLOT_BY_SLOT or self.backend is None:
+            return False
+        return self._from_record(feeds)
+
     def _fresh_registers(self, feeds: list[Any]) -> list[Any]:
         """A register file with the feeds, constants and variables in place."""
         plan = self.plan
@@ -196,6 +203,7 @@ class PlanRunner:
             return False
         rec = fr.load(self._record_key)
         if rec is None:
+            self._event("CACHE", "no frozen-plan record for this plan", key=self._record_key[:12])
             return False
         try:
             meta = fr.reg_meta(rec)

@@ -105,7 +105,7 @@ def main() -> None:
         evs = diagnostics.events()
         base_t = next(e.t for e in evs if e.message == "t0")
         for e in evs:
-            f = {k: v for k, v in e.fields.items() if k in ("plan", "segment", "kernels", "reason", "state", "kernel", "seconds", "workers", "site", "nodes")}
+            f = {k: v for k, v in e.fields.items() if k in ("plan", "segment", "kernels", "reason", "state", "kernel", "seconds", "workers", "site", "nodes", "outputs", "tokens", "key")}
             print(f"  {1000 * (e.t - base_t):8.1f} ms  {e.category:<12} {e.message}  {f}")
         from shapeplan.llm import warmup
         for name, a0, a1 in warmup.timings:

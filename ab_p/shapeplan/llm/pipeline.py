@@ -93,6 +93,7 @@ class GenerationPipeline:
         self.eos_token_ids = set(eos)
         self._warm_thread = None
         self._startup_done: Callable[[], None] = lambda: None
+        replay_only = warm_seq = 0
         if self.device.type == "cuda" and tp is None and placement is None:
             from shapeplan.llm import warmup            # CUDA libraries load while the graph is built
             # until the first request has settled both plans (or this pipeline is collected)
@@ -103,9 +104,9 @@ class GenerationPipeline:
             # them when records exist (a plan without one loads them in its own slot-by-slot call)
             replay_only = mode in ("triton", "auto") and frozen_records.enabled(self.device) \
                 and frozen_records.entries() > 0
+            warm_seq = next(b for b in self.buckets if b >= min(128, max_prefill_length))
             self._warm_thread = warmup.start(cfg, self.dtype, self.device, max_kv_cache_length,
-                                             seq=next(b for b in self.buckets if b >= min(128, max_prefill_length)),
-                                             replay_only=replay_only,
+                                             seq=warm_seq, replay_only=replay_only,
                                              head=weights.get("lm_head.weight", weights.get("model.embed_tokens.weight")))
             if mode in ("triton", "auto"):
                 _prewarm_decode_kernels(cfg, self.dtype, self.device, max_kv_cache_length)
@@ -124,6 +125,34 @@ class GenerationPipeline:
         self._one = torch.ones(1, dtype=torch.int64, device=self.device)
         self._settled: set[tuple] = set()      # (outputs, input_ids shape) of plans past their lifecycle
         self._session: Session | None = None
+        if self._warm_thread is not None and replay_only:
+            self._prepare_from_records(warm_seq)
+
+    def _prepare_from_records(self, bucket: int) -> None:
+        """Start-up with frozen-plan records: while the CUDA warm-up thread still loads kernels (the main
+        thread would only wait for it), freeze and compile, from their records, the plans a first
+        request may use (``Engine.prepare``): the greedy decode step, the greedy prefill of the warm-up's
+        bucket, of the other buckets, then the sampling decode step and prefill; it stops as soon as the
+        warm-up is done. A prepared plan's first call captures at once; a plan without a record is not
+        kept. Best effort: an error is recorded and changes nothing else."""
+        warm = self._warm_thread
+        dev = self.device
+        order = [("next_token", 1), ("next_token", bucket)]
+        order += [("next_token", b) for b in self.buckets if b != bucket]
+        order += [("next_token_sampled", 1), ("next_token_sampled", bucket)]
+        try:
+            one = torch.ones(1, dtype=torch.int64, device=dev)
+            for tok_out, n in order:
+                if warm is None or not warm.is_alive():
+                    return
+                ids = torch.zeros(1, n, dtype=torch.int64, device=dev)
+                if self.engine.prepare({"input_ids": ids, "position": one, "length": one},
+                                       outputs=[tok_out, "next_position"]):
+                    diagnostics.record("LIFECYCLE", "plan prepared from its record during the warm-up",
+                                       outputs=tok_out, tokens=n)
+        except Exception as e:  # noqa: BLE001 - an optimisation only: the first request records as usual
+            diagnostics.record("FALLBACK", "plans not prepared from records at start-up",
+                               reason=f"{type(e).__name__}: {e}"[:300])
 
     # ------------------------------------------------------------------ construction
     @classmethod
