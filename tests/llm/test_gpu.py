@@ -49,15 +49,17 @@ def test_gpu_bf16_preset_sessions_and_sampling():
     assert res.finish_reason == "length"
 
 
-def test_gpu_cuda_warmup_thread_changes_nothing(monkeypatch):
+def test_gpu_cuda_warmup_thread_changes_nothing(monkeypatch, tmp_path):
     """The CUDA warm-up thread (shapeplan/llm/warmup.py) runs beside construction, finishes, records no
-    events, and the tokens are those of a pipeline built without it."""
+    events, and the tokens are those of a pipeline built without it. Each pipeline gets an empty cache:
+    with frozen-plan records the warm-up window is used to prepare plans (another test covers that)."""
     import threading
 
     from shapeplan import diagnostics
 
     def run(warm: str) -> tuple[list[int], list[str]]:
         monkeypatch.setenv("SHAPEPLAN_CUDA_WARM", warm)
+        monkeypatch.setenv("SHAPEPLAN_CACHE_DIR", str(tmp_path / f"warm{warm}"))
         diagnostics.reset()
         diagnostics.enable(["COMPILE", "SHAPE", "FALLBACK"], level="detailed")
         try:
