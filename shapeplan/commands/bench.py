@@ -1,6 +1,7 @@
 """``shapeplan bench``: decode throughput of a preset or a checkpoint per execution config.
 
     shapeplan bench --preset llama-1b --config matrix --device cuda --json out.json
+    shapeplan bench --preset llama-1b --config triton --device cuda --vs-torch-compile
 """
 from __future__ import annotations
 
@@ -25,12 +26,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-kv-cache-length", type=int, default=1024)
     p.add_argument("--no-optimize", action="store_true", help="compile without the optimizer passes")
     p.add_argument("--json", dest="json_path", default=None, help="write the results as JSON to this file")
+    p.add_argument("--vs-torch-compile", action="store_true",
+                   help="also run a gpt-fast-style PyTorch decoder on the same weights in this process: eager, "
+                        "and on CUDA eager + CUDA graph and torch.compile(mode='reduce-overhead')")
     p.add_argument("--tp", type=int, default=1, help="tensor parallel: N processes, one per device (docs/parallel.md)")
     p.set_defaults(func=_bench)
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from shapeplan.llm.bench import configs_for, format_table, load_model, run_matrix
+    from shapeplan.llm.bench import bench_prompt, configs_for, format_table, load_model, run_matrix, torch_baselines
     if not args.preset and not args.model:
         args.preset = "llama-125m"
     configs = configs_for(args.device) if args.config == "matrix" else [args.config]
@@ -42,11 +46,17 @@ def _bench(args: argparse.Namespace) -> int:
     rows = run_matrix(cfg, weights, configs, device=args.device, prompt_len=args.prompt_len,
                       new_tokens=args.new_tokens, max_kv_cache_length=args.max_kv_cache_length,
                       optimize=not args.no_optimize, log=lambda s: print(s, file=sys.stderr))
+    if args.vs_torch_compile:
+        ref = next((r.tokens for r in rows if r.config == "slot_by_slot" and r.ok), None)
+        print("  running the PyTorch decoder ...", file=sys.stderr)
+        rows += torch_baselines(cfg, weights, bench_prompt(cfg.vocab_size, args.prompt_len), args.new_tokens,
+                                args.max_kv_cache_length, ref, device=args.device)
     print(format_table(rows, f"{name} on {args.device}, prompt {args.prompt_len}, {args.new_tokens} new tokens, greedy"))
     if args.json_path:
         with open(args.json_path, "w", encoding="utf-8") as f:
             json.dump({"model": name, "device": args.device, "prompt_len": args.prompt_len,
                        "new_tokens": args.new_tokens, "rows": [r.to_dict() for r in rows]}, f, indent=2)
-    failed = [r for r in rows if not r.ok]
-    diverged = [r for r in rows if r.agree_with_reference not in ("-", f"{len(r.tokens)}/{len(r.tokens)}")]
+    ours = [r for r in rows if not r.config.startswith("torch")]       # the PyTorch rows inform only
+    failed = [r for r in ours if not r.ok]
+    diverged = [r for r in ours if r.agree_with_reference not in ("-", f"{len(r.tokens)}/{len(r.tokens)}")]
     return 1 if failed or (args.device == "cpu" and diverged) else 0

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import gc
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -142,3 +143,110 @@ def format_table(rows: list[BenchRow], title: str = "") -> str:
                      f"{r.effective_tok_s:>9.1f}  {r.agree_with_reference:>15}")
     lines.append("(tok/s; late = steps >= 20; cold = construction + a 32-token warm-up request)")
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- the same decode in plain PyTorch
+_SYNC_AT = (0, 2, 19)
+
+
+def _timed_decode(prefill, step, n: int, tokbuf: torch.Tensor) -> tuple[dict[int, float], float, float]:
+    """Run prefill then n-1 steps; sync only at tokens 0, 2, 19 and the end (same windows as ours)."""
+    dev = str(tokbuf.device)
+    _sync(dev)
+    t0 = time.perf_counter()
+    prefill()
+    times: dict[int, float] = {}
+    for i in range(n):
+        if i:
+            step(i)
+        if i in _SYNC_AT or i == n - 1:
+            _sync(dev)
+            times[i] = time.perf_counter()
+    return times, t0, times[n - 1]
+
+
+def torch_baselines(cfg: LlamaConfig, weights: dict[str, torch.Tensor], prompt: list[int], n: int, max_kv: int,
+                    ref: list[int] | None, device: str = "cuda") -> list[BenchRow]:
+    """The same decode with a gpt-fast-style PyTorch decoder (``llm/reference.TorchDecoder``) on the same
+    weights, in this process: eager; on CUDA also eager + one CUDA graph per step and
+    ``torch.compile(mode="reduce-overhead")`` (static KV cache, weights marked static). Same timing
+    windows and metrics as ``run_config``; ``cold s`` = the step's warm-up / capture / compile."""
+    cuda = torch.device(device).type == "cuda"
+    kinds = ("torch eager", "torch eager+graph", "torch.compile") if cuda else ("torch eager",)
+    rows = []
+    for kind in kinds:
+        try:
+            rows.append(_torch_row(kind, cfg, weights, prompt, n, max_kv, ref, device))
+        except Exception as e:  # noqa: BLE001 - one failing baseline must not hide the others
+            rows.append(BenchRow(kind, ok=False, error=f"{type(e).__name__}: {e}"[:300]))
+        gc.collect()
+        if cuda:
+            torch.cuda.empty_cache()
+        torch._dynamo.reset()
+    return rows
+
+
+def _torch_row(kind: str, cfg: LlamaConfig, weights: dict[str, torch.Tensor], prompt: list[int], n: int,
+               max_kv: int, ref: list[int] | None, dev: str) -> BenchRow:
+    from shapeplan.llm.metrics import compute
+    from shapeplan.llm.reference import TorchDecoder
+    row = BenchRow(kind)
+    dec = TorchDecoder(cfg, weights, max_kv_cache_length=max_kv, device=dev,
+                       dtype=weights["model.embed_tokens.weight"].dtype)
+    ids = torch.tensor([prompt], device=dev)
+    P = len(prompt)
+    tok = torch.zeros(1, 1, dtype=torch.int64, device=dev)
+    pos = torch.zeros(1, dtype=torch.int64, device=dev)
+    tokbuf = torch.zeros(1, n, dtype=torch.int64, device=dev)
+    counter = torch.zeros(1, dtype=torch.int64, device=dev)
+
+    def prefill() -> None:
+        first = dec.forward(ids, torch.arange(P, device=dev)).argmax(-1, keepdim=True)
+        tok.copy_(first)
+        pos.fill_(P)
+        tokbuf[:, 0:1].copy_(first)
+        counter.fill_(1)
+
+    step_fn = dec.decode_step
+
+    def body() -> None:                              # one decode step, all state on the device
+        nxt = step_fn(tok, pos)
+        tok.copy_(nxt)
+        tokbuf.index_copy_(1, counter, nxt)
+        pos.add_(1)
+        counter.add_(1)
+
+    def eager(i: int) -> None:
+        body()
+    run = eager
+    t_cold = time.perf_counter()
+    if kind == "torch eager+graph":
+        prefill()
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(3):
+                body()
+        torch.cuda.current_stream().wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            body()
+
+        def replay(i: int) -> None:
+            graph.replay()
+        run = replay
+    elif kind == "torch.compile":
+        for t in list(weights.values()) + dec.k + dec.v + [tok, pos, tokbuf, counter]:
+            torch._dynamo.mark_static_address(t)
+        step_fn = torch.compile(dec.decode_step, mode="reduce-overhead", fullgraph=True)
+        prefill()
+        for _ in range(4):                           # compile, record, replay
+            body()
+    _sync(dev)
+    row.cold_start_s = time.perf_counter() - t_cold
+    times, t0, t_end = _timed_decode(prefill, run, n, tokbuf)
+    row.take_metrics(compute(t0, times, t_end, n))
+    row.tokens = tokbuf[0].tolist()
+    if ref is not None:
+        row.agree_with_reference = agreement(row.tokens, ref)
+    return row

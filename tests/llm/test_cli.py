@@ -45,6 +45,22 @@ def test_bench_matrix_checks_configs_against_slot_by_slot(tmp_path, capsys):
     assert "late" in table and "emulated_replay" in table
 
 
+def test_bench_vs_torch_compile_runs_the_pytorch_decoder_on_the_same_weights(tmp_path, capsys):
+    """``--vs-torch-compile``: the gpt-fast-style PyTorch decoder with the same weights in the same process
+    (on the CPU its eager row only; on CUDA also eager + CUDA graph and torch.compile): same tokens as our
+    slot_by_slot in float32, timed the same way."""
+    f = tmp_path / "bench.json"
+    rc = main(["bench", "--preset", "llama-tiny", "--config", "slot_by_slot", "--dtype", "float32",
+               "--prompt-len", "10", "--new-tokens", "24", "--max-kv-cache-length", "64", "--vs-torch-compile",
+               "--json", str(f)])
+    table = capsys.readouterr().out
+    assert rc == 0, table
+    rows = {r["config"]: r for r in json.loads(f.read_text())["rows"]}
+    assert set(rows) == {"slot_by_slot", "torch eager"}
+    assert rows["torch eager"]["ok"] and rows["torch eager"]["agree_with_reference"] == "24/24"
+    assert rows["torch eager"]["late_steady_tok_s"] > 0 and "torch eager" in table
+
+
 def test_demo_generates_with_a_tiny_model():
     from shapeplan.llm.demo import run_demo
     lines: list[str] = []
