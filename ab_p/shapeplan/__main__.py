@@ -1,5 +1,0 @@
-import sys
-
-from shapeplan.cli import main
-
-sys.exit(main())
