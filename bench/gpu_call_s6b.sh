@@ -2,7 +2,7 @@
 # Sixth session: llama-1b start-up, three trees on one machine, runs interleaved (cold, then four warm):
 # ab_s5 (the session's start, c98bc60), ab_c4 (capture first, a7969ce), . (plans prepared during the
 # warm-up, SDPA size rule). Trees extracted with `git archive REV shapeplan bench | tar -x -C DIR`.
-# Then the GPU tests. Logs under $OUT.
+# Then the GPU tests. Logs under $OUT. The trees are ignored by git (/ab_*/): pass them in the device call's carry.
 . bench/gpu_prelude.sh
 python3 -m compileall -q ab_s5 ab_c4 > /dev/null
 C=$(mktemp -d)

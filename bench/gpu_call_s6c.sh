@@ -2,7 +2,8 @@
 # Sixth session: llama-1b start-up, three trees on one machine, runs interleaved (cold, then four warm):
 # ab_s5 (the session's start, c98bc60), ab_p (capture first + plans prepared, which the blocked engine
 # creation kept from running), . (state made before the warm-up, adopted by the engine). Then a
-# timeline of the new tree, the GPU tests and llama-1b decode speed. Logs under $OUT.
+# timeline of the new tree, the GPU tests and llama-1b decode speed. Logs under $OUT. (ab_* are ignored by
+# git: pass them in the device call's carry.)
 . bench/gpu_prelude.sh
 python3 -m compileall -q ab_s5 ab_p > /dev/null
 C=$(mktemp -d)

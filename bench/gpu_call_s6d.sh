@@ -1,4 +1,5 @@
 #!/bin/bash
+# (ab_s5 is ignored by git: pass it in the device call's carry.)
 # Sixth session, last device call: llama-1b start-up of this tree (cold, then six warm starts) interleaved
 # with the session's starting tree ab_s5 (c98bc60; three warm), one timeline, and the GPU tests.
 . bench/gpu_prelude.sh

@@ -349,6 +349,8 @@ class GenerationPipeline:
                     if finish is not None:
                         metrics = compute(t_start, times, times[upto], len(kept), prompt_tokens=n,
                                           host_syncs=reader.syncs, prefill_bucket=bucket)
+                    if finish is not None:
+                        self._startup_done()        # the first request is over (even without a decode step)
                     yield added, finish, metrics
                     if finish is not None:
                         return
