@@ -9,8 +9,7 @@ for l in cold w1 w2 w3 w4 w5 w6; do
   for t in ab_s5 .; do
     n=$t; [ $t = . ] && n=new
     case $l in w4|w5|w6) [ $n = ab_s5 ] && continue;; esac
-    SHAPEPLAN_CACHE_DIR=$C/$n timeout 100 python3 $t/bench/gpu_startup.py --label "$n $l" > $O/${n}_$l.log 2>&1
-    tail -1 $O/${n}_$l.log | cut -c1-175
+    startup_run $t $n $l
   done
 done
 SHAPEPLAN_CACHE_DIR=$C/new timeout 100 python3 bench/gpu_startup.py --label "new timeline" --timeline > $O/timeline.log 2>&1

@@ -12,3 +12,12 @@ gpu_tests() {
     > $O/tests.log 2>&1
   grep -E "passed|failed|error" $O/tests.log | tail -2; grep -E "^(FAILED|ERROR)" $O/tests.log | head -10
 }
+
+# `startup_run TREE NAME LABEL [ARGS...]`: one llama-1b start-up (bench/gpu_startup.py of TREE, cache
+# $C/NAME), log in $O/NAME_LABEL.log, its JSON line printed (the A/B scripts interleave trees with it).
+startup_run() {
+  local tree=$1 name=$2 label=$3; shift 3
+  SHAPEPLAN_CACHE_DIR=$C/$name timeout 100 python3 $tree/bench/gpu_startup.py --label "$name $label" "$@" \
+    > $O/${name}_$label.log 2>&1
+  tail -1 $O/${name}_$label.log | cut -c1-175
+}

@@ -158,12 +158,14 @@ def build_graph(cfg: LlamaConfig, weights: dict[str, torch.Tensor], *, max_kv_ca
         else tp.embed(g, b.const("model.embed_tokens.weight"), ids)                   # [B, S, H]
     x = b.rms_norm(h, "model.layers.0.input_layernorm.weight")
     zero: dict[tuple, torch.Tensor] = {}
+
+    def cache(name: str) -> Value:
+        init = state[name] if name in state else _zeros((batch, hkv, L, d), dtype, device, zero)
+        return g.variable(name, init)
+
     for i in range(cfg.num_layers):
         p = f"model.layers.{i}."
-        k_cache = g.variable(f"k_cache_{i}", state[f"k_cache_{i}"]
-                             if f"k_cache_{i}" in state else _zeros((batch, hkv, L, d), dtype, device, zero))
-        v_cache = g.variable(f"v_cache_{i}", state[f"v_cache_{i}"]
-                             if f"v_cache_{i}" in state else _zeros((batch, hkv, L, d), dtype, device, zero))
+        k_cache, v_cache = cache(f"k_cache_{i}"), cache(f"v_cache_{i}")
         if fuse_projections:
             q, k, v = b.fused_linear(x, p + "self_attn.", ["q_proj", "k_proj", "v_proj"], "qkv_proj",
                                      cfg.attention_bias)                              # [B, S, N_i]

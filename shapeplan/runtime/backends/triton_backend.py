@@ -148,10 +148,10 @@ class TritonBackend(CudaGraphsBackend):
         would only run them unchecked. The layouts of registers no step has computed yet are the ones
         the segment was compiled for. Off with ``SHAPEPLAN_TRITON_VERIFY=1`` or
         ``SHAPEPLAN_CAPTURE_FIRST=0``."""
+        metas = self._compiled_for.pop(self._key(seg), None)
         if _verify_on() or not _capture_first_on():
             return False
         fused = [st for st in steps if st.kind != "slot"]
-        metas = self._compiled_for.pop(self._key(seg), None)
         if not fused or not metas:
             return False
         view = [x if x is not None else metas.get(r) for r, x in enumerate(regs)]
