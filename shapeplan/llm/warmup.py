@@ -39,7 +39,7 @@ import torch
 from shapeplan import diagnostics
 from shapeplan.llm.config import LlamaConfig
 
-#: (part name, start, end) in time.perf_counter seconds, of this process's warm-up parts (timelines)
+#: (part name, start, end) in time.perf_counter seconds, of the last warm-up's parts (timelines)
 timings: list[tuple[str, float, float]] = []
 
 #: the warm-up's vocabulary (its LM head GEMM differs from the real one; every other kernel matches)
@@ -138,6 +138,7 @@ def _run(cfg: LlamaConfig, dtype: torch.dtype, device: torch.device, max_kv_cach
             if cuda and device.index is not None:
                 torch.cuda.set_device(device.index)
             todo = parts(cfg, dtype, device, max_kv_cache_length, seq, replay_only, head)
+            timings.clear()                 # one pipeline's parts, not every warm-up of a long process
             errors: list[BaseException] = []
 
             def run(part: Callable[[], torch.Tensor]) -> None:
