@@ -63,6 +63,32 @@ def _compare(name: str, got: Any, want: Any, rtol: float, atol: float) -> str | 
     return None if np.array_equal(got, want) else f"{name}: values differ"
 
 
+#: cases whose stored outputs hold, for some elements, a result the ONNX spec leaves undefined; the
+#: generator filled them in with whatever the installed ml_dtypes does there (0.5 wrapped, 0.7 gives 0).
+#: Those elements are not compared; every other element must match exactly. (case name prefix, why,
+#: the elements the spec defines: a function of (inputs, output) giving a boolean mask.)
+def _in_sub_byte_range(inputs: list[Any], want: np.ndarray) -> np.ndarray:
+    lo, hi = {"int4": (-8, 7), "uint4": (0, 15), "int2": (-2, 1), "uint2": (0, 3)}[want.dtype.name]
+    x = np.asarray(inputs[0], dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        return np.isfinite(x) & (np.round(x) >= lo) & (np.round(x) <= hi)
+
+
+SPEC_UNDEFINED = [
+    (("test_cast_FLOAT_to_", "test_cast_FLOAT16_to_", "test_castlike_FLOAT_to_", "test_castlike_FLOAT16_to_"),
+     ("INT4", "UINT4", "INT2", "UINT2"),
+     "float -> fixed point is undefined out of range (Cast spec); ours saturates (shapeplan/ops/cast.py)",
+     _in_sub_byte_range),
+]
+
+
+def _defined_elements(case_name: str, inputs: list[Any], want: Any) -> np.ndarray | None:
+    for prefixes, targets, _why, mask in SPEC_UNDEFINED:
+        if case_name.startswith(prefixes) and case_name.split("_to_")[-1].split("_")[0] in targets:
+            return mask(inputs, want)
+    return None
+
+
 def _as_array(x: Any) -> Any:
     """Cases store float8/int4/... data as TensorProtos; numpy_helper gives ml_dtypes arrays."""
     import onnx
@@ -84,7 +110,11 @@ def run_case(case: Any) -> str | None:
                 warnings.simplefilter("ignore")
                 res = engine.run(feeds)
             for name, want in zip(out_names, outputs):
-                err = _compare(name, res.get(name), _as_array(want), max(case.rtol, RTOL), max(case.atol, ATOL))
+                got, want = res.get(name), _as_array(want)
+                keep = _defined_elements(case.name, [_as_array(x) for x in inputs], want)
+                if keep is not None and got is not None:
+                    got, want = np.asarray(got)[keep], np.asarray(want)[keep]
+                err = _compare(name, got, want, max(case.rtol, RTOL), max(case.atol, ATOL))
                 if err:
                     return err
         return None

@@ -2,12 +2,21 @@
 
 Runtime representation of the types torch lacks (see ir/tensors.py): int4/int2 live in int8 tensors,
 uint4/uint2 in uint8 tensors, float4e2m1 in float32 tensors, each holding the exact value; strings are
-numpy object arrays. Conversions follow the ONNX reference evaluator (which uses ml_dtypes):
+numpy object arrays. Every conversion to a sub-byte or float8 type is our own arithmetic, written from
+the ONNX spec (the Cast operator's tables and docs/technical/int4.md), never a library's cast: the
+resolver's ``ml_dtypes`` changed its float -> int4 cast between releases (0.5 wrapped, 0.7 gives 0 out of
+range), and neither is what the spec says.
 
-* float8 with ``saturate=1`` (default) clamps to the largest finite value (inf too); with
-  ``saturate=0`` an overflow is NaN (inf for float8e5m2).
-* int4/uint4/int2/uint2: truncate toward zero, then wrap to the bit width.
-* float4e2m1: round to nearest even on the grid {0, .5, 1, 1.5, 2, 3, 4, 6}, saturating at 6.
+* float8 (E4M3FN, E4M3FNUZ, E5M2, E5M2FNUZ): round to nearest even; with ``saturate=1`` (default) a
+  value that rounds beyond the largest finite value (inf too) becomes +-FLT_MAX; with ``saturate=0``
+  it becomes NaN (+-inf for E5M2). The rounding inside the range is torch's float8 conversion (IEEE
+  round to nearest even); the range and the special values are decided here, per the spec's table.
+* float -> int4/uint4/int2/uint2: round to the nearest integer, ties to even (int4.md), then saturate
+  to the type's range (the spec leaves an out-of-range float -> integer cast undefined; saturating is
+  what QuantizeLinear does for these types, and what a quantizer expects); NaN -> 0.
+* integer -> int4/uint4/int2/uint2: keep the low bits and reinterpret (the spec's fixed-point rule:
+  200 (int16) -> -56 (int8)); bool -> 0 / 1.
+* float4e2m1: round to nearest even on the grid {0, .5, 1, 1.5, 2, 3, 4, 6}, saturating at 6; NaN -> -0.
 * float8e8m0: from the float32 exponent, rounded per ``round_mode`` (up | down | nearest).
 """
 from __future__ import annotations
@@ -24,7 +33,6 @@ from shapeplan.ops.registry import Trait, register
 
 EW = Trait.ELEMENTWISE
 _SUB_BYTE_INT = {"int4": (4, True), "uint4": (4, False), "int2": (2, True), "uint2": (2, False)}
-_F8_NO_INF_OVERFLOW_NAN = {"float8e4m3fn", "float8e4m3fnuz", "float8e5m2fnuz"}
 _FP4_GRID = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 _FP4_EVEN = (True, False, True, False, True, False, True, False)    # mantissa bit 0
 
@@ -82,26 +90,40 @@ def _to_strings(x: torch.Tensor, src: DType) -> np.ndarray:
     return arr.astype(np.str_).astype(object)
 
 
+#: float8 type -> (the smallest magnitude that rounds past the largest finite value, what saturate=0
+#: gives there). Ties go to the even neighbour: E4M3FN's max 448 (mantissa 110) keeps the tie at 464;
+#: the others' maxima have an odd last mantissa bit, so their tie rounds up and out of range.
+_F8_OVERFLOW = {"float8e4m3fn": (464.0, False, "nan"), "float8e4m3fnuz": (248.0, True, "nan"),
+                "float8e5m2": (61440.0, True, "inf"), "float8e5m2fnuz": (61440.0, True, "nan")}
+
+
 def _float8(x: torch.Tensor, dst: DType, saturate: int) -> torch.Tensor:
     assert dst.torch is not None
     xf = x.to(torch.float32) if x.dtype != torch.float64 else x
     big = torch.finfo(dst.torch).max
+    inside = torch.clamp(xf, -big, big).to(dst.torch)      # NaN stays NaN; +-inf -> +-FLT_MAX
     if saturate:
-        return torch.clamp(xf, -big, big).to(dst.torch)
-    if dst.name == "float8e4m3fn":    # torch saturates this one; ONNX (ml_dtypes) overflows to NaN
-        half_ulp = 16.0                 # 448 = 1.75 * 2**8: ulp 32; ties round to even (448)
-        xf = torch.where(torch.abs(xf) > big + half_ulp, torch.full_like(xf, float("nan")), xf)
-    return xf.to(dst.torch)
+        return inside
+    edge, tie_overflows, special = _F8_OVERFLOW[dst.name]
+    a = torch.abs(xf)
+    over = (a >= edge) if tie_overflows else (a > edge)
+    if special == "inf":
+        out = torch.where(torch.signbit(xf), torch.full_like(xf, float("-inf")), torch.full_like(xf, float("inf")))
+    else:
+        out = torch.full_like(xf, float("nan"))
+    return torch.where(over, out.to(dst.torch), inside)
 
 
 def _sub_byte_int(x: torch.Tensor, bits: int, signed: bool) -> torch.Tensor:
+    lo, hi = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if signed else (0, (1 << bits) - 1)
     if x.dtype.is_floating_point:
-        x = torch.nan_to_num(x.to(torch.float64), nan=0.0, posinf=0.0, neginf=0.0).trunc()
-    v = x.to(torch.int64) & ((1 << bits) - 1)
-    if signed:
-        v = torch.where(v >= (1 << (bits - 1)), v - (1 << bits), v)
-        return v.to(torch.int8)
-    return v.to(torch.uint8)
+        xf = torch.nan_to_num(x.to(torch.float64), nan=0.0)
+        v = torch.clamp(torch.round(xf), lo, hi).to(torch.int64)       # torch.round: ties to even
+    else:                                                            # fixed point: keep the low bits
+        v = x.to(torch.int64) & ((1 << bits) - 1)
+        if signed:
+            v = torch.where(v > hi, v - (1 << bits), v)
+    return v.to(torch.int8 if signed else torch.uint8)
 
 
 def _float4(x: torch.Tensor) -> torch.Tensor:
