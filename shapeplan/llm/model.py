@@ -17,6 +17,19 @@ Variables (persist in the Engine): ``k_cache_{i}``, ``v_cache_{i}`` [B, Hkv, L, 
 ``shapeplan::CacheWriteKV`` (both of a layer's writes) at ``position``; ``sampling_params`` float32 [B, 4], ``sampling_seed`` int64
 [B], ``seen_tokens`` bool [B, V] (repetition penalty).
 
+With ``paged=PagedKV(...)`` (the batched engine, shapeplan/llm/batch) every row has its own position
+and its own blocks of a shared pool; the inputs become::
+
+    input_ids     int64 [B, S]      row b's tokens (decode: S = 1; padding rows and tokens are ignored)
+    positions     int64 [B]         absolute position of input_ids[b, 0]
+    lengths       int64 [B]         valid tokens of row b (0: a padding row, which writes nothing)
+    block_tables  int32 [B, MAXB]   row b's blocks in order (position p: block p // BS, offset p % BS)
+    state_slots   int64 [B]         row b's row of the sampling-state variables
+
+and ``next_position`` is [B] (positions + lengths). The caches are pools ``[NB, Hkv, BS, D]`` written by
+``shapeplan::PagedCacheWrite`` and read by ``shapeplan::PagedAttention``; the sampling variables have
+``state_slots`` rows, gathered per step by ``state_slots``.
+
 Weights enter as constants that *view* the checkpoint tensors: a projection is ``MatMul(x, W.T)``
 with ``W.T`` a transposed view, so loading copies nothing. The q/k/v and gate/up projections are
 emitted fused (``fuse_projections``): one MatMul over a row-stacked weight, then a Split. The stacked
@@ -27,6 +40,7 @@ norm: one kernel on the triton backend, bit-identical to Add + RMSNormalization 
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -118,15 +132,112 @@ class _Builder:
         return self.g.op.Mul(self.g.op.Mul(gate, self.g.op.Sigmoid(gate)), up)
 
 
+@dataclass(slots=True, frozen=True)
+class PagedKV:
+    """The paged KV cache of the batched engine (shapeplan/llm/batch): one pool of ``num_blocks``
+    blocks of ``block_size`` tokens per layer ([NB, Hkv, BS, D] for K and for V; block 0 is the null
+    block, never given to a sequence), a block table of ``max_blocks`` entries per row, and
+    ``state_slots`` rows of per-request sampling state (the last one serves padding rows)."""
+    num_blocks: int
+    block_size: int
+    max_blocks: int
+    state_slots: int
+
+
+class _StaticKV:
+    """One contiguous cache per layer, [B, Hkv, L, D], written at a position shared by every row."""
+
+    def __init__(self, g: Graph, cfg: LlamaConfig, batch: int, length: int, dtype: torch.dtype,
+                 device: str | torch.device, state: dict[str, torch.Tensor]) -> None:
+        self.g, self.cfg, self.batch, self.length, self.dtype, self.device = g, cfg, batch, length, dtype, device
+        self.state, self.zero = state, {}
+        self.ids = g.placeholder("input_ids", "int64", (batch, "seq"))
+        self.position = g.placeholder("position", "int64", (1,))
+        self.length_in = g.placeholder("length", "int64", (1,))
+        hq, hkv = cfg.num_heads, cfg.num_kv_heads
+        self.mask = g.op.CausalMask(self.ids, self.position, kv_length=length, window=cfg.sliding_window,
+                                    groups=hq // hkv, dtype=str(dtype).replace("torch.", ""), _domain=SP)   # [G*S, L] additive
+
+    def starts(self) -> Value:
+        return self.position
+
+    def layer(self, i: int, q: Value, k: Value, v: Value, cos_s: Value, sin_s: Value, scale: float) -> Value:
+        cfg, op = self.cfg, self.g.op
+        shape = (self.batch, cfg.num_kv_heads, self.length, cfg.head_dim)
+        caches = [self.g.variable(n, self.state[n] if n in self.state else
+                                  _zeros(shape, self.dtype, self.device, self.zero))
+                  for n in (f"k_cache_{i}", f"v_cache_{i}")]
+        k_all, v_all = op.CacheWriteKV(*caches, k, v, self.position, cos_s, sin_s, axis=2, _domain=SP,
+                                       _outputs=2)            # RoPE(k), both writes: [B, Hkv, L, D] x 2
+        return op.CachedAttention(q, k_all, v_all, self.mask, self.position, scale=scale,
+                                  window=cfg.sliding_window, _domain=SP)                # [B, Hq, S, D]
+
+    def last_tokens(self, h: Value) -> Value:
+        op = self.g.op
+        return op.Gather(h, op.Sub(self.length_in, np.array([1], np.int64)), axis=1)    # [B, 1, H]
+
+    def next_position(self) -> Value:
+        return self.g.op.Add(self.position, self.length_in)
+
+    def sampling(self) -> tuple[Value, Value, Value]:
+        init = self.state if "sampling_params" in self.state else _sampling_state(self.cfg, self.batch, self.device)
+        return tuple(self.g.variable(n, init[n]) for n in ("sampling_params", "sampling_seed", "seen_tokens"))
+
+
+class _PagedKV:
+    """Pools of blocks per layer, a block table per row, every row at its own position (PagedKV)."""
+
+    def __init__(self, g: Graph, cfg: LlamaConfig, paged: PagedKV, dtype: torch.dtype,
+                 device: str | torch.device, state: dict[str, torch.Tensor]) -> None:
+        self.g, self.cfg, self.paged, self.dtype, self.device, self.state = g, cfg, paged, dtype, device, state
+        self.ids = g.placeholder("input_ids", "int64", ("batch", "seq"))
+        self.positions = g.placeholder("positions", "int64", ("batch",))
+        self.lengths = g.placeholder("lengths", "int64", ("batch",))
+        self.block_tables = g.placeholder("block_tables", "int32", ("batch", paged.max_blocks))
+        self.state_slots = g.placeholder("state_slots", "int64", ("batch",))
+
+    def starts(self) -> Value:
+        return self.positions
+
+    def layer(self, i: int, q: Value, k: Value, v: Value, cos_s: Value, sin_s: Value, scale: float) -> Value:
+        cfg, op, p = self.cfg, self.g.op, self.paged
+        shape = (p.num_blocks, cfg.num_kv_heads, p.block_size, cfg.head_dim)
+        pools = [self.g.variable(n, self.state[n] if n in self.state else
+                                 torch.zeros(shape, dtype=self.dtype, device=self.device))
+                 for n in (f"k_cache_{i}", f"v_cache_{i}")]
+        k_all, v_all = op.PagedCacheWrite(*pools, k, v, self.positions, self.lengths, self.block_tables,
+                                          cos_s, sin_s, _domain=SP, _outputs=2)   # RoPE(k), both writes
+        return op.PagedAttention(q, k_all, v_all, self.positions, self.lengths, self.block_tables, scale=scale,
+                                 window=cfg.sliding_window, _domain=SP)           # [B, Hq, S, D]
+
+    def last_tokens(self, h: Value) -> Value:
+        op = self.g.op
+        last = op.Max(op.Sub(self.lengths, np.array([1], np.int64)), np.array([0], np.int64))   # [B]
+        idx = op.Unsqueeze(last, np.array([1], np.int64))                                      # [B, 1]
+        return op.Unsqueeze(op.GatherND(h, idx, batch_dims=1), np.array([1], np.int64))       # [B, 1, H]
+
+    def next_position(self) -> Value:
+        return self.g.op.Add(self.positions, self.lengths)                                     # [B]
+
+    def sampling(self) -> tuple[Value, Value, Value]:
+        init = self.state if "sampling_params" in self.state else \
+            _sampling_state(self.cfg, self.paged.state_slots, self.device)
+        rows = [self.g.variable(n, init[n]) for n in ("sampling_params", "sampling_seed", "seen_tokens")]
+        return tuple(self.g.op.Gather(r, self.state_slots, axis=0) for r in rows)        # this batch's rows
+
+
 def build_graph(cfg: LlamaConfig, weights: dict[str, torch.Tensor], *, max_kv_cache_length: int,
                 batch: int = 1, dtype: torch.dtype | None = None, device: str | torch.device = "cpu",
-                tp: Any = None, fuse_projections: bool = True, state: dict[str, torch.Tensor] | None = None) -> Graph:
+                tp: Any = None, fuse_projections: bool = True, state: dict[str, torch.Tensor] | None = None,
+                paged: PagedKV | None = None) -> Graph:
     """The decoder graph of ``cfg`` with ``weights`` (Hugging Face names, see weights.expected_shapes).
     ``fuse_projections``: stack the q/k/v and gate/up weights (``weights``' entries are rebound to
     views of the stacked tensors: same values, one copy in memory).
     ``tp``: a ``shapeplan.parallel.TensorParallel`` (this rank's shard; see shapeplan/parallel/tensor.py).
     ``state``: ``initial_state``'s tensors, used as the variables' initial values and the rotary tables
-    (an engine compiled with ``adopt_variables=True`` then keeps them as its state, without a copy)."""
+    (an engine compiled with ``adopt_variables=True`` then keeps them as its state, without a copy).
+    ``paged``: the batched engine's paged KV cache (``PagedKV``; inputs in the module doc) instead of
+    one static cache of ``batch`` rows sharing a position."""
     dtype = dtype or cfg.torch_dtype
     vocab = cfg.vocab_size
     if tp is not None:
@@ -137,19 +248,16 @@ def build_graph(cfg: LlamaConfig, weights: dict[str, torch.Tensor], *, max_kv_ca
     b = _Builder(g, cfg, weights, dtype)
     op = g.op
     hq, hkv, d, L = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, max_kv_cache_length
-
-    ids = g.placeholder("input_ids", "int64", (batch, "seq"))
-    position = g.placeholder("position", "int64", (1,))
-    length = g.placeholder("length", "int64", (1,))
-
     state = state or {}
+    kv = _PagedKV(g, cfg, paged, dtype, device, state) if paged is not None else \
+        _StaticKV(g, cfg, batch, L, dtype, device, state)
+    ids = kv.ids
+
     cos, sin = (state["rope.cos"], state["rope.sin"]) if "rope.cos" in state else rope_tables(cfg, L, dtype)
     cos_c, sin_c = g.constant(cos, name="rope.cos"), g.constant(sin, name="rope.sin")   # [L, D/2]
-    pos_ids = op.PositionIds(ids, position, _domain=SP)                               # [B, S]
-    # per step, not per layer: the rotary angles of this step's positions and the attention mask
+    pos_ids = op.PositionIds(ids, kv.starts(), _domain=SP)                             # [B, S]
+    # per step, not per layer: the rotary angles of this step's positions (and the static cache's mask)
     cos_s, sin_s = op.Gather(cos_c, pos_ids, axis=0), op.Gather(sin_c, pos_ids, axis=0)  # [B, S, D/2]
-    mask = op.CausalMask(ids, position, kv_length=L, window=cfg.sliding_window, groups=hq // hkv,
-                         dtype=str(dtype).replace("torch.", ""), _domain=SP)          # [G*S, L] additive
     q_shape = np.array([0, 0, hq, d], np.int64)
     kv_shape = np.array([0, 0, hkv, d], np.int64)
     merged = np.array([0, 0, hq * d], np.int64)
@@ -157,15 +265,9 @@ def build_graph(cfg: LlamaConfig, weights: dict[str, torch.Tensor], *, max_kv_ca
     h = op.Gather(b.const("model.embed_tokens.weight"), ids, axis=0) if tp is None \
         else tp.embed(g, b.const("model.embed_tokens.weight"), ids)                   # [B, S, H]
     x = b.rms_norm(h, "model.layers.0.input_layernorm.weight")
-    zero: dict[tuple, torch.Tensor] = {}
-
-    def cache(name: str) -> Value:
-        init = state[name] if name in state else _zeros((batch, hkv, L, d), dtype, device, zero)
-        return g.variable(name, init)
 
     for i in range(cfg.num_layers):
         p = f"model.layers.{i}."
-        k_cache, v_cache = cache(f"k_cache_{i}"), cache(f"v_cache_{i}")
         if fuse_projections:
             q, k, v = b.fused_linear(x, p + "self_attn.", ["q_proj", "k_proj", "v_proj"], "qkv_proj",
                                      cfg.attention_bias)                              # [B, S, N_i]
@@ -180,10 +282,7 @@ def build_graph(cfg: LlamaConfig, weights: dict[str, torch.Tensor], *, max_kv_ca
         perm = [0, 2, 1, 3]
         q = op.RotaryEmbedding(op.Transpose(q, perm=perm), cos_s, sin_s, _domain=SP)  # [B, Hq, S, D]
         k, v = op.Transpose(k, perm=perm), op.Transpose(v, perm=perm)                # [B, Hkv, S, D]
-        k_all, v_all = op.CacheWriteKV(k_cache, v_cache, k, v, position, cos_s, sin_s, axis=2, _domain=SP,
-                                       _outputs=2)            # RoPE(k), both writes: [B, Hkv, L, D] x 2
-        a = op.CachedAttention(q, k_all, v_all, mask, position, scale=float(d) ** -0.5,
-                               window=cfg.sliding_window, _domain=SP)                   # [B, Hq, S, D]
+        a = kv.layer(i, q, k, v, cos_s, sin_s, float(d) ** -0.5)                        # [B, Hq, S, D]
         a = op.Reshape(op.Transpose(a, perm=perm), merged)                               # [B, S, Hq*D]
         x, h = b.skip_rms_norm(_reduce(tp, g, b.linear(a, p + "self_attn.o_proj")), h,
                                p + "post_attention_layernorm.weight")                  # h += o; x = norm(h)
@@ -198,18 +297,15 @@ def build_graph(cfg: LlamaConfig, weights: dict[str, torch.Tensor], *, max_kv_ca
             h = op.Add(h, down)
 
     head = "model.embed_tokens" if cfg.tie_word_embeddings else "lm_head"
-    last = op.Gather(h, op.Sub(length, np.array([1], np.int64)), axis=1)              # [B, 1, H]
+    last = kv.last_tokens(h)                                                           # [B, 1, H]
     logits = op.Reshape(b.linear(b.rms_norm(last, "model.norm.weight"), head),
                         np.array([0, -1], np.int64))                                   # [B, V]
     all_logits = b.linear(b.rms_norm(h, "model.norm.weight"), head)                   # [B, S, V]
     if tp is not None:
         logits, all_logits = tp.gather_vocab(g, logits, vocab), tp.gather_vocab(g, all_logits, vocab)
 
-    init = state if "sampling_params" in state else _sampling_state(cfg, batch, device)
-    params = g.variable("sampling_params", init["sampling_params"])
-    seed = g.variable("sampling_seed", init["sampling_seed"])
-    seen = g.variable("seen_tokens", init["seen_tokens"])
-    next_position = op.Add(position, length)
+    params, seed, seen = kv.sampling()
+    next_position = kv.next_position()
     greedy = op.ArgMax(logits, axis=-1, keepdims=1)                                    # [B, 1]
     sampled = op.SampleToken(logits, params, seed, next_position, seen, _domain=SP)    # [B, 1]
     for v, name in ((logits, "logits"), (greedy, "next_token"), (sampled, "next_token_sampled"),

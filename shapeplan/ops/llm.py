@@ -63,11 +63,19 @@ def _position_ids_shape(node):
     return [(as_dtype("int64"), ids.shape)]
 
 
+def _row_starts(position: torch.Tensor, rows: int) -> torch.Tensor:
+    """[rows, 1] int64: one start per row when ``position`` holds ``rows`` values (the batched engine:
+    every row at its own position), else its first value for every row."""
+    p = position.reshape(-1).to(torch.int64)
+    return p.reshape(-1, 1) if p.numel() == rows else p[:1].reshape(1, 1)
+
+
 @register("PositionIds", domain="shapeplan", shape=_position_ids_shape)
 def position_ids(input_ids, position):
-    """Absolute positions ``position + arange(S)`` broadcast to ``input_ids``' shape [B, S]."""
-    s = input_ids.shape[-1]
-    pos = _start(position) + torch.arange(s, device=input_ids.device)            # [S]
+    """Absolute positions ``position + arange(S)`` broadcast to ``input_ids``' shape [B, S]; with
+    ``position`` of B values (one per row, the batched engine) row b starts at ``position[b]``."""
+    b, s = input_ids.shape[0], input_ids.shape[-1]
+    pos = _row_starts(position, b) + torch.arange(s, device=input_ids.device)    # [B or 1, S]
     return pos.expand(input_ids.shape).contiguous()
 
 
@@ -211,11 +219,12 @@ def _mix32(h: torch.Tensor) -> torch.Tensor:
 
 
 def uniform_noise(seed: torch.Tensor, position: torch.Tensor, n: int) -> torch.Tensor:
-    """Counter-based uniforms in (0, 1): [B, n] from seed [B] and the step's position, reproducible
-    across runs and devices and free of generator state (so it is capture-safe)."""
+    """Counter-based uniforms in (0, 1): [B, n] from seed [B] and the step's position ([1], or [B]: one
+    per row), reproducible across runs and devices and free of generator state (so it is capture-safe).
+    A row's noise depends only on its own seed and position, never on the other rows of a batch."""
     dev = seed.device
     key = _mix32((seed.reshape(-1, 1).to(torch.int64) & _M32) ^ 0x5BD1E995)                # [B, 1]
-    key = _mix32(key ^ (_start(position).reshape(1, 1) & _M32))
+    key = _mix32(key ^ (_row_starts(position, key.shape[0]) & _M32))
     idx = torch.arange(n, device=dev, dtype=torch.int64).reshape(1, n)
     h = _mix32(key ^ _mix32(idx + 0x27D4EB2F))                                               # [B, n]
     return ((h >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
@@ -233,7 +242,7 @@ def sample_token(logits, params, seed, position, seen=None):
 
     logits: [B, V]; params: float32 [B, 4] = (temperature, top_k, top_p, repetition_penalty) with
     temperature 0 = greedy, top_k <= 0 = off, top_p >= 1 = off, penalty 1 = off; seed: int64 [B];
-    position: int64 [1] (the sampling counter); seen: optional [B, V] mask of tokens already in the
+    position: int64 [1] or [B] (the sampling counter, per row in the batched engine); seen: optional [B, V] mask of tokens already in the
     context (for the repetition penalty). Returns int64 [B, 1].
 
     Order as in transformers: repetition penalty, temperature, top-k, top-p, then a draw. The draw is
@@ -258,3 +267,108 @@ def sample_token(logits, params, seed, position, seen=None):
     race = probs / -torch.log(uniform_noise(seed, position, x.shape[-1]))
     pick = order.gather(-1, race.argmax(-1, keepdim=True))                      # [B, 1]
     return torch.where(temp > 0, pick, greedy)
+
+
+# ------------------------------------------------------------------------------------ paged KV cache
+#: block 0 of every pool is never given to a sequence: the torch kernels send padding writes there
+#: (no masked scatter, so no host sync), and unused block-table entries point at it
+NULL_BLOCK = 0
+
+
+def _paged_caches_shape(node):
+    return [(v.dtype, v.shape) for v in node.inputs[:2]]
+
+
+def _paged_slots(positions, lengths, block_tables, s: int, block_size: int):
+    """Flat (block, offset) of every token of every row: [B*S] each; tokens past a row's length go to
+    the null block (their writes are discarded)."""
+    dev = positions.device
+    i = torch.arange(s, device=dev)
+    pos = positions.reshape(-1, 1).to(torch.int64) + i                            # [B, S]
+    valid = i.reshape(1, -1) < lengths.reshape(-1, 1)
+    col = (pos // block_size).clamp(0, block_tables.shape[1] - 1)
+    blk = block_tables.to(torch.int64).gather(1, col)
+    blk = torch.where(valid, blk, torch.full_like(blk, NULL_BLOCK))
+    return blk.reshape(-1), (pos % block_size).reshape(-1)
+
+
+@register("PagedCacheWrite", domain="shapeplan", traits=Trait.MUTATES_INPUT | Trait.VIEW, shape=_paged_caches_shape)
+def paged_cache_write(k_pool, v_pool, k, v, positions, lengths, block_tables, cos=None, sin=None, *, interleaved: int = 0):
+    """Write this step's keys and values into the paged pools, in place; returns ``(k_pool, v_pool)``.
+
+    k_pool, v_pool: [NB, Hkv, BS, D] (block-major: one block of one head is BS*D contiguous values);
+    k, v: [B, Hkv, S, D]; positions int64 [B]: the absolute position of row b's first token; lengths
+    int64 [B]: how many of the row's S tokens are real (0: a padding row, which writes nothing);
+    block_tables int32 [B, MAXB]: the row's blocks in order (position p lives in block
+    ``block_tables[b, p // BS]`` at offset ``p % BS``). With ``cos``/``sin`` ([B, S, D/2], as
+    RotaryEmbedding takes them) the keys are rotated first (RoPE), as in ``CacheWriteKV``.
+    On CUDA one Triton kernel does the rotation and both writes; elsewhere torch (no host sync)."""
+    if k_pool.is_cuda and _paged_kernels() is not None:
+        return _paged_kernels().paged_cache_write(k_pool, v_pool, k, v, positions, lengths, block_tables,
+                                                  cos, sin, interleaved=interleaved)
+    if cos is not None:
+        from shapeplan.ops.transformer import rotary_embedding
+        k = rotary_embedding(k, cos, sin, interleaved=interleaved)
+    b, hkv, s, d = k.shape
+    blk, off = _paged_slots(positions, lengths, block_tables, s, k_pool.shape[2])
+    kk = k.permute(0, 2, 1, 3).reshape(b * s, hkv, d).to(k_pool.dtype)            # [B*S, Hkv, D]
+    vv = v.permute(0, 2, 1, 3).reshape(b * s, hkv, d).to(v_pool.dtype)
+    k_pool.permute(0, 2, 1, 3).index_put_((blk, off), kk)                          # view: [NB, BS, Hkv, D]
+    v_pool.permute(0, 2, 1, 3).index_put_((blk, off), vv)
+    return k_pool, v_pool
+
+
+@register("PagedAttention", domain="shapeplan", shape=same_as(0))
+def paged_attention(q, k_pool, v_pool, positions, lengths, block_tables, *, scale: float = 0.0, window: int = 0):
+    """Attention of each row's queries over that row's blocks of the paged pools.
+
+    q: [B, Hq, S, D]; pools [NB, Hkv, BS, D] already holding this step's keys; positions, lengths
+    int64 [B], block_tables int32 [B, MAXB] as in ``PagedCacheWrite``. Query i of row b (absolute
+    position ``positions[b] + i``) sees the row's keys at positions ``<= positions[b] + i`` (and
+    ``> positions[b] + i - window`` with a sliding window). Rows with ``lengths[b] == 0`` (padding)
+    give zeros. Grouped-query attention folds the G = Hq / Hkv heads of a group into the query rows.
+
+    On CUDA a decode step (S = 1) runs a Triton split-K kernel that reads only the row's live blocks;
+    elsewhere (and for prefill) the row's blocks are gathered and SDPA runs over them with the causal
+    mask: every row is computed on its own, so a row's result does not depend on the other rows."""
+    b, hq, s, d = q.shape
+    if s == 1 and q.is_cuda and _paged_kernels() is not None:
+        return _paged_kernels().paged_decode_attention(q, k_pool, v_pool, positions, lengths, block_tables,
+                                                       scale=scale or d ** -0.5, window=window)
+    nb, hkv, bs, _ = k_pool.shape
+    maxb = block_tables.shape[1]
+    bt = block_tables.to(torch.int64).clamp(0, nb - 1)
+    kk = k_pool[bt].permute(0, 2, 1, 3, 4).reshape(b, hkv, maxb * bs, d).to(q.dtype)   # [B, Hkv, L, D]
+    vv = v_pool[bt].permute(0, 2, 1, 3, 4).reshape(b, hkv, maxb * bs, d).to(q.dtype)
+    qpos = positions.reshape(-1, 1).to(torch.int64) + torch.arange(s, device=q.device)  # [B, S]
+    kpos = torch.arange(maxb * bs, device=q.device)
+    mask = kpos.reshape(1, 1, -1) <= qpos.unsqueeze(-1)                             # [B, S, L]
+    if window:
+        mask = mask & (kpos.reshape(1, 1, -1) > qpos.unsqueeze(-1) - window)
+    g = hq // hkv
+    mask = mask.unsqueeze(1).repeat(1, 1, g, 1).reshape(b, 1, g * s, -1) if g > 1 else mask.unsqueeze(1)
+    qg = q.reshape(b, hkv, g * s, d)                                                 # [B, Hkv, G*S, D]
+    bias = torch.zeros((), dtype=q.dtype, device=q.device).where(mask, torch.full((), float("-inf"), dtype=q.dtype,
+                                                                                   device=q.device))
+    out = F.scaled_dot_product_attention(qg, kk, vv, attn_mask=bias, scale=scale or None)
+    out = out.reshape(b, hq, s, d)
+    live = (lengths.reshape(-1, 1, 1, 1) > 0)
+    return torch.where(live, out, torch.zeros((), dtype=out.dtype, device=out.device))
+
+
+_paged_kernel_state: list = []
+
+
+def _paged_kernels():
+    """The Triton paged kernels (shapeplan/runtime/backends/triton/kernels/paged.py), or None when Triton
+    cannot run them here (then the torch kernels above run, visibly: a FALLBACK event)."""
+    if not _paged_kernel_state:
+        try:
+            from shapeplan.runtime.backends.triton.kernels import paged
+            _paged_kernel_state.append(paged)
+        except Exception as e:  # noqa: BLE001 - no triton / unsupported GPU
+            _paged_kernel_state.append(None)
+            from shapeplan import diagnostics
+            diagnostics.record("FALLBACK", "paged KV ops: Triton kernels unavailable, using torch",
+                               reason=f"{type(e).__name__}: {e}"[:300])
+    return _paged_kernel_state[0]

@@ -1,0 +1,1 @@
+"""The Triton subsystem (see docs/gpu.md)."""

@@ -1,0 +1,81 @@
+"""Launchers of the paged KV cache kernels (the kernels: ``paged_jit.py``).
+
+``paged_cache_write``: one program per (row, token): RoPE of k and both writes into the row's block,
+for all KV heads at once; tokens past the row's length write nothing. ``paged_decode_attention``: the
+split-K ("flash-decoding") attention of one decode step over each row's blocks: pass 1, grid
+(B * Hkv, NS), each program takes BPS blocks of one KV head and the G query heads of its group and
+writes an online-softmax partial; programs past the row's position exit at once, so a step reads only
+the live blocks. Pass 2, grid (B * Hkv,), merges the live partials. Nothing is read on the host: both
+capture into CUDA graphs. Runs on CUDA, or on CPU tensors under ``TRITON_INTERPRET=1`` (tests).
+"""
+from __future__ import annotations
+
+import torch
+
+from shapeplan.runtime.backends.triton_env import triton   # before the kernels: cache dir, compile workers
+from shapeplan.runtime.backends.triton.kernels.paged_jit import _paged_combine, _paged_partial, _paged_write
+
+#: pass 1 programs aimed at per step (B * Hkv * NS); the split size follows from it
+TARGET_PROGRAMS = 2048
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def paged_cache_write(k_pool: torch.Tensor, v_pool: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      positions: torch.Tensor, lengths: torch.Tensor, block_tables: torch.Tensor,
+                      cos: torch.Tensor | None, sin: torch.Tensor | None, *, interleaved: int = 0):
+    """See ``shapeplan.ops.llm.paged_cache_write``."""
+    b, hkv, s, d = k.shape
+    assert k.stride(-1) == 1 and v.stride(-1) == 1 and k_pool.stride(-1) == 1 and v_pool.stride(-1) == 1
+    rotate = cos is not None
+    if rotate:
+        cos, sin = cos.expand(b, s, cos.shape[-1]), sin.expand(b, s, sin.shape[-1])
+        assert cos.stride(-1) == 1 and cos.stride() == sin.stride()
+    half = d // 2
+    bt = block_tables if block_tables.stride(-1) == 1 else block_tables.contiguous()
+    _paged_write[(b * s,)](k, v, k_pool, v_pool, positions, lengths, bt,
+                           cos if rotate else k, sin if rotate else k,
+                           k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
+                           k_pool.stride(0), k_pool.stride(1), k_pool.stride(2),
+                           v_pool.stride(0), v_pool.stride(1), v_pool.stride(2),
+                           cos.stride(0) if rotate else 0, cos.stride(1) if rotate else 0, bt.stride(0), s,
+                           HKV=hkv, HP=_pow2(hkv), D=d, DP=_pow2(d), HALF=half, HALFP=max(_pow2(half), 1),
+                           BS=k_pool.shape[2], ROTATE=rotate, INTERLEAVED=bool(interleaved))
+    return k_pool, v_pool
+
+
+def split_blocks(batch: int, hkv: int, max_blocks: int) -> int:
+    """Blocks per pass-1 program: about TARGET_PROGRAMS programs for the whole step."""
+    per_head = max(1, min(max_blocks, TARGET_PROGRAMS // max(1, batch * hkv)))
+    return triton.cdiv(max_blocks, per_head)
+
+
+def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, positions: torch.Tensor,
+                           lengths: torch.Tensor, block_tables: torch.Tensor, *, scale: float,
+                           window: int = 0) -> torch.Tensor:
+    """q [B, Hq, 1, D] (last dim contiguous); pools [NB, Hkv, BS, D]; positions, lengths int64 [B];
+    block_tables int32 [B, MAXB]. Returns [B, Hq, 1, D] in q's dtype (zeros for padding rows)."""
+    b, hq, s, d = q.shape
+    _, hkv, bs, _ = k_pool.shape
+    assert s == 1 and q.stride(-1) == 1 and k_pool.stride(-1) == 1 and v_pool.stride(-1) == 1
+    g = hq // hkv
+    gp, dp = max(_pow2(g), 2), _pow2(d)
+    maxb = block_tables.shape[1]
+    bps = split_blocks(b, hkv, maxb)
+    ns = triton.cdiv(maxb, bps)
+    bt = block_tables if block_tables.stride(-1) == 1 else block_tables.contiguous()
+    dev = q.device
+    m = torch.empty(b * hkv * ns * gp, dtype=torch.float32, device=dev)
+    l = torch.empty_like(m)
+    acc = torch.empty(b * hkv * ns * gp * dp, dtype=torch.float32, device=dev)
+    out = torch.empty(b, hq, 1, d, dtype=q.dtype, device=dev)
+    _paged_partial[(b * hkv, ns)](q, k_pool, v_pool, positions, lengths, bt, m, l, acc,
+                                  q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1), k_pool.stride(2),
+                                  v_pool.stride(0), v_pool.stride(1), v_pool.stride(2), bt.stride(0), scale,
+                                  HKV=hkv, G=g, GP=gp, D=d, DP=dp, NS=ns, BPS=bps, BS=bs, WINDOW=window,
+                                  num_warps=2)
+    _paged_combine[(b * hkv,)](m, l, acc, positions, lengths, out, out.stride(0), out.stride(1),
+                               HKV=hkv, G=g, GP=gp, D=d, DP=dp, NS=ns, SPLIT_KEYS=bps * bs, WINDOW=window)
+    return out
