@@ -36,3 +36,16 @@ class CaptureError(ShapeplanError):
 
 class LifecycleError(ShapeplanError):
     """A plan was asked to do something its phase does not allow (e.g. a replaced weight)."""
+
+
+class CapacityError(ShapeplanError):
+    """A request cannot fit: more KV blocks or context than the serving engine has (the message says
+    how many were needed and how many exist)."""
+
+
+class QueueFullError(CapacityError):
+    """The serving engine's queue of waiting requests is full (servers answer 503 with Retry-After)."""
+
+
+class RequestAborted(ShapeplanError):
+    """The request was aborted (``handle.abort()``, a client that went away) before it finished."""

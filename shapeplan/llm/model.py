@@ -322,20 +322,29 @@ def _sampling_state(cfg: LlamaConfig, batch: int, device: str | torch.device) ->
 
 
 def initial_state(cfg: LlamaConfig, *, max_kv_cache_length: int, dtype: torch.dtype | None = None,
-                  device: str | torch.device = "cpu", batch: int = 1) -> dict[str, torch.Tensor]:
+                  device: str | torch.device = "cpu", batch: int = 1, paged: PagedKV | None = None
+                  ) -> dict[str, torch.Tensor]:
     """The device tensors ``build_graph(state=...)`` takes: every layer's K and V cache as views of one
-    zero buffer, the sampling state, and the rotary tables, made with a handful of device calls.
+    zero buffer, the sampling state, and the rotary tables, made with a handful of device calls. With
+    ``paged``, the caches are the pools ([NB, Hkv, BS, D] per layer and K/V), views of one buffer
+    ``kv.blocks`` [layers, 2, NB, Hkv, BS, D] (so one indexing op copies a block across every layer),
+    and the sampling state has ``paged.state_slots`` rows.
 
     The LLM pipeline makes them before its CUDA warm-up threads start: while those load CUDA modules,
     another thread's device calls wait for them, and the engine's 35 variable copies plus the tables'
-    host-to-device copies waited ~0.13 s on the H200 (``bench/gpu_probe_prepare.sh``)."""
+    host-to-device copies waited ~0.13 s on the H200 (docs/benchmarks)."""
     dtype = dtype or cfg.torch_dtype
     hkv, d, n = cfg.num_kv_heads, cfg.head_dim, cfg.num_layers
-    kv = torch.zeros(n, 2, batch, hkv, max_kv_cache_length, d, dtype=dtype, device=device)
-    out = {}
+    if paged is not None:
+        kv = torch.zeros(n, 2, paged.num_blocks, hkv, paged.block_size, d, dtype=dtype, device=device)
+        rows = paged.state_slots
+    else:
+        kv = torch.zeros(n, 2, batch, hkv, max_kv_cache_length, d, dtype=dtype, device=device)
+        rows = batch
+    out = {"kv.blocks": kv} if paged is not None else {}
     for i in range(n):
         out[f"k_cache_{i}"], out[f"v_cache_{i}"] = kv[i, 0], kv[i, 1]
-    out.update(_sampling_state(cfg, batch, device))
+    out.update(_sampling_state(cfg, rows, device))
     cos, sin = rope_tables(cfg, max_kv_cache_length, dtype)
     out["rope.cos"], out["rope.sin"] = cos.to(device), sin.to(device)
     return out

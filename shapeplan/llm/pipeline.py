@@ -1,19 +1,19 @@
-"""GenerationPipeline: prefill + decode over one compiled decoder graph with a static, in-graph KV cache.
+"""GenerationPipeline: a Llama-family model over the serving core (shapeplan/llm/batch).
 
-Per request: one prefill call (the prompt padded to a bucket of a small ladder, so only a few prefill
-plans exist), then one decode call per token (batch 1, seq 1: a single plan that replays). Tokens and
-positions stay on the device: each step's ``next_token`` / ``next_position`` outputs are fed straight
-back as the next step's inputs, so the host only synchronises every ``sync_every`` steps (plus at
-tokens 0, 2 and 19, for exact metrics), which is where EOS and stop strings are checked. Decode steps
-that ran past an EOS are discarded.
+The pipeline compiles one decoder graph with a paged KV cache (model.build_graph(paged=...)) into one
+engine and builds the serving core around it: a block pool sized by ``kv_cache_bytes``, the prefix
+cache over its blocks, the scheduler (continuous batching, chunked prefill, preemption) and the engine
+thread that owns every engine call. ``generate`` / ``stream`` / sessions are clients of that core (one
+request each; a batch of one is bucket 1, the single-stream plan), ``generate_batch`` submits many at
+once and ``submit`` hands back a streaming, abortable handle for servers. Tokens and positions stay
+on the device within a decode round: the host reads tokens back every ``sync_every`` steps (and at
+tokens 0, 2 and 19 of each request, for exact metrics), which is where EOS and stop strings are
+checked; steps a request ran past its end are discarded.
 
-Every call whose results a request sees is a replay of a plan whose lifecycle has finished. A plan's
-first calls (slot-by-slot, warm-up, compile, capture) run other kernels than its replays in triton
-mode (torch's RMSNorm/RoPE/SiLU*mul where the replay launches Triton's, which round differently in
-bf16), so the pipeline *settles* a plan before its first use: it drives the plan through those calls
-on the request's own inputs (idempotent: they write the same KV rows the real call then overwrites)
-and only then makes the call whose outputs it keeps. Seeded sampling is then reproducible from the
-first request on (issue 6), as in vLLM, which captures its graphs before serving.
+Every call whose results a request sees is a replay of a plan whose lifecycle has finished: each
+bucket's plan is first driven through warm-up and capture on padding rows, which write nothing
+(``ModelRunner.settle``; ``pipe.warmup()`` does every bucket up front, as a server does before its
+first request). Seeded sampling is reproducible: a row's noise depends only on its seed and position.
 """
 from __future__ import annotations
 
@@ -27,9 +27,10 @@ import torch
 
 from shapeplan import diagnostics
 from shapeplan.errors import InputError, LifecycleError
+from shapeplan.llm.batch import BatchEngine, BlockManager, ModelRunner, RequestHandle, Scheduler, decode_buckets
 from shapeplan.llm.config import LlamaConfig, preset_config
-from shapeplan.llm.metrics import Metrics, compute
-from shapeplan.llm.model import build_graph, initial_state
+from shapeplan.llm.metrics import Metrics
+from shapeplan.llm.model import PagedKV, build_graph, initial_state
 from shapeplan.llm.sampling import Sampling
 from shapeplan.llm.session import GenerationResult, Session, TextStream, _until_stop  # noqa: F401
 from shapeplan.llm.tokenizer import Tokenizer
@@ -64,58 +65,76 @@ def bucket_ladder(max_prefill_length: int, smallest: int = 16) -> list[int]:
     return out + [max_prefill_length]
 
 
+#: the CPU's smallest decode bucket: every decode GEMM then has M >= 16, one kernel path of the CPU BLAS,
+#: so a row's logits do not depend on how many other rows run beside it (batched == alone, exactly)
+CPU_MIN_DECODE_BUCKET = 16
+
+
+def default_prefix_cache_bytes(device: torch.device) -> int:
+    """10 % of the device's memory clamped to 64-512 MiB; 256 MiB where the size is unknown (CPU)."""
+    if device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+        return int(min(512 << 20, max(64 << 20, total // 10)))
+    return 256 << 20
+
+
+def kv_bytes_per_token(cfg: LlamaConfig, dtype: torch.dtype) -> int:
+    return cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * torch.empty((), dtype=dtype).element_size()
+
+
 class GenerationPipeline:
     def __init__(self, cfg: LlamaConfig, weights: dict[str, torch.Tensor], tokenizer: Tokenizer | None = None, *,
                  device: str = "cpu", mode: str = "auto", dtype: torch.dtype | None = None,
                  max_prefill_length: int = 2048, max_kv_cache_length: int = 4096, sync_every: int = 8,
                  buckets: Sequence[int] | None = None, eos_token_ids: Sequence[int] | None = None,
-                 prefix_cache: bool = False, optimize: bool = True, tp: Any = None, placement: Any = None) -> None:
+                 prefix_cache: bool = True, optimize: bool = True, tp: Any = None, placement: Any = None,
+                 max_num_seqs: int = 64, kv_cache_bytes: int | None = None, block_size: int = 16,
+                 max_num_batched_tokens: int | None = None, prefix_cache_bytes: int | None = None,
+                 max_waiting: int = 4096) -> None:
         if max_prefill_length >= max_kv_cache_length:
             raise InputError(f"max_prefill_length ({max_prefill_length}) must be smaller than "
                              f"max_kv_cache_length ({max_kv_cache_length}): a full-length prompt would "
                              "leave no room in the KV cache to generate")
-        if max_prefill_length < 1 or sync_every < 1:
-            raise InputError("max_prefill_length and sync_every must be >= 1")
-        self.prefix_cache = prefix_cache
-        self._retained: tuple[list[int], int] = ([], 0)    # what the KV cache holds: (tokens, valid count)
+        if max_prefill_length < 1 or sync_every < 1 or max_num_seqs < 1 or block_size < 1:
+            raise InputError("max_prefill_length, sync_every, max_num_seqs and block_size must be >= 1")
         import shapeplan as sp
         self.cfg, self.tokenizer = cfg, tokenizer
         self.device = torch.device(device)
         self.dtype = dtype or cfg.torch_dtype
         self.max_prefill_length, self.max_kv_cache_length = max_prefill_length, max_kv_cache_length
-        self.sync_every = sync_every
+        self.sync_every, self.max_num_seqs, self.block_size = sync_every, max_num_seqs, block_size
+        self.prefix_cache = prefix_cache
         self.buckets = sorted(b for b in (buckets or bucket_ladder(max_prefill_length)) if b <= max_prefill_length)
         if not self.buckets or self.buckets[-1] != max_prefill_length:
             self.buckets.append(max_prefill_length)
         eos = list(eos_token_ids if eos_token_ids is not None else cfg.eos_token_ids)
         if not eos and tokenizer is not None and tokenizer.eos_token_id is not None:
             eos = [tokenizer.eos_token_id]
-        self.eos_token_ids = set(eos)
+        self._eos = set(eos)
+        per_token = kv_bytes_per_token(cfg, self.dtype) // (tp.world_size if tp is not None else 1)   # this rank's
+        per_block = per_token * block_size
+        max_blocks = -(-max_kv_cache_length // block_size)
+        self.prefix_cache_bytes = default_prefix_cache_bytes(self.device) if prefix_cache_bytes is None \
+            else prefix_cache_bytes
+        num_blocks = self._pool_blocks(kv_cache_bytes, per_block, max_blocks)
+        self.kv_cache_bytes = num_blocks * per_block
+        self.paged = PagedKV(num_blocks=num_blocks, block_size=block_size, max_blocks=max_blocks,
+                             state_slots=max_num_seqs + 1)
         self._warm_thread = None
         self._startup_done: Callable[[], None] = lambda: None
-        replay_only = warm_seq = 0
-        # the KV caches, sampling state and rotary tables, made before any warm-up thread starts (see
-        # model.initial_state); the engine keeps them as its state
-        state = initial_state(cfg, max_kv_cache_length=max_kv_cache_length, dtype=self.dtype, device=self.device) \
-            if tp is None and placement is None else None
+        state = initial_state(cfg, max_kv_cache_length=max_kv_cache_length, dtype=self.dtype, device=self.device,
+                              paged=self.paged) if tp is None and placement is None else None
         if self.device.type == "cuda" and tp is None and placement is None:
             from shapeplan.llm import warmup            # CUDA libraries load while the graph is built
-            # until the first request has settled both plans (or this pipeline is collected)
             self._startup_done = warmup.short_switch_interval()
             weakref.finalize(self, self._startup_done)
-            from shapeplan.runtime import frozen_records
-            # plans frozen from records never run the torch kernels that Triton replaces: skip loading
-            # them when records exist (a plan without one loads them in its own slot-by-slot call)
-            replay_only = mode in ("triton", "auto") and frozen_records.enabled(self.device) \
-                and frozen_records.entries() > 0
             warm_seq = next(b for b in self.buckets if b >= min(128, max_prefill_length))
-            self._warm_thread = warmup.start(cfg, self.dtype, self.device, max_kv_cache_length,
-                                             seq=warm_seq, replay_only=replay_only,
+            self._warm_thread = warmup.start(cfg, self.dtype, self.device, max_kv_cache_length, seq=warm_seq,
                                              head=weights.get("lm_head.weight", weights.get("model.embed_tokens.weight")))
             if mode in ("triton", "auto"):
                 _prewarm_decode_kernels(cfg, self.dtype, self.device, max_kv_cache_length)
         graph = build_graph(cfg, weights, max_kv_cache_length=max_kv_cache_length, dtype=self.dtype,
-                            device=self.device, tp=tp, state=state)   # tp: parallel.TensorParallel (this rank)
+                            device=self.device, tp=tp, state=state, paged=self.paged)
         diagnostics.record("COMPILE", "graph built", nodes=len(graph.nodes))
         if placement is not None:                          # shapeplan.parallel.Placement: stages over devices
             self.engine = placement.compile(graph, mode=mode, optimize=optimize)
@@ -127,37 +146,55 @@ class GenerationPipeline:
                                      adopt_variables=state is not None)
         self.graph = self.engine.graph         # the optimized graph (the built one may now be freed)
         self.mode = mode
-        self._one = torch.ones(1, dtype=torch.int64, device=self.device)
-        self._settled: set[tuple] = set()      # (outputs, input_ids shape) of plans past their lifecycle
-        self._session: Session | None = None
-        if self._warm_thread is not None and replay_only:
-            self._prepare_from_records(warm_seq)
+        smallest = CPU_MIN_DECODE_BUCKET if self.device.type == "cpu" else 1
+        self.decode_buckets = decode_buckets(max_num_seqs, smallest)
+        kv_blocks = state["kv.blocks"] if state is not None else None
+        self.runner = ModelRunner(self.engine, self.paged, self.device, decode_buckets=self.decode_buckets,
+                                  prefill_buckets=self.buckets, kv_blocks=kv_blocks,
+                                  before_first_call=self._join_warmup)
+        self.blocks = BlockManager(num_blocks, block_size, per_block, prefix_cache=prefix_cache,
+                                   cache_budget_bytes=self.prefix_cache_bytes)
+        batched = max_num_batched_tokens or max(max_prefill_length, 2048)
+        self.scheduler = Scheduler(self.blocks, max_num_seqs=max_num_seqs, max_num_batched_tokens=batched,
+                                   max_prefill_length=max_prefill_length, max_model_len=max_kv_cache_length,
+                                   sync_every=sync_every)
+        self.batch = BatchEngine(self.runner, self.scheduler, self.blocks, vocab_size=cfg.vocab_size,
+                                 max_model_len=max_kv_cache_length, eos_token_ids=sorted(self._eos),
+                                 decode_text=self.decode, max_waiting=max_waiting)
+        weakref.finalize(self, self.batch.close)
 
-    def _prepare_from_records(self, bucket: int) -> None:
-        """Start-up with frozen-plan records: while the CUDA warm-up thread still loads kernels (the main
-        thread would only wait for it), freeze and compile, from their records, the plans a first
-        request may use (``Engine.prepare``): the greedy decode step, the greedy prefill of the warm-up's
-        bucket, of the other buckets, then the sampling decode step and prefill; it stops as soon as the
-        warm-up is done. A prepared plan's first call captures at once; a plan without a record is not
-        kept. Best effort: an error is recorded and changes nothing else."""
-        warm = self._warm_thread
-        dev = self.device
-        order = [("next_token", 1), ("next_token", bucket)]
-        order += [("next_token", b) for b in self.buckets if b != bucket]
-        order += [("next_token_sampled", 1), ("next_token_sampled", bucket)]
-        try:
-            one = torch.ones(1, dtype=torch.int64, device=dev)
-            for tok_out, n in order:
-                if warm is None or not warm.is_alive():
-                    return
-                ids = torch.zeros(1, n, dtype=torch.int64, device=dev)
-                if self.engine.prepare({"input_ids": ids, "position": one, "length": one},
-                                       outputs=[tok_out, "next_position"]):
-                    diagnostics.record("LIFECYCLE", "plan prepared from its record during the warm-up",
-                                       outputs=tok_out, tokens=n)
-        except Exception as e:  # noqa: BLE001 - an optimisation only: the first request records as usual
-            diagnostics.record("FALLBACK", "plans not prepared from records at start-up",
-                               reason=f"{type(e).__name__}: {e}"[:300])
+    def _pool_blocks(self, kv_cache_bytes: int | None, per_block: int, max_blocks: int) -> int:
+        """The pool's block count: ``kv_cache_bytes`` worth, or by default room for ``max_num_seqs``
+        requests of the full context (capped at 90 % of the free device memory on CUDA, 4 GiB on the
+        CPU); never less than one full-length request. Cached prefixes live in the same pool."""
+        if kv_cache_bytes is not None:
+            n = kv_cache_bytes // per_block
+        else:
+            want = self.max_num_seqs * max_blocks
+            if self.device.type == "cuda":
+                free, _ = torch.cuda.mem_get_info(self.device)
+                cap = int(free * 0.9) // per_block
+            else:
+                cap = (4 << 30) // per_block
+            n = min(want, cap)
+        n = int(n) + 1                                      # + the null block
+        if n < max_blocks + 1:
+            raise InputError(f"kv_cache_bytes: {self.kv_cache_bytes_hint(per_block, max_blocks)} is the least for "
+                             f"one request of max_kv_cache_length={self.max_kv_cache_length} tokens "
+                             f"({max_blocks} blocks of {self.block_size}); got room for {n - 1} blocks")
+        return n
+
+    @staticmethod
+    def kv_cache_bytes_hint(per_block: int, max_blocks: int) -> int:
+        return per_block * max_blocks
+
+    def _join_warmup(self) -> None:
+        """Before the first engine call of a request: the CUDA warm-up thread's cuBLAS handle (and
+        workspace) then passes to the engine thread."""
+        if self._warm_thread is not None:
+            self._warm_thread.join()
+            self._warm_thread = None
+            diagnostics.record("COMPILE", "CUDA warm-up joined")
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -192,6 +229,15 @@ class GenerationPipeline:
         return cls(cfg, weights, tokenizer, device=device, **kw)
 
     # ------------------------------------------------------------------ public API
+    @property
+    def eos_token_ids(self) -> set[int]:
+        return self._eos
+
+    @eos_token_ids.setter
+    def eos_token_ids(self, ids: Sequence[int]) -> None:
+        self._eos = set(ids)
+        self.batch.eos = frozenset(self._eos)
+
     def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 256, sampling: Sampling | None = None,
                  *, chat: bool = False, truncate: str | None = None,
                  on_text: Callable[[str], None] | None = None) -> GenerationResult:
@@ -205,31 +251,70 @@ class GenerationPipeline:
         return TextStream(s.stream_tokens(prompt, max_new_tokens, sampling, **kw), self, sampling, session=s)
 
     def start_session(self) -> "Session":
-        """A conversation whose KV cache is retained between turns. The KV buffers are the engine's
-        static variables: one session holds them at a time; closing returns them (no reallocation,
-        frozen plans stay valid)."""
-        if self._session is not None and not self._session.closed:
-            raise LifecycleError("the KV cache is held by an open session; close it (session.close() or "
-                                 "`with pipe.start_session() as s:`) before starting another")
-        self._session = Session(self)
-        return self._session
+        """A conversation whose KV cache is kept between turns: each turn continues from the blocks the
+        last one left (held by the session, so no other request can evict them), and closing the
+        session gives them back. Any number of sessions can be open at once."""
+        return Session(self)
+
+    def submit(self, prompt: str | Sequence[int], max_new_tokens: int = 256, sampling: Sampling | None = None, *,
+               chat: bool = False, ignore_eos: bool = False) -> RequestHandle:
+        """Queue one request and return at once. The handle yields ``TokenEvent``s (new token ids, and
+        the finish reason on the last one) as the engine produces them, ``for ev in handle`` or, when
+        submitted from inside an asyncio loop, ``async for ev in handle``; ``handle.abort()`` stops it
+        and frees its KV blocks at the next step. ``ignore_eos``: run to ``max_new_tokens`` (benchmarks)."""
+        ids = self.encode(prompt, chat=chat)
+        return self.batch.submit(ids, max_new_tokens=max_new_tokens, sampling=sampling or Sampling.greedy(),
+                                 ignore_eos=ignore_eos)
+
+    def generate_batch(self, prompts: Sequence[str | Sequence[int]], max_new_tokens: int = 256,
+                       sampling: Sampling | Sequence[Sampling] | None = None, *, chat: bool = False,
+                       ignore_eos: bool = False) -> list[GenerationResult]:
+        """Generate for every prompt at once (continuous batching); one GenerationResult per prompt, in
+        order. ``sampling``: one setting for all, or one per prompt."""
+        if isinstance(sampling, Sampling) or sampling is None:
+            samplings = [sampling or Sampling.greedy()] * len(prompts)
+        else:
+            samplings = list(sampling)
+            if len(samplings) != len(prompts):
+                raise InputError(f"generate_batch: {len(prompts)} prompts but {len(samplings)} sampling settings")
+        handles = [self.submit(p, max_new_tokens, s, chat=chat, ignore_eos=ignore_eos)
+                   for p, s in zip(prompts, samplings)]
+        return [self._result(h, s) for h, s in zip(handles, samplings)]
+
+    def _result(self, handle: RequestHandle, sampling: Sampling) -> GenerationResult:
+        handle.wait()
+        handle.raise_for_error()
+        ids = _until_eos(handle.token_ids, self._eos)
+        text = _until_stop(self.decode(ids), sampling.stop, hold=False)
+        return GenerationResult(text, ids, handle.prompt_token_ids, handle.finish_reason, handle.metrics)
+
+    def warmup(self, sampled: bool = True) -> None:
+        """Capture every decode bucket's plan (and the sampled variant) and every prefill bucket's now,
+        so no request waits for a capture (``shapeplan serve`` calls this before it listens)."""
+        self.batch.call(lambda: self.runner.warmup(sampled))
+
+    def prefix_cache_stats(self) -> dict:
+        """block_size, max_byte_budget, resident_blocks, current_bytes, total_lookups, total_hits, hit_rate,
+        total_hit_tokens, total_stored_tokens (lookup counters are lifetime; ``clear_prefix_cache``
+        zeroes the gauges only), plus idle_blocks (cached blocks no request holds)."""
+        return self.batch.call(self.blocks.cache_stats)
+
+    def kv_stats(self) -> dict:
+        """The block pool now: blocks in all, held by requests, free, and the scheduler's queues."""
+        def read() -> dict:
+            b, sc = self.blocks, self.scheduler
+            return {"blocks_total": b.usable_blocks, "blocks_used": b.used, "blocks_free": b.available,
+                    "running": len(sc.running), "prefilling": len(sc.prefilling), "waiting": len(sc.waiting),
+                    "preemptions": sc.preemptions}
+        return self.batch.call(read)
 
     def clear_prefix_cache(self) -> None:
-        """Forget what the KV cache holds (call after driving ``pipe.engine`` directly)."""
-        self._retained = ([], 0)
+        """Forget every cached prefix (blocks held by requests and sessions stay theirs)."""
+        self.batch.call(self.blocks.clear)
 
-    def reusable_prefix(self, ids: list[int]) -> int:
-        """With ``prefix_cache``: how many leading tokens of ``ids`` already have valid K/V in the cache
-        (left by the last closed session); at least one token is always prefilled, for its logits."""
-        if not self.prefix_cache:
-            return 0
-        tokens, cached = self._retained
-        n = 0
-        for a, b in zip(tokens[:cached], ids[:-1]):
-            if a != b:
-                break
-            n += 1
-        return n
+    def close(self) -> None:
+        """Stop the engine thread (pending requests are left unanswered)."""
+        self.batch.close()
 
     def encode(self, prompt: str | Sequence[int], *, chat: bool = False, add_special_tokens: bool = True) -> list[int]:
         if not isinstance(prompt, str):
@@ -244,121 +329,10 @@ class GenerationPipeline:
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids) if self.tokenizer is not None else ""
 
-    def bucket_for(self, n: int, start: int) -> int:
-        for b in self.buckets:
-            if b >= n and start + b <= self.max_kv_cache_length:
-                return b
-        return n        # near the end of the cache: an exact-length plan instead of a padded bucket
 
-    # ------------------------------------------------------------------ the loop
-    def _set_sampling(self, sampling: Sampling, context: list[int]) -> None:
-        var = self.engine.variables
-        var["sampling_params"].copy_(torch.tensor([sampling.as_row()], dtype=torch.float32))
-        var["sampling_seed"].fill_(sampling.resolved_seed())
-        seen = var["seen_tokens"]
-        seen.zero_()
-        if sampling.repetition_penalty != 1.0 and context:
-            idx = torch.tensor([[t for t in context if 0 <= t < self.cfg.vocab_size]], dtype=torch.int64)
-            seen.scatter_(1, idx.to(seen.device), True)
-
-    def _step(self, ids: torch.Tensor, position: torch.Tensor, length: torch.Tensor, tok_out: str):
-        feeds = {"input_ids": ids, "position": position, "length": length}
-        outputs = [tok_out, "next_position"]
-        key = (tok_out, ids.shape)
-        if key not in self._settled:
-            self._settle(feeds, outputs)
-            self._settled.add(key)
-            if ids.shape[-1] == 1:              # a decode plan has settled: the start-up is over
-                self._startup_done()
-        out = self.engine.run(feeds, outputs=outputs)
-        return out[tok_out], out["next_position"]
-
-    def _settle(self, feeds: dict[str, torch.Tensor], outputs: list[str], max_calls: int = 8) -> None:
-        """Run the plan for these feeds until its lifecycle is over (REPLAYING, or REPLAY_BLOCKED when
-        nothing captures), so the caller's next call runs the kernels every later call runs. Modes
-        without a capture backend (slot_by_slot) have no lifecycle and return at once."""
-        from shapeplan.runtime.runner import Phase
-        eng = self.engine
-        if getattr(eng, "exec_mode", None) is None or eng.exec_mode.value in ("slot_by_slot", "shape_inference_only"):
-            return
-        for _ in range(max_calls):
-            eng.run(feeds, outputs=outputs)
-            if eng.phase in (Phase.REPLAYING, Phase.REPLAY_BLOCKED):
-                return
-
-    def run_tokens(self, start: int, ids: list[int], max_new_tokens: int, sampling: Sampling,
-                   context: list[int]) -> Iterator[tuple[list[int], str | None, Metrics | None]]:
-        """Prefill ``ids`` at cache position ``start`` and decode. Yields (new token ids, finish reason or
-        None, metrics on the last event) at every host sync."""
-        n, L = len(ids), self.max_kv_cache_length
-        if start + n >= L:
-            raise InputError(f"the context ({start} cached + {n} new tokens) does not fit the KV cache of "
-                             f"max_kv_cache_length={L} tokens with room to generate")
-        if max_new_tokens < 1:
-            raise InputError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        bucket = self.bucket_for(n, start)
-        if self._warm_thread is not None:     # its cuBLAS handle (and workspace) then passes to this thread
-            self._warm_thread.join()
-            self._warm_thread = None
-            diagnostics.record("COMPILE", "CUDA warm-up joined")
-        greedy = sampling.is_plain_greedy
-        tok_out = "next_token" if greedy else "next_token_sampled"
-        if not greedy:
-            self._set_sampling(sampling, context)
-        seen = self.engine.variables["seen_tokens"] if sampling.repetition_penalty != 1.0 else None
-        dev = self.device
-        padded = torch.zeros(1, bucket, dtype=torch.int64)
-        padded[0, :n] = torch.tensor(ids, dtype=torch.int64)
-        max_steps = min(max_new_tokens - 1, L - 1 - (start + n))     # sequence never exceeds L tokens
-        tokbuf = torch.empty(1, max_steps + 1, dtype=torch.int64, device=dev)
-        eos = self.eos_token_ids
-        stops = sampling.stop
-
-        reader = _TokenReader(tokbuf)
-        t_start = time.perf_counter()
-        tok, pos = self._step(padded.to(dev), torch.tensor([start], dtype=torch.int64).to(dev),
-                              torch.tensor([n], dtype=torch.int64).to(dev), tok_out)
-        tokbuf[:, 0:1].copy_(tok)
-        times: dict[int, float] = {}
-        kept: list[int] = []
-        requested, finish = -1, None
-        step = 0
-        while True:
-            last = step == max_steps
-            exact = step in _METRIC_SYNCS or last
-            if exact or step % self.sync_every == 0:
-                reader.request(requested + 1, step + 1)
-                requested = step
-                # wait only where a metric needs the exact time, at the end, or when the host runs
-                # more than two sync intervals ahead of the device; otherwise read what is ready
-                for new, upto in reader.ready(block=exact or reader.backlog > 2):
-                    times[upto] = time.perf_counter()
-                    added: list[int] = []
-                    for t in new:
-                        added.append(t)
-                        if t in eos:
-                            finish = "stop"
-                            break
-                    kept.extend(added)
-                    if finish is None and stops and self.tokenizer is not None:
-                        if any(s in self.decode(kept) for s in stops):
-                            finish = "stop"
-                    if finish is None and upto == max_steps:
-                        finish = "length"
-                    metrics = None
-                    if finish is not None:
-                        metrics = compute(t_start, times, times[upto], len(kept), prompt_tokens=n,
-                                          host_syncs=reader.syncs, prefill_bucket=bucket)
-                    if finish is not None:
-                        self._startup_done()        # the first request is over (even without a decode step)
-                    yield added, finish, metrics
-                    if finish is not None:
-                        return
-            step += 1
-            if seen is not None:
-                seen.scatter_(1, tok, True)
-            tok, pos = self._step(tok, pos, self._one, tok_out)
-            tokbuf[:, step:step + 1].copy_(tok)
+def _until_eos(ids: list[int], eos: set[int]) -> list[int]:
+    cut = next((i + 1 for i, t in enumerate(ids) if t in eos), None)
+    return ids[:cut] if cut else list(ids)
 
 
 def _prewarm_decode_kernels(cfg: LlamaConfig, dtype: torch.dtype, device: torch.device, length: int) -> list:
@@ -389,41 +363,3 @@ def _prewarm_decode_kernels(cfg: LlamaConfig, dtype: torch.dtype, device: torch.
     futures = [triton_backend.background(lambda part=part: warm(part), launches=False)
                for part in ("partial", "combine")]   # compile only: a capture on the main thread need not wait
     return [f for f in futures if f is not None]
-
-
-class _TokenReader:
-    """Reads slices of the device token buffer to the host. On CUDA the copy goes to pinned memory
-    behind an event, so asking for tokens does not stall the device queue: they are picked up at a
-    later sync point once the event has passed (or waited for, when the caller must block)."""
-
-    def __init__(self, tokbuf: torch.Tensor) -> None:
-        self.dev = tokbuf
-        self.cuda = tokbuf.device.type == "cuda"
-        self.host = torch.empty(tokbuf.shape, dtype=tokbuf.dtype, pin_memory=self.cuda)
-        self.pending: list[tuple[Any, int, int]] = []
-        self.syncs = 0
-
-    @property
-    def backlog(self) -> int:
-        return len(self.pending)
-
-    def request(self, a: int, b: int) -> None:
-        """Tokens [a, b) of the buffer."""
-        self.host[:, a:b].copy_(self.dev[:, a:b], non_blocking=self.cuda)
-        event = None
-        if self.cuda:
-            event = torch.cuda.Event()
-            event.record()
-        self.pending.append((event, a, b))
-
-    def ready(self, block: bool) -> Iterator[tuple[list[int], int]]:
-        """(tokens, index of the last one) per finished request, oldest first."""
-        while self.pending:
-            event, a, b = self.pending[0]
-            if event is not None and not event.query():
-                if not block:
-                    return
-                event.synchronize()
-            self.pending.pop(0)
-            self.syncs += 1
-            yield self.host[0, a:b].tolist(), b - 1

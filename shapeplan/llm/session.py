@@ -26,7 +26,9 @@ class GenerationResult:
 
 class Session:
     """A conversation: ``tokens`` is the whole context so far, ``cached`` how many of them have valid
-    K/V in the cache (the last generated token is not yet in it)."""
+    K/V in the KV blocks the session holds (the last generated token is not yet in them). Each turn is
+    one request to the serving core that takes those blocks over, so only the new tokens are prefilled;
+    ``close()`` gives the blocks back (their full blocks stay in the prefix cache when it is on)."""
 
     def __init__(self, pipe: GenerationPipeline) -> None:
         self.pipe = pipe
@@ -34,6 +36,7 @@ class Session:
         self.cached = 0
         self.messages: list[dict[str, str]] = []
         self.closed = False
+        self._last: Any = None                    # the last turn's Sequence, whose blocks the session holds
 
     def __enter__(self) -> "Session":
         return self
@@ -44,7 +47,13 @@ class Session:
     def close(self) -> None:
         if not self.closed:
             self.closed = True
-            self.pipe._retained = (list(self.tokens), self.cached)
+            self._give_back()
+
+    def _give_back(self) -> None:
+        last, self._last = self._last, None
+        if last is not None and last.blocks:
+            blocks, last.blocks = last.blocks, []
+            self.pipe.batch.release_blocks(blocks)
 
     def _new_ids(self, prompt: str | Sequence[int], chat: bool) -> list[int]:
         pipe = self.pipe
@@ -72,37 +81,38 @@ class Session:
         pipe = self.pipe
         sampling = sampling or Sampling.greedy()
         new = self._new_ids(prompt, chat)
-        if not self.tokens and len(new) > pipe.max_prefill_length and truncate == "left":
-            warnings.warn(f"prompt of {len(new)} tokens left-truncated to {pipe.max_prefill_length}",
-                          stacklevel=3)
-            new = new[-pipe.max_prefill_length:]
-        if not self.tokens:                                  # a fresh conversation: reuse a cached prefix
-            reuse = pipe.reusable_prefix(new)
-            self.tokens, self.cached = new[:reuse], reuse
-            pending = new[reuse:]
-        else:
-            pending = self.tokens[self.cached:] + new
-        if len(pending) > pipe.max_prefill_length:
-            raise InputError(f"prompt has {len(pending)} tokens to prefill, more than max_prefill_length="
-                             f"{pipe.max_prefill_length} (for a new prompt, truncate='left' keeps the last tokens)")
-        if not pending:
+        room = pipe.max_kv_cache_length - 1                   # context tokens that leave room to generate
+        if not self.tokens and len(new) > room and truncate == "left":
+            warnings.warn(f"prompt of {len(new)} tokens left-truncated to {room}", stacklevel=3)
+            new = new[-room:]
+        context = self.tokens[:self.cached] + self.tokens[self.cached:] + new
+        if not new and len(context) == len(self.tokens):
             raise InputError("empty prompt: nothing to generate from")
-        start = self.cached
-        context = self.tokens[:self.cached] + pending
-        generated: list[int] = []
-        for ids, finish, metrics in pipe.run_tokens(start, pending, max_new_tokens, sampling, context):
-            generated.extend(ids)
-            if finish is not None:
-                eos_cut = next((i + 1 for i, t in enumerate(generated) if t in pipe.eos_token_ids), None)
-                generated = generated[:eos_cut] if eos_cut else generated
-                self.tokens = context + generated
-                self.cached = len(context) + len(generated) - 1
-                if chat:
-                    self.messages.append({"role": "assistant", "content": pipe.decode(generated)})
-                metrics.cached_tokens = start
-                yield ids, finish, (metrics, new, generated)
-                return
-            yield ids, None, None
+        if len(context) > room:
+            raise InputError(f"the context ({self.cached} cached + {len(context) - self.cached} new tokens) "
+                             f"does not fit the KV cache of max_kv_cache_length={pipe.max_kv_cache_length} tokens "
+                             f"with room to generate" + ("" if self.tokens else " (truncate='left' keeps the last tokens)"))
+        handle = pipe.batch.submit(context, max_new_tokens=max_new_tokens, sampling=sampling, keep_blocks=True,
+                                   reuse=self._last, reuse_tokens=self.cached)
+        if self._last is not None and self._last.blocks:    # not taken over (nothing reusable): give back
+            self._give_back()
+        self._last = None
+        for ev in handle:
+            if ev.finish_reason is None:
+                yield ev.token_ids, None, None
+                continue
+            handle.raise_for_error()
+            seq = handle.sequence
+            generated = list(handle.token_ids)
+            eos_cut = next((i + 1 for i, t in enumerate(generated) if t in pipe.eos_token_ids), None)
+            generated = generated[:eos_cut] if eos_cut else generated
+            self.tokens = context + generated
+            self.cached = min(seq.computed, len(self.tokens) - 1)
+            self._last = seq
+            if chat:
+                self.messages.append({"role": "assistant", "content": pipe.decode(generated)})
+            yield ev.token_ids, ev.finish_reason, (handle.metrics, new, generated)
+            return
 
     def stream(self, prompt: str | Sequence[int], max_new_tokens: int = 256, sampling: Sampling | None = None,
                **kw: Any) -> "TextStream":

@@ -337,7 +337,9 @@ def paged_attention(q, k_pool, v_pool, positions, lengths, block_tables, *, scal
                                                        scale=scale or d ** -0.5, window=window)
     nb, hkv, bs, _ = k_pool.shape
     maxb = block_tables.shape[1]
-    bt = block_tables.to(torch.int64).clamp(0, nb - 1)
+    if not q.is_cuda:                  # on the host a read is free: gather only the blocks some row uses
+        maxb = max(1, min(maxb, -(-int((positions.reshape(-1) + s).max()) // bs)))
+    bt = block_tables[:, :maxb].to(torch.int64).clamp(0, nb - 1)
     kk = k_pool[bt].permute(0, 2, 1, 3, 4).reshape(b, hkv, maxb * bs, d).to(q.dtype)   # [B, Hkv, L, D]
     vv = v_pool[bt].permute(0, 2, 1, 3, 4).reshape(b, hkv, maxb * bs, d).to(q.dtype)
     qpos = positions.reshape(-1, 1).to(torch.int64) + torch.arange(s, device=q.device)  # [B, S]

@@ -1,0 +1,267 @@
+"""BatchEngine: the serving core's thread. Callers ``submit`` requests (any thread); one engine thread
+owns the scheduler, the block manager and every engine call (DESIGN invariant 10), and streams each
+request's tokens back through its RequestHandle.
+
+A step: take new requests and aborts from the inbox, ask the scheduler for a plan, copy shared blocks
+that a request is about to write into, run the prefill chunks (new requests' first tokens are read
+back at once: exact time to first token), then one decode round for every running request, read its
+tokens back once, and hand each request its new tokens; finished requests free their blocks and slots
+before the next step. An exception in a step fails the requests of that step only (each gets an
+"error" event naming the cause); the engine goes on serving the others.
+"""
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+import time
+from typing import Any, Callable, Sequence as Seq
+
+import torch
+
+from shapeplan import diagnostics
+from shapeplan.errors import CapacityError, InputError, QueueFullError
+from shapeplan.llm.batch.blocks import BlockManager
+from shapeplan.llm.batch.runner import ModelRunner, Readback
+from shapeplan.llm.batch.scheduler import Scheduler, StepPlan
+from shapeplan.llm.batch.sequence import RequestHandle, Sequence, Status, TokenEvent
+from shapeplan.llm.metrics import compute
+from shapeplan.llm.sampling import Sampling
+
+
+class BatchEngine:
+    def __init__(self, runner: ModelRunner, scheduler: Scheduler, blocks: BlockManager, *, vocab_size: int,
+                 max_model_len: int, eos_token_ids: Seq[int] = (), decode_text: Callable[[list[int]], str] | None = None,
+                 max_waiting: int = 4096, on_start: Callable[[], None] | None = None) -> None:
+        self.runner, self.scheduler, self.blocks = runner, scheduler, blocks
+        self.vocab_size, self.max_model_len = vocab_size, max_model_len
+        self.eos = frozenset(eos_token_ids)
+        self.decode_text = decode_text
+        self.max_waiting = max_waiting
+        self._on_start = on_start
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._ids = itertools.count()
+        self._thread: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+        self._live: dict[int, Sequence] = {}
+        self._readback = Readback(runner.device)
+        self._stopping = False
+        self.steps = 0
+        self.finished_by_reason: dict[str, int] = {}
+        self.prefill_tokens = 0                 # tokens computed by prefill calls (lifetime)
+        self.generated_tokens = 0
+
+    # ------------------------------------------------------------------ caller side
+    def submit(self, prompt_ids: list[int], *, max_new_tokens: int, sampling: Sampling,
+               ignore_eos: bool = False, keep_blocks: bool = False, reuse: Sequence | None = None,
+               reuse_tokens: int = 0) -> RequestHandle:
+        """Queue a request; returns its handle at once. ``reuse``: a finished request of a session
+        whose blocks were kept (``keep_blocks``): its first ``reuse_tokens`` tokens' K/V are taken over."""
+        ids = [int(t) for t in prompt_ids]
+        if not ids:
+            raise InputError("empty prompt: nothing to generate from")
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise InputError(f"prompt token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})")
+        if max_new_tokens < 1:
+            raise InputError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if len(ids) >= self.max_model_len:
+            raise InputError(f"the prompt has {len(ids)} tokens; the context holds {self.max_model_len} "
+                             f"(max_kv_cache_length) with room for at least one generated token")
+        total = min(len(ids) + max_new_tokens, self.max_model_len)
+        if self.blocks.blocks_for(total) > self.blocks.usable_blocks:
+            raise CapacityError(f"a request of {len(ids)} prompt + {max_new_tokens} new tokens needs "
+                                f"{self.blocks.blocks_for(total)} KV blocks; the pool has {self.blocks.usable_blocks} "
+                                f"(raise kv_cache_bytes)")
+        if self._inbox.qsize() + len(self.scheduler.waiting) >= self.max_waiting:
+            raise QueueFullError(f"{self.max_waiting} requests are already waiting")
+        rid = next(self._ids)
+        handle = RequestHandle(rid, ids, self.abort)
+        seed = sampling.resolved_seed()
+        seq = Sequence(rid, list(ids), len(ids), max_new_tokens, sampling, seed,
+                       frozenset() if ignore_eos else self.eos, handle, keep_blocks=keep_blocks)
+        if reuse is not None and reuse.blocks:
+            seq.blocks, seq.computed = reuse.blocks, min(reuse_tokens, reuse.computed)
+            seq.registered, seq.chain = min(reuse.registered, seq.computed // self.blocks.block_size), reuse.chain
+            reuse.blocks = []
+        handle.sequence = seq
+        self._inbox.put(("add", seq))
+        self._ensure_thread()
+        return handle
+
+    def abort(self, handle: RequestHandle) -> None:
+        self._inbox.put(("abort", handle.request_id))
+        self._ensure_thread()
+
+    def call(self, fn: Callable[[], Any], timeout: float | None = None) -> Any:
+        """Run ``fn`` on the engine thread between steps and return its result (or raise its error)."""
+        box: list = []
+        done = threading.Event()
+        self._inbox.put(("call", fn, box, done))
+        self._ensure_thread()
+        if not done.wait(timeout):
+            raise TimeoutError("the engine thread did not answer in time")
+        if box and isinstance(box[0], BaseException):
+            raise box[0]
+        return box[0] if box else None
+
+    def release_blocks(self, blocks: list[int]) -> None:
+        """Give back blocks a session kept (engine thread)."""
+        if blocks:
+            self.call(lambda: self.blocks.release(list(blocks)))
+
+    def close(self) -> None:
+        if self._thread is not None and self._thread.is_alive():
+            self._stopping = True
+            self._inbox.put(("stop",))
+            self._thread.join(timeout=30)
+
+    # ------------------------------------------------------------------ the thread
+    def _ensure_thread(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            with self._start_lock:
+                if self._thread is None or not self._thread.is_alive():
+                    self._thread = threading.Thread(target=self._run, name="shapeplan-engine", daemon=True)
+                    self._thread.start()
+
+    def _run(self) -> None:
+        dev = self.runner.device
+        if dev.type == "cuda" and dev.index is not None:
+            torch.cuda.set_device(dev.index)
+        if self._on_start is not None:
+            self._on_start()
+        sched = self.scheduler
+        while not self._stopping:
+            self._intake(block=not sched.has_work)
+            if self._stopping:
+                break
+            if sched.has_work:
+                self._step()
+
+    def _intake(self, block: bool) -> None:
+        while True:
+            try:
+                msg = self._inbox.get(block=block, timeout=None) if block else self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            block = False
+            kind = msg[0]
+            if kind == "add":
+                seq = msg[1]
+                self._live[seq.rid] = seq
+                self.scheduler.add(seq)
+            elif kind == "abort":
+                seq = self._live.get(msg[1])
+                if seq is not None:
+                    self._end(seq, "abort")
+            elif kind == "call":
+                _, fn, box, done = msg
+                try:
+                    box.append(fn())
+                except BaseException as e:  # noqa: BLE001 - handed to the caller
+                    box.append(e)
+                done.set()
+            elif kind == "stop":
+                self._stopping = True
+                return
+
+    def _end(self, seq: Sequence, reason: str, error: BaseException | None = None) -> None:
+        """Finish ``seq`` (free its blocks and slot) and send its last event."""
+        if seq.status is Status.FINISHED:
+            return
+        self.scheduler.finish(seq, reason)
+        self._live.pop(seq.rid, None)
+        self.finished_by_reason[reason] = self.finished_by_reason.get(reason, 0) + 1
+        now = time.perf_counter()
+        times = seq.token_times
+        end = times[max(times)] if times else now
+        seq.handle.metrics = compute(seq.arrival, times, end, seq.generated,
+                                     prompt_tokens=seq.prompt_len - seq.cached_tokens,
+                                     host_syncs=seq.host_syncs, prefill_bucket=seq.prefill_bucket)
+        seq.handle.metrics.cached_tokens = seq.cached_tokens
+        seq.handle.push(TokenEvent([], reason, error, now))
+
+    def _step(self) -> None:
+        sched, runner = self.scheduler, self.runner
+        plan = sched.schedule()
+        self.steps += 1
+        for seq, err in plan.failed:
+            self._live.pop(seq.rid, None)
+            self.finished_by_reason["error"] = self.finished_by_reason.get("error", 0) + 1
+            seq.status = Status.FINISHED
+            seq.handle.push(TokenEvent([], "error", err, time.perf_counter()))
+        if plan.preempted:
+            diagnostics.record("SCHEDULE", "requests preempted (KV blocks ran out)",
+                               requests=[s.rid for s in plan.preempted])
+        involved = [c.seq for c in plan.chunks] + plan.decode
+        try:
+            runner.copy_blocks(plan.copies)
+            for seq in {id(s): s for s in involved}.values():
+                if seq.slot >= 0 and seq.admitted_slot != seq.slot:
+                    runner.admit(seq)
+                    seq.admitted_slot = seq.slot
+            self._prefill(plan)
+            if plan.decode:
+                self._decode(plan)
+        except Exception as e:  # noqa: BLE001 - fail this step's requests, keep serving the others
+            diagnostics.record("FALLBACK", "a serving step failed; its requests end with an error",
+                               reason=f"{type(e).__name__}: {e}"[:300])
+            for seq in {id(s): s for s in involved}.values():
+                self._end(seq, "error", e)
+
+    def _prefill(self, plan: StepPlan) -> None:
+        firsts: list[tuple[Sequence, torch.Tensor]] = []
+        for chunk in plan.chunks:
+            if chunk.seq.status is Status.FINISHED:
+                continue
+            tok = self.runner.prefill(chunk, self.max_model_len)
+            self.prefill_tokens += chunk.n
+            self.scheduler.prefilled(chunk)
+            if chunk.final and chunk.seq.generated == 0:
+                firsts.append((chunk.seq, tok))
+        if firsts:
+            got = Readback.get(self._readback.request(torch.cat([t.reshape(1) for _, t in firsts])))
+            now = time.perf_counter()
+            for (seq, _), t in zip(firsts, got):
+                seq.host_syncs += 1
+                self._accept(seq, [t], now)
+
+    def _decode(self, plan: StepPlan) -> None:
+        rows = plan.decode
+        toks = self.runner.decode(rows, plan.steps)
+        got = Readback.get(self._readback.request(toks))                 # [steps][rows]
+        now = time.perf_counter()
+        for i, seq in enumerate(rows):
+            if seq.status is not Status.RUNNING:
+                continue
+            seq.host_syncs += 1
+            new = [step[i] for step in got]
+            self._accept(seq, new, now, decoded=True)
+
+    def _accept(self, seq: Sequence, new: list[int], now: float, decoded: bool = False) -> None:
+        """Append ``new`` tokens to ``seq`` up to its end (EOS, stop string, length), stream them, and
+        finish it there. ``decoded``: each token also put its input's K/V into the cache."""
+        kept: list[int] = []
+        finish = None
+        for t in new:
+            seq.tokens.append(t)
+            if decoded:
+                seq.computed += 1
+            kept.append(t)
+            seq.token_times[seq.generated - 1] = now
+            if t in seq.eos:
+                finish = "stop"
+            elif seq.generated >= seq.max_new_tokens or len(seq.tokens) >= self.max_model_len:
+                finish = "length"
+            if finish:
+                break
+        if finish is None and seq.sampling.stop and self.decode_text is not None:
+            text = self.decode_text(seq.tokens[seq.prompt_len:])
+            if any(s in text for s in seq.sampling.stop):
+                finish = "stop"
+        self.generated_tokens += len(kept)
+        if kept:
+            seq.handle.push(TokenEvent(kept, None, None, now))
+        self.scheduler.register_full_blocks(seq)
+        if finish is not None:
+            self._end(seq, finish)

@@ -1,0 +1,231 @@
+"""The model runner: every engine call of the serving core (made on the engine thread).
+
+Decode runs one plan per batch bucket: ``n`` running rows are padded to the smallest bucket ``B >= n``
+(padding rows have length 0: they write nothing and read nothing), so only a handful of shape
+signatures exist; each is driven through its lifecycle (warm-up, freeze, capture) on padding-only
+feeds before its first real use ("settled"), so every call whose tokens a request sees is a replay.
+Within a round of ``k`` decode steps the host does not wait: each step's ``next_token`` and
+``next_position`` outputs are the next step's inputs, and the tokens collect in a device buffer that
+is read back once, at the end of the round. Prefill runs one plan per prompt-length bucket (batch 1,
+padded tokens write nothing). Per-request sampling settings live in rows of the sampling variables
+(one row per state slot), so a row's temperature, top-k/p, penalty and seed never reach another row.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import torch
+
+from shapeplan import diagnostics
+from shapeplan.llm.batch.scheduler import Chunk
+from shapeplan.llm.batch.sequence import Sequence
+from shapeplan.llm.model import PagedKV
+
+
+def decode_buckets(max_num_seqs: int, smallest: int = 1) -> list[int]:
+    """1, 2, 4, 8, 16, then every multiple of 8 up to ``max_num_seqs`` (always included); buckets
+    below ``smallest`` are left out (the CPU starts at 16: see ``GenerationPipeline``)."""
+    out = [b for b in (1, 2, 4, 8, 16) if b < max_num_seqs]
+    out += list(range(24, max_num_seqs, 8))
+    out.append(max_num_seqs)
+    small = [b for b in out if b >= smallest]
+    return small or [out[-1]]
+
+
+class ModelRunner:
+    def __init__(self, engine, paged: PagedKV, device: torch.device, *, decode_buckets: list[int],
+                 prefill_buckets: list[int], kv_blocks: torch.Tensor | None = None,
+                 before_first_call: Callable[[], None] | None = None) -> None:
+        self.engine, self.paged, self.device = engine, paged, device
+        self.decode_buckets, self.prefill_buckets = sorted(decode_buckets), sorted(prefill_buckets)
+        self.kv_blocks = kv_blocks               # [layers, 2, NB, Hkv, BS, D]: the pools as one tensor
+        var = engine.variables
+        self.params, self.seed, self.seen = var["sampling_params"], var["sampling_seed"], var["seen_tokens"]
+        slots = paged.state_slots
+        self.pad_slot = slots - 1
+        self.slot_tok = torch.zeros(slots, dtype=torch.int64, device=device)    # each row's next input token
+        self.slot_pos = torch.zeros(slots, dtype=torch.int64, device=device)    # ... and its position
+        self.settled: set[tuple[str, int, int]] = set()
+        self.cuda = device.type == "cuda"
+        self.calls = 0
+        self._before_first_call = before_first_call
+
+    def _first_call(self) -> None:
+        if self._before_first_call is not None:
+            hook, self._before_first_call = self._before_first_call, None
+            hook()
+
+    # ------------------------------------------------------------------ buckets and plans
+    def decode_bucket(self, n: int) -> int:
+        return next(b for b in self.decode_buckets if b >= n)
+
+    def prefill_bucket(self, n: int, start: int, limit: int) -> int:
+        for b in self.prefill_buckets:
+            if b >= n and start + b <= limit:
+                return b
+        return n                 # near the end of the context: an exact-length plan
+
+    def _padding_feeds(self, rows: int, seq: int) -> dict[str, torch.Tensor]:
+        dev = self.device
+        return {"input_ids": torch.zeros(rows, seq, dtype=torch.int64, device=dev),
+                "positions": torch.zeros(rows, dtype=torch.int64, device=dev),
+                "lengths": torch.zeros(rows, dtype=torch.int64, device=dev),
+                "block_tables": torch.zeros(rows, self.paged.max_blocks, dtype=torch.int32, device=dev),
+                "state_slots": torch.full((rows,), self.pad_slot, dtype=torch.int64, device=dev)}
+
+    def settle(self, out: str, rows: int, seq: int, max_calls: int = 8) -> None:
+        """Drive the plan of (``out``, ``rows`` x ``seq``) through its lifecycle on padding rows (which
+        write nothing), so the next call replays it. Modes without capture return at once."""
+        key = (out, rows, seq)
+        if key in self.settled:
+            return
+        self._first_call()
+        self.settled.add(key)
+        from shapeplan.runtime.runner import Phase
+        eng = self.engine
+        if getattr(eng, "exec_mode", None) is None or eng.exec_mode.value in ("slot_by_slot", "shape_inference_only"):
+            return
+        feeds = self._padding_feeds(rows, seq)
+        for _ in range(max_calls):
+            eng.run(feeds, outputs=[out, "next_position"])
+            if eng.phase in (Phase.REPLAYING, Phase.REPLAY_BLOCKED):
+                break
+        diagnostics.record("LIFECYCLE", "batch plan settled", outputs=out, rows=rows, tokens=seq)
+
+    def warmup(self, sampled: bool = True) -> None:
+        """Settle every decode bucket (greedy, and sampled when asked) and every prefill bucket's greedy
+        plan now (a server calls this before its first request)."""
+        for b in self.decode_buckets:
+            self.settle("next_token", b, 1)
+            if sampled:
+                self.settle("next_token_sampled", b, 1)
+        for s in self.prefill_buckets:
+            self.settle("next_token", 1, s)
+
+    # ------------------------------------------------------------------ per-request state
+    def admit(self, seq: Sequence) -> None:
+        """Write ``seq``'s sampling settings into its state slot (and the context's tokens, for the
+        repetition penalty)."""
+        sp, slot = seq.sampling, seq.slot
+        self.params[slot].copy_(torch.tensor(sp.as_row(), dtype=torch.float32))
+        self.seed[slot].fill_(seq.seed)
+        if sp.repetition_penalty != 1.0:
+            row = self.seen[slot]
+            row.zero_()
+            ids = [t for t in seq.tokens if 0 <= t < row.shape[0]]
+            if ids:
+                row[torch.tensor(ids, dtype=torch.int64, device=self.device)] = True
+        if seq.computed >= seq.prefill_target():                    # resumes decoding at once
+            self.slot_tok[slot] = seq.tokens[-1]
+            self.slot_pos[slot] = len(seq.tokens) - 1
+
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy whole blocks (every layer's K and V) before a request writes into a shared one."""
+        if not pairs:
+            return
+        src = torch.tensor([s for s, _ in pairs], device=self.device)
+        dst = torch.tensor([d for _, d in pairs], device=self.device)
+        if self.kv_blocks is not None:
+            self.kv_blocks[:, :, dst] = self.kv_blocks[:, :, src]
+            return
+        for name, pool in self.engine.variables.items():
+            if name.startswith(("k_cache_", "v_cache_")):
+                pool[dst] = pool[src]
+
+    def _table(self, seqs: list[Sequence], rows: int) -> torch.Tensor:
+        t = np.zeros((rows, self.paged.max_blocks), np.int32)
+        for i, s in enumerate(seqs):
+            t[i, :len(s.blocks)] = s.blocks
+        return torch.from_numpy(t).to(self.device, non_blocking=True)
+
+    def _out(self, seqs: list[Sequence]) -> str:
+        return "next_token" if all(s.sampling.is_plain_greedy for s in seqs) else "next_token_sampled"
+
+    # ------------------------------------------------------------------ calls
+    def prefill(self, chunk: Chunk, limit: int) -> torch.Tensor:
+        """One chunk of one request's prompt. Returns the token the last position picks ([1, 1] on
+        the device; meaningful for a new request's final chunk only)."""
+        seq, start, n = chunk.seq, chunk.start, chunk.n
+        bucket = self.prefill_bucket(n, start, limit)
+        seq.prefill_bucket = bucket
+        out = self._out([seq])
+        self.settle(out, 1, bucket)
+        ids = torch.zeros(1, bucket, dtype=torch.int64)
+        ids[0, :n] = torch.tensor(seq.tokens[start:start + n], dtype=torch.int64)
+        dev = self.device
+        feeds = {"input_ids": ids.to(dev, non_blocking=True),
+                 "positions": torch.tensor([start], dtype=torch.int64).to(dev, non_blocking=True),
+                 "lengths": torch.tensor([n], dtype=torch.int64).to(dev, non_blocking=True),
+                 "block_tables": self._table([seq], 1),
+                 "state_slots": torch.tensor([seq.slot], dtype=torch.int64).to(dev, non_blocking=True)}
+        res = self.engine.run(feeds, outputs=[out, "next_position"])
+        self.calls += 1
+        tok = res[out]
+        if chunk.final:
+            slot = seq.slot
+            if seq.generated == 0:
+                self.slot_tok[slot:slot + 1] = tok[0]
+                self._mark_seen([seq], tok)
+            else:                                     # a recompute: the next input is a known token
+                self.slot_tok[slot] = seq.tokens[-1]
+            self.slot_pos[slot:slot + 1] = res["next_position"]
+        return tok
+
+    def _mark_seen(self, seqs: list[Sequence], tok: torch.Tensor, slots: torch.Tensor | None = None) -> None:
+        if any(s.sampling.repetition_penalty != 1.0 for s in seqs):
+            if slots is None:
+                slots = torch.tensor([s.slot for s in seqs], dtype=torch.int64, device=self.device)
+            self.seen.index_put_((slots, tok.reshape(-1)[:slots.shape[0]]), torch.ones((), dtype=torch.bool,
+                                                                                        device=self.device))
+
+    def decode(self, seqs: list[Sequence], steps: int) -> torch.Tensor:
+        """``steps`` decode steps of every row; returns the tokens, [steps, len(seqs)], on the device."""
+        n = len(seqs)
+        rows = self.decode_bucket(n)
+        out = self._out(seqs)
+        self.settle(out, rows, 1)
+        dev = self.device
+        slot_list = [s.slot for s in seqs] + [self.pad_slot] * (rows - n)
+        slots = torch.tensor(slot_list, dtype=torch.int64).to(dev, non_blocking=True)
+        lengths = torch.tensor([1] * n + [0] * (rows - n), dtype=torch.int64).to(dev, non_blocking=True)
+        table = self._table(seqs, rows)
+        ids = self.slot_tok[slots].reshape(rows, 1)
+        pos = self.slot_pos[slots]
+        toks = torch.empty(steps, rows, dtype=torch.int64, device=dev)
+        penalty = any(s.sampling.repetition_penalty != 1.0 for s in seqs)
+        for k in range(steps):
+            res = self.engine.run({"input_ids": ids, "positions": pos, "lengths": lengths,
+                                   "block_tables": table, "state_slots": slots}, outputs=[out, "next_position"])
+            ids, pos = res[out], res["next_position"]
+            toks[k] = ids[:, 0]
+            if penalty:
+                self._mark_seen(seqs, ids, slots)
+        self.calls += steps
+        self.slot_tok[slots] = ids[:, 0]
+        self.slot_pos[slots] = pos
+        return toks[:, :n]
+
+
+class Readback:
+    """Device tokens to the host: on CUDA through pinned memory behind an event, so asking does not
+    stall the device queue; ``get`` waits for the event."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+
+    def request(self, t: torch.Tensor) -> tuple:
+        if not self.cuda:
+            return (t, None)
+        host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        host.copy_(t, non_blocking=True)
+        ev = torch.cuda.Event()
+        ev.record()
+        return (host, ev)
+
+    @staticmethod
+    def get(pending: tuple) -> list:
+        host, ev = pending
+        if ev is not None:
+            ev.synchronize()
+        return host.tolist()
