@@ -124,12 +124,19 @@ class GenerationPipeline:
         self._startup_done: Callable[[], None] = lambda: None
         state = initial_state(cfg, max_kv_cache_length=max_kv_cache_length, dtype=self.dtype, device=self.device,
                               paged=self.paged) if tp is None and placement is None else None
+        replay_only = warm_seq = 0
         if self.device.type == "cuda" and tp is None and placement is None:
             from shapeplan.llm import warmup            # CUDA libraries load while the graph is built
+            from shapeplan.runtime import frozen_records
             self._startup_done = warmup.short_switch_interval()
             weakref.finalize(self, self._startup_done)
+            # plans frozen from records never run the torch kernels that Triton replaces: skip loading
+            # them when records exist (a plan without one loads them in its own slot-by-slot call)
+            replay_only = mode in ("triton", "auto") and frozen_records.enabled(self.device) \
+                and frozen_records.entries() > 0
             warm_seq = next(b for b in self.buckets if b >= min(128, max_prefill_length))
             self._warm_thread = warmup.start(cfg, self.dtype, self.device, max_kv_cache_length, seq=warm_seq,
+                                             replay_only=replay_only, block_size=block_size,
                                              head=weights.get("lm_head.weight", weights.get("model.embed_tokens.weight")))
             if mode in ("triton", "auto"):
                 _prewarm_decode_kernels(cfg, self.dtype, self.device, max_kv_cache_length)
@@ -162,6 +169,31 @@ class GenerationPipeline:
                                  max_model_len=max_kv_cache_length, eos_token_ids=sorted(self._eos),
                                  decode_text=self.decode, max_waiting=max_waiting)
         weakref.finalize(self, self.batch.close)
+        if self._warm_thread is not None and replay_only:
+            self.batch.post(lambda: self._prepare_from_records(warm_seq))
+
+    def _prepare_from_records(self, bucket: int) -> None:
+        """Start-up with frozen-plan records (engine thread): while the CUDA warm-up thread still loads
+        kernels, freeze and compile, from their records, the plans a first request may use
+        (``Engine.prepare``): the greedy decode step of the smallest bucket, the greedy prefill of the
+        warm-up's bucket, of the other buckets, then the sampled decode step and prefill; it stops as
+        soon as the warm-up is done. A prepared plan's first call captures at once; a plan without a
+        record is not kept. Best effort: an error is recorded and changes nothing else."""
+        warm = self._warm_thread
+        rows = self.decode_buckets[0]
+        order = [("next_token", rows, 1), ("next_token", 1, bucket)]
+        order += [("next_token", 1, b) for b in self.buckets if b != bucket]
+        order += [("next_token_sampled", rows, 1), ("next_token_sampled", 1, bucket)]
+        try:
+            for out, n_rows, n in order:
+                if warm is None or not warm.is_alive():
+                    return
+                if self.engine.prepare(self.runner.padding_feeds(n_rows, n), outputs=[out, "next_position"]):
+                    diagnostics.record("LIFECYCLE", "plan prepared from its record during the warm-up",
+                                       outputs=out, rows=n_rows, tokens=n)
+        except Exception as e:  # noqa: BLE001 - an optimisation only: the first request records as usual
+            diagnostics.record("FALLBACK", "plans not prepared from records at start-up",
+                               reason=f"{type(e).__name__}: {e}"[:300])
 
     def _pool_blocks(self, kv_cache_bytes: int | None, per_block: int, max_blocks: int) -> int:
         """The pool's block count: ``kv_cache_bytes`` worth, or by default room for ``max_num_seqs``
@@ -287,6 +319,23 @@ class GenerationPipeline:
         ids = _until_eos(handle.token_ids, self._eos)
         text = _until_stop(self.decode(ids), sampling.stop, hold=False)
         return GenerationResult(text, ids, handle.prompt_token_ids, handle.finish_reason, handle.metrics)
+
+    def score(self, prompt: str | Sequence[int]) -> torch.Tensor:
+        """The logits at every position of ``prompt`` ([n, V], float, on the CPU): one prefill through
+        the ``all_logits`` output, in blocks taken for the call and given back after it."""
+        ids = self.encode(prompt)
+        n = len(ids)
+        if not 0 < n <= self.max_prefill_length:
+            raise InputError(f"score: the prompt must have 1 to max_prefill_length={self.max_prefill_length} "
+                             f"tokens, got {n}")
+
+        def run() -> torch.Tensor:
+            blocks = self.blocks.allocate(self.blocks.blocks_for(n))
+            try:
+                return self.runner.score(ids, blocks).float().cpu()
+            finally:
+                self.blocks.release(blocks)
+        return self.batch.call(run)
 
     def warmup(self, sampled: bool = True) -> None:
         """Capture every decode bucket's plan (and the sampled variant) and every prefill bucket's now,

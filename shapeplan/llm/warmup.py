@@ -117,27 +117,29 @@ def enabled() -> bool:
 
 
 def start(cfg: LlamaConfig, dtype: torch.dtype, device: torch.device, max_kv_cache_length: int,
-          seq: int, replay_only: bool = False, head: torch.Tensor | None = None) -> threading.Thread | None:
+          seq: int, replay_only: bool = False, head: torch.Tensor | None = None,
+          block_size: int = 16) -> threading.Thread | None:
     """Start the warm-up thread (CUDA only); it runs one prefill of ``seq`` tokens. None when off.
     ``replay_only``: only the torch kernels a triton-mode replay runs (see ``layer``); ``head``: the
     model's own LM head (or tied embedding) weight, read only (see ``layer``)."""
     if device.type != "cuda" or not enabled():
         return None
-    t = threading.Thread(target=_run, args=(cfg, dtype, device, max_kv_cache_length, seq, replay_only, head),
+    t = threading.Thread(target=_run, args=(cfg, dtype, device, max_kv_cache_length, seq, replay_only, head,
+                                            block_size),
                          name="shapeplan-cuda-warm", daemon=True)
     t.start()
     return t
 
 
 def _run(cfg: LlamaConfig, dtype: torch.dtype, device: torch.device, max_kv_cache_length: int, seq: int,
-         replay_only: bool = False, head: torch.Tensor | None = None) -> None:
+         replay_only: bool = False, head: torch.Tensor | None = None, block_size: int = 16) -> None:
     from shapeplan.runtime.backends.cuda_graphs import capture_lock
     try:
         with diagnostics.muted():
             cuda = device.type == "cuda"
             if cuda and device.index is not None:
                 torch.cuda.set_device(device.index)
-            todo = parts(cfg, dtype, device, max_kv_cache_length, seq, replay_only, head)
+            todo = parts(cfg, dtype, device, max_kv_cache_length, seq, replay_only, head, block_size)
             timings.clear()                 # one pipeline's parts, not every warm-up of a long process
             errors: list[BaseException] = []
 
@@ -172,11 +174,11 @@ def _run(cfg: LlamaConfig, dtype: torch.dtype, device: torch.device, max_kv_cach
 
 
 def layer(cfg: LlamaConfig, dtype: torch.dtype, device: torch.device, kv_length: int, seq: int,
-          replay_only: bool = False, head: torch.Tensor | None = None) -> torch.Tensor:
+          replay_only: bool = False, head: torch.Tensor | None = None, block_size: int = 16) -> torch.Tensor:
     """One prefill step of a one-layer model on zeros through the op kernels ``model.build_graph``'s plan
     runs: every part of ``parts`` in turn. Returns the greedy token."""
     out = None
-    for part in parts(cfg, dtype, device, kv_length, seq, replay_only, head):
+    for part in parts(cfg, dtype, device, kv_length, seq, replay_only, head, block_size):
         res = part()
         if part.__name__ == "index":
             out = res
@@ -185,18 +187,19 @@ def layer(cfg: LlamaConfig, dtype: torch.dtype, device: torch.device, kv_length:
 
 
 def parts(cfg: LlamaConfig, dtype: torch.dtype, device: torch.device, kv_length: int, seq: int,
-          replay_only: bool = False, head: torch.Tensor | None = None) -> list[Callable[[], torch.Tensor]]:
-    """The op kernels ``model.build_graph``'s prefill plan runs (``ops.registry.lookup(...).kernel``), with
-    the same layouts (weights as transposed views, q/k/v and gate/up stacked, q/k/v split from one GEMM
-    output), on zeros, as five independent parts that may run on five threads: the GEMMs (cuBLAS), the
-    attention with its mask and positions, the index ops (gathers, ArgMax), the KV cache write (with k's
-    rotation) and the elementwise ops. ``replay_only`` leaves out the ops a triton-mode replay runs as Triton kernels (the
-    norms, RoPE of q, SiLU*mul; not the KV cache write, whose Triton kernel writes one position, so a
-    prefill keeps the torch kernel): a plan frozen from a record (runtime/frozen_records.py) never runs their
-    torch kernels, so loading them is wasted. ``head`` ([vocab, hidden], the model's dtype, on
-    ``device``): the LM head GEMM, embedding gather and ArgMax run at the real vocabulary size (cuBLAS
-    picks its kernel by shape; ArgMax takes its two-stage path from 32,768 entries), reading the weight
-    only; without it a small zero head of WARM_VOCAB rows."""
+          replay_only: bool = False, head: torch.Tensor | None = None,
+          block_size: int = 16) -> list[Callable[[], torch.Tensor]]:
+    """The op kernels ``model.build_graph``'s paged prefill plan runs (``ops.registry.lookup(...).kernel``),
+    with the same layouts (weights as transposed views, q/k/v and gate/up stacked, q/k/v split from one
+    GEMM output, block-major pools of ``block_size``), on zeros, as five independent parts that may run
+    on five threads: the GEMMs (cuBLAS), the attention over the blocks, the index ops (gathers, the
+    last-token gather, ArgMax), the paged KV write (with k's rotation) and the elementwise ops.
+    ``replay_only`` leaves out the ops a triton-mode replay runs as Triton kernels (the norms, RoPE of q,
+    SiLU*mul): a plan frozen from a record (runtime/frozen_records.py) never runs their torch kernels,
+    so loading them is wasted. ``head`` ([vocab, hidden], the model's dtype, on ``device``): the LM head
+    GEMM, embedding gather and ArgMax run at the real vocabulary size (cuBLAS picks its kernel by shape;
+    ArgMax takes its two-stage path from 32,768 entries), reading the weight only; without it a small
+    zero head of WARM_VOCAB rows."""
     from shapeplan.ops.registry import lookup
 
     def k(op: str, domain: str = "shapeplan"):  # noqa: ANN202
@@ -209,6 +212,7 @@ def parts(cfg: LlamaConfig, dtype: torch.dtype, device: torch.device, kv_length:
     use_head = head is not None and head.dim() == 2 and head.shape[1] == h and head.dtype == dtype \
         and head.device.type == device.type
     v = head.shape[0] if use_head else min(cfg.vocab_size, WARM_VOCAB)
+    max_blocks = -(-kv_length // block_size)
 
     def zeros(*shape: int, dt: torch.dtype = dtype) -> torch.Tensor:
         return torch.zeros(shape, dtype=dt, device=device)
@@ -216,16 +220,21 @@ def parts(cfg: LlamaConfig, dtype: torch.dtype, device: torch.device, kv_length:
     def embed() -> torch.Tensor:
         return head if use_head else zeros(v, h)
 
-    def ids_position() -> tuple[torch.Tensor, torch.Tensor]:
-        return zeros(1, seq, dt=torch.int64), zeros(1, dt=torch.int64)
+    def feeds() -> tuple[torch.Tensor, ...]:
+        """input_ids, positions, lengths, block_tables (blocks 1.. in order) of one prefill row."""
+        table = torch.arange(1, max_blocks + 1, dtype=torch.int32, device=device).reshape(1, -1)
+        return (zeros(1, seq, dt=torch.int64), zeros(1, dt=torch.int64), zeros(1, dt=torch.int64) + seq, table)
+
+    def pools() -> tuple[torch.Tensor, torch.Tensor]:
+        return zeros(max_blocks + 1, hkv, block_size, d), zeros(max_blocks + 1, hkv, block_size, d)
 
     def qkv_views() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         q, kk, vv = zeros(1, seq, (hq + 2 * hkv) * d).split([hq * d, hkv * d, hkv * d], dim=-1)
         return (q.reshape(1, seq, hq, d).transpose(1, 2), kk.reshape(1, seq, hkv, d).transpose(1, 2),
                 vv.reshape(1, seq, hkv, d).transpose(1, 2))
 
-    def rope_tables(position: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        pos = k("PositionIds")(ids, position)
+    def rope_tables(positions: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        pos = k("PositionIds")(ids, positions)
         cos, sin = zeros(kv_length, d // 2), zeros(kv_length, d // 2)
         return gather(cos, pos, axis=0), gather(sin, pos, axis=0)
 
@@ -238,32 +247,30 @@ def parts(cfg: LlamaConfig, dtype: torch.dtype, device: torch.device, kv_length:
         return matmul(zeros(1, 1, h), embed().t()).reshape(1, -1)
 
     def attention() -> torch.Tensor:
-        ids, position = ids_position()
+        _, positions, lengths, table = feeds()
         q, _, _ = qkv_views()
-        mask = k("CausalMask")(ids, position, kv_length=kv_length, window=cfg.sliding_window, groups=hq // hkv,
-                               dtype=str(dtype).replace("torch.", ""))
-        k_all, v_all = zeros(1, hkv, kv_length, d), zeros(1, hkv, kv_length, d)
-        a = k("CachedAttention")(q, k_all, v_all, mask, position, scale=float(d) ** -0.5, window=cfg.sliding_window)
+        k_pool, v_pool = pools()
+        a = k("PagedAttention")(q, k_pool, v_pool, positions, lengths, table, scale=float(d) ** -0.5,
+                                window=cfg.sliding_window)
         return a.transpose(1, 2).reshape(1, seq, hq * d)
 
     def index() -> torch.Tensor:
-        ids, position = ids_position()
-        rope_tables(position, ids)
+        ids, positions, lengths, _ = feeds()
+        rope_tables(positions, ids)
         gather(embed(), ids, axis=0)
-        length = zeros(1, dt=torch.int64) + seq
-        gather(zeros(1, seq, h), length - 1, axis=1)
+        last = k("Max", "")(lengths - 1, torch.zeros(1, dtype=torch.int64, device=device)).reshape(1, 1)
+        k("GatherND", "")(zeros(1, seq, h), last, batch_dims=1)
         return argmax(zeros(1, v), axis=-1, keepdims=1)
 
     def cache_write() -> torch.Tensor:
-        ids, position = ids_position()
-        cos_s, sin_s = rope_tables(position, ids)
+        ids, positions, lengths, table = feeds()
+        cos_s, sin_s = rope_tables(positions, ids)
         _, kk, vv = qkv_views()
-        return k("CacheWriteKV")(zeros(1, hkv, kv_length, d), zeros(1, hkv, kv_length, d), kk, vv, position,
-                                 cos_s, sin_s, axis=2)[0]
+        return k("PagedCacheWrite")(*pools(), kk, vv, positions, lengths, table, cos_s, sin_s)[0]
 
     def elementwise() -> torch.Tensor:
-        ids, position = ids_position()
-        cos_s, sin_s = rope_tables(position, ids)
+        ids, positions, _, _ = feeds()
+        cos_s, sin_s = rope_tables(positions, ids)
         q, _, _ = qkv_views()
         norm, x = zeros(h), zeros(1, seq, h)
         k("RotaryEmbedding")(q, cos_s, sin_s)

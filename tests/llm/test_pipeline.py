@@ -32,13 +32,21 @@ def _copy(src: str, dst) -> str:
 
 
 # ------------------------------------------------------------------ bad input
-def test_prompt_longer_than_max_prefill_is_an_error_unless_truncation_asked(pipe):
-    long = " ".join(["hello world"] * 40)
-    with pytest.raises(sp.InputError, match="max_prefill_length=32"):
+def test_prompt_longer_than_the_context_is_an_error_unless_truncation_asked(pipe):
+    long = " ".join(["hello world"] * 60)
+    with pytest.raises(sp.InputError, match="max_kv_cache_length=96"):
         pipe.generate(long, max_new_tokens=2)
     with pytest.warns(UserWarning, match="left-truncated"):
         res = pipe.generate(long, max_new_tokens=2, truncate="left")
-    assert len(res.prompt_token_ids) == 32
+    assert len(res.prompt_token_ids) == 95
+
+
+def test_a_prompt_longer_than_max_prefill_is_prefilled_in_chunks(llama, pipe):
+    """Chunked prefill: 32-token chunks give the tokens one 64-token prefill gives."""
+    prompt = list(range(3, 53))                                   # 50 tokens
+    big = GenerationPipeline.from_pretrained(llama, mode="slot_by_slot", max_prefill_length=64,
+                                             max_kv_cache_length=96, progress=False)
+    assert pipe.generate(prompt, max_new_tokens=8).token_ids == big.generate(prompt, max_new_tokens=8).token_ids
 
 
 def test_prefill_not_smaller_than_kv_cache_is_rejected(llama):
@@ -121,14 +129,24 @@ def test_max_new_tokens_and_eos(pipe):
     assert res.finish_reason == "stop" and res.token_ids[-1] == third and len(res.token_ids) <= 3
 
 
-def test_one_session_holds_the_cache(pipe):
-    s = pipe.start_session()
-    with pytest.raises(sp.LifecycleError, match="open session"):
-        pipe.start_session()
+def test_sessions_hold_their_own_blocks(pipe):
+    """Two conversations side by side: each turn continues from its own session's KV blocks (so it
+    equals the same conversation held alone), and closing gives every block back."""
+    base = pipe.kv_stats()["blocks_used"]
+    with pipe.start_session() as alone:
+        a1 = alone.generate(PROMPT, max_new_tokens=6).token_ids
+        a2 = alone.generate(" and more", max_new_tokens=6).token_ids
+    s, t = pipe.start_session(), pipe.start_session()
+    assert s.generate(PROMPT, max_new_tokens=6).token_ids == a1
+    t.generate("Hello world", max_new_tokens=6)
+    assert pipe.kv_stats()["blocks_used"] > base                  # both sessions hold blocks
+    assert s.generate(" and more", max_new_tokens=6).token_ids == a2
+    assert s.cached == len(s.tokens) - 1
     s.close()
+    t.close()
     with pytest.raises(sp.LifecycleError, match="closed"):
         s.generate(PROMPT)
-    pipe.start_session().close()
+    assert pipe.kv_stats()["blocks_used"] == base
 
 
 # ------------------------------------------------------------------ sampling
@@ -190,7 +208,7 @@ def test_stream_never_shows_part_of_a_stop_string():
 def test_metrics_and_host_sync_budget(pipe):
     res = pipe.generate(PROMPT, max_new_tokens=40)
     m = res.metrics
-    assert m.new_tokens == 40 and m.prompt_tokens == len(res.prompt_token_ids)
+    assert m.new_tokens == 40 and m.prompt_tokens + m.cached_tokens == len(res.prompt_token_ids)
     assert m.ttft_s > 0 and m.overall_tok_s > 0 and m.decode_tok_s > 0 and m.steady_tok_s > 0
     assert m.late_steady_tok_s > 0 and m.effective_tok_s == m.late_steady_tok_s
     # syncs: every sync_every=4 steps, plus tokens 0, 2 and 19 and the last
@@ -208,7 +226,8 @@ def test_prefill_buckets_bound_the_number_of_plans(llama):
     for words in (1, 3, 6, 9, 2, 5):
         p.generate(" ".join(["fox"] * words), max_new_tokens=6)
     shapes = {r.key[1][0] for r in p.engine.runners()}           # input_ids shapes with a plan
-    assert shapes == {(1, 16), (1, 32), (1, 1)}                   # two prefill buckets + one decode plan
+    rows = p.decode_buckets[0]                                    # the CPU's smallest decode bucket: 16
+    assert shapes == {(1, 16), (1, 32), (rows, 1)}                # two prefill buckets + one decode plan
     # a closed session hands the same KV buffers and plans to the next request: nothing is
     # reallocated, recompiled or recaptured
     k0 = p.engine.variables["k_cache_0"].data_ptr()
@@ -250,9 +269,12 @@ def test_prefix_cache_reuses_the_kv_of_the_last_request(llama, pipe):
     longer = PROMPT + " of past tokens"
     first = cached.generate(PROMPT, max_new_tokens=8)
     assert first.metrics.cached_tokens == 0
-    again = cached.generate(PROMPT, max_new_tokens=8)
-    assert again.metrics.cached_tokens == len(first.prompt_token_ids) - 1
-    assert again.metrics.prompt_tokens == 1 and again.token_ids == first.token_ids
+    again = cached.generate(PROMPT, max_new_tokens=8)             # whole blocks of the prompt are cached
+    n = len(first.prompt_token_ids)
+    assert again.metrics.cached_tokens == (n - 1) // 16 * 16 > 0
+    assert again.metrics.prompt_tokens == n - again.metrics.cached_tokens and again.token_ids == first.token_ids
+    stats = cached.prefix_cache_stats()
+    assert stats["total_hits"] >= 1 and stats["total_hit_tokens"] >= 16 and stats["resident_blocks"] >= 1
     ext = cached.generate(longer, max_new_tokens=8)
     assert ext.metrics.cached_tokens > 0
     assert ext.token_ids == pipe.generate(longer, max_new_tokens=8).token_ids

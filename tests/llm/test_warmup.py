@@ -106,7 +106,7 @@ def test_a_replay_only_warm_up_leaves_out_the_kernels_triton_replaces(monkeypatc
     tok = warmup.layer(cfg, torch.float32, torch.device("cpu"), 64, 16, replay_only=True)
     assert tok.shape == (1, 1)
     assert not used & set(warmup._TRITON_IN_REPLAY)
-    assert {"MatMul", "Gather", "CachedAttention", "CacheWriteKV", "ArgMax"} <= used
+    assert {"MatMul", "Gather", "PagedAttention", "PagedCacheWrite", "ArgMax"} <= used
 
 
 def test_the_warm_up_reads_the_models_head_at_its_real_size():
@@ -170,25 +170,26 @@ def test_a_pipeline_prepares_its_plans_from_records_while_the_warm_up_runs(tmp_p
     release = threading.Event()
     pipe._warm_thread = threading.Thread(target=release.wait, daemon=True)
     pipe._warm_thread.start()
-    bucket = pipe.bucket_for(len(prompt), 0)
+    bucket = pipe.runner.prefill_bucket(len(prompt), 0, 64)
+    rows = pipe.decode_buckets[0]
     diagnostics.reset()
     diagnostics.enable(["LIFECYCLE", "SEGMENT"], level="detailed")
     try:
-        pipe._prepare_from_records(bucket)
+        pipe.batch.call(lambda: pipe._prepare_from_records(bucket))   # plans belong to the engine thread
         prepared = [e.fields for e in diagnostics.events() if e.message.startswith("plan prepared")]
         release.set()
         got = pipe.generate(prompt, max_new_tokens=12, sampling=Sampling.greedy()).token_ids
         msgs = [e.message for e in diagnostics.events()]
     finally:
         diagnostics.disable()
-    assert [(p["outputs"], p["tokens"]) for p in prepared] == [("next_token", 1), ("next_token", bucket)]
+    assert [(p["outputs"], p["rows"], p["tokens"]) for p in prepared] == [("next_token", rows, 1),
+                                                                         ("next_token", 1, bucket)]
     assert got == want
     assert "segment warmed up" not in msgs                       # both plans came from their records
     pipe._warm_thread = None
-    assert pipe.engine.prepare({"input_ids": torch.zeros(1, 1, dtype=torch.int64),
-                                "position": torch.zeros(1, dtype=torch.int64),
-                                "length": torch.ones(1, dtype=torch.int64)},
-                               outputs=["next_token", "next_position"]) is False   # in use already
+    again = pipe.batch.call(lambda: pipe.engine.prepare(pipe.runner.padding_feeds(rows, 1),
+                                                        outputs=["next_token", "next_position"]))
+    assert again is False                                        # in use already
 
 
 def test_the_pipeline_state_is_made_once_and_kept_without_copies():

@@ -105,6 +105,11 @@ class BatchEngine:
             raise box[0]
         return box[0] if box else None
 
+    def post(self, fn: Callable[[], Any]) -> None:
+        """Run ``fn`` on the engine thread soon, without waiting for it (start-up work)."""
+        self._inbox.put(("call", fn, [], threading.Event()))
+        self._ensure_thread()
+
     def release_blocks(self, blocks: list[int]) -> None:
         """Give back blocks a session kept (engine thread)."""
         if blocks:

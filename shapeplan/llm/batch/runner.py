@@ -66,7 +66,8 @@ class ModelRunner:
                 return b
         return n                 # near the end of the context: an exact-length plan
 
-    def _padding_feeds(self, rows: int, seq: int) -> dict[str, torch.Tensor]:
+    def padding_feeds(self, rows: int, seq: int) -> dict[str, torch.Tensor]:
+        """Feeds of ``rows`` padding rows of ``seq`` tokens: every length 0, so the call writes nothing."""
         dev = self.device
         return {"input_ids": torch.zeros(rows, seq, dtype=torch.int64, device=dev),
                 "positions": torch.zeros(rows, dtype=torch.int64, device=dev),
@@ -86,7 +87,7 @@ class ModelRunner:
         eng = self.engine
         if getattr(eng, "exec_mode", None) is None or eng.exec_mode.value in ("slot_by_slot", "shape_inference_only"):
             return
-        feeds = self._padding_feeds(rows, seq)
+        feeds = self.padding_feeds(rows, seq)
         for _ in range(max_calls):
             eng.run(feeds, outputs=[out, "next_position"])
             if eng.phase in (Phase.REPLAYING, Phase.REPLAY_BLOCKED):
@@ -171,6 +172,21 @@ class ModelRunner:
                 self.slot_tok[slot] = seq.tokens[-1]
             self.slot_pos[slot:slot + 1] = res["next_position"]
         return tok
+
+    def score(self, ids: list[int], blocks: list[int]) -> torch.Tensor:
+        """The logits at every position of ``ids`` (one prefill into ``blocks``): [n, V]."""
+        n, dev = len(ids), self.device
+        bucket = self.prefill_bucket(n, 0, n + max(self.prefill_buckets))
+        padded = torch.zeros(1, bucket, dtype=torch.int64)
+        padded[0, :n] = torch.tensor(ids, dtype=torch.int64)
+        table = torch.zeros(1, self.paged.max_blocks, dtype=torch.int32)
+        table[0, :len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
+        self._first_call()
+        out = self.engine.run({"input_ids": padded.to(dev), "positions": torch.zeros(1, dtype=torch.int64, device=dev),
+                               "lengths": torch.tensor([n], device=dev), "block_tables": table.to(dev),
+                               "state_slots": torch.full((1,), self.pad_slot, dtype=torch.int64, device=dev)},
+                              outputs=["all_logits"])
+        return out["all_logits"][0, :n]
 
     def _mark_seen(self, seqs: list[Sequence], tok: torch.Tensor, slots: torch.Tensor | None = None) -> None:
         if any(s.sampling.repetition_penalty != 1.0 for s in seqs):
