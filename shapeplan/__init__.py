@@ -3,8 +3,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from shapeplan.errors import (CacheError, CaptureError, ExecutionError, InputError, LifecycleError,
-                              ModelError, ShapeError, ShapeplanError, UnsupportedOpError)
+from shapeplan.errors import (CacheError, CapacityError, CaptureError, ExecutionError, InputError, LifecycleError,
+                              ModelError, QueueFullError, RequestAborted, ShapeError, ShapeplanError,
+                              UnsupportedOpError)
 from shapeplan.importers import load
 from shapeplan.ir.dtypes import DType, dtype
 from shapeplan.ir.graph import Graph, Node, Value, ValueKind

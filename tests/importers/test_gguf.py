@@ -160,12 +160,7 @@ def _rounded_hf(ckpt: str, qtype: Q):
 
 
 def _prefill_logits(pipe, ids: list[int]) -> torch.Tensor:
-    n, bucket = len(ids), pipe.bucket_for(len(ids), 0)
-    padded = torch.zeros(1, bucket, dtype=torch.int64)
-    padded[0, :n] = torch.tensor(ids)
-    out = pipe.engine.run({"input_ids": padded, "position": torch.tensor([0]), "length": torch.tensor([n])},
-                          outputs=["all_logits"])
-    return out["all_logits"][0, :n]
+    return pipe.score(ids)
 
 
 def _pipe(path: str, **kw):

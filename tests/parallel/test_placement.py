@@ -24,8 +24,10 @@ def _tokens(path: str, mode: str = "auto", n: int = 24, **kw) -> tuple[list[int]
 
 
 def _graph(path: str):
+    """The graph a pipeline of ``KW`` builds (its paged KV pool included)."""
     cfg = LlamaConfig.from_file(path)
-    return build_graph(cfg, load_weights(path, cfg), max_kv_cache_length=96)
+    paged = GenerationPipeline.from_pretrained(path, mode="slot_by_slot", **KW).paged
+    return build_graph(cfg, load_weights(path, cfg), max_kv_cache_length=96, paged=paged)
 
 
 @pytest.mark.parametrize("model_type", ["llama", "qwen2"])
@@ -65,12 +67,16 @@ def test_placement_report_and_diagnostics(checkpoints):
     assert s0["sends"] and set(s1["receives"]) == set(s0["sends"])     # residual stream, mask, rotary angles
     # the last (decode) step's copies: what stage 0 produces for stage 1 at one token
     st0 = pipe.engine.stages[0]
-    one = torch.ones(1, 1, dtype=torch.int64)
-    sent = st0.engine.run({"input_ids": one, "position": torch.tensor([20]), "length": torch.tensor([1])},
-                          outputs=st0.sends)
+    rows = pipe.decode_buckets[0]
+    feeds = pipe.runner.padding_feeds(rows, 1)
+    feeds["lengths"][0], feeds["positions"][0] = 1, 20
+
+    def run() -> dict:
+        return st0.engine.run({k: v for k, v in feeds.items() if k in st0.engine.input_names}, outputs=st0.sends)
+    sent = pipe.batch.call(run)                                   # the engine thread's plan
     expect = sum(t.numel() * t.element_size() for t in sent.values())
     cfg = LlamaConfig.from_file(path)
-    assert expect >= 4 * (cfg.hidden_size + 96)                   # at least the hidden state and the mask
+    assert expect >= 4 * rows * cfg.hidden_size                   # at least the hidden state of every row
     assert p["bytes_per_step"] == {"cpu#0->cpu#1": expect} and p["bytes_per_step_total"] == expect
     assert p["bytes_moved_total"] > expect * 7                   # prefill moved more
     devs = {s["device"] for s in info.slots}

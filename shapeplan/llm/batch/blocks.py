@@ -88,8 +88,10 @@ class BlockManager:
         self.refs[block] += 1
 
     def release(self, blocks: list[int]) -> None:
-        """Drop one reference to each block; a block nobody holds becomes idle (if cached) or free."""
-        for b in blocks:
+        """Drop one reference to each block; a block nobody holds becomes idle (if cached) or free.
+        A sequence's blocks are released tail first, so its chain's tail is the older idle block: LRU
+        eviction takes tails before heads, and what stays cached is still reachable from the root."""
+        for b in reversed(blocks):
             if b == NULL_BLOCK:
                 continue
             self.refs[b] -= 1
