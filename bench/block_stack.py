@@ -203,7 +203,7 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=200, help="calls per timed block (a tenth for large shapes)")
     ap.add_argument("--no-compile", action="store_true", help="leave out the torch.compile row (~10 s per shape)")
     ap.add_argument("--json", default="", help="write the rows as JSON to this file")
-    ap.add_argument("--optimize", action="store_true", help="run the optimizer's passes too (sp.compile(optimize=True))")
+    ap.add_argument("--optimize", action="store_true", help="run the optimizer's passes too (optimize=True)")
     ap.add_argument("--timeline", action="store_true",
                     help="print the triton engine's lifecycle/compile events with their times (stderr)")
     a = ap.parse_args()

@@ -4,7 +4,7 @@
 # summary table last. Run from the repository root on the GPU machine:
 #
 #   bash bench/gpu_all.sh                  # the default steps: GPU tests, then the benchmarks
-#   bash bench/gpu_all.sh --quick          # decode, start-up and block stack only (~2-3 minutes)
+#   bash bench/gpu_all.sh --quick          # decode, start-up and block stack only (no tests)
 #   bash bench/gpu_all.sh decode_8b logits # named steps only, in the order of the table below
 #   bash bench/gpu_all.sh --all --budget 1500   # every step (more than 10 minutes: raise the budget)
 #   bash bench/gpu_all.sh --list           # the steps, their sets and limits
