@@ -21,6 +21,7 @@ step() {                                   # step NAME SET LIMIT_S COMMAND SUMMA
   NAMES+=("$1"); SETS+=("$2"); LIMITS+=("$3"); CMDS+=("$4"); SUMS+=("$5")
 }
 # In COMMAND and SUMMARY: $W/NAME.json is the step's JSON (collected into results.json), $L its log.
+# SUMMARY prints one line for the table; '' (or no output) takes the log's last line instead.
 # Sets: quick (also in --quick), default (a plain run), extra (only by name or with --all).
 GPU_TESTS="tests/gpu tests/llm/test_gpu.py tests/llm/test_decode_attention.py tests/llm/test_triton_reproducible.py
            tests/runtime/test_triton_codegen.py tests/runtime/test_triton_workers.py tests/runtime/test_triton_launch.py"
