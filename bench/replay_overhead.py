@@ -33,18 +33,9 @@ if not is_supported("Add", D):
     register("Relu", domain=D, traits=EW)(lambda x: torch.relu(x))
 
 
-def op(g: sp.Graph):
-    """``op(g).Add(a, b)``: g.op in this benchmark's domain."""
-    class _Ops:
-        def __getattr__(self, name):
-            f = getattr(g.op, name)
-            return lambda *a, **k: f(*a, _domain=D, **k)
-    return _Ops()
-
-
 def build(n_ops: int) -> tuple[sp.Graph, list]:
     g = sp.Graph("small_ops")
-    o = op(g)
+    o = g.op
     x = g.placeholder("x", "float32", (4, 16))
     h, eager = x, []
     rng = np.random.default_rng(0)
@@ -52,17 +43,17 @@ def build(n_ops: int) -> tuple[sp.Graph, list]:
         k = i % 4
         if k == 0:
             c = rng.standard_normal(16).astype(np.float32) * 0.1
-            h = o.Add(h, g.constant(c, name=f"c{i}"))
+            h = o.Add(h, g.constant(c, name=f"c{i}"), _domain=D)
             eager.append(("add", torch.from_numpy(c)))
         elif k == 1:
-            h = o.Tanh(h)
+            h = o.Tanh(h, _domain=D)
             eager.append(("tanh", None))
         elif k == 2:
             c = np.float32(1.01)
-            h = o.Mul(h, g.constant(c, name=f"c{i}"))
+            h = o.Mul(h, g.constant(c, name=f"c{i}"), _domain=D)
             eager.append(("mul", torch.tensor(c)))
         else:
-            h = o.Relu(h)
+            h = o.Relu(h, _domain=D)
             eager.append(("relu", None))
     g.set_outputs(h)
     return g, eager
