@@ -1,4 +1,4 @@
-"""Decode benchmark shared by ``shapeplan bench`` and bench/gpu_decode.py: one set of weights, one
+"""Decode benchmark shared by ``shapeplan bench`` and bench/decode.py: one set of weights, one
 pipeline per execution config, greedy decode from a fixed prompt, metrics per config, and each
 config's tokens checked against slot_by_slot's."""
 from __future__ import annotations

@@ -23,7 +23,7 @@ from shapeplan.runtime.backends.triton_env import triton   # before the kernels:
 from shapeplan.llm.decode_attention_kernels import _combine, _partial
 
 SPLIT = 0                # keys per program; 0 = auto: 16, or L / 64 for caches over 1,024 (combine <= 64 rows)
-WARPS = 2                # auto / 2 / no dot: fastest in bench/gpu_decode_attention.py on the H200 (7.1 us
+WARPS = 2                # auto / 2 / no dot: fastest in bench/decode_attention.py on the H200 (7.1 us
 DOT = False              # per llama-1b layer at position 256, vs 10.4 for the first 64 / 4 version)
 MAX_TILE = 8192          # elements of the [G, BLOCK_N, D] product a program holds (register budget)
 

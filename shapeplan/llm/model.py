@@ -332,7 +332,7 @@ def initial_state(cfg: LlamaConfig, *, max_kv_cache_length: int, dtype: torch.dt
 
     The LLM pipeline makes them before its CUDA warm-up threads start: while those load CUDA modules,
     another thread's device calls wait for them, and the engine's 35 variable copies plus the tables'
-    host-to-device copies waited ~0.13 s on the H200 (docs/benchmarks)."""
+    host-to-device copies waited ~0.13 s on the H200 (docs/benchmarks/decode.md round 8)."""
     dtype = dtype or cfg.torch_dtype
     hkv, d, n = cfg.num_kv_heads, cfg.head_dim, cfg.num_layers
     if paged is not None:

@@ -1,6 +1,7 @@
 """A gpt-fast-style PyTorch decoder over the same weights (Hugging Face names): static KV cache,
-``F.linear`` projections, one SDPA per layer. It is the baseline of bench/gpu_decode.py (eager, eager
-+ one CUDA graph per step, torch.compile) and a second, independent check of the graph builder."""
+``F.linear`` projections, one SDPA per layer. It is the baseline of ``shapeplan bench --vs-torch-compile``
+(eager, eager + one CUDA graph per step, torch.compile) and a second, independent check of the graph
+builder."""
 from __future__ import annotations
 
 import torch

@@ -3,14 +3,14 @@
 A fresh process pays on the first use of each CUDA library and kernel: cuBLAS's initialisation, the
 attention kernels, each elementwise kernel's module (CUDA loads modules lazily). On the H200 that is
 0.3-0.4 s of the llama-1b pipeline's first (slot-by-slot) prefill call, against ~0.03 s for the same
-call once they are loaded (``bench/gpu_slot_times.py``). So, on CUDA, the pipeline starts a thread that
+call once they are loaded (docs/benchmarks/decode.md round 5). So, on CUDA, the pipeline starts a thread that
 calls the model's own op kernels (the registered ones the plan will run) once, on zero tensors with the
 model's hidden and MLP sizes, heads, dtype and KV length: the same kernels, loaded while the main thread
 builds and optimizes the graph. The kernels are called in five independent parts (``parts``: GEMMs,
 attention, index ops, the KV cache write, elementwise), each on its own thread (``SHAPEPLAN_CUDA_WARM_THREADS``:
 1 runs them one after another),
 so each part's libraries and modules load beside the others' instead of after them
-(``bench/gpu_first_use_ops.py``: on the H200 the first GEMM, the first attention, the first gathers and
+(docs/benchmarks/decode.md round 7: on the H200 the first GEMM, the first attention, the first gathers and
 the first ArgMax each cost 40-110 ms, one after another ~0.43 s). The threads do almost no Python work
 (a first version ran a one-layer copy of the model through the engine; its graph build competed with
 the main thread's for the GIL and gained nothing); torch releases the GIL inside its kernels, so the
@@ -78,7 +78,7 @@ def short_switch_interval() -> Callable[[], None]:
     call of the main thread releases the GIL and, once its kernel is queued, waits to take it back: up
     to the switch interval (5 ms) when another thread is running bytecode. A pipeline's construction
     makes hundreds of such calls (the KV caches, the rotary tables, the weights' views), so on the
-    H200 they waited ~0.2 s in all (``bench/gpu_probe_warm2.sh``, sampled main thread). A 0.2 ms
+    H200 they waited ~0.2 s in all (docs/benchmarks/decode.md round 8, sampled main thread). A 0.2 ms
     interval hands the GIL back 25x sooner; the cost is more switching while it lasts."""
     global _switch_users, _switch_saved
     s = switch_interval()

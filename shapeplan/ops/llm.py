@@ -175,7 +175,7 @@ def _efficient_attention(q, k, v, mask, scale: float):
     Why: on Hopper, torch >= 2.11 picks cuDNN attention, which builds a cuDNN graph per thread and per
     shape at its first call (its cache is thread-local): 52-69 ms per call on a new thread on the H200
     although another thread had made the same call, 66 ms in the first prefill of a llama-1b pipeline
-    whose warm-up thread had (``bench/gpu_prefill_attention.py``, ``bench/gpu_probe_warm3.sh``). The
+    whose warm-up thread had (``bench/prefill_attention.py``; docs/benchmarks/decode.md round 8). The
     memory-efficient kernel is a plain kernel: once loaded, every thread's first call costs 0.4-1.3 ms.
     But per call it is slower: 59 vs 40 us at 512 query rows x 1,024 keys, 285 vs 74 us at 2,048 x 4,096,
     781 vs 268 us at 8,192 x 4,096. So ``auto`` takes it only where the score matrix is small (at most

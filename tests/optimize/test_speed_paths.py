@@ -3,7 +3,7 @@
 * optimize() pauses the cyclic GC and restores the caller's setting (also when a pass raises);
 * CSE's constant key (bytes via numpy) equals the dtype-view bytes for every dtype;
 * the constant-predicate cache keyed on contents answers like the predicate itself;
-* optimizing a repeated block gives one result for 1 and for many repeats (bench/optimize_scale.py).
+* optimizing a repeated block gives one result for 1 and for many repeats (bench/optimizer_scale.py).
 """
 from __future__ import annotations
 
@@ -78,7 +78,7 @@ def test_pred_cache_by_contents() -> None:
 
 def test_repeated_blocks_optimize_like_one_block() -> None:
     need("MatMul", "ReduceMean")
-    from bench.optimize_scale import build
+    from bench.optimizer_scale import build
     small, big = build(1), build(400)
     g1, r1 = optimize_with_report(small)
     g2, r2 = optimize_with_report(big)

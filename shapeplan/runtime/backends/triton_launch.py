@@ -5,7 +5,7 @@ its driver's helper (``cuda_utils``: load a cubin, read device properties) once 
 launcher per kernel signature. On a cold cache each is a compiler run of 0.1-0.4 s, and both sit on the
 start-up's critical path: this process cannot hand a kernel to a compile worker before its driver is
 up, and a worker's reply waited for the launcher's build after the kernel itself had compiled
-(``bench/gpu_probe_chain.sh``: 0.03-0.23 s per kernel). What those modules do for our kernels is a
+(docs/benchmarks/gpu.md, fifth session: 0.03-0.23 s per kernel). What those modules do for our kernels is a
 handful of driver calls, made here through ``ctypes``:
 
 - ``Utils.load_binary``: ``cuModuleLoadData`` + ``cuModuleGetFunction``, the function's register,

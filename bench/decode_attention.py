@@ -1,31 +1,34 @@
-"""Decode attention variants on the GPU (llama-1b / 8b head layout, bf16): error vs SDPA and time per
-call inside a CUDA graph of 16 calls (one per layer, 16 separate caches). Prints a table, then
-``BEST=split,warps,dot`` (the fastest variant within the bf16 tolerance), for SHAPEPLAN_DECODE_ATTN.
+"""Decode attention on the GPU: the Triton split-K kernel's variants (split, warps, dot) against SDPA over
+the whole static cache, at the llama-1b / 8b head layout (32 query heads, 8 KV heads, head dim 64,
+bf16). Per variant: max error vs SDPA and time per call inside a CUDA graph of one call per layer (16
+separate caches). Prints a table, then ``BEST=split,warps,dot`` (the fastest variant within the bf16
+tolerance), a value for SHAPEPLAN_DECODE_ATTN.
 
-    python bench/gpu_decode_attention.py --pos 256
+    python3 -m bench.decode_attention --pos 256
 """
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from shapeplan.llm import decode_attention as da  # noqa: E402
-from shapeplan.ops import llm as llm_ops  # noqa: E402
+from shapeplan.llm import decode_attention as da
+from shapeplan.ops import llm as llm_ops
 
 VARIANTS = [(64, 4, False), (32, 2, False), (32, 4, False), (128, 4, False), (16, 2, False),
             (16, 4, True), (32, 4, True), (64, 4, True), (32, 2, True), (64, 2, True), (128, 4, True)]
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--pos", type=int, default=256)
-    ap.add_argument("--length", type=int, default=1024)
-    ap.add_argument("--layers", type=int, default=16)
+    ap = argparse.ArgumentParser(prog="python3 -m bench.decode_attention", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--pos", type=int, default=256, help="position of the query: live cache length (default 256)")
+    ap.add_argument("--length", type=int, default=1024, help="static cache length (default 1024)")
+    ap.add_argument("--layers", type=int, default=16, help="calls (separate caches) per CUDA graph (default 16)")
     a = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("bench.decode_attention: CUDA is not available, nothing measured (this benchmark needs a GPU)")
+        return
     hq, hkv, d, L, dev = 32, 8, 64, a.length, "cuda"
     torch.manual_seed(0)
     q = torch.randn(1, hq, 1, d, device=dev, dtype=torch.bfloat16)

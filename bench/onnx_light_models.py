@@ -1,9 +1,10 @@
 """The ONNX light models (onnx/backend/test/data/light: ResNet-50, VGG-19, DenseNet-121, ...) on CUDA in
 every execution mode, checked against slot_by_slot on the CPU (issue 5).
 
-    python bench/gpu_onnx_light.py [--models resnet50,vgg19] [--iters 20] [--json out.json]
+    python3 -m bench.onnx_light_models [--models resnet50,vgg19] [--iters 20] [--json out.json]
 
-Input: onnx's deterministic dummy input (as tests/test_light_models.py). Reference: slot_by_slot on
+Run it from the repository root as shown: the models, their input and the probes come from
+tests/test_light_models.py. Input: onnx's deterministic dummy input. Reference: slot_by_slot on
 the CPU in float32. Tolerance (documented in docs/gpu.md): ‖out − ref‖ / ‖ref‖ <= 1e-3 and
 |out − ref| <= atol + rtol·|ref| with onnx's per-model rtol and atol = 1e-4 (cuDNN picks other
 convolution algorithms than the CPU; TF32 stays off unless SHAPEPLAN_TF32=1).
@@ -12,17 +13,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import sys
 import time
 
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-import shapeplan as sp  # noqa: E402
-from tests.test_light_models import MODELS as _PARAMS, load_case, with_probes  # noqa: E402
+import shapeplan as sp
+from tests.test_light_models import MODELS as _PARAMS, load_case, with_probes
 
 # (name, rtol); the test module wraps some in pytest.param(..., marks=slow)
 MODELS = [tuple(p.values) if hasattr(p, "values") else tuple(p) for p in _PARAMS]
@@ -86,11 +84,15 @@ def run_model(name: str, rtol: float, iters: int) -> list[dict]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--models", default=",".join(m for m, _ in MODELS))
-    ap.add_argument("--iters", type=int, default=20)
-    ap.add_argument("--json", default="")
+    ap = argparse.ArgumentParser(prog="python3 -m bench.onnx_light_models", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default=",".join(m for m, _ in MODELS), help="comma-separated (default: all nine)")
+    ap.add_argument("--iters", type=int, default=20, help="timed calls per mode (median reported)")
+    ap.add_argument("--json", default="", help="write the rows as JSON to this file")
     a = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("bench.onnx_light_models: CUDA is not available, nothing measured (this benchmark needs a GPU)")
+        return
     want = a.models.split(",")
     rows = []
     for name, rtol in MODELS:

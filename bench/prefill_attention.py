@@ -2,7 +2,7 @@
 memory-efficient kernel called directly, at llama-1b's grouped layout (q [1, Hkv, G*S, D] over a static
 cache [1, Hkv, L, D], additive mask [G*S, L]).
 
-    python bench/gpu_prefill_attention.py
+    python3 -m bench.prefill_attention [--shapes 128x1024,512x1024,512x4096,2048x4096]
 
 Per shape: the first call on a new thread after another thread has made the same call (the case of a
 pipeline whose warm-up thread loaded the kernels), steady time per call (CUDA events, 50 calls), and the
@@ -10,6 +10,7 @@ max abs difference from the math backend (fp32). Prints a table.
 """
 from __future__ import annotations
 
+import argparse
 import threading
 import time
 
@@ -43,10 +44,18 @@ def on_thread(fn, *args) -> float:
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(prog="python3 -m bench.prefill_attention", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shapes", default="128x1024,512x1024,512x4096,2048x4096",
+                    help="comma-separated SxL: prompt tokens x cache positions (default: llama-1b's sizes)")
+    a = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("bench.prefill_attention: CUDA is not available, nothing measured (this benchmark needs a GPU)")
+        return
     dev = "cuda"
     hkv, g, d = 8, 4, 64
     rows = []
-    for s, L in ((128, 1024), (512, 1024), (512, 4096), (2048, 4096)):
+    for s, L in (tuple(map(int, shp.split("x"))) for shp in a.shapes.split(",")):
         q = torch.randn(1, hkv, g * s, d, device=dev, dtype=torch.bfloat16)
         k = torch.randn(1, hkv, L, d, device=dev, dtype=torch.bfloat16)
         v = torch.randn(1, hkv, L, d, device=dev, dtype=torch.bfloat16)

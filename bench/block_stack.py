@@ -1,11 +1,14 @@
-"""GPU benchmark: a 12-layer transformer block stack (hidden 768) in every execution mode.
+"""A launch-bound 12-layer transformer block stack (hidden 768) in every execution mode, on the GPU.
 
-    python bench/gpu_blocks.py [--layers 12] [--dtype float16] [--shapes 1x1,8x512] [--no-compile]
+    python3 -m bench.block_stack                                   # 1x1 and 8x512, with torch.compile
+    SHAPEPLAN_CACHE_DIR=$(mktemp -d) python3 -m bench.block_stack --shapes 1x1 --optimize --no-compile
 
 Modes: shapeplan slot_by_slot, cuda_graphs, triton; eager torch on the same weights; and
 torch.compile(mode="reduce-overhead"). Reports per-call latency (median of timed blocks of calls,
 outputs copied out), time from sp.compile to the first replayed call (compile+capture, cold), capture
-coverage (slots inside captured segments) and fused Triton steps. Prints a table; needs CUDA.
+coverage (slots inside captured segments) and fused Triton steps. Prints a table; needs CUDA. "ready s"
+of the triton row is the cold start of the backend when SHAPEPLAN_CACHE_DIR is a new empty directory,
+the warm one when it holds an earlier run's kernels.
 
 Block (llama-style, no KV cache):
     h = RMSNorm(x); q,k,v = h@Wq, h@Wk, h@Wv; q,k = RoPE(q), RoPE(k); a = Attention(q,k,v, causal)
@@ -16,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import statistics
 import sys
 import time
@@ -24,25 +26,11 @@ import time
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-import shapeplan as sp  # noqa: E402
+import shapeplan as sp
 
 HIDDEN, HEADS, FFN = 768, 12, 2048
 OPTIMIZE = False      # the graph is built fused already; --optimize runs the pass pipeline too
 TIMELINE = False      # --timeline: the triton engine's lifecycle/compile events with times (stderr)
-
-
-def _ensure_matmul() -> None:
-    """Until the op table has MatMul, the benchmark registers a plain ``a @ b`` stand-in (and says so)."""
-    from shapeplan.ops.registry import is_supported, register
-    if is_supported("MatMul"):
-        return
-    print("note: op table has no MatMul yet; benchmark registers a torch.matmul stand-in", file=sys.stderr)
-
-    def shape(node):  # noqa: ANN001
-        a, b = node.inputs
-        return [(a.dtype, tuple(a.shape[:-1]) + (b.shape[-1],))]
-    register("MatMul", shape=shape)(lambda a, b: torch.matmul(a, b))
 
 
 def make_weights(layers: int, seed: int = 0) -> list[dict[str, np.ndarray]]:
@@ -157,7 +145,7 @@ def run_shape(weights, batch: int, seq: int, dtype: str, do_compile: bool, iters
         eng = sp.compile(g, device="cuda", mode=mode, optimize=OPTIMIZE)
         calls = 0
         while calls < 8:
-            out = eng.run({"x": x})["y" if False else eng.output_names[0]]
+            eng.run({"x": x})
             calls += 1
             if mode == "slot_by_slot" or eng.inspect().phase in ("REPLAYING", "REPLAY_BLOCKED"):
                 break
@@ -207,21 +195,23 @@ def run_shape(weights, batch: int, seq: int, dtype: str, do_compile: bool, iters
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(prog="python3 -m bench.block_stack", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--dtype", default="float16")
-    ap.add_argument("--shapes", default="1x1,8x512")
-    ap.add_argument("--iters", type=int, default=200)
-    ap.add_argument("--no-compile", action="store_true")
-    ap.add_argument("--json", default="")
-    ap.add_argument("--optimize", action="store_true")
-    ap.add_argument("--timeline", action="store_true")
+    ap.add_argument("--shapes", default="1x1,8x512", help="comma-separated BATCHxSEQ (default 1x1,8x512)")
+    ap.add_argument("--iters", type=int, default=200, help="calls per timed block (a tenth for large shapes)")
+    ap.add_argument("--no-compile", action="store_true", help="leave out the torch.compile row (~10 s per shape)")
+    ap.add_argument("--json", default="", help="write the rows as JSON to this file")
+    ap.add_argument("--optimize", action="store_true", help="run the optimizer's passes too (optimize=True)")
+    ap.add_argument("--timeline", action="store_true",
+                    help="print the triton engine's lifecycle/compile events with their times (stderr)")
     a = ap.parse_args()
     global OPTIMIZE, TIMELINE
     OPTIMIZE, TIMELINE = a.optimize, a.timeline
     if not torch.cuda.is_available():
-        sys.exit("gpu_blocks.py needs CUDA")
-    _ensure_matmul()
+        print("bench.block_stack: CUDA is not available, nothing measured (this benchmark needs a GPU)")
+        return
     weights = make_weights(a.layers)
     rows = []
     for shp in a.shapes.split(","):

@@ -1,7 +1,8 @@
 """Decode logits of our pipeline vs transformers on the SAME weights (preset, random bf16 by default):
 teacher-forced over prompt + N steps, report max |logit diff| and top-1 agreement per step.
 
-    python bench/gpu_hf_logits.py --preset llama-1b --steps 256 --mode cuda_graphs [--json F]
+    python3 -m bench.logits_vs_transformers --preset llama-1b --steps 256 --modes slot_by_slot,triton [--json F]
+    python3 -m bench.logits_vs_transformers --preset llama-tiny --dtype float32 --steps 16    # on a CPU
 
 transformers runs one forward over the whole sequence; we run prefill, then one decode step per
 token, feeding the same tokens (our own greedy picks), so the comparison is step by step.
@@ -10,17 +11,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from shapeplan.llm.bench import bench_prompt  # noqa: E402
-from shapeplan.llm.config import LlamaConfig, preset_config  # noqa: E402
-from shapeplan.llm.pipeline import GenerationPipeline  # noqa: E402
-from shapeplan.llm.weights import random_weights  # noqa: E402
+from shapeplan.llm.bench import bench_prompt
+from shapeplan.llm.config import LlamaConfig, preset_config
+from shapeplan.llm.pipeline import GenerationPipeline
+from shapeplan.llm.weights import random_weights
 
 
 def hf_model(cfg: LlamaConfig, weights: dict[str, torch.Tensor], device: str):
@@ -77,7 +75,8 @@ def compare(cfg: LlamaConfig, weights: dict[str, torch.Tensor], *, device: str, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="python3 -m bench.logits_vs_transformers", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", default="llama-1b")
     ap.add_argument("--modes", default="slot_by_slot,cuda_graphs")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")

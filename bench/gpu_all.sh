@@ -1,0 +1,144 @@
+#!/bin/bash
+# The GPU tests and every GPU benchmark in one device call, each step under its own time limit and all
+# of them inside one time budget (570 s by default, so a 10-minute call ends with its summary); prints a
+# summary table last. Run from the repository root on the GPU machine:
+#
+#   bash bench/gpu_all.sh                  # the default steps: GPU tests, then the benchmarks
+#   bash bench/gpu_all.sh --quick          # decode, start-up and block stack only (no tests)
+#   bash bench/gpu_all.sh decode_8b logits # named steps only, in the order of the table below
+#   bash bench/gpu_all.sh --all --budget 1500   # every step (more than 10 minutes: raise the budget)
+#   bash bench/gpu_all.sh --list           # the steps, their sets and limits
+#
+# $OUT (if set) receives three files: gpu_all.log (every step's output), results.json (the JSON the
+# benchmarks wrote, by step) and summary.txt (the table printed last). A `.wheels312/` folder in the
+# root (Python 3.12 wheels carried with the call: bench/README.md says how) is installed first, offline.
+# Adding a benchmark: one `step` line below (name, set, limit in s, command, one-line summary of its log).
+set -o pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+
+step() {                                   # step NAME SET LIMIT_S COMMAND SUMMARY
+  NAMES+=("$1"); SETS+=("$2"); LIMITS+=("$3"); CMDS+=("$4"); SUMS+=("$5")
+}
+# In COMMAND and SUMMARY: $W/NAME.json is the step's JSON (collected into results.json), $L its log.
+# SUMMARY prints one line for the table; '' (or no output) takes the log's last line instead.
+# Sets: quick (also in --quick), default (a plain run), extra (only by name or with --all).
+GPU_TESTS="tests/gpu tests/llm/test_gpu.py tests/llm/test_decode_attention.py tests/llm/test_triton_reproducible.py
+           tests/runtime/test_triton_codegen.py tests/runtime/test_triton_workers.py tests/runtime/test_triton_launch.py"
+step tests default 300 'python3 -m pytest -q -p no:cacheprovider $(existing $GPU_TESTS)' \
+  'grep -E "[0-9]+ (passed|failed|error)" $L | tail -1'
+step decode quick 150 'python3 -m shapeplan bench --preset llama-1b --device cuda --config triton --json $W/decode.json' \
+  'awk '\''$1=="triton" {print "llama-1b triton late_steady " $(NF-2) " tok/s, cold " $2 " s"}'\'' $L'
+step startup quick 150 'python3 -m bench.startup --preset llama-1b --mode triton --warm 3 --json $W/startup.json' \
+  'awk '\''$1=="cold" || $1 ~ /^warm/ {s = s $1 " " $4 " s, "; mb = $5} END {if (s) print s "beyond weights " mb " MB"}'\'' $L'
+step block_stack quick 150 'python3 -m bench.block_stack --shapes 1x1,8x512 --optimize --no-compile --json $W/block_stack.json' \
+  'awk '\''$2=="cuda_graphs" || $2=="triton" {printf "%s %s %s ms (ready %s s); ", $1, $2, $3, $5}'\'' $L'
+step decode_attention default 60 'python3 -m bench.decode_attention --pos 256' \
+  'awk '\''/^sdpa/ {s = $4} /^BEST=/ {b = $0} END {if (b) print "sdpa " s " us/call, " b}'\'' $L'
+step prefill_attention default 60 'python3 -m bench.prefill_attention' \
+  'awk '\''$1==512 && $2==1024 && $3=="sdpa" {s = $8} $1==512 && $2==1024 && $3=="efficient" {e = $7}
+        END {if (s e) print "512x1024 per call: sdpa " s " us, efficient " e " us"}'\'' $L'
+step decode_8b extra 240 'python3 -m bench.decode --presets llama-8b --configs triton --json $W/decode_8b.json' \
+  'awk '\''$1=="triton" {print "llama-8b triton late_steady " $(NF-2) " tok/s"}'\'' $L'
+step decode_vs_torch extra 300 'python3 -m bench.decode --presets llama-1b --configs cuda_graphs,triton --vs-torch-compile' \
+  'awk '\''$1 ~ /^(cuda_graphs|triton|torch)/ && NF > 8 {n = $1 ($1=="torch" ? " " $2 : ""); printf "%s %s; ", n, $(NF-2)}'\'' $L'
+step decode_profile extra 150 'python3 -m bench.decode --presets llama-1b --configs triton --profile 64' \
+  'grep -m1 "Self CUDA time total" $L'
+step block_stack_compile extra 150 'python3 -m bench.block_stack --shapes 1x1 --optimize' \
+  'awk '\''$2=="triton" {printf "triton %s ms; ", $3} $2=="torch.compile" {printf "torch.compile %s ms; ", $4}'\'' $L'
+step logits extra 240 'python3 -m bench.logits_vs_transformers --preset llama-1b --steps 256 --modes slot_by_slot,triton --json $W/logits.json' \
+  'sed -n "s/^  \([a-z_]*\) *steps *[0-9]* *max|diff| \([^ ]*\) .*top-1 \([^ ]*\).*/\1 max|diff| \2 top-1 \3;/p" $L | paste -sd" "'
+step onnx_light extra 240 'python3 -m bench.onnx_light_models --iters 10 --json $W/onnx_light.json' \
+  'grep "all within tolerance" $L'
+
+existing() {                               # the paths that exist; a missing one is named, not fatal
+  local p; for p in "$@"; do if [ -e "$p" ]; then echo "$p"; else echo "gpu_all: no $p, left out" >&2; fi; done
+}
+
+# ---------------------------------------------------------------- arguments
+BUDGET=${BUDGET_S:-570}; MODE=default; PICK=()
+while [ $# -gt 0 ]; do
+  case $1 in
+    --quick) MODE=quick;;
+    --all) MODE=all;;
+    --budget) BUDGET=$2; shift;;
+    --list) for i in "${!NAMES[@]}"; do printf "%-20s %-8s %4s s  %s\n" "${NAMES[$i]}" "${SETS[$i]}" "${LIMITS[$i]}" "${CMDS[$i]}"; done; exit 0;;
+    -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0;;
+    -*) echo "gpu_all: unknown option $1 (--quick, --all, --budget S, --list, or step names)" >&2; exit 2;;
+    *) PICK+=("$1");;
+  esac
+  shift
+done
+for p in "${PICK[@]}"; do
+  [[ " ${NAMES[*]} " == *" $p "* ]] || { echo "gpu_all: no step $p (see --list)" >&2; exit 2; }
+done
+wanted() {                                 # wanted INDEX: does this run include that step?
+  local i=$1
+  if [ ${#PICK[@]} -gt 0 ]; then [[ " ${PICK[*]} " == *" ${NAMES[$i]} "* ]]; return; fi
+  case $MODE in
+    all) true;;
+    quick) [ "${SETS[$i]}" = quick ];;
+    *) [ "${SETS[$i]}" != extra ];;
+  esac
+}
+
+# ---------------------------------------------------------------- the machine
+O=${OUT:-/tmp/gpu_all}; W=$(mktemp -d /tmp/gpu_all.XXXX); C=$W/caches; mkdir -p "$O" "$C"
+export PYTHONUNBUFFERED=1 PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONPYCACHEPREFIX=${PYTHONPYCACHEPREFIX:-/tmp/sp_pycache}    # site-packages may be read-only
+export W GPU_TESTS; export -f existing
+T0=$(date +%s)
+{
+  date -u
+  nvidia-smi --query-gpu=name,driver_version,memory.used,clocks.sm --format=csv,noheader
+  python3 -c "import sys, torch, triton; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
+  if [ -d "${WHEELS:-.wheels312}" ]; then
+    python3 -m pip install -q --no-index --find-links "${WHEELS:-.wheels312}" "${WHEELS:-.wheels312}"/*.whl \
+      && echo "installed the wheels of ${WHEELS:-.wheels312}" || echo "gpu_all: installing ${WHEELS:-.wheels312} failed"
+  fi
+  # bytecode up front (a fresh machine otherwise compiles it inside the first timed run), and the CUDA
+  # libraries read once, so that the first benchmark's start-up is not the machine's first torch run
+  python3 -m compileall -q shapeplan bench > /dev/null
+  python3 -m compileall -q "$(python3 -c 'import os, triton; print(os.path.dirname(triton.__file__))')" > /dev/null
+  python3 -c "import torch; torch.ones(1, device='cuda') @ torch.ones(1, 1, device='cuda')" 2>/dev/null \
+    || echo "gpu_all: CUDA is not available here: the GPU benchmarks will say that they measured nothing"
+} > "$W/machine.log" 2>&1
+cat "$W/machine.log"
+
+# ---------------------------------------------------------------- the steps
+ROWS=()
+for i in "${!NAMES[@]}"; do
+  wanted "$i" || continue
+  name=${NAMES[$i]}; L=$W/$name.log
+  left=$(( BUDGET - ($(date +%s) - T0) )); lim=${LIMITS[$i]}
+  if [ "$left" -lt 30 ]; then ROWS+=("$name|skipped|0|budget of $BUDGET s spent"); continue; fi
+  [ "$lim" -gt "$left" ] && lim=$left
+  echo "== $name (limit $lim s): ${CMDS[$i]}"
+  s=$(date +%s)
+  SHAPEPLAN_CACHE_DIR=$C/$name timeout -k 10 "$lim" bash -c "${CMDS[$i]}" > "$L" 2>&1
+  rc=$?; dt=$(( $(date +%s) - s ))
+  case $rc in 0) st=ok;; 124|137) st="TIMEOUT";; *) st="FAILED rc=$rc";; esac
+  summary=$(L=$L eval "${SUMS[$i]}" 2>/dev/null | head -1 | cut -c1-150)
+  [ -z "$summary" ] && summary=$(grep -v '^ *$' "$L" | tail -1 | cut -c1-150)
+  tail -25 "$L"
+  ROWS+=("$name|$st|$dt|$summary")
+done
+
+# ---------------------------------------------------------------- what comes back
+{ cat "$W/machine.log"; for f in "$W"/*.log; do [ "$f" = "$W/machine.log" ] || { echo "== $(basename "$f" .log)"; cat "$f"; }; done; } > "$O/gpu_all.log"
+python3 - "$W" "$O/results.json" <<'PY'
+import glob, json, os, sys
+out = {}
+for f in sorted(glob.glob(os.path.join(sys.argv[1], "*.json"))):
+    try:
+        out[os.path.basename(f)[:-5]] = json.load(open(f))
+    except ValueError as e:
+        out[os.path.basename(f)[:-5]] = {"error": str(e)}
+json.dump(out, open(sys.argv[2], "w"), indent=1)
+PY
+{
+  echo
+  printf "%-20s %-12s %6s  %s\n" step status s result
+  for r in "${ROWS[@]}"; do IFS='|' read -r n st dt sm <<< "$r"; printf "%-20s %-12s %6s  %s\n" "$n" "$st" "$dt" "$sm"; done
+  echo "total $(( $(date +%s) - T0 )) s of a $BUDGET s budget; logs and JSON in $O"
+} | tee "$O/summary.txt"

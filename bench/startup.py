@@ -1,0 +1,169 @@
+"""Start-up time and memory of the LLM pipeline on the GPU, weights excluded: cold (empty plan and
+Triton caches) and warm (the disk cache an earlier process left: frozen-plan records, compiled
+kernels, check verdicts).
+
+    python3 -m bench.startup                          # llama-1b triton: 1 cold + 3 warm starts, a table
+    python3 -m bench.startup --warm 6 --json s.json
+    SHAPEPLAN_CACHE_DIR=/tmp/c python3 -m bench.startup --once --timeline    # one start in this process
+
+Each start is a fresh process (``--once``): random weights are made on the GPU first (not timed), then
+the clock runs over pipeline construction and a 32-token first request (so the prefill and decode
+plans are built and captured), what ``shapeplan bench`` calls "cold s". Memory beyond weights =
+torch.cuda.memory_allocated() after that request minus before construction (the KV cache is part of
+it). The cold start gets a new empty cache directory and the warm starts reuse it. ``--once`` prints
+one JSON line last; ``--timeline`` and ``--cprofile N`` print where the time went (diagnostics events
+with their times and the warm-up's parts; the N most expensive functions).
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import os
+import pstats
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))      # the child runs `-m bench.startup` here
+
+
+def once(a: argparse.Namespace) -> None:
+    """One start in this process; prints its JSON line last."""
+    from shapeplan.llm.bench import bench_prompt
+    from shapeplan.llm.config import preset_config
+    from shapeplan.llm.pipeline import GenerationPipeline
+    from shapeplan.llm.sampling import Sampling
+    from shapeplan.llm.weights import random_weights
+    if a.switch_interval:
+        os.environ["SHAPEPLAN_STARTUP_SWITCH_INTERVAL"] = repr(a.switch_interval)
+    cfg = preset_config(a.preset, "bfloat16")
+    w = random_weights(cfg, device="cuda", seed=0)
+    wbytes = sum(t.numel() * t.element_size() for t in w.values())
+    prompt = bench_prompt(cfg.vocab_size, 128)
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    prof = cProfile.Profile() if a.cprofile else None
+    if a.timeline:
+        from shapeplan import diagnostics
+        diagnostics.enable(categories=["LIFECYCLE", "SEGMENT", "GRAPH_REPLAY", "COMPILE", "CACHE", "FALLBACK",
+                                       "VERIFY", "FUSION"], level="detailed")
+        diagnostics.record("LIFECYCLE", "t0")
+    t0 = time.perf_counter()
+    if prof:
+        prof.enable()
+    pipe = GenerationPipeline(cfg, w, None, device="cuda", mode=a.mode, dtype=torch.bfloat16,
+                              max_prefill_length=a.max_prefill_length, max_kv_cache_length=a.max_kv_cache_length,
+                              sync_every=16, eos_token_ids=[])
+    torch.cuda.synchronize()
+    t1 = time.perf_counter()
+    pipe.generate(prompt, max_new_tokens=32, sampling=Sampling.greedy())
+    torch.cuda.synchronize()
+    t2 = time.perf_counter()
+    if prof:
+        prof.disable()
+    extra = torch.cuda.memory_allocated() - base
+    if a.timeline:
+        from shapeplan import diagnostics
+        from shapeplan.llm import warmup
+        evs = diagnostics.events()
+        base_t = next(e.t for e in evs if e.message == "t0")
+        keep = ("plan", "segment", "kernels", "reason", "state", "kernel", "seconds", "workers", "site", "nodes",
+                "outputs", "tokens", "key")
+        for e in evs:
+            f = {k: v for k, v in e.fields.items() if k in keep}
+            print(f"  {1000 * (e.t - base_t):8.1f} ms  {e.category:<12} {e.message}  {f}")
+        for name, a0, a1 in warmup.timings:
+            print(f"  warm-up part {name:<12} {1000 * (a0 - t0):8.1f} -> {1000 * (a1 - t0):8.1f} ms")
+        print(f"  {1000 * (t1 - t0):8.1f} ms  (constructed)   {1000 * (t2 - t0):8.1f} ms  (first request done)")
+    res = pipe.generate(prompt, max_new_tokens=64, sampling=Sampling.greedy())
+    if prof:
+        s = io.StringIO()
+        pstats.Stats(prof, stream=s).sort_stats("cumulative").print_stats(a.cprofile)
+        pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(a.cprofile // 2)
+        print(s.getvalue())
+    print(json.dumps({"label": a.label, "preset": a.preset, "mode": a.mode, "construct_s": round(t1 - t0, 3),
+                      "first_request_s": round(t2 - t1, 3), "start_s": round(t2 - t0, 3),
+                      "extra_mb": round(extra / 1e6, 1), "weights_mb": round(wbytes / 1e6, 1),
+                      "extra_pct_of_weights": round(100 * extra / wbytes, 2),
+                      "reserved_mb": round(torch.cuda.memory_reserved() / 1e6, 1),
+                      "late_steady_64": round(res.metrics.late_steady_tok_s, 1)}))
+
+
+def series(a: argparse.Namespace) -> list[dict]:
+    """One cold start in a new cache directory, then ``a.warm`` warm starts on it, each a fresh process."""
+    cache = a.cache_dir or tempfile.mkdtemp(prefix="sp_startup_")
+    passed = ["--preset", a.preset, "--mode", a.mode, "--max-prefill-length", str(a.max_prefill_length),
+              "--max-kv-cache-length", str(a.max_kv_cache_length)]
+    passed += ["--timeline"] if a.timeline else []
+    passed += ["--cprofile", str(a.cprofile)] if a.cprofile else []
+    passed += ["--switch-interval", repr(a.switch_interval)] if a.switch_interval else []
+    rows = []
+    for label in ["cold"] + [f"warm{i}" for i in range(1, a.warm + 1)]:
+        cmd = [sys.executable, "-m", "bench.startup", "--once", "--label", label] + passed
+        env = dict(os.environ, SHAPEPLAN_CACHE_DIR=cache, PYTHONUNBUFFERED="1")
+        try:
+            p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=a.timeout)
+            out, err = p.stdout, f"exit status {p.returncode}: {(p.stderr.strip() or p.stdout.strip())[-600:]}"
+        except subprocess.TimeoutExpired:
+            out, err = "", f"timed out after {a.timeout} s"
+        lines = out.strip().splitlines()
+        if a.timeline or a.cprofile:
+            print(f"== {label}\n" + "\n".join(lines[:-1]))
+        try:
+            rows.append(json.loads(lines[-1]))
+        except (IndexError, ValueError):
+            rows.append({"label": label, "error": err})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python3 -m bench.startup", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--preset", default="llama-1b")
+    ap.add_argument("--mode", default="triton")
+    ap.add_argument("--max-prefill-length", type=int, default=128)
+    ap.add_argument("--max-kv-cache-length", type=int, default=1024)
+    ap.add_argument("--warm", type=int, default=3, help="warm starts after the cold one (default 3)")
+    ap.add_argument("--cache-dir", default="", help="cache directory of the series (default: a new empty one)")
+    ap.add_argument("--timeout", type=int, default=120, help="seconds per start (default 120)")
+    ap.add_argument("--once", action="store_true",
+                    help="one start in this process (cold or warm as SHAPEPLAN_CACHE_DIR holds); JSON line last")
+    ap.add_argument("--label", default="", help="label of the --once JSON line")
+    ap.add_argument("--timeline", action="store_true",
+                    help="print the lifecycle/compile/capture events of the timed region with their times")
+    ap.add_argument("--cprofile", type=int, default=0, metavar="N",
+                    help="print the N most expensive functions (cumulative) of the timed region")
+    ap.add_argument("--switch-interval", type=float, default=0.0,
+                    help="set SHAPEPLAN_STARTUP_SWITCH_INTERVAL (0: the default)")
+    ap.add_argument("--json", dest="json_path", default=None, help="write the series' rows as JSON to this file")
+    a = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench.startup: CUDA is not available, nothing measured (this benchmark needs a GPU)")
+        return 0
+    if a.once:
+        once(a)
+        return 0
+    rows = series(a)
+    print(f"\n{a.preset} {a.mode} start-up on {torch.cuda.get_device_name()}, weights excluded "
+          f"(construction + a 32-token first request), each start a fresh process")
+    print(f"{'start':<8} {'construct s':>11} {'1st request s':>13} {'start s':>8} {'beyond weights MB':>17} "
+          f"{'% of weights':>12} {'late_steady_64':>14}")
+    for r in rows:
+        if "error" in r:
+            print(f"{r['label']:<8} FAILED {r['error']}")
+            continue
+        print(f"{r['label']:<8} {r['construct_s']:>11.3f} {r['first_request_s']:>13.3f} {r['start_s']:>8.3f} "
+              f"{r['extra_mb']:>17.1f} {r['extra_pct_of_weights']:>12.2f} {r['late_steady_64']:>14.1f}")
+    if a.json_path:
+        with open(a.json_path, "w", encoding="utf-8") as f:
+            json.dump(rows, f, indent=2)
+    return 1 if any("error" in r for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
