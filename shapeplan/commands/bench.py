@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -30,6 +31,17 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="also run a gpt-fast-style PyTorch decoder on the same weights in this process: eager, "
                         "and on CUDA eager + CUDA graph and torch.compile(mode='reduce-overhead')")
     p.add_argument("--tp", type=int, default=1, help="tensor parallel: N processes, one per device (docs/parallel.md)")
+    srv = p.add_argument_group("serving (many requests through the batched engine)")
+    srv.add_argument("--batch", type=int, default=0, metavar="N",
+                     help="serving benchmark: N requests at once through the batched engine (max_num_seqs = N)")
+    srv.add_argument("--requests", type=int, default=0, help="requests in all (default: --batch)")
+    srv.add_argument("--rate", type=float, default=0.0, help="Poisson arrivals per second (default: all at once)")
+    srv.add_argument("--shared-prefix", type=int, default=0, help="tokens of a system prompt every request shares")
+    srv.add_argument("--no-prefix-cache", action="store_true", help="turn the block prefix cache off")
+    srv.add_argument("--sweep", default="", help="concurrencies to sweep, e.g. 1,8,32,64,128 (writes a plot)")
+    srv.add_argument("--plot", default=None, help="PNG of the sweep (default: next to --json, or sweep.png)")
+    srv.add_argument("--vs-hf", action="store_true",
+                     help="also run transformers' continuous batching (generate_batch) on the same weights")
     p.set_defaults(func=_bench)
 
 
@@ -43,6 +55,8 @@ def _bench(args: argparse.Namespace) -> int:
         return bench(args, configs)
     cfg, weights = load_model(args.preset, args.model, args.device, args.dtype)
     name = args.preset or args.model
+    if args.batch or args.sweep:
+        return _serving(args, cfg, weights, name)
     rows = run_matrix(cfg, weights, configs, device=args.device, prompt_len=args.prompt_len,
                       new_tokens=args.new_tokens, max_kv_cache_length=args.max_kv_cache_length,
                       optimize=not args.no_optimize, log=lambda s: print(s, file=sys.stderr))
@@ -60,3 +74,54 @@ def _bench(args: argparse.Namespace) -> int:
     failed = [r for r in ours if not r.ok]
     diverged = [r for r in ours if r.agree_with_reference not in ("-", f"{len(r.tokens)}/{len(r.tokens)}")]
     return 1 if failed or (args.device == "cpu" and diverged) else 0
+
+
+def _serving(args: argparse.Namespace, cfg, weights, name: str) -> int:  # noqa: ANN001
+    from shapeplan.llm.bench_serving import format_rows, hf_serving, make_prompts, plot_sweep, run_serving
+    from shapeplan.llm.pipeline import GenerationPipeline
+    sweep = [int(x) for x in args.sweep.split(",") if x.strip()] if args.sweep else []
+    most = max(sweep + [args.batch, 1])
+    n_req = args.requests or args.batch or most
+    dtype = weights["model.embed_tokens.weight"].dtype
+    mode = "auto" if args.config == "matrix" else args.config
+    length = max(args.max_kv_cache_length, args.shared_prefix + args.prompt_len + args.new_tokens + 16)
+    prefill = max(16, min(2048, args.shared_prefix + args.prompt_len))
+    t0 = time.perf_counter()
+    pipe = GenerationPipeline(cfg, weights, None, device=args.device, mode=mode, dtype=dtype, max_num_seqs=most,
+                              max_prefill_length=prefill, max_kv_cache_length=length, eos_token_ids=[],
+                              prefix_cache=not args.no_prefix_cache, optimize=not args.no_optimize)
+    pipe.warmup(sampled=False)
+    warm = make_prompts(cfg.vocab_size, min(most, 8), args.prompt_len, seed=99)
+    run_serving(pipe, warm, 8)                                     # every bucket has replayed once
+    pipe.clear_prefix_cache()
+    print(f"  ready in {time.perf_counter() - t0:.1f} s (load, compile, capture of {len(pipe.decode_buckets)} "
+          "decode buckets)", file=sys.stderr)
+    rows = []
+    points = sweep or [n_req]
+    for c in points:
+        prompts = make_prompts(cfg.vocab_size, c if sweep else n_req, args.prompt_len, args.shared_prefix)
+        row = run_serving(pipe, prompts, args.new_tokens, rate=args.rate)
+        row.concurrency = min(c, most)
+        rows.append(row)
+        pipe.clear_prefix_cache()
+        print(f"  {c}: {row.output_tok_s:.0f} tok/s", file=sys.stderr)
+    if args.vs_hf:
+        print("  running transformers generate_batch ...", file=sys.stderr)
+        prompts = make_prompts(cfg.vocab_size, n_req, args.prompt_len, args.shared_prefix)
+        hf = hf_serving(cfg, weights, prompts, args.new_tokens, args.device, dtype)
+        hf.concurrency = n_req
+        rows.append(hf)
+    title = (f"{name} on {args.device}: {n_req if not sweep else 'sweep'} requests x {args.prompt_len} prompt "
+             f"(+{args.shared_prefix} shared) x {args.new_tokens} new tokens, EOS ignored, "
+             f"{'Poisson %.1f/s' % args.rate if args.rate else 'all at once'}")
+    print(format_rows(rows, title))
+    if args.json_path:
+        with open(args.json_path, "w", encoding="utf-8") as f:
+            json.dump({"model": name, "device": args.device, "rows": [r.to_dict() for r in rows],
+                       "kv_cache_bytes": pipe.kv_cache_bytes, "decode_buckets": pipe.decode_buckets}, f, indent=2)
+    if sweep:
+        import os
+        path = args.plot or (os.path.splitext(args.json_path)[0] + ".png" if args.json_path else "sweep.png")
+        if plot_sweep(rows, path, title):
+            print(f"  plot: {path}", file=sys.stderr)
+    return 0 if all(r.ok for r in rows if r.name == "shapeplan") else 1

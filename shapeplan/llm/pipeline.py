@@ -158,7 +158,7 @@ class GenerationPipeline:
         kv_blocks = state["kv.blocks"] if state is not None else None
         self.runner = ModelRunner(self.engine, self.paged, self.device, decode_buckets=self.decode_buckets,
                                   prefill_buckets=self.buckets, kv_blocks=kv_blocks,
-                                  before_first_call=self._join_warmup)
+                                  before_first_call=_weak_call(self._join_warmup))
         self.blocks = BlockManager(num_blocks, block_size, per_block, prefix_cache=prefix_cache,
                                    cache_budget_bytes=self.prefix_cache_bytes)
         batched = max_num_batched_tokens or max(max_prefill_length, 2048)
@@ -167,10 +167,11 @@ class GenerationPipeline:
                                    sync_every=sync_every)
         self.batch = BatchEngine(self.runner, self.scheduler, self.blocks, vocab_size=cfg.vocab_size,
                                  max_model_len=max_kv_cache_length, eos_token_ids=sorted(self._eos),
-                                 decode_text=self.decode, max_waiting=max_waiting)
+                                 decode_text=tokenizer.decode if tokenizer is not None else None,
+                                 max_waiting=max_waiting)
         weakref.finalize(self, self.batch.close)
         if self._warm_thread is not None and replay_only:
-            self.batch.post(lambda: self._prepare_from_records(warm_seq))
+            self.batch.post(_weak_call(self._prepare_from_records, warm_seq))
 
     def _prepare_from_records(self, bucket: int) -> None:
         """Start-up with frozen-plan records (engine thread): while the CUDA warm-up thread still loads
@@ -377,6 +378,18 @@ class GenerationPipeline:
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids) if self.tokenizer is not None else ""
+
+
+def _weak_call(method: Callable[..., Any], *args: Any) -> Callable[[], None]:
+    """``method(*args)`` through a weak reference to its object: the engine thread's callbacks must not
+    keep a pipeline alive (its finalizer stops that thread and frees the device memory)."""
+    ref = weakref.WeakMethod(method)
+
+    def call() -> None:
+        m = ref()
+        if m is not None:
+            m(*args)
+    return call
 
 
 def _until_eos(ids: list[int], eos: set[int]) -> list[int]:

@@ -46,6 +46,7 @@ class BlockManager:
         self._key_of: dict[int, tuple[int, tuple[int, ...]]] = {}  # block -> its (parent, tokens) entry
         self._next_key = ROOT + 1
         self.stats = PrefixStats()
+        self.peak_used = 0                 # most blocks held at once (benchmarks reset it)
 
     # ------------------------------------------------------------------ capacity
     @property
@@ -79,6 +80,7 @@ class BlockManager:
                 self._forget(b)
             self.refs[b] = 1
             out.append(b)
+        self.peak_used = max(self.peak_used, self.used)
         return out
 
     def hold(self, block: int) -> None:

@@ -113,6 +113,8 @@ class Scheduler:
         else:
             blocks = bm.match(seq.tokens[:target])
             computed = len(blocks) * bs
+            if self._shares_pending_prefix(seq, len(blocks)):
+                return False                         # wait: a prefilling request is computing our prefix
         if computed >= target and seq.generated == 0 and computed > 0:
             computed = target - 1                    # the last prompt token is recomputed: its logits
         i = computed // bs                           # the block the first write goes into
@@ -149,6 +151,20 @@ class Scheduler:
             seq.status = Status.PREFILLING
             self.prefilling.append(seq)
         return True
+
+    def _shares_pending_prefix(self, seq: Sequence, cached_blocks: int) -> bool:
+        """Whether a request still prefilling will fill (and cache) full blocks of ``seq``'s prompt
+        beyond the ``cached_blocks`` it would hit now: then admitting ``seq`` a step later computes
+        those tokens once instead of twice (many requests with one system prompt arriving together)."""
+        if not self.blocks.prefix_cache:
+            return False
+        bs, mine = self.blocks.block_size, seq.tokens[:seq.prefill_target()]
+        for other in self.prefilling:
+            theirs = other.tokens[:other.prefill_target()]
+            full = min(len(mine), len(theirs)) // bs
+            if full > cached_blocks and mine[:(cached_blocks + 1) * bs] == theirs[:(cached_blocks + 1) * bs]:
+                return True
+        return False
 
     def _chunk(self, seq: Sequence, budget: int, plan: StepPlan) -> int:
         n = min(seq.prefill_target() - seq.computed, budget, self.max_prefill_length)
@@ -188,6 +204,7 @@ class Scheduler:
     def prefilled(self, chunk: Chunk) -> None:
         seq = chunk.seq
         seq.computed = chunk.start + chunk.n
+        self.register_full_blocks(seq)             # later requests with this prefix can share them now
         if chunk.final and seq.status is Status.PREFILLING:
             self._start_decoding(seq)
 
