@@ -224,16 +224,21 @@ class ModelRunner:
 
 
 class Readback:
-    """Device tokens to the host: on CUDA through pinned memory behind an event, so asking does not
-    stall the device queue; ``get`` waits for the event."""
+    """Device tokens to the host: on CUDA through one reused pinned buffer behind an event, so asking
+    does not stall the device queue (pinning memory per call costs more than the copy); ``get`` waits
+    for the event. One request at a time: ``get`` before the next ``request``."""
 
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
+        self._pinned: torch.Tensor | None = None
 
     def request(self, t: torch.Tensor) -> tuple:
         if not self.cuda:
             return (t, None)
-        host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        n = t.numel()
+        if self._pinned is None or self._pinned.numel() < n or self._pinned.dtype != t.dtype:
+            self._pinned = torch.empty(max(n, 4096), dtype=t.dtype, pin_memory=True)
+        host = self._pinned[:n].view(t.shape)
         host.copy_(t, non_blocking=True)
         ev = torch.cuda.Event()
         ev.record()
