@@ -33,6 +33,13 @@ step startup quick 150 'python3 -m bench.startup --preset llama-1b --mode triton
   'awk '\''$1=="cold" || $1 ~ /^warm/ {s = s $1 " " $4 " s, "; mb = $5} END {if (s) print s "beyond weights " mb " MB"}'\'' $L'
 step block_stack quick 150 'python3 -m bench.block_stack --shapes 1x1,8x512 --optimize --no-compile --json $W/block_stack.json' \
   'awk '\''$2=="cuda_graphs" || $2=="triton" {printf "%s %s %s ms (ready %s s); ", $1, $2, $3, $5}'\'' $L'
+SERVE='python3 -m shapeplan bench --device cuda --config triton --prompt-len 128 --new-tokens 256'
+SERVE_SUM='awk '\''$1=="shapeplan" {printf "%s req: %s tok/s, TTFT p50 %s ms, ITL p50 %s ms, prefill %s tok; ", $3, $5, $6, $8, $10}'\'' $L'
+step serve_batch quick 240 "$SERVE --preset llama-1b --batch 64 --json \$W/serve_batch.json" "$SERVE_SUM"
+step serve_prefix default 240 "$SERVE --preset llama-1b --batch 64 --prompt-len 64 --shared-prefix 1024 --new-tokens 64 --json \$W/serve_prefix.json && $SERVE --preset llama-1b --batch 64 --prompt-len 64 --shared-prefix 1024 --new-tokens 64 --no-prefix-cache" "$SERVE_SUM"
+step serve_8b extra 300 "$SERVE --preset llama-8b --batch 64 --json \$W/serve_8b.json" "$SERVE_SUM"
+step serve_sweep extra 300 "$SERVE --preset llama-1b --sweep 1,8,32,64,128 --json \$W/serve_sweep.json" "$SERVE_SUM"
+step serve_vs_hf extra 300 "$SERVE --preset llama-1b --batch 64 --vs-hf" 'grep -E "^(shapeplan|transformers)" $L | awk '\''{printf "%s %s tok/s; ", $1, ($1=="shapeplan" ? $5 : $6)}'\'''
 step decode_attention default 60 'python3 -m bench.decode_attention --pos 256' \
   'awk '\''/^sdpa/ {s = $4} /^BEST=/ {b = $0} END {if (b) print "sdpa " s " us/call, " b}'\'' $L'
 step prefill_attention default 60 'python3 -m bench.prefill_attention' \
