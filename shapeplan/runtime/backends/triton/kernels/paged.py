@@ -17,6 +17,8 @@ from shapeplan.runtime.backends.triton.kernels.paged_jit import _paged_combine, 
 
 #: pass 1 programs aimed at per step (B * Hkv * NS); the split size follows from it
 TARGET_PROGRAMS = 2048
+#: most splits per row and head: pass 2 merges them in one vectorised load ([NS, G, D] floats per program)
+MAX_SPLITS = 64
 
 
 def _pow2(n: int) -> int:
@@ -42,13 +44,14 @@ def paged_cache_write(k_pool: torch.Tensor, v_pool: torch.Tensor, k: torch.Tenso
                            v_pool.stride(0), v_pool.stride(1), v_pool.stride(2),
                            cos.stride(0) if rotate else 0, cos.stride(1) if rotate else 0, bt.stride(0), s,
                            HKV=hkv, HP=_pow2(hkv), D=d, DP=_pow2(d), HALF=half, HALFP=max(_pow2(half), 1),
-                           BS=k_pool.shape[2], ROTATE=rotate, INTERLEAVED=bool(interleaved))
+                           BS=k_pool.shape[2], ROTATE=rotate, INTERLEAVED=bool(interleaved),
+                           enable_fp_fusion=False)   # no FMA: each product rounds as torch rounds it
     return k_pool, v_pool
 
 
 def split_blocks(batch: int, hkv: int, max_blocks: int) -> int:
     """Blocks per pass-1 program: about TARGET_PROGRAMS programs for the whole step."""
-    per_head = max(1, min(max_blocks, TARGET_PROGRAMS // max(1, batch * hkv)))
+    per_head = max(1, min(max_blocks, MAX_SPLITS, TARGET_PROGRAMS // max(1, batch * hkv)))
     return triton.cdiv(max_blocks, per_head)
 
 
@@ -77,5 +80,6 @@ def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
                                   HKV=hkv, G=g, GP=gp, D=d, DP=dp, NS=ns, BPS=bps, BS=bs, WINDOW=window,
                                   num_warps=2)
     _paged_combine[(b * hkv,)](m, l, acc, positions, lengths, out, out.stride(0), out.stride(1),
-                               HKV=hkv, G=g, GP=gp, D=d, DP=dp, NS=ns, SPLIT_KEYS=bps * bs, WINDOW=window)
+                               HKV=hkv, G=g, GP=gp, D=d, DP=dp, NS=ns, NSP=max(_pow2(ns), 2), SPLIT_KEYS=bps * bs,
+                               WINDOW=window)
     return out

@@ -106,7 +106,7 @@ def _paged_partial(q_ptr, k_ptr, v_ptr, pos_ptr, len_ptr, bt_ptr, m_ptr, l_ptr, 
 @triton.jit
 def _paged_combine(m_ptr, l_ptr, acc_ptr, pos_ptr, len_ptr, o_ptr, so_b, so_h,
                    HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, DP: tl.constexpr,
-                   NS: tl.constexpr, SPLIT_KEYS: tl.constexpr, WINDOW: tl.constexpr):
+                   NS: tl.constexpr, NSP: tl.constexpr, SPLIT_KEYS: tl.constexpr, WINDOW: tl.constexpr):
     pid_bh = tl.program_id(0)
     b = pid_bh // HKV
     h = pid_bh % HKV
@@ -116,22 +116,17 @@ def _paged_combine(m_ptr, l_ptr, acc_ptr, pos_ptr, len_ptr, o_ptr, so_b, so_h,
     lo = 0
     if WINDOW > 0:
         lo = tl.maximum(pos - WINDOW + 1, 0)
+    s = tl.arange(0, NSP)
     g = tl.arange(0, GP)
     d = tl.arange(0, DP)
-    m_run = tl.full([GP], float("-inf"), tl.float32)
-    l_run = tl.zeros([GP], tl.float32)
-    acc_run = tl.zeros([GP, DP], tl.float32)
-    for sp in range(lo // SPLIT_KEYS, (end + SPLIT_KEYS - 1) // SPLIT_KEYS):    # the live splits only
-        base = (pid_bh * NS + sp) * GP
-        m = tl.load(m_ptr + base + g)
-        l = tl.load(l_ptr + base + g)
-        acc = tl.load(acc_ptr + (base + g)[:, None] * DP + d[None, :])
-        m_new = tl.maximum(m_run, m)
-        a_old = tl.where(m_run == float("-inf"), 0.0, tl.exp(m_run - m_new))
-        a_new = tl.where(m == float("-inf"), 0.0, tl.exp(m - m_new))
-        l_run = l_run * a_old + l * a_new
-        acc_run = acc_run * a_old[:, None] + acc * a_new[:, None]
-        m_run = m_new
-    out = tl.where(l_run[:, None] > 0, acc_run / tl.where(l_run > 0, l_run, 1.0)[:, None], 0.0)   # padding: 0
+    live = (s >= lo // SPLIT_KEYS) & (s < (end + SPLIT_KEYS - 1) // SPLIT_KEYS)   # the splits pass 1 wrote
+    idx = (pid_bh * NS + s[:, None]) * GP + g[None, :]                                # [NSP, GP]
+    m = tl.load(m_ptr + idx, mask=live[:, None], other=float("-inf"))
+    l = tl.load(l_ptr + idx, mask=live[:, None], other=0.0)
+    acc = tl.load(acc_ptr + idx[:, :, None] * DP + d[None, None, :], mask=live[:, None, None], other=0.0)
+    mx = tl.max(m, axis=0)                                                            # [GP]
+    w = tl.where(m == float("-inf"), 0.0, tl.exp(m - mx[None, :]))                    # dead splits weigh 0
+    den = tl.sum(w * l, axis=0)
+    out = tl.sum(w[:, :, None] * acc, axis=0) / tl.where(den > 0, den, 1.0)[:, None]  # padding rows: 0
     tl.store(o_ptr + b * so_b + (h * G + g)[:, None] * so_h + d[None, :], out.to(o_ptr.dtype.element_ty),
              mask=(g < G)[:, None] & (d < D)[None, :])
