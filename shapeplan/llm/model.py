@@ -12,6 +12,9 @@ prefill bucket and one for decode (seq = 1). Inputs and outputs::
     next_token_sampled int64 [B,1] sampled pick (shapeplan::SampleToken, settings in variables)
     next_position      int64 [1]   position + length: feed it back for the next step
     all_logits         [B, S, V]   every position (requested only by tests / scoring)
+    next_token_logprob / next_token_sampled_logprob   float32 [B, 1]   log-softmax of ``logits`` at the pick
+    top_logprobs       float32 [B, K]  the K = min(TOP_LOGPROBS, V) largest log-probabilities, descending
+    top_token_ids      int64 [B, K]    ... and their token ids (requested only for requests that want logprobs)
 
 Variables (persist in the Engine): ``k_cache_{i}``, ``v_cache_{i}`` [B, Hkv, L, D] written in place by
 ``shapeplan::CacheWriteKV`` (both of a layer's writes) at ``position``; ``sampling_params`` float32 [B, 4], ``sampling_seed`` int64
@@ -51,6 +54,7 @@ from shapeplan.llm.config import LlamaConfig, rope_tables
 from shapeplan.ops.registry import is_supported
 
 SP = "shapeplan"
+TOP_LOGPROBS = 20          # the ``top_logprobs`` output's width (OpenAI's API allows at most 20)
 
 
 def _already_stacked(parts: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor | None:
@@ -308,10 +312,19 @@ def build_graph(cfg: LlamaConfig, weights: dict[str, torch.Tensor], *, max_kv_ca
     next_position = kv.next_position()
     greedy = op.ArgMax(logits, axis=-1, keepdims=1)                                    # [B, 1]
     sampled = op.SampleToken(logits, params, seed, next_position, seen, _domain=SP)    # [B, 1]
-    for v, name in ((logits, "logits"), (greedy, "next_token"), (sampled, "next_token_sampled"),
-                    (next_position, "next_position"), (all_logits, "all_logits")):
+    # log-probabilities of the model's distribution (raw logits, before temperature / top-k / penalty):
+    # only the plans of batches where a request asked for them compute these outputs
+    logp = op.LogSoftmax(op.Cast(logits, to=1), axis=-1)                               # [B, V] float32
+    k = min(TOP_LOGPROBS, vocab)
+    top_lp, top_ids = op.TopK(logp, np.array([k], np.int64), axis=-1, _outputs=2)      # [B, K] x 2
+    greedy_lp = op.GatherElements(logp, greedy, axis=1)                                # [B, 1]
+    sampled_lp = op.GatherElements(logp, sampled, axis=1)                              # [B, 1]
+    outs = ((logits, "logits"), (greedy, "next_token"), (sampled, "next_token_sampled"),
+            (next_position, "next_position"), (all_logits, "all_logits"), (greedy_lp, "next_token_logprob"),
+            (sampled_lp, "next_token_sampled_logprob"), (top_lp, "top_logprobs"), (top_ids, "top_token_ids"))
+    for v, name in outs:
         _rename(g, v, name)
-    g.set_outputs(logits, greedy, sampled, next_position, all_logits)
+    g.set_outputs(*(v for v, _ in outs))
     return g
 
 

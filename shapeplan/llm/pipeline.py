@@ -290,14 +290,16 @@ class GenerationPipeline:
         return Session(self)
 
     def submit(self, prompt: str | Sequence[int], max_new_tokens: int = 256, sampling: Sampling | None = None, *,
-               chat: bool = False, ignore_eos: bool = False) -> RequestHandle:
+               chat: bool = False, ignore_eos: bool = False, logprobs: int | None = None) -> RequestHandle:
         """Queue one request and return at once. The handle yields ``TokenEvent``s (new token ids, and
         the finish reason on the last one) as the engine produces them, ``for ev in handle`` or, when
         submitted from inside an asyncio loop, ``async for ev in handle``; ``handle.abort()`` stops it
-        and frees its KV blocks at the next step. ``ignore_eos``: run to ``max_new_tokens`` (benchmarks)."""
+        and frees its KV blocks at the next step. ``ignore_eos``: run to ``max_new_tokens`` (benchmarks).
+        ``logprobs=K`` (0 to 20): each event also carries its tokens' log-probabilities and the K most
+        likely tokens at each position (``TokenEvent.logprobs``)."""
         ids = self.encode(prompt, chat=chat)
         return self.batch.submit(ids, max_new_tokens=max_new_tokens, sampling=sampling or Sampling.greedy(),
-                                 ignore_eos=ignore_eos)
+                                 ignore_eos=ignore_eos, logprobs=logprobs)
 
     def generate_batch(self, prompts: Sequence[str | Sequence[int]], max_new_tokens: int = 256,
                        sampling: Sampling | Sequence[Sampling] | None = None, *, chat: bool = False,

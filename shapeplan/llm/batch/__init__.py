@@ -6,7 +6,7 @@ from shapeplan.llm.batch.blocks import BlockManager
 from shapeplan.llm.batch.engine import BatchEngine
 from shapeplan.llm.batch.runner import ModelRunner, decode_buckets
 from shapeplan.llm.batch.scheduler import Scheduler
-from shapeplan.llm.batch.sequence import RequestHandle, Sequence, TokenEvent
+from shapeplan.llm.batch.sequence import RequestHandle, Sequence, TokenEvent, TokenLogprob
 
 __all__ = ["BatchEngine", "BlockManager", "ModelRunner", "RequestHandle", "Scheduler", "Sequence", "TokenEvent",
-           "decode_buckets"]
+           "TokenLogprob", "decode_buckets"]

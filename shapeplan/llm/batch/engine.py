@@ -22,9 +22,10 @@ import torch
 from shapeplan import diagnostics
 from shapeplan.errors import CapacityError, InputError, QueueFullError
 from shapeplan.llm.batch.blocks import BlockManager
-from shapeplan.llm.batch.runner import ModelRunner, Readback
+from shapeplan.llm.batch.runner import ModelRunner, Readback, unpack
 from shapeplan.llm.batch.scheduler import Scheduler, StepPlan
-from shapeplan.llm.batch.sequence import RequestHandle, Sequence, Status, TokenEvent
+from shapeplan.llm.batch.sequence import RequestHandle, Sequence, Status, TokenEvent, TokenLogprob
+from shapeplan.llm.model import TOP_LOGPROBS
 from shapeplan.llm.metrics import compute
 from shapeplan.llm.sampling import Sampling
 
@@ -54,9 +55,11 @@ class BatchEngine:
     # ------------------------------------------------------------------ caller side
     def submit(self, prompt_ids: list[int], *, max_new_tokens: int, sampling: Sampling,
                ignore_eos: bool = False, keep_blocks: bool = False, reuse: Sequence | None = None,
-               reuse_tokens: int = 0) -> RequestHandle:
+               reuse_tokens: int = 0, logprobs: int | None = None) -> RequestHandle:
         """Queue a request; returns its handle at once. ``reuse``: a finished request of a session
-        whose blocks were kept (``keep_blocks``): its first ``reuse_tokens`` tokens' K/V are taken over."""
+        whose blocks were kept (``keep_blocks``): its first ``reuse_tokens`` tokens' K/V are taken over.
+        ``logprobs``: each event carries its tokens' log-probabilities and the ``logprobs`` (0 to
+        TOP_LOGPROBS) most likely tokens at each position."""
         ids = [int(t) for t in prompt_ids]
         if not ids:
             raise InputError("empty prompt: nothing to generate from")
@@ -65,6 +68,8 @@ class BatchEngine:
             raise InputError(f"prompt token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})")
         if max_new_tokens < 1:
             raise InputError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if logprobs is not None and not 0 <= logprobs <= TOP_LOGPROBS:
+            raise InputError(f"logprobs must be 0 to {TOP_LOGPROBS} (top tokens per position), got {logprobs}")
         if len(ids) >= self.max_model_len:
             raise InputError(f"the prompt has {len(ids)} tokens; the context holds {self.max_model_len} "
                              f"(max_kv_cache_length) with room for at least one generated token")
@@ -79,7 +84,7 @@ class BatchEngine:
         handle = RequestHandle(rid, ids, self.abort)
         seed = sampling.resolved_seed()
         seq = Sequence(rid, list(ids), len(ids), max_new_tokens, sampling, seed,
-                       frozenset() if ignore_eos else self.eos, handle, keep_blocks=keep_blocks)
+                       frozenset() if ignore_eos else self.eos, handle, keep_blocks=keep_blocks, logprobs=logprobs)
         if reuse is not None and reuse.blocks:
             seq.blocks, seq.computed = reuse.blocks, min(reuse_tokens, reuse.computed)
             seq.registered, seq.chain = min(reuse.registered, seq.computed // self.blocks.block_size), reuse.chain
@@ -225,11 +230,16 @@ class BatchEngine:
             if chunk.final and chunk.seq.generated == 0:
                 firsts.append((chunk.seq, tok))
         if firsts:
-            got = Readback.get(self._readback.request(torch.cat([t.reshape(1) for _, t in firsts])))
+            picks = [t.reshape(1, -1) for _, t in firsts]       # [1, 1] tokens or [1, W] packed logprobs
+            width = max(p.shape[1] for p in picks)
+            if width > 1:
+                picks = [p if p.shape[1] == width else torch.nn.functional.pad(p.double(), (0, width - 1))
+                         for p in picks]
+            got = Readback.get(self._readback.request(torch.cat(picks)))
             now = time.perf_counter()
-            for (seq, _), t in zip(firsts, got):
+            for (seq, _), row in zip(firsts, got):
                 seq.host_syncs += 1
-                self._accept(seq, [t], now)
+                self._accept(seq, *self._picks(seq, [row if width > 1 else row[0]]), now)
 
     def _decode(self, plan: StepPlan) -> None:
         rows = plan.decode
@@ -240,10 +250,17 @@ class BatchEngine:
             if seq.status is not Status.RUNNING:
                 continue
             seq.host_syncs += 1
-            new = [step[i] for step in got]
-            self._accept(seq, new, now, decoded=True)
+            self._accept(seq, *self._picks(seq, [step[i] for step in got]), now, decoded=True)
 
-    def _accept(self, seq: Sequence, new: list[int], now: float, decoded: bool = False) -> None:
+    @staticmethod
+    def _picks(seq: Sequence, picks: list) -> tuple[list[int], list[TokenLogprob] | None]:
+        """Token ids (and logprobs) from read-back picks: ints, or packed rows in a logprobs batch."""
+        if picks and isinstance(picks[0], list):
+            return unpack(picks, seq.logprobs)
+        return picks, None
+
+    def _accept(self, seq: Sequence, new: list[int], logprobs: list[TokenLogprob] | None, now: float,
+                decoded: bool = False) -> None:
         """Append ``new`` tokens to ``seq`` up to its end (EOS, stop string, length), stream them, and
         finish it there. ``decoded``: each token also put its input's K/V into the cache."""
         kept: list[int] = []
@@ -266,7 +283,7 @@ class BatchEngine:
                 finish = "stop"
         self.generated_tokens += len(kept)
         if kept:
-            seq.handle.push(TokenEvent(kept, None, None, now))
+            seq.handle.push(TokenEvent(kept, None, None, now, logprobs[:len(kept)] if logprobs else None))
         self.scheduler.register_full_blocks(seq)
         if finish is not None:
             self._end(seq, finish)

@@ -9,6 +9,11 @@ Within a round of ``k`` decode steps the host does not wait: each step's ``next_
 is read back once, at the end of the round. Prefill runs one plan per prompt-length bucket (batch 1,
 padded tokens write nothing). Per-request sampling settings live in rows of the sampling variables
 (one row per state slot), so a row's temperature, top-k/p, penalty and seed never reach another row.
+
+Log-probabilities: a batch where some request asked for them runs the plans that also compute the
+graph's logprob outputs (the default plans do not), and each step's pick is packed with them into
+one float64 row (``pack``: token, its log-probability, the top K log-probabilities, their ids) that
+comes back in the same read-back as the tokens would; ``unpack`` takes a row apart on the host.
 """
 from __future__ import annotations
 
@@ -19,8 +24,8 @@ import torch
 
 from shapeplan import diagnostics
 from shapeplan.llm.batch.scheduler import Chunk
-from shapeplan.llm.batch.sequence import Sequence
-from shapeplan.llm.model import PagedKV
+from shapeplan.llm.batch.sequence import Sequence, TokenLogprob
+from shapeplan.llm.model import TOP_LOGPROBS, PagedKV
 
 
 def decode_buckets(max_num_seqs: int, smallest: int = 1) -> list[int]:
@@ -42,6 +47,7 @@ class ModelRunner:
         self.kv_blocks = kv_blocks               # [layers, 2, NB, Hkv, BS, D]: the pools as one tensor
         var = engine.variables
         self.params, self.seed, self.seen = var["sampling_params"], var["sampling_seed"], var["seen_tokens"]
+        self.top_k = min(TOP_LOGPROBS, self.seen.shape[1])      # the width of the top_logprobs output
         slots = paged.state_slots
         self.pad_slot = slots - 1
         self.slot_tok = torch.zeros(slots, dtype=torch.int64, device=device)    # each row's next input token
@@ -75,10 +81,10 @@ class ModelRunner:
                 "block_tables": torch.zeros(rows, self.paged.max_blocks, dtype=torch.int32, device=dev),
                 "state_slots": torch.full((rows,), self.pad_slot, dtype=torch.int64, device=dev)}
 
-    def settle(self, out: str, rows: int, seq: int, max_calls: int = 8) -> None:
+    def settle(self, out: str, rows: int, seq: int, max_calls: int = 8, logprobs: bool = False) -> None:
         """Drive the plan of (``out``, ``rows`` x ``seq``) through its lifecycle on padding rows (which
         write nothing), so the next call replays it. Modes without capture return at once."""
-        key = (out, rows, seq)
+        key = (out, rows, seq, logprobs)
         if key in self.settled:
             return
         self._first_call()
@@ -89,10 +95,10 @@ class ModelRunner:
             return
         feeds = self.padding_feeds(rows, seq)
         for _ in range(max_calls):
-            eng.run(feeds, outputs=[out, "next_position"])
+            eng.run(feeds, outputs=_outputs(out, logprobs))
             if eng.phase in (Phase.REPLAYING, Phase.REPLAY_BLOCKED):
                 break
-        diagnostics.record("LIFECYCLE", "batch plan settled", outputs=out, rows=rows, tokens=seq)
+        diagnostics.record("LIFECYCLE", "batch plan settled", outputs=out, rows=rows, tokens=seq, logprobs=logprobs)
 
     def warmup(self, sampled: bool = True) -> None:
         """Settle every decode bucket (greedy, and sampled when asked) and every prefill bucket's greedy
@@ -146,12 +152,14 @@ class ModelRunner:
     # ------------------------------------------------------------------ calls
     def prefill(self, chunk: Chunk, limit: int) -> torch.Tensor:
         """One chunk of one request's prompt. Returns the token the last position picks ([1, 1] on
-        the device; meaningful for a new request's final chunk only)."""
+        the device; meaningful for a new request's final chunk only), or for a request that wants
+        logprobs its packed row ([1, W] float64, see ``pack``)."""
         seq, start, n = chunk.seq, chunk.start, chunk.n
         bucket = self.prefill_bucket(n, start, limit)
         seq.prefill_bucket = bucket
         out = self._out([seq])
-        self.settle(out, 1, bucket)
+        lp = seq.logprobs is not None
+        self.settle(out, 1, bucket, logprobs=lp)
         ids = torch.zeros(1, bucket, dtype=torch.int64)
         ids[0, :n] = torch.tensor(seq.tokens[start:start + n], dtype=torch.int64)
         dev = self.device
@@ -160,7 +168,7 @@ class ModelRunner:
                  "lengths": torch.tensor([n], dtype=torch.int64).to(dev, non_blocking=True),
                  "block_tables": self._table([seq], 1),
                  "state_slots": torch.tensor([seq.slot], dtype=torch.int64).to(dev, non_blocking=True)}
-        res = self.engine.run(feeds, outputs=[out, "next_position"])
+        res = self.engine.run(feeds, outputs=_outputs(out, lp))
         self.calls += 1
         tok = res[out]
         if chunk.final:
@@ -171,6 +179,10 @@ class ModelRunner:
             else:                                     # a recompute: the next input is a known token
                 self.slot_tok[slot] = seq.tokens[-1]
             self.slot_pos[slot:slot + 1] = res["next_position"]
+        if lp:
+            picked = torch.empty(1, pack_width(self.top_k), dtype=torch.float64, device=dev)
+            pack(picked, res, out)
+            return picked
         return tok
 
     def score(self, ids: list[int], blocks: list[int]) -> torch.Tensor:
@@ -196,11 +208,14 @@ class ModelRunner:
                                                                                         device=self.device))
 
     def decode(self, seqs: list[Sequence], steps: int) -> torch.Tensor:
-        """``steps`` decode steps of every row; returns the tokens, [steps, len(seqs)], on the device."""
+        """``steps`` decode steps of every row; returns the tokens, [steps, len(seqs)], on the device
+        (when a row wants logprobs: the packed rows, [steps, len(seqs), W] float64, see ``pack``)."""
         n = len(seqs)
         rows = self.decode_bucket(n)
         out = self._out(seqs)
-        self.settle(out, rows, 1)
+        lp = any(s.logprobs is not None for s in seqs)
+        self.settle(out, rows, 1, logprobs=lp)
+        outputs = _outputs(out, lp)
         dev = self.device
         slot_list = [s.slot for s in seqs] + [self.pad_slot] * (rows - n)
         slots = torch.tensor(slot_list, dtype=torch.int64).to(dev, non_blocking=True)
@@ -208,19 +223,55 @@ class ModelRunner:
         table = self._table(seqs, rows)
         ids = self.slot_tok[slots].reshape(rows, 1)
         pos = self.slot_pos[slots]
-        toks = torch.empty(steps, rows, dtype=torch.int64, device=dev)
+        toks = torch.empty(steps, rows, pack_width(self.top_k), dtype=torch.float64, device=dev) if lp \
+            else torch.empty(steps, rows, dtype=torch.int64, device=dev)
         penalty = any(s.sampling.repetition_penalty != 1.0 for s in seqs)
         for k in range(steps):
             res = self.engine.run({"input_ids": ids, "positions": pos, "lengths": lengths,
-                                   "block_tables": table, "state_slots": slots}, outputs=[out, "next_position"])
+                                   "block_tables": table, "state_slots": slots}, outputs=outputs)
             ids, pos = res[out], res["next_position"]
-            toks[k] = ids[:, 0]
+            if lp:
+                pack(toks[k], res, out)
+            else:
+                toks[k] = ids[:, 0]
             if penalty:
                 self._mark_seen(seqs, ids, slots)
         self.calls += steps
         self.slot_tok[slots] = ids[:, 0]
         self.slot_pos[slots] = pos
         return toks[:, :n]
+
+
+def _outputs(out: str, logprobs: bool) -> list[str]:
+    """The outputs a call requests: the pick and the next positions (and the pick's logprob outputs)."""
+    if logprobs:
+        return [out, "next_position", out + "_logprob", "top_logprobs", "top_token_ids"]
+    return [out, "next_position"]
+
+
+def pack_width(k: int) -> int:
+    return 2 + 2 * k
+
+
+def pack(dst: torch.Tensor, res: dict[str, torch.Tensor], out: str) -> None:
+    """One step's picks with their logprobs into ``dst`` [rows, 2 + 2K] float64: token id, its
+    log-probability, the top K log-probabilities, their token ids (ids < 2**53 are exact in float64)."""
+    k = res["top_logprobs"].shape[1]
+    dst[:, 0] = res[out][:, 0]
+    dst[:, 1] = res[out + "_logprob"][:, 0]
+    dst[:, 2:2 + k] = res["top_logprobs"]
+    dst[:, 2 + k:] = res["top_token_ids"]
+
+
+def unpack(picks: list, top: int | None) -> tuple[list[int], list[TokenLogprob] | None]:
+    """Host side of ``pack``: a request's picks (rows read back) as token ids, and their logprobs
+    with the ``top`` most likely tokens each (None when the request did not ask for logprobs)."""
+    ids = [int(p[0]) for p in picks]
+    if top is None:
+        return ids, None
+    k = (len(picks[0]) - 2) // 2 if picks else 0
+    n = min(top, k)
+    return ids, [TokenLogprob(p[1], tuple((int(p[2 + k + j]), p[2 + j]) for j in range(n))) for p in picks]
 
 
 class Readback:
@@ -230,15 +281,16 @@ class Readback:
 
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
-        self._pinned: torch.Tensor | None = None
+        self._pinned: dict[torch.dtype, torch.Tensor] = {}      # one per dtype (tokens; packed logprobs)
 
     def request(self, t: torch.Tensor) -> tuple:
         if not self.cuda:
             return (t, None)
         n = t.numel()
-        if self._pinned is None or self._pinned.numel() < n or self._pinned.dtype != t.dtype:
-            self._pinned = torch.empty(max(n, 4096), dtype=t.dtype, pin_memory=True)
-        host = self._pinned[:n].view(t.shape)
+        buf = self._pinned.get(t.dtype)
+        if buf is None or buf.numel() < n:
+            buf = self._pinned[t.dtype] = torch.empty(max(n, 4096), dtype=t.dtype, pin_memory=True)
+        host = buf[:n].view(t.shape)
         host.copy_(t, non_blocking=True)
         ev = torch.cuda.Event()
         ev.record()

@@ -14,6 +14,7 @@ again in arrival order, keeping every token it generated.
 from __future__ import annotations
 
 import bisect
+import time
 from dataclasses import dataclass, field
 
 from shapeplan.errors import CapacityError
@@ -145,6 +146,8 @@ class Scheduler:
         if seq.preemptions == 0:
             seq.cached_tokens = computed
         seq.slot = self.free_slots.pop()
+        if not seq.admitted:
+            seq.admitted = time.perf_counter()       # queue time ends at the first admission
         if computed >= target:                       # nothing to prefill
             self._start_decoding(seq)
         else:

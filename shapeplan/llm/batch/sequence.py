@@ -25,14 +25,24 @@ class Status(enum.Enum):
     FINISHED = "finished"
 
 
+@dataclass(slots=True, frozen=True)
+class TokenLogprob:
+    """A generated token's log-probability under the model (log-softmax of its raw logits) and the
+    ``top`` most likely tokens at that position as (token id, log-probability), most likely first."""
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
 @dataclass(slots=True)
 class TokenEvent:
     """New tokens of one request. ``finish_reason`` is set on the last event: "stop" (EOS or a stop
-    string), "length" (max_new_tokens or the context is full), "abort", or "error" (``error`` says why)."""
+    string), "length" (max_new_tokens or the context is full), "abort", or "error" (``error`` says why).
+    ``logprobs``: one entry per token in ``token_ids``, for a request submitted with ``logprobs=``."""
     token_ids: list[int]
     finish_reason: str | None = None
     error: BaseException | None = None
     time: float = 0.0
+    logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass(slots=True, eq=False)
@@ -60,6 +70,8 @@ class Sequence:
     keep_blocks: bool = False               # a session keeps the blocks when the request ends
     prefill_bucket: int = 0
     host_syncs: int = 0
+    logprobs: int | None = None             # top log-probabilities wanted per token (None: no logprobs)
+    admitted: float = 0.0                   # host time of the first admission (0: still waiting)
 
     @property
     def generated(self) -> int:
@@ -122,6 +134,13 @@ class RequestHandle:
     @property
     def finished(self) -> bool:
         return self._done.is_set()
+
+    @property
+    def queue_time(self) -> float | None:
+        """Seconds from submission to the first admission (a state slot and KV blocks granted); None
+        while the request still waits (or never got in)."""
+        s = self.sequence
+        return s.admitted - s.arrival if s is not None and s.admitted else None
 
     def abort(self) -> None:
         """Stop the request now: its KV blocks are freed at the engine's next step and the last event
