@@ -140,26 +140,51 @@ class TextStream:
 
     def __iter__(self) -> Iterator[str]:
         pipe = self._pipe
-        dec = StreamDecoder(pipe.tokenizer) if pipe.tokenizer is not None else None
-        sent = ""
+        text = StopText(pipe.tokenizer, self._stops)
         try:
             for ids, finish, extra in self._events:
                 if finish is not None:
                     metrics, prompt_ids, generated = extra
-                    text = _until_stop(pipe.decode(generated), self._stops, hold=False)
-                    if text.startswith(sent) and len(text) > len(sent):
-                        yield text[len(sent):]
-                    self.result = GenerationResult(text, generated, prompt_ids, finish, metrics)
+                    delta = text.finish(pipe.decode(generated))
+                    if delta:
+                        yield delta
+                    self.result = GenerationResult(text.sent, generated, prompt_ids, finish, metrics)
                     return
-                if dec is not None and ids:
-                    dec.push(ids)
-                    safe = _until_stop(dec.emitted, self._stops, hold=True)
-                    if len(safe) > len(sent) and safe.startswith(sent):
-                        yield safe[len(sent):]
-                        sent = safe
+                delta = text.push(ids)
+                if delta:
+                    yield delta
         finally:
             if self._session is not None:
                 self._session.close()
+
+
+class StopText:
+    """The text of a request's generated tokens as deltas, cut before the first stop string: while
+    tokens arrive (``push``) a tail that could begin a stop string is held back, so a stream never shows
+    part of one; ``finish`` gives the rest from the final text. ``sent`` is everything given so far.
+    Without a tokenizer every delta is empty."""
+
+    def __init__(self, tokenizer: Any, stops: tuple[str, ...]) -> None:
+        self._dec = StreamDecoder(tokenizer) if tokenizer is not None else None
+        self.stops = stops
+        self.sent = ""
+
+    def push(self, ids: list[int]) -> str:
+        if self._dec is None or not ids:
+            return ""
+        self._dec.push(ids)
+        safe = _until_stop(self._dec.emitted, self.stops, hold=True)
+        if len(safe) > len(self.sent) and safe.startswith(self.sent):
+            delta, self.sent = safe[len(self.sent):], safe
+            return delta
+        return ""
+
+    def finish(self, text: str) -> str:
+        """The delta that completes ``text`` (all generated tokens decoded), cut at a stop string."""
+        text = _until_stop(text, self.stops, hold=False)
+        delta = text[len(self.sent):] if text.startswith(self.sent) else ""
+        self.sent = text
+        return delta
 
 
 def _until_stop(text: str, stops: tuple[str, ...], *, hold: bool) -> str:

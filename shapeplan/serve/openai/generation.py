@@ -1,0 +1,398 @@
+"""OpenAI requests through the serving core: a validated request becomes a ``Job`` (prompts as token
+ids, one ``Sampling`` per choice, how many tokens), each choice one engine request (``Choice``), and
+the choices' events become one JSON answer (``complete``) or a stream of SSE chunks (``stream``).
+
+Both race generation against the client going away: a task waits on the ASGI ``receive`` channel,
+which yields ``http.disconnect`` when the connection closes (the body has been read, so nothing
+else arrives there), and aborts every choice at once; the engine frees their KV blocks at its next
+step and their last events (``abort``) end the answer.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+from shapeplan.errors import ModelError
+from shapeplan.llm.batch import RequestHandle, TokenEvent, TokenLogprob
+from shapeplan.llm.sampling import Sampling
+from shapeplan.llm.session import StopText, _until_stop
+from shapeplan.serve.openai import errors
+from shapeplan.serve.openai.errors import BadRequest, ModelNotFound, Unsupported
+from shapeplan.serve.openai.metrics import Latency
+from shapeplan.serve.openai.protocol import (ChatRequest, CompletionRequest, chat_logprobs, completion_logprobs,
+                                             usage)
+
+Receive = Callable[[], Awaitable[dict]]
+_I64 = 1 << 63
+
+
+@dataclass(slots=True, frozen=True)
+class GenerationDefaults:
+    """Sampling defaults from a checkpoint's ``generation_config.json``; unset fields fall back to
+    OpenAI's (temperature 1, top_p 1). ``do_sample: false`` there makes greedy the default."""
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    repetition_penalty: float | None = None
+    max_new_tokens: int | None = None
+
+    @classmethod
+    def from_checkpoint(cls, path: str | None) -> "GenerationDefaults":
+        f = os.path.join(path, "generation_config.json") if path and os.path.isdir(path) else None
+        if f is None or not os.path.exists(f):
+            return cls()
+        with open(f, encoding="utf-8") as fh:
+            cfg = json.load(fh)
+        num = (int, float)
+        temp = cfg.get("temperature") if isinstance(cfg.get("temperature"), num) else None
+        if cfg.get("do_sample") is False:
+            temp = 0.0
+        return cls(temp, *(cfg.get(k) if isinstance(cfg.get(k), t) else None
+                           for k, t in (("top_p", num), ("top_k", int), ("repetition_penalty", num),
+                                        ("max_new_tokens", int))))
+
+
+@dataclass(slots=True)
+class Job:
+    chat: bool
+    prompts: list[list[int]]
+    max_tokens: list[int]                    # per prompt
+    samplings: list[Sampling]                # per choice of a prompt (seed + j)
+    logprobs: int | None                     # top alternatives per token (None: no logprobs)
+    ignore_eos: bool
+    stream: bool
+    include_usage: bool
+    token_ids: bool                          # return_token_ids
+    id: str = ""
+    created: int = 0
+
+    @property
+    def n(self) -> int:
+        return len(self.samplings)
+
+
+class Choice:
+    """One engine request of a job: its handle, text (cut at stop strings), tokens and logprobs, and
+    the latency observations it makes as its events arrive."""
+    __slots__ = ("index", "handle", "text", "ids", "lps", "finish", "error", "offset", "_t0", "_last", "_lat")
+
+    def __init__(self, index: int, handle: RequestHandle, tokenizer: Any, stops: tuple[str, ...], t0: float,
+                 latency: Latency) -> None:
+        self.index, self.handle = index, handle
+        self.text = StopText(tokenizer, stops)
+        self.ids: list[int] = []
+        self.lps: list[TokenLogprob] = []
+        self.finish: str | None = None
+        self.error: BaseException | None = None
+        self.offset = 0                       # characters of token text given so far (completions logprobs)
+        self._t0, self._last, self._lat = t0, 0.0, latency
+
+    def take(self, ev: TokenEvent, decode: Callable[[list[int]], str]) -> tuple[str, list[int], list[TokenLogprob]]:
+        """Apply one event; returns (new text, new token ids, their logprobs) to send."""
+        new, lps = ev.token_ids, ev.logprobs or []
+        if new:
+            lat = self._lat
+            if not self.ids:
+                lat.ttft.observe(ev.time - self._t0)
+            else:
+                gap = (ev.time - self._last) / len(new)
+                for _ in new:
+                    lat.itl.observe(gap)
+            self._last = ev.time
+            self.ids += new
+            self.lps += lps
+        delta = self.text.push(new)
+        if ev.finish_reason is None:
+            return delta, new, lps
+        self.finish, self.error = ev.finish_reason, ev.error          # a last event carries no tokens
+        if self.finish == "stop" and self.text.stops:
+            keep = _stop_cut(self.ids, self.text.stops, decode)
+            self.ids, self.lps = self.ids[:keep], self.lps[:keep]
+        delta += self.text.finish(decode(self.ids))
+        self._lat.e2e.observe(time.perf_counter() - self._t0)
+        if self.handle.queue_time is not None:
+            self._lat.queue.observe(self.handle.queue_time)
+        return delta, new, lps
+
+
+def _stop_cut(ids: list[int], stops: tuple[str, ...], decode: Callable[[list[int]], str]) -> int:
+    """How many leading tokens the answer keeps: the fewest whose text holds a stop string (tokens the
+    engine made past it, within the same read-back, are dropped), or all when none does (EOS)."""
+    k = len(ids)
+    if _until_stop(decode(ids), stops, hold=False) == decode(ids):
+        return k
+    while k > 1 and _until_stop(decode(ids[:k - 1]), stops, hold=False) != decode(ids[:k - 1]):
+        k -= 1
+    return k
+
+
+class OpenAIModel:
+    """One served pipeline under one name: turns requests into jobs and jobs into answers."""
+
+    def __init__(self, pipe: Any, name: str, latency: Latency, defaults: GenerationDefaults | None = None) -> None:
+        self.pipe, self.name, self.latency = pipe, name, latency
+        self.tok = pipe.tokenizer
+        self.defaults = defaults or GenerationDefaults()
+        self.context = pipe.max_kv_cache_length
+        self.vocab = pipe.cfg.vocab_size
+        self.created = int(time.time())
+
+    # ------------------------------------------------------------------ requests -> jobs
+    def completion_job(self, req: CompletionRequest) -> Job:
+        self._check_common(req)
+        if req.echo:
+            raise Unsupported("echo is not supported", "echo")
+        if req.suffix:
+            raise Unsupported("suffix is not supported", "suffix")
+        if req.best_of is not None and req.best_of != req.n:
+            raise Unsupported("best_of other than n is not supported", "best_of")
+        prompts = self._prompts(req.prompt)
+        explicit = "max_tokens" in req.model_fields_set
+        return self._job(req, False, prompts, req.max_tokens, explicit, req.logprobs, "prompt")
+
+    def chat_job(self, req: ChatRequest) -> Job:
+        self._check_common(req)
+        if req.tools:
+            raise Unsupported("tools are not supported", "tools")
+        if req.tool_choice not in (None, "none"):
+            raise Unsupported("tool_choice is not supported", "tool_choice")
+        if req.response_format not in (None, {"type": "text"}):
+            raise Unsupported("response_format other than {\"type\": \"text\"} is not supported", "response_format")
+        if req.top_logprobs is not None and not req.logprobs:
+            raise BadRequest("top_logprobs needs logprobs: true", "top_logprobs")
+        if self.tok is None:
+            raise BadRequest(f"the model '{self.name}' has no tokenizer, so no chat template: use /v1/completions "
+                             "with token ids", "messages")
+        messages = [{"role": m.role, "content": m.text(), **({"name": m.name} if m.name else {})} for m in req.messages]
+        try:
+            ids = self.tok.encode(self.tok.apply_chat_template(messages), add_special_tokens=False)
+        except ModelError as e:
+            raise BadRequest(str(e), "messages") from None
+        except Exception as e:  # noqa: BLE001 - a jinja2 error of the checkpoint's template on these messages
+            raise BadRequest(f"the chat template failed on these messages: {type(e).__name__}: {e}", "messages") from None
+        most = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+        lp = (req.top_logprobs or 0) if req.logprobs else None
+        return self._job(req, True, [ids], most, most is not None, lp, "messages", param)
+
+    def _check_common(self, req: Any) -> None:
+        if req.model != self.name:
+            raise ModelNotFound(f"the model '{req.model}' does not exist (this server serves '{self.name}')", "model")
+        for p in ("presence_penalty", "frequency_penalty"):
+            if getattr(req, p):
+                raise Unsupported(f"{p} is not supported (only 0): use repetition_penalty instead", p)
+        if req.logit_bias:
+            raise Unsupported("logit_bias is not supported", "logit_bias")
+        if req.stream_options is not None and not req.stream:
+            raise BadRequest("stream_options is only allowed with stream: true", "stream_options")
+
+    def _prompts(self, prompt: Any) -> list[list[int]]:
+        if isinstance(prompt, str):
+            prompt = [prompt]
+        elif prompt and isinstance(prompt[0], int):
+            prompt = [prompt]
+        if not prompt:
+            raise BadRequest("the prompt is empty", "prompt")
+        out = []
+        for p in prompt:
+            if isinstance(p, str):
+                if self.tok is None:
+                    raise BadRequest(f"the model '{self.name}' has no tokenizer: send the prompt as token ids", "prompt")
+                p = self.tok.encode(p)
+            if not p:
+                raise BadRequest("the prompt is empty", "prompt")
+            bad = next((t for t in p if not 0 <= t < self.vocab), None)
+            if bad is not None:
+                raise BadRequest(f"prompt token id {bad} is outside the vocabulary [0, {self.vocab})", "prompt")
+            out.append(list(p))
+        return out
+
+    def _job(self, req: Any, chat: bool, prompts: list[list[int]], most: int | None, explicit: bool,
+             logprobs: int | None, prompt_param: str, most_param: str = "max_tokens") -> Job:
+        ctx, d = self.context, self.defaults
+        budgets = []
+        for p in prompts:
+            room = ctx - len(p)
+            if room < 1:
+                raise BadRequest(f"the prompt has {len(p)} tokens; this model's context is {ctx} tokens, with room "
+                                 "for at least one generated token", prompt_param, "context_length_exceeded")
+            if most is None:
+                budgets.append(min(room, d.max_new_tokens or room))
+            elif not explicit:
+                budgets.append(min(room, most))
+            elif len(p) + most > ctx:
+                raise BadRequest(f"this model's context is {ctx} tokens; the request needs {len(p) + most} ({len(p)} "
+                                 f"in the prompt, {most} to generate): lower {most_param} or shorten the prompt",
+                                 most_param, "context_length_exceeded")
+            else:
+                budgets.append(most)
+        stops = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
+        if any(not s for s in stops):
+            raise BadRequest("a stop string is empty", "stop")
+        if stops and self.tok is None:
+            raise BadRequest(f"the model '{self.name}' has no tokenizer, so no stop strings", "stop")
+        temp = _first(req.temperature, d.temperature, 1.0)
+        top_p = _first(req.top_p, d.top_p, 1.0)
+        top_k = max(0, _first(req.top_k, d.top_k, 0))
+        penalty = _first(req.repetition_penalty, d.repetition_penalty, 1.0)
+        seeds = [None] * req.n if req.seed is None else [(req.seed + j + _I64) % (2 * _I64) - _I64 for j in range(req.n)]
+        samplings = [Sampling(temp, top_k, top_p, penalty, seed, stops) for seed in seeds]
+        include = bool(req.stream_options and req.stream_options.include_usage)
+        return Job(chat, prompts, budgets, samplings, logprobs, req.ignore_eos, req.stream, include,
+                   req.return_token_ids, f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time()))
+
+    # ------------------------------------------------------------------ jobs -> engine requests
+    def submit(self, job: Job) -> list[Choice]:
+        """One engine request per (prompt, choice); all or none (a refusal aborts those already in)."""
+        t0 = time.perf_counter()
+        choices: list[Choice] = []
+        try:
+            for p, (ids, most) in enumerate(zip(job.prompts, job.max_tokens)):
+                for j, s in enumerate(job.samplings):
+                    h = self.pipe.submit(ids, most, s, ignore_eos=job.ignore_eos, logprobs=job.logprobs)
+                    choices.append(Choice(p * job.n + j, h, self.tok, s.stop, t0, self.latency))
+        except BaseException:
+            for c in choices:
+                c.handle.abort()
+            raise
+        self.latency.prompt_tokens.inc(sum(map(len, job.prompts)) * job.n)
+        return choices
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tok.decode(ids) if self.tok is not None else ""
+
+    # ------------------------------------------------------------------ choices -> answers
+    async def complete(self, job: Job, choices: list[Choice], receive: Receive) -> dict | None:
+        """The whole answer, or None when the client went away first (every choice aborted)."""
+        watcher = _watch(receive, choices)
+        try:
+            for c in choices:
+                async for ev in c.handle:
+                    c.take(ev, self.decode)
+        finally:
+            watcher.cancel()
+        if any(c.finish == "abort" for c in choices):
+            return None
+        failed = next((c for c in choices if c.finish == "error"), None)
+        if failed is not None:
+            raise failed.error or RuntimeError("the engine failed this request")
+        out = []
+        for c in choices:
+            item: dict[str, Any] = {"index": c.index, "finish_reason": c.finish,
+                                    "logprobs": self._logprobs(job, c, c.ids, c.lps, 0)}
+            if job.chat:
+                item["message"] = {"role": "assistant", "content": c.text.sent}
+            else:
+                item["text"] = c.text.sent
+            if job.token_ids:
+                item["token_ids"] = c.ids
+            out.append(item)
+        return {"id": job.id, "object": "chat.completion" if job.chat else "text_completion", "created": job.created,
+                "model": self.name, "choices": out, "usage": self._usage(job, choices)}
+
+    async def stream(self, job: Job, choices: list[Choice], receive: Receive) -> AsyncIterator[bytes]:
+        """Server-sent events: a chunk per engine event of each choice (the chat's first one names the
+        role), the usage chunk when asked for (``choices: []``), then ``[DONE]``."""
+        watcher = _watch(receive, choices)
+        head = {"id": job.id, "object": "chat.completion.chunk" if job.chat else "text_completion",
+                "created": job.created, "model": self.name}
+        extra = {"usage": None} if job.include_usage else {}
+        try:
+            if job.chat:
+                first = [{"index": c.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                          "finish_reason": None} for c in choices]
+                yield _sse({**head, "choices": first, **extra})
+            async for c, ev in _merged(choices):
+                delta, ids, lps = c.take(ev, self.decode)
+                if c.finish == "abort":
+                    return                                   # the client is gone: nobody reads on
+                if c.finish == "error":
+                    yield _sse(errors.body(c.error or RuntimeError("the engine failed this request")))
+                    break
+                if not (delta or c.finish or (ids and (job.token_ids or job.logprobs is not None))):
+                    continue
+                item: dict[str, Any] = {"index": c.index, "logprobs": self._logprobs(job, c, ids, lps, c.offset),
+                                        "finish_reason": c.finish}
+                if job.chat:
+                    item["delta"] = {"content": delta} if delta or not c.finish else {}
+                else:
+                    item["text"] = delta
+                if job.token_ids:
+                    item["token_ids"] = ids
+                yield _sse({**head, "choices": [item], **extra})
+            else:
+                if job.include_usage:
+                    yield _sse({**head, "choices": [], "usage": self._usage(job, choices)})
+            yield b"data: [DONE]\n\n"
+        finally:
+            watcher.cancel()
+            for c in choices:
+                c.handle.abort()                             # nothing when it has finished
+
+    def _usage(self, job: Job, choices: list[Choice]) -> dict:
+        cached = sum(getattr(c.handle.metrics, "cached_tokens", 0) for c in choices[::job.n])
+        return usage(sum(map(len, job.prompts)), sum(len(c.ids) for c in choices), cached)
+
+    def _logprobs(self, job: Job, c: Choice, ids: list[int], lps: list[TokenLogprob], offset: int) -> dict | None:
+        if job.logprobs is None:
+            return None
+        names = [self._token(t) for t in ids]
+        tops = [[self._token(t) for t, _ in lp.top] for lp in lps]
+        if job.chat:
+            return chat_logprobs(names, lps, tops)
+        c.offset = offset + sum(map(len, names))
+        return completion_logprobs(names, lps, tops, offset)
+
+    def _token(self, t: int) -> str:
+        return self.tok.decode([t], skip_special_tokens=False) if self.tok is not None else f"token_id:{t}"
+
+    def model_card(self) -> dict:
+        return {"id": self.name, "object": "model", "created": self.created, "owned_by": "shapeplan",
+                "max_model_len": self.context}
+
+
+def _first(*xs: Any) -> Any:
+    return next(x for x in xs if x is not None)
+
+
+def _sse(obj: dict) -> bytes:
+    return b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+
+
+def _watch(receive: Receive, choices: list[Choice]) -> asyncio.Task:
+    """A task that aborts every choice as soon as the client disconnects."""
+    async def wait() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        for c in choices:
+            c.handle.abort()                                 # nothing when it has finished
+    return asyncio.ensure_future(wait())
+
+
+async def _merged(choices: list[Choice]) -> AsyncIterator[tuple[Choice, TokenEvent]]:
+    """The events of every choice in arrival order (one choice: its handle directly)."""
+    if len(choices) == 1:
+        async for ev in choices[0].handle:
+            yield choices[0], ev
+        return
+    q: asyncio.Queue = asyncio.Queue()
+
+    async def pump(c: Choice) -> None:
+        async for ev in c.handle:
+            q.put_nowait((c, ev))
+
+    tasks = [asyncio.ensure_future(pump(c)) for c in choices]
+    live = len(choices)
+    try:
+        while live:
+            c, ev = await q.get()
+            live -= ev.finish_reason is not None
+            yield c, ev
+    finally:
+        for t in tasks:
+            t.cancel()

@@ -1,0 +1,118 @@
+"""The OpenAI-compatible HTTP routes: ``POST /v1/completions``, ``POST /v1/chat/completions``,
+``GET /v1/models``, ``GET /health`` (``/metrics`` is the app's: see server.py).
+
+Every route reads its body itself (counting bytes against ``max_request_bytes``) and validates it with
+the strict models of protocol.py, so every bad request gets OpenAI's error JSON with a 4xx status;
+an unexpected failure is a 500 in the same shape, logged, and the server goes on serving."""
+from __future__ import annotations
+
+import functools
+import hmac
+import json
+import logging
+from typing import Any, Awaitable, Callable
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import Response, StreamingResponse
+
+from shapeplan.errors import ShapeplanError
+from shapeplan.serve.openai import DEFAULT_MAX_REQUEST_BYTES, errors
+from shapeplan.serve.openai.errors import BodyTooLarge, ModelNotFound, Unauthorized
+from shapeplan.serve.openai.generation import Job, OpenAIModel
+from shapeplan.serve.openai.protocol import ChatRequest, CompletionRequest, parse
+
+log = logging.getLogger("shapeplan.serve.openai")
+_DRAIN_FACTOR = 16          # read (and drop) up to 16x the limit of an oversized body, so the client gets the 413
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def json_response(obj: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(json.dumps(obj, ensure_ascii=False, separators=(",", ":")), status_code=status,
+                    media_type="application/json", headers=headers)
+
+
+def error_response(e: BaseException) -> Response:
+    st = errors.status_of(e)
+    if st.http >= 500 and not isinstance(e, ShapeplanError):
+        log.error("request failed", exc_info=e)
+    return json_response(errors.body(e), st.http, errors.headers(e))
+
+
+def bearer(api_key: str | None) -> list[Any]:
+    """The dependency that checks ``Authorization: Bearer KEY`` (none without a key)."""
+    if not api_key:
+        return []
+    want = f"Bearer {api_key}".encode()
+
+    async def check(request: Request) -> None:
+        got = request.headers.get("authorization", "").encode()
+        if not hmac.compare_digest(got, want):
+            raise Unauthorized("a valid API key is needed: Authorization: Bearer KEY")
+    return [Depends(check)]
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size <= limit:
+            chunks.append(chunk)
+        elif size > _DRAIN_FACTOR * limit:
+            break
+    if size > limit:
+        raise BodyTooLarge(f"the request body has {size if size <= _DRAIN_FACTOR * limit else 'over %d' % size} "
+                           f"bytes; this server accepts at most {limit}")
+    return b"".join(chunks)
+
+
+def _answers_errors(fn: Callable[..., Awaitable[Response]]) -> Callable[..., Awaitable[Response]]:
+    @functools.wraps(fn)
+    async def wrapped(*args: Any, **kw: Any) -> Response:
+        try:
+            return await fn(*args, **kw)
+        except Exception as e:  # noqa: BLE001 - every failure becomes an error answer; the server goes on
+            return error_response(e)
+    return wrapped
+
+
+def openai_router(model: OpenAIModel, *, api_key: str | None = None,
+                  max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> APIRouter:
+    auth = bearer(api_key)
+    r = APIRouter()
+
+    async def answer(job: Job, request: Request) -> Response:
+        choices = model.submit(job)
+        if job.stream:
+            return StreamingResponse(model.stream(job, choices, request.receive), media_type="text/event-stream",
+                                     headers=SSE_HEADERS)
+        out = await model.complete(job, choices, request.receive)
+        return json_response(out) if out is not None else Response(status_code=499)   # nobody is listening
+
+    @r.get("/health")
+    async def health() -> Response:
+        return json_response({"status": "ok"})
+
+    @r.get("/v1/models", dependencies=auth)
+    async def models() -> Response:
+        return json_response({"object": "list", "data": [model.model_card()]})
+
+    @r.get("/v1/models/{name:path}", dependencies=auth)
+    @_answers_errors
+    async def one_model(name: str) -> Response:
+        if name != model.name:
+            raise ModelNotFound(f"the model '{name}' does not exist (this server serves '{model.name}')", "model")
+        return json_response(model.model_card())
+
+    @r.post("/v1/completions", dependencies=auth)
+    @_answers_errors
+    async def completions(request: Request) -> Response:
+        req = parse(CompletionRequest, await read_body(request, max_request_bytes))
+        return await answer(model.completion_job(req), request)
+
+    @r.post("/v1/chat/completions", dependencies=auth)
+    @_answers_errors
+    async def chat(request: Request) -> Response:
+        req = parse(ChatRequest, await read_body(request, max_request_bytes))
+        return await answer(model.chat_job(req), request)
+
+    return r

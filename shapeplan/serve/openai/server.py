@@ -1,0 +1,181 @@
+"""The OpenAI-compatible server: ``build_openai_app`` (FastAPI: the routes, ``/metrics``, errors in
+OpenAI's shape), ``HttpServer`` (uvicorn on a socket bound here, in a thread) and ``serve_openai``
+(what ``shapeplan serve --model/--preset`` runs: load, capture every bucket, listen, print the URL).
+
+Nothing here imports FastAPI at module level: the CLI registers its arguments without the extra."""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from typing import Any
+
+from shapeplan.serve.openai import DEFAULT_MAX_REQUEST_BYTES
+
+
+def build_openai_app(pipe: Any, *, model_name: str, api_key: str | None = None, checkpoint: str | None = None,
+                     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> Any:
+    """One FastAPI app serving ``pipe`` as ``model_name``; ``checkpoint``: the directory whose
+    generation_config.json supplies sampling defaults."""
+    from fastapi import FastAPI, Request
+    from fastapi.exceptions import RequestValidationError
+    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+    from starlette.exceptions import HTTPException
+
+    from shapeplan.errors import ShapeplanError
+    from shapeplan.serve.openai.errors import BadRequest, MethodNotAllowed, NotFound
+    from shapeplan.serve.openai.generation import GenerationDefaults, OpenAIModel
+    from shapeplan.serve.openai.metrics import registry_for
+    from shapeplan.serve.openai.routes import bearer, error_response, openai_router
+
+    registry, latency = registry_for(pipe, model_name)
+    model = OpenAIModel(pipe, model_name, latency, GenerationDefaults.from_checkpoint(checkpoint))
+    app = FastAPI(title="shapeplan", docs_url=None, redoc_url=None, openapi_url=None)
+    app.include_router(openai_router(model, api_key=api_key, max_request_bytes=max_request_bytes))
+    app.state.model, app.state.registry = model, registry
+
+    @app.get("/metrics", dependencies=bearer(api_key))
+    def metrics() -> Any:                       # a thread of the pool: the scrape never holds up the loop
+        from fastapi.responses import Response
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.exception_handler(ShapeplanError)
+    async def ours(request: Request, e: ShapeplanError) -> Any:       # e.g. a refused API key
+        return error_response(e)
+
+    @app.exception_handler(HTTPException)
+    async def http(request: Request, e: HTTPException) -> Any:        # unknown path, wrong method
+        cls = {404: NotFound, 405: MethodNotAllowed}.get(e.status_code)
+        if cls is None:
+            from fastapi.responses import JSONResponse
+            return JSONResponse({"error": {"message": str(e.detail), "type": "invalid_request_error", "param": None,
+                                           "code": None}}, e.status_code)
+        return error_response(cls(f"{request.method} {request.url.path}: {e.detail}"))
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, e: RequestValidationError) -> Any:
+        return error_response(BadRequest(f"invalid request: {e.errors()[0].get('msg', e)}"))
+
+    return app
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # proto given explicitly: asyncio sets TCP_NODELAY only on sockets whose proto is TCP, and with Nagle
+    # on, a small SSE chunk can wait for the client's delayed ACK (~40 ms)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    return sock
+
+
+class HttpServer:
+    """uvicorn over a socket bound here (``port=0``: the real port is known at once), in a thread;
+    ``stop()`` sets uvicorn's ``should_exit`` and joins it."""
+
+    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, *, log_level: str = "warning") -> None:
+        import uvicorn
+        self._sock = _listen(host, port)
+        self.host, self.port = host, self._sock.getsockname()[1]
+        self._server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="off",
+                                                     timeout_graceful_shutdown=2))
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> "HttpServer":
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]},
+                                        name="shapeplan-http", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"the HTTP server did not start on {self.host}:{self.port}")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join()
+        self._sock.close()
+
+
+# ---------------------------------------------------------------------------- the command
+def add_llm_arguments(p: argparse.ArgumentParser | Any) -> None:
+    """The OpenAI server's own options of ``shapeplan serve`` (besides --model/--preset, --host,
+    --port, --device, --mode, --max-request-bytes, --log-level)."""
+    p.add_argument("--dtype", default=None, help="override the checkpoint dtype (float32, bfloat16, float16); "
+                   "presets default to bfloat16")
+    p.add_argument("--max-num-seqs", type=int, default=64, help="requests decoded at once (default 64)")
+    p.add_argument("--kv-cache-bytes", type=int, default=None,
+                   help="bytes of the paged KV pool (default: room for max-num-seqs full-length requests, at most "
+                        "90%% of free device memory)")
+    p.add_argument("--max-kv-cache-length", type=int, default=4096, help="the context: prompt + generated tokens")
+    p.add_argument("--max-prefill-length", type=int, default=2048, help="the largest prefill chunk")
+    p.add_argument("--max-waiting", type=int, default=4096,
+                   help="requests that may wait for a slot; beyond it the server answers 503 (default 4096)")
+    p.add_argument("--no-prefix-cache", action="store_true", help="turn the block prefix cache off")
+    p.add_argument("--served-model-name", default=None, help="the model's name in the API (default: the "
+                   "checkpoint directory's name, or the preset's)")
+    p.add_argument("--api-key", default=None,
+                   help="require Authorization: Bearer KEY on every endpoint but /health")
+
+
+def load_pipeline(args: argparse.Namespace) -> Any:
+    from shapeplan.llm import GenerationPipeline
+    kw = dict(device=args.device, mode=args.mode, max_num_seqs=args.max_num_seqs, kv_cache_bytes=args.kv_cache_bytes,
+              max_kv_cache_length=args.max_kv_cache_length, max_prefill_length=args.max_prefill_length,
+              max_waiting=args.max_waiting, prefix_cache=not args.no_prefix_cache)
+    if args.preset:
+        return GenerationPipeline.from_preset(args.preset, dtype=args.dtype or "bfloat16", **kw)
+    return GenerationPipeline.from_pretrained(args.model, dtype=args.dtype, **kw)
+
+
+def serve_openai(args: argparse.Namespace) -> int:
+    """``shapeplan serve --model DIR|FILE.gguf | --preset NAME``: load, capture every batch bucket,
+    listen, print the URL, serve until SIGINT / SIGTERM."""
+    try:
+        import fastapi  # noqa: F401
+        import prometheus_client  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as e:
+        print(f"error: shapeplan serve needs the serve extra ({e.name} is missing): pip install -e \".[serve]\"",
+              file=sys.stderr)
+        return 1
+    if args.model and args.preset:
+        print("error: give --model or --preset, not both", file=sys.stderr)
+        return 2
+    name = args.served_model_name or (args.preset or os.path.basename(os.path.normpath(args.model)))
+    t0 = time.perf_counter()
+    print(f"loading {args.preset or args.model} on {args.device} ...", file=sys.stderr, flush=True)
+    pipe = load_pipeline(args)
+    pipe.warmup()
+    print(f"  loaded and captured {len(pipe.decode_buckets)} decode and {len(pipe.buckets)} prefill buckets in "
+          f"{time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+    app = build_openai_app(pipe, model_name=name, api_key=args.api_key,
+                           checkpoint=args.model if args.model and os.path.isdir(args.model) else None,
+                           max_request_bytes=args.max_request_bytes or DEFAULT_MAX_REQUEST_BYTES)
+    server = HttpServer(app, args.host, args.port, log_level=args.log_level)
+    stop = threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        server.start()
+        print(f"serving '{name}' (OpenAI API) on {server.url}/v1", flush=True)
+        while not stop.wait(0.5):
+            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+        pipe.close()
+    return 0
