@@ -1,0 +1,150 @@
+"""Every bad request gets its status and OpenAI's error JSON (never a 500), and the server keeps
+serving; a full queue is a 503 with Retry-After; ``--api-key`` guards every endpoint but /health."""
+from __future__ import annotations
+
+import threading
+
+import httpx
+import pytest
+
+from tests.serve.openai.conftest import MODEL
+
+OK = {"model": MODEL, "prompt": "Hello", "max_tokens": 2}
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+
+# (path, body, status, param) -- body: a dict (sent as JSON) or raw bytes
+BAD = [
+    ("/v1/completions", b"{not json", 400, None),
+    ("/v1/completions", b"\xff\xfe", 400, None),
+    ("/v1/completions", b"[1, 2]", 400, None),
+    ("/v1/completions", {**OK, "model": "gpt-4"}, 404, "model"),
+    ("/v1/chat/completions", {**CHAT, "model": "nope"}, 404, "model"),
+    ("/v1/completions", {**OK, "prompt": "Hello " * 2000}, 400, "prompt"),
+    ("/v1/completions", {**OK, "prompt": [5] * 1024}, 400, "prompt"),
+    ("/v1/completions", {**OK, "max_tokens": 1100}, 400, "max_tokens"),
+    ("/v1/chat/completions", {**CHAT, "max_completion_tokens": 5000}, 400, "max_completion_tokens"),
+    ("/v1/completions", {**OK, "max_tokens": 0}, 400, "max_tokens"),
+    ("/v1/completions", {**OK, "max_tokens": -5}, 400, "max_tokens"),
+    ("/v1/chat/completions", {**CHAT, "max_tokens": 0}, 400, "max_tokens"),
+    ("/v1/completions", {**OK, "max_tokens": "10"}, 400, "max_tokens"),
+    ("/v1/completions", {**OK, "n": "2"}, 400, "n"),
+    ("/v1/completions", {**OK, "n": 0}, 400, "n"),
+    ("/v1/completions", {**OK, "temperature": "hot"}, 400, "temperature"),
+    ("/v1/completions", {**OK, "temperature": -1}, 400, "temperature"),
+    ("/v1/completions", {**OK, "top_p": 0}, 400, "top_p"),
+    ("/v1/completions", {**OK, "stream": "yes"}, 400, "stream"),
+    ("/v1/completions", {**OK, "prompt": 3.5}, 400, "prompt"),
+    ("/v1/completions", {**OK, "prompt": [1.5, 2]}, 400, "prompt"),
+    ("/v1/completions", {**OK, "prompt": []}, 400, "prompt"),
+    ("/v1/completions", {**OK, "prompt": [100000]}, 400, "prompt"),
+    ("/v1/completions", {**OK, "stop": 5}, 400, "stop"),
+    ("/v1/completions", {**OK, "stop": [""]}, 400, "stop"),
+    ("/v1/completions", {**OK, "seed": 2 ** 70}, 400, "seed"),
+    ("/v1/completions", {"model": MODEL}, 400, "prompt"),
+    ("/v1/completions", {"prompt": "Hi"}, 400, "model"),
+    ("/v1/completions", {**OK, "frobnicate": True}, 400, "frobnicate"),
+    ("/v1/completions", {**OK, "stream": True, "stream_options": {"include_usage": True, "x": 1}}, 400,
+     "stream_options.x"),
+    ("/v1/completions", {**OK, "stream_options": {"include_usage": True}}, 400, "stream_options"),
+    ("/v1/completions", {**OK, "presence_penalty": 0.5}, 400, "presence_penalty"),
+    ("/v1/completions", {**OK, "frequency_penalty": 0.5}, 400, "frequency_penalty"),
+    ("/v1/completions", {**OK, "logit_bias": {"5": 10}}, 400, "logit_bias"),
+    ("/v1/completions", {**OK, "logprobs": 21}, 400, "logprobs"),
+    ("/v1/completions", {**OK, "echo": True}, 400, "echo"),
+    ("/v1/completions", {**OK, "best_of": 3}, 400, "best_of"),
+    ("/v1/chat/completions", {**CHAT, "messages": []}, 400, "messages"),
+    ("/v1/chat/completions", {**CHAT, "messages": "Hi"}, 400, "messages"),
+    ("/v1/chat/completions", {**CHAT, "messages": [{"role": "wizard", "content": "Hi"}]}, 400, "messages.0.role"),
+    ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": "Hi", "mood": "x"}]}, 400,
+     "messages.0.mood"),
+    ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400,
+     "messages.0.content"),
+    ("/v1/chat/completions", {**CHAT, "top_logprobs": 3}, 400, "top_logprobs"),
+    ("/v1/chat/completions", {**CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools"),
+    ("/v1/chat/completions", {**CHAT, "response_format": {"type": "json_object"}}, 400, "response_format"),
+]
+
+
+def _send(server, path, body):
+    if isinstance(body, bytes):
+        return server.post(path, content=body, headers={"content-type": "application/json"})
+    return server.post(path, json=body)
+
+
+@pytest.mark.parametrize("path,body,status,param", BAD, ids=[f"{i}" for i in range(len(BAD))])
+def test_bad_request_gets_its_status_and_openai_error_json(server, path, body, status, param):
+    r = _send(server, path, body)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    assert err["type"] == "invalid_request_error"
+    if param is not None:
+        assert err["param"] == param, err
+    assert _send(server, "/v1/completions", OK).status_code == 200          # still serving
+
+
+def test_the_openai_client_raises_its_typed_errors(server):
+    import openai
+    c = server.client()
+    with pytest.raises(openai.NotFoundError):
+        c.completions.create(model="nope", prompt="Hi", max_tokens=2)
+    with pytest.raises(openai.BadRequestError, match="presence_penalty"):
+        c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], presence_penalty=1.0)
+    with pytest.raises(openai.BadRequestError, match="context"):
+        c.completions.create(model=MODEL, prompt="Hello " * 2000, max_tokens=2)
+
+
+def test_a_10_mb_body_is_413_and_the_server_keeps_serving(server):
+    r = server.post("/v1/completions", content=b'{"model": "' + b"x" * (10 << 20) + b'"}',
+                    headers={"content-type": "application/json"})
+    assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+    assert server.post("/v1/completions", json=OK).status_code == 200
+
+
+def test_unknown_paths_and_methods_answer_in_openai_shape(server):
+    r = httpx.get(server.url + "/v1/nothing")
+    assert r.status_code == 404 and "error" in r.json()
+    r = httpx.get(server.url + "/v1/completions")
+    assert r.status_code == 405 and "error" in r.json()
+
+
+def test_a_full_queue_is_503_with_retry_after(small_server):
+    s, auth = small_server, {"Authorization": "Bearer sk-test-key"}
+    release, blocked = threading.Event(), threading.Event()
+
+    def hold() -> None:                   # keep the engine thread busy: nothing leaves the queue meanwhile
+        blocked.set()
+        release.wait(60)
+
+    holder = threading.Thread(target=lambda: s.pipe.batch.call(hold))
+    holder.start()
+    blocked.wait(10)
+    try:
+        with httpx.Client(base_url=s.url, headers=auth, timeout=60) as c, \
+                __import__("concurrent.futures").futures.ThreadPoolExecutor(2) as pool:
+            queued = [pool.submit(c.post, "/v1/completions", json=OK) for _ in range(2)]
+            s.wait_for(lambda: s.pipe.batch._inbox.qsize() >= 2)           # both wait behind the hold
+            r = c.post("/v1/completions", json=OK)
+            assert r.status_code == 503 and r.headers["retry-after"] == "1"
+            assert r.json()["error"]["type"] == "server_error"
+            release.set()
+            assert [f.result().status_code for f in queued] == [200, 200]
+            assert c.post("/v1/completions", json=OK).status_code == 200
+    finally:
+        release.set()
+        holder.join()
+
+
+def test_the_api_key_guards_everything_but_health(small_server):
+    import openai
+    s = small_server
+    for path in ("/v1/models", "/metrics", f"/v1/models/{MODEL}"):
+        assert httpx.get(s.url + path).status_code == 401
+        assert httpx.get(s.url + path, headers={"Authorization": "Bearer wrong"}).status_code == 401
+        assert httpx.get(s.url + path, headers={"Authorization": "Bearer sk-test-key"}).status_code == 200
+    r = httpx.post(s.url + "/v1/completions", json=OK)
+    assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+    assert httpx.get(s.url + "/health").status_code == 200
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=s.url + "/v1", api_key="wrong", max_retries=0).models.list()
+    assert s.client().completions.create(model=MODEL, prompt="Hi", max_tokens=2).usage.completion_tokens >= 1
