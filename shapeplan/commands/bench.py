@@ -2,6 +2,7 @@
 
     shapeplan bench --preset llama-1b --config matrix --device cuda --json out.json
     shapeplan bench --preset llama-1b --config triton --device cuda --vs-torch-compile
+    shapeplan bench --serve http://127.0.0.1:8000 --concurrency 1,8,32,64,128     # a running server, over HTTP
 """
 from __future__ import annotations
 
@@ -34,7 +35,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     srv = p.add_argument_group("serving (many requests through the batched engine)")
     srv.add_argument("--batch", type=int, default=0, metavar="N",
                      help="serving benchmark: N requests at once through the batched engine (max_num_seqs = N)")
-    srv.add_argument("--requests", type=int, default=0, help="requests in all (default: --batch)")
+    srv.add_argument("--requests", type=int, default=0,
+                     help="requests in all (default: --batch); with --serve, per run (default: max(4, 2 x clients))")
     srv.add_argument("--rate", type=float, default=0.0, help="Poisson arrivals per second (default: all at once)")
     srv.add_argument("--shared-prefix", type=int, default=0, help="tokens of a system prompt every request shares")
     srv.add_argument("--no-prefix-cache", action="store_true", help="turn the block prefix cache off")
@@ -42,10 +44,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     srv.add_argument("--plot", default=None, help="PNG of the sweep (default: next to --json, or sweep.png)")
     srv.add_argument("--vs-hf", action="store_true",
                      help="also run transformers' continuous batching (generate_batch) on the same weights")
+    http = p.add_argument_group("HTTP load (streaming clients against a running shapeplan serve; docs/serve.md)")
+    http.add_argument("--serve", metavar="URL", default=None,
+                      help="benchmark the OpenAI-compatible server at URL (uses --prompt-len, --new-tokens, --requests)")
+    http.add_argument("--concurrency", default="1,8,32,64,128", help="concurrent streaming clients per run")
+    http.add_argument("--api-key", default=None, help="the server's API key")
     p.set_defaults(func=_bench)
 
 
 def _bench(args: argparse.Namespace) -> int:
+    if args.serve:
+        return _http(args)
     from shapeplan.llm.bench import bench_prompt, configs_for, format_table, load_model, run_matrix, torch_baselines
     if not args.preset and not args.model:
         args.preset = "llama-125m"
@@ -125,3 +134,31 @@ def _serving(args: argparse.Namespace, cfg, weights, name: str) -> int:  # noqa:
         if plot_sweep(rows, path, title):
             print(f"  plot: {path}", file=sys.stderr)
     return 0 if all(r.ok for r in rows if r.name == "shapeplan") else 1
+
+
+def _http(args: argparse.Namespace) -> int:
+    try:
+        import httpx  # noqa: F401
+    except ImportError:
+        print("error: bench --serve needs httpx (the serve extra): pip install -e \".[serve]\"", file=sys.stderr)
+        return 1
+    from shapeplan.llm.bench_serving import plot_sweep
+    from shapeplan.serve.openai import loadgen
+    levels = [int(x) for x in args.concurrency.split(",") if x.strip()]
+    rows = loadgen.run(args.serve, levels, prompt_len=args.prompt_len, new_tokens=args.new_tokens,
+                       requests=args.requests, api_key=args.api_key, log=lambda s: print(s, file=sys.stderr))
+    model = rows[0].extra["model"] if rows else "?"
+    title = (f"{model} at {args.serve}: streaming clients, {args.prompt_len}-token random prompts, "
+             f"{args.new_tokens} new tokens, greedy, EOS ignored")
+    print(loadgen.format_table(rows, title))
+    if args.json_path:
+        with open(args.json_path, "w", encoding="utf-8") as f:
+            json.dump({"url": args.serve, "model": model, "prompt_len": args.prompt_len,
+                       "new_tokens": args.new_tokens, "rows": [r.to_dict() for r in rows]}, f, indent=2)
+    import os
+    path = args.plot or (os.path.splitext(args.json_path)[0] + ".png" if args.json_path else "serve_sweep.png")
+    if plot_sweep(rows, path, title, xlabel="concurrent streaming clients"):
+        print(f"  plot: {path}", file=sys.stderr)
+    else:
+        print("  no plot: matplotlib is not installed (pip install matplotlib)", file=sys.stderr)
+    return 0 if all(r.ok for r in rows) else 1

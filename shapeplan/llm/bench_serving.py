@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import random
 import statistics
+import textwrap
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -44,7 +45,7 @@ class ServeRow:
         return asdict(self)
 
 
-def _pct(xs: list[float], q: float) -> float:
+def percentile(xs: list[float], q: float) -> float:
     if not xs:
         return 0.0
     xs = sorted(xs)
@@ -90,8 +91,8 @@ def run_serving(pipe: GenerationPipeline, prompts: list[list[int]], new_tokens: 
             end = max(end, ev.time)
     row.wall_s = end - t0
     row.output_tok_s = total / row.wall_s if row.wall_s > 0 else 0.0
-    row.ttft_p50_ms, row.ttft_p99_ms = 1e3 * _pct(ttft, 50), 1e3 * _pct(ttft, 99)
-    row.itl_p50_ms, row.itl_p99_ms = 1e3 * _pct(itl, 50), 1e3 * _pct(itl, 99)
+    row.ttft_p50_ms, row.ttft_p99_ms = 1e3 * percentile(ttft, 50), 1e3 * percentile(ttft, 99)
+    row.itl_p50_ms, row.itl_p99_ms = 1e3 * percentile(itl, 50), 1e3 * percentile(itl, 99)
     row.prefill_tokens = eng.prefill_tokens - prefill0
     row.peak_blocks = pipe.blocks.peak_used
     row.preemptions = pipe.scheduler.preemptions - pre0
@@ -154,7 +155,8 @@ def format_rows(rows: list[ServeRow], title: str) -> str:
     return "\n".join(lines)
 
 
-def plot_sweep(rows: list[ServeRow], path: str, title: str) -> bool:
+def plot_sweep(rows: list[ServeRow], path: str, title: str,
+               xlabel: str = "concurrency (max_num_seqs = requests)") -> bool:
     """Throughput and ITL p50/p99 against concurrency, as a PNG (False when matplotlib is missing)."""
     try:
         import matplotlib
@@ -167,14 +169,14 @@ def plot_sweep(rows: list[ServeRow], path: str, title: str) -> bool:
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot(xs, [r.output_tok_s for r in ok], "o-", label="output tok/s")
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("concurrency (max_num_seqs = requests)")
+    ax.set_xlabel(xlabel)
     ax.set_ylabel("output tok/s")
     ax2 = ax.twinx()
     ax2.plot(xs, [r.itl_p50_ms for r in ok], "s--", color="tab:orange", label="ITL p50")
     ax2.plot(xs, [r.itl_p99_ms for r in ok], "^:", color="tab:red", label="ITL p99")
     ax2.set_ylabel("inter-token latency, ms")
     fig.legend(loc="upper left")
-    ax.set_title(title)
+    ax.set_title("\n".join(textwrap.wrap(title, 80)), fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
