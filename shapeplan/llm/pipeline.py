@@ -341,7 +341,8 @@ class GenerationPipeline:
     def warmup(self, sampled: bool = True) -> None:
         """Capture every decode bucket's plan (and the sampled variant) and every prefill bucket's now,
         so no request waits for a capture (``shapeplan serve`` calls this before it listens)."""
-        self.batch.call(lambda: self.runner.warmup(sampled))
+        budget = self.scheduler.max_num_batched_tokens
+        self.batch.call(lambda: self.runner.warmup(sampled, budget))
 
     def prefix_cache_stats(self) -> dict:
         """block_size, max_byte_budget, resident_blocks, current_bytes, total_lookups, total_hits, hit_rate,
