@@ -1,7 +1,7 @@
 """DiskCache: compiled plans (optimized graph + plan wiring) under the user cache directory.
 
-* directory: ``$SHAPEPLAN_CACHE_DIR``, else ``$XDG_CACHE_HOME/shapeplan/plans`` (``~/.cache/...``;
-  ``~/Library/Caches`` on macOS, ``%LOCALAPPDATA%`` on Windows)
+* directory: ``<cache root>/plans`` (``shapeplan.cache.paths``: the root is ``$SHAPEPLAN_CACHE_DIR``, else
+  ``shapeplan`` under the user cache directory; Triton's caches sit beside the plans)
 * read-only override directory ``$SHAPEPLAN_CACHE_OVERRIDE_DIR``: looked up first, never written
 * ``$SHAPEPLAN_CACHE_FORCE_RECOMPILE=1`` (or ``force_recompile=True``): ignore entries, write fresh ones
 * entries are written atomically (temp file in the same directory + ``os.replace``)
@@ -11,12 +11,12 @@
 from __future__ import annotations
 
 import os
-import sys
 import tempfile
 import time
 from typing import Any
 
 from shapeplan import diagnostics
+from shapeplan.cache.paths import plans_dir
 from shapeplan.errors import CacheError
 from shapeplan.plan.serialize import deserialize_plan, serialize_plan, unpack
 
@@ -24,16 +24,7 @@ SUFFIX = ".plan"
 
 
 def default_dir() -> str:
-    env = os.environ.get("SHAPEPLAN_CACHE_DIR")
-    if env:
-        return env
-    if sys.platform == "darwin":
-        base = os.path.expanduser("~/Library/Caches")
-    elif os.name == "nt":
-        base = os.environ.get("LOCALAPPDATA", os.path.expanduser("~"))
-    else:
-        base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
-    return os.path.join(base, "shapeplan", "plans")
+    return str(plans_dir())
 
 
 class DiskCache:

@@ -50,7 +50,7 @@ def enabled(device: torch.device) -> bool:
 
 
 def directory() -> str:
-    from shapeplan.runtime.backends.triton_paths import cache_root
+    from shapeplan.cache.paths import cache_root
     return str(cache_root() / "frozen")
 
 

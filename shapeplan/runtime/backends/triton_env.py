@@ -16,7 +16,7 @@ import os
 
 from shapeplan.runtime.backends.triton_paths import cache_root, source_dir, triton_cache_dir
 
-os.environ.setdefault("TRITON_CACHE_DIR", str(cache_root() / "triton"))
+os.environ.setdefault("TRITON_CACHE_DIR", str(triton_cache_dir()))
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
