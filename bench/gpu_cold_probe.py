@@ -42,7 +42,7 @@ def main() -> None:
     torch.cuda.synchronize()
     del e
     if a.prestart:
-        from shapeplan.runtime.backends import triton_workers
+        from shapeplan.runtime.backends.triton import workers as triton_workers
         triton_workers._get_pool()
         while triton_workers.starting():
             time.sleep(0.005)

@@ -13,7 +13,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from shapeplan.llm import decode_attention as da  # noqa: E402
+from shapeplan.runtime.backends.triton.kernels import decode_attention as da  # noqa: E402
 from shapeplan.ops import llm as llm_ops  # noqa: E402
 
 VARIANTS = [(64, 4, False), (32, 2, False), (32, 4, False), (128, 4, False), (16, 2, False),

@@ -22,7 +22,7 @@ import textwrap
 import time
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-KFILE = os.path.join(HERE, "shapeplan", "runtime", "backends", "triton_jit.py")
+KFILE = os.path.join(HERE, "shapeplan", "runtime", "backends", "triton", "kernels", "rows_jit.py")
 
 CHILD = textwrap.dedent("""
     import json, os, sys, time

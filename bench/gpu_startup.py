@@ -65,7 +65,7 @@ def main() -> None:
         diagnostics.record("LIFECYCLE", "t0")
     step_times: list[tuple[float, str]] = []
     if a.step_times:                 # host time of each step of the eager run before a capture
-        from shapeplan.runtime.backends import triton_backend
+        from shapeplan.runtime.backends.triton import backend as triton_backend
         inner = triton_backend.run_steps
 
         def timed(steps, regs):  # noqa: ANN001, ANN202

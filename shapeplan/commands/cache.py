@@ -20,7 +20,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _run(args: argparse.Namespace) -> int:
     from shapeplan.cache.disk import DiskCache
     dc = DiskCache(args.dir)
-    from shapeplan.runtime.backends import triton_paths
+    from shapeplan.runtime.backends.triton import paths as triton_paths
     if args.action == "clear":
         n = dc.clear()
         print(f"removed {n} plan(s) from {dc.directory}")

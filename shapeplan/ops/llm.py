@@ -131,12 +131,12 @@ def cached_attention(q, k_cache, v_cache, mask, position=None, *, scale: float =
 
     With the optional ``position`` (the same one the mask was built from, and the same ``window``), a
     decode step (S = 1) on CUDA runs a Triton split-K kernel that reads only the live keys instead of
-    the whole buffer (shapeplan/llm/decode_attention.py); results agree with SDPA to rounding."""
+    the whole buffer (shapeplan/runtime/backends/triton/kernels/decode_attention.py); results agree with SDPA to rounding."""
     b, hq, s, d = q.shape
     hkv = k_cache.shape[1]
     if _use_triton(q, position):
         try:
-            from shapeplan.llm.decode_attention import decode_attention
+            from shapeplan.runtime.backends.triton.kernels.decode_attention import decode_attention
             return decode_attention(q, k_cache, v_cache, position.reshape(-1)[:1],
                                     scale=scale or d ** -0.5, window=window)
         except Exception as e:  # noqa: BLE001 - e.g. no triton, or an unsupported GPU: fall back, visibly

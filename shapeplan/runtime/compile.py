@@ -39,9 +39,9 @@ def _prestart_compile_workers(device: Any, mode: Any) -> None:
         from shapeplan.runtime.modes import Mode
         if torch.device(device).type != "cuda" or Mode.parse(mode) not in (Mode.AUTO, Mode.TRITON):
             return
-        from shapeplan.runtime.backends import triton_backend, triton_workers
-        if triton_backend._warm_on() and torch.cuda.is_available():
-            triton_workers.prestart_if_cold()
+        from shapeplan.runtime.backends.triton import warmup, workers
+        if warmup._warm_on() and torch.cuda.is_available():
+            workers.prestart_if_cold()
     except Exception:  # noqa: BLE001, S110 - an optimisation only: the Engine prepares as before
         pass
 
@@ -62,8 +62,8 @@ def _cores_left_to_workers() -> Iterator[None]:
     global _cap_users, _cap_restore
     busy = 0
     try:
-        from shapeplan.runtime.backends import triton_workers
-        busy = triton_workers.starting()
+        from shapeplan.runtime.backends.triton import workers
+        busy = workers.starting()
     except Exception:  # noqa: BLE001, S110 - no Triton here: no workers
         pass
     if not busy:

@@ -97,8 +97,8 @@ class Engine:
             from shapeplan.runtime import determinism
             determinism.apply()                    # TF32 opt-in; SHAPEPLAN_DETERMINISTIC=1 bit-comparable
             if self.exec_mode is Mode.TRITON:
-                from shapeplan.runtime.backends import triton_backend
-                triton_backend.prepare(self.device)   # Triton import + driver in the background (start-up)
+                from shapeplan.runtime.backends.triton import warmup
+                warmup.prepare(self.device)   # Triton import + patch() + driver in the background (start-up)
         if why:
             diagnostics.record("FALLBACK", why, requested=self.mode, running=self.exec_mode)
         self.fallback = auto_fallback if fallback is None else fallback

@@ -153,7 +153,7 @@ def test_one_cache_root_for_plans_and_triton(tmp_path, monkeypatch):
     sources, capture-check verdicts and frozen-plan records all land under it."""
     from shapeplan.cache.paths import cache_root
     from shapeplan.runtime import frozen_records
-    from shapeplan.runtime.backends import triton_paths
+    from shapeplan.runtime.backends.triton import paths as triton_paths
     monkeypatch.setenv("SHAPEPLAN_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
     assert cache_root() == tmp_path

@@ -19,8 +19,8 @@ import os
 
 import torch
 
-from shapeplan.runtime.backends.triton_env import triton   # before the kernels: cache dir, compile workers
-from shapeplan.llm.decode_attention_kernels import _combine, _partial
+from shapeplan.runtime.backends.triton.env import triton   # before the kernels: Triton's cache under ours
+from shapeplan.runtime.backends.triton.kernels.decode_attention_jit import _combine, _partial
 
 SPLIT = 0                # keys per program; 0 = auto: 16, or L / 64 for caches over 1,024 (combine <= 64 rows)
 WARPS = 2                # auto / 2 / no dot: fastest in bench/gpu_decode_attention.py on the H200 (7.1 us
@@ -65,7 +65,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     ns = triton.cdiv(length, split)
     bn = min(split, 64, max(16, MAX_TILE // (gp * dp))) if not dot else min(split, 64)
     if compile_only:
-        from shapeplan.runtime.backends.triton_env import interpreting
+        from shapeplan.runtime.backends.triton.env import interpreting
         if interpreting():                 # the interpreter compiles nothing
             return None
         _compile_only(q, k_cache, v_cache, scale, window, only, hkv, g, gp, d, dp, ns, split, bn, dot)

@@ -19,7 +19,7 @@ handful of driver calls, made here through ``ctypes``:
   launches, scratch memory, tuple arguments) and kernels that are not shapeplan's get Triton's own
   launcher, built as before.
 
-``install()`` (at Triton's import, ``triton_env``) puts both in place of Triton's classes, only on a
+``install()`` (``env.patch()``, when a triton-mode engine is created) puts both in place of Triton's classes, only on a
 Triton whose launcher is built per signature (``make_launcher``); later versions launch without a
 build and are left alone. ``SHAPEPLAN_TRITON_CTYPES=0`` keeps Triton's own modules.
 """
@@ -161,8 +161,9 @@ def _ours(src: Any) -> bool:
     path = os.path.abspath(getattr(getattr(fn, "__code__", None), "co_filename", "") or "")
     if not path:
         return False
-    from shapeplan.runtime.backends.triton_paths import source_dir
-    roots = (os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), str(source_dir()))
+    import shapeplan
+    from shapeplan.runtime.backends.triton.paths import source_dir
+    roots = (os.path.dirname(os.path.abspath(shapeplan.__file__)), str(source_dir()))
     return any(path.startswith(os.path.abspath(r) + os.sep) for r in roots)
 
 

@@ -1,6 +1,6 @@
 """A Triton compile worker: a separate process that compiles kernels into Triton's on-disk cache.
 
-Run as a script (``python triton_compile_worker.py``) by ``triton_workers``; it imports Triton and
+Run as a script (``python compile_worker.py``) by ``workers``; it imports Triton and
 nothing of shapeplan or torch, so it is ready in the time of a Triton import. Protocol: one JSON
 object per line on stdin, one reply per line on stdout:
 
@@ -12,10 +12,10 @@ rebuilds the same ``ASTSource``, refuses a job whose source hash differs from th
 would then miss the cache: its kernel is compiled in-process as without workers), and calls
 ``triton.compile``, which writes the result under ``TRITON_CACHE_DIR``, then builds the kernel's host
 launcher (a C module Triton compiles per kernel signature on some versions), cached there too, unless
-the job says the parent launches the kernel without one (``triton_launch``). The reply
+the job says the parent launches the kernel without one (``launch``). The reply
 names the cache entry (``hash`` and its metadata file ``json``), which the parent loads. With
 ``SHAPEPLAN_TRITON_STAMP`` set, Triton's cache key is that stamp instead of a hash of Triton's library
-(see ``triton_workers``), so the worker is ready after the Triton import. Values are JSON with tuples and dicts tagged (``{"t": [...]}``,
+(see ``workers``), so the worker is ready after the Triton import. Values are JSON with tuples and dicts tagged (``{"t": [...]}``,
 ``{"d": [[k, v], ...]}``) so the rebuilt source and options hash exactly as the parent's.
 """
 from __future__ import annotations
@@ -117,7 +117,7 @@ def _lower_priority() -> None:
 
 
 def _builds_launchers() -> bool:
-    """Whether this Triton builds a C launcher per kernel signature (then the parent's ``triton_launch``
+    """Whether this Triton builds a C launcher per kernel signature (then the parent's ``launch``
     replaces its helper modules)."""
     try:
         import triton.backends.nvidia.driver as nvd
@@ -144,7 +144,7 @@ def main() -> None:
     ctypes_launch = os.environ.get("SHAPEPLAN_TRITON_CTYPES", "1").strip().lower() not in ("0", "false", "off", "no")
     if os.environ.get("SHAPEPLAN_WORKER_INDEX") == "0" and not (ctypes_launch and _builds_launchers()):
         try:      # the CUDA driver's helper module (a C build on a cold cache): one worker builds it up front
-                  # unless the parent loads and launches through ctypes (triton_launch) and never needs it
+                  # unless the parent loads and launches through ctypes (launch.py) and never needs it
             from triton.backends.nvidia.driver import CudaUtils
             CudaUtils()
         except Exception:  # noqa: BLE001, S110 - no CUDA here: the parent builds it when it needs it

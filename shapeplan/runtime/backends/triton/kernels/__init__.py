@@ -1,0 +1,11 @@
+"""Hand-written Triton kernels, one module per family: a launcher module (torch tensors in, shapes and
+grids, ``out=`` buffers) beside a ``*_jit.py`` module that holds the ``@triton.jit`` functions and imports
+Triton and nothing else, so a compile worker (``../compile_worker.py``) can load it by path.
+
+    rows.py / rows_jit.py                          RMSNorm (+ residual), LayerNorm, Softmax, SiLU*mul, RoPE,
+                                                   one decode step's KV cache write
+    decode_attention.py / decode_attention_jit.py  split-K attention of one decode step over a static cache
+
+Importing this package imports nothing; importing a launcher module imports Triton (``..env``), which
+patches nothing.
+"""
