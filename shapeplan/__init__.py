@@ -3,8 +3,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from shapeplan import env as _env
 from shapeplan.errors import (CacheError, CaptureError, ExecutionError, InputError, LifecycleError,
-                              ModelError, ShapeError, ShapeplanError, UnsupportedOpError)
+                              ModelError, ShapeError, ShapeplanError, SwitchError, UnsupportedOpError)
 from shapeplan.importers import load
 from shapeplan.ir.dtypes import DType, dtype
 from shapeplan.ir.graph import Graph, Node, Value, ValueKind
@@ -16,6 +17,8 @@ from shapeplan.runtime.modes import Mode
 import shapeplan.optimize as _optimizer_pkg  # noqa: E402,F401
 
 __version__ = "0.1.0"
+
+_env.check_environment()          # a SHAPEPLAN_* variable no switch reads (a typo, an old name) warns once
 
 
 def optimize(model: Any, skip: list[str] | None = None, **kw: Any) -> Graph:
@@ -40,5 +43,5 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = ["CacheError", "CaptureError", "DType", "Engine", "ExecutionError", "Graph", "InputError",
-           "LifecycleError", "Mode", "ModelError", "Node", "ShapeError", "ShapeplanError",
+           "LifecycleError", "Mode", "ModelError", "Node", "ShapeError", "ShapeplanError", "SwitchError",
            "UnsupportedOpError", "Value", "ValueKind", "compile", "dtype", "load", "optimize"]

@@ -36,3 +36,8 @@ class CaptureError(ShapeplanError):
 
 class LifecycleError(ShapeplanError):
     """A plan was asked to do something its phase does not allow (e.g. a replaced weight)."""
+
+
+class SwitchError(ShapeplanError, ValueError):
+    """An environment switch (``shapeplan/env.py``) holds a value its type does not allow; the message
+    names the variable, the value given and what is expected."""

@@ -15,7 +15,7 @@ import tempfile
 import time
 from typing import Any
 
-from shapeplan import diagnostics
+from shapeplan import diagnostics, env
 from shapeplan.cache.paths import plans_dir
 from shapeplan.errors import CacheError
 from shapeplan.plan.serialize import deserialize_plan, serialize_plan, unpack
@@ -31,9 +31,9 @@ class DiskCache:
     def __init__(self, directory: str | None = None, override_dir: str | None = None,
                  force_recompile: bool | None = None) -> None:
         self.directory = directory or default_dir()
-        self.override_dir = override_dir if override_dir is not None else os.environ.get("SHAPEPLAN_CACHE_OVERRIDE_DIR")
+        self.override_dir = override_dir if override_dir is not None else env.get("SHAPEPLAN_CACHE_OVERRIDE_DIR")
         if force_recompile is None:
-            force_recompile = os.environ.get("SHAPEPLAN_CACHE_FORCE_RECOMPILE", "0") not in ("", "0", "false")
+            force_recompile = env.get("SHAPEPLAN_CACHE_FORCE_RECOMPILE")
         self.force_recompile = force_recompile
         self.hits = self.misses = self.rejected = self.writes = 0
 

@@ -15,6 +15,8 @@ import os
 import sys
 from pathlib import Path
 
+from shapeplan import env
+
 
 def user_cache_dir() -> Path:
     """The platform's per-user cache directory (not shapeplan's own)."""
@@ -27,8 +29,8 @@ def user_cache_dir() -> Path:
 
 def cache_root() -> Path:
     """shapeplan's cache directory: ``$SHAPEPLAN_CACHE_DIR``, else ``<user cache dir>/shapeplan``."""
-    env = os.environ.get("SHAPEPLAN_CACHE_DIR")
-    return Path(env) if env else user_cache_dir() / "shapeplan"
+    root = env.get("SHAPEPLAN_CACHE_DIR")
+    return Path(root) if root else user_cache_dir() / "shapeplan"
 
 
 def plans_dir() -> Path:

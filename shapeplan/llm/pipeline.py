@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
-from shapeplan import diagnostics
+from shapeplan import diagnostics, env
 from shapeplan.errors import InputError, LifecycleError
 from shapeplan.llm.config import LlamaConfig, preset_config
 from shapeplan.llm.metrics import Metrics, compute
@@ -45,10 +45,10 @@ def _import_triton() -> None:
     touches no GPU and patches nothing: its hooks go in when a triton-mode engine is created
     (``triton.env.patch``). ``SHAPEPLAN_TRITON_EARLY_IMPORT=0`` leaves the import to that engine."""
     import importlib.util
-    if os.environ.get("SHAPEPLAN_TRITON_EARLY_IMPORT", "1").strip() == "0" or importlib.util.find_spec("triton") is None:
+    if not env.get("SHAPEPLAN_TRITON_EARLY_IMPORT") or importlib.util.find_spec("triton") is None:
         return
     try:
-        from shapeplan.runtime.backends.triton import env  # noqa: F401 - Triton, its cache under ours
+        from shapeplan.runtime.backends.triton import env as triton_env  # noqa: F401 - Triton, its cache under ours
     except Exception:  # noqa: BLE001, S110 - a broken Triton install: triton mode reports it when asked for
         pass
 
@@ -379,9 +379,9 @@ def _prewarm_decode_kernels(cfg: LlamaConfig, dtype: torch.dtype, device: torch.
     hq, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
 
     def warm(part: str) -> None:
-        from shapeplan.runtime.backends.triton import env
+        from shapeplan.runtime.backends.triton import env as triton_env
         from shapeplan.runtime.backends.triton.kernels.decode_attention import decode_attention
-        env.patch()                             # a triton-mode pipeline: compiled in the workers
+        triton_env.patch()                             # a triton-mode pipeline: compiled in the workers
         if device.type == "cuda" and device.index is not None:
             torch.cuda.set_device(device.index)
         q = torch.empty(1, hq, 1, d, dtype=dtype, device="meta")          # layouts only: nothing on the GPU

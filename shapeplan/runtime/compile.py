@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from shapeplan import diagnostics
+from shapeplan import diagnostics, env
 
 
 def _model_hash(model: Any, graph: Any) -> str:
@@ -103,8 +103,9 @@ def compile_model(model: Any, device: str = "cpu", mode: Any = "auto", *, optimi
     with _cores_left_to_workers():
         graph = load(model)
         if disk_cache is None:
-            env = os.environ.get("SHAPEPLAN_DISK_CACHE", "")
-            disk_cache = env not in ("0", "false") and (env in ("1", "true") or isinstance(model, (str, os.PathLike)))
+            disk_cache = env.get("SHAPEPLAN_DISK_CACHE")
+            if disk_cache is None:                       # unset: on for model files
+                disk_cache = isinstance(model, (str, os.PathLike))
         disk = key = fp = None
         if disk_cache:
             from shapeplan.cache.disk import DiskCache

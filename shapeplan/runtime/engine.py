@@ -6,13 +6,12 @@ A new shape signature creates another runner; it never mutates a frozen one.
 """
 from __future__ import annotations
 
-import os
 import threading
 from typing import Any, Mapping, Sequence
 
 import torch
 
-from shapeplan import diagnostics
+from shapeplan import diagnostics, env
 from shapeplan.cache.memory import PlanCache
 from shapeplan.errors import InputError, LifecycleError
 from shapeplan.ir.graph import Graph
@@ -110,7 +109,7 @@ class Engine:
         self.constants: dict[str, Any] = {v.name: _move(v.data, self.device) for v in graph.constants}
         # "full" (default): every call checks every constant, so an edited weight is rejected at once;
         # "sampled": a steady replay checks one chunk (bounded cost; caught within a round of chunks)
-        guard = (weight_guard or os.environ.get("SHAPEPLAN_WEIGHT_GUARD", "full")).strip().lower()
+        guard = (weight_guard or env.get("SHAPEPLAN_WEIGHT_GUARD")).strip().lower()
         if guard not in ("full", "sampled"):
             raise ValueError(f"weight_guard must be 'full' or 'sampled', got {guard!r}")
         self._guard_sampled = guard == "sampled"

@@ -35,18 +35,14 @@ from typing import Any
 
 import torch
 
-from shapeplan import diagnostics
+from shapeplan import diagnostics, env
 
 VERSION = 1
 
 
 def enabled(device: torch.device) -> bool:
-    env = os.environ.get("SHAPEPLAN_FROZEN_RECORDS", "").strip().lower()
-    if env in ("1", "true", "on", "yes"):
-        return True
-    if env in ("0", "false", "off", "no"):
-        return False
-    return device.type == "cuda"
+    on = env.get("SHAPEPLAN_FROZEN_RECORDS")
+    return device.type == "cuda" if on is None else on
 
 
 def directory() -> str:

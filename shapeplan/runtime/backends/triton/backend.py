@@ -17,12 +17,11 @@ Start-up (``warmup``): ``compile`` launches each distinct kernel once on the war
 """
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
 
-from shapeplan import diagnostics
+from shapeplan import diagnostics, env
 from shapeplan.runtime.backends import SegmentContext, register_backend
 from shapeplan.runtime.backends.cuda_graphs import (ABSENT, CudaGraphsBackend, GraphHandle, Step, _to_stable,
                                                     _verify_on, run_steps, slot_steps)
@@ -199,7 +198,7 @@ class TritonBackend(CudaGraphsBackend):
     # ---- replay with the verify switch ------------------------------------------------------------------
     def replay(self, handle: GraphHandle, regs: list[Any]) -> None:
         super().replay(handle, regs)
-        if _verify_on() and handle.graph is not None:
+        if handle.verify and handle.graph is not None:
             seg = handle.seg
             ref = list(regs)
             run_steps(slot_steps(seg), ref)
@@ -219,7 +218,7 @@ def _unfuse(seg: SegmentContext, st: Step, release: bool = True) -> list[Step]:
 
 
 def _capture_first_on() -> bool:
-    return os.environ.get("SHAPEPLAN_CAPTURE_FIRST", "1").strip().lower() not in ("0", "false", "off", "no")
+    return env.get("SHAPEPLAN_CAPTURE_FIRST")
 
 
 register_backend("triton", TritonBackend)

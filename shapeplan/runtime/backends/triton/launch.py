@@ -30,6 +30,8 @@ import os
 import threading
 from typing import Any
 
+from shapeplan import env
+
 _CU_DEVICE_ATTRIBUTE = {"max_shared_mem": 97, "max_num_regs": 12, "multiprocessor_count": 16, "warpSize": 10,
                         "sm_clock_rate": 13, "mem_clock_rate": 36, "mem_bus_width": 37}
 _SHARED_PER_SM, _SHARED_OPTIN = 81, 97
@@ -48,7 +50,7 @@ _original: dict[str, Any] = {}
 
 
 def enabled() -> bool:
-    return os.environ.get("SHAPEPLAN_TRITON_CTYPES", "1").strip().lower() not in ("0", "false", "off", "no")
+    return env.get("SHAPEPLAN_TRITON_CTYPES")
 
 
 class CudaError(RuntimeError):

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import torch
 
-from shapeplan import diagnostics
+from shapeplan import diagnostics, env
 from shapeplan.runtime.backends import SegmentContext
 from shapeplan.runtime.backends.cuda_graphs import ABSENT, Step
 from shapeplan.runtime.backends.triton.verdicts import TOLERANCE, close
@@ -29,7 +29,7 @@ _warm_lock = threading.Lock()
 
 
 def _warm_on() -> bool:
-    return os.environ.get("SHAPEPLAN_TRITON_WARM", "1") not in ("", "0")
+    return env.get("SHAPEPLAN_TRITON_WARM")
 
 
 def background(fn: Callable[[], Any], launches: bool = True) -> Future | None:

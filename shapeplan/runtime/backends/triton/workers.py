@@ -21,7 +21,8 @@ Nothing depends on a worker for correctness: a job a worker cannot take (a value
 source that hashes differently there, a crash) and an entry that no longer loads leave Triton's own
 compile to do the work in-process, as without workers (a FALLBACK event says why).
 
-``SHAPEPLAN_TRITON_WORKERS``: number of workers (default min(8, CPUs - 1)); 0 turns this off.
+``SHAPEPLAN_TRITON_WORKERS``: number of workers (default min(8, CPUs - 1)); 0 turns this off. A worker gets
+its settings (index, stamp, priority, launcher choice, import path) as one JSON argument.
 """
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ import threading
 import time
 from typing import Any
 
-from shapeplan import diagnostics
+from shapeplan import diagnostics, env
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "compile_worker.py")
 
@@ -50,16 +51,9 @@ _t_pool = 0.0                                  # perf_counter when the pool was 
 
 
 def worker_count() -> int:
-    default = max(1, min(8, (os.cpu_count() or 2) - 1))
-    env = os.environ.get("SHAPEPLAN_TRITON_WORKERS", "").strip()
-    if not env:
-        return default
-    try:
-        return max(0, int(env))
-    except ValueError:
-        diagnostics.record("FALLBACK", "SHAPEPLAN_TRITON_WORKERS is not a whole number: using the default",
-                           given=env, default=default)
-        return default
+    """``SHAPEPLAN_TRITON_WORKERS``, default min(8, CPUs - 1); 0 turns the workers off."""
+    n = env.get("SHAPEPLAN_TRITON_WORKERS")
+    return max(1, min(8, (os.cpu_count() or 2) - 1)) if n is None else max(0, n)
 
 
 def manifest_path() -> str:
@@ -283,16 +277,18 @@ def _remember(key: str, kernel_hash: str, json_name: str) -> None:
 
 class _Worker:
     def __init__(self, index: int = 0) -> None:
-        env = dict(os.environ, SHAPEPLAN_WORKER_INDEX=str(index), SHAPEPLAN_TRITON_STAMP=stamp())
         from shapeplan.runtime.backends.triton.paths import triton_cache_dir
-        env.setdefault("TRITON_CACHE_DIR", str(triton_cache_dir()))
+        environ = dict(os.environ)
+        environ.setdefault("TRITON_CACHE_DIR", str(triton_cache_dir()))
+        # the worker imports nothing of shapeplan: it gets its settings on the command line (compile_worker.main)
         # -S: no site initialisation (0.3 s in some environments); the worker gets this process's import
         # path instead, and restarts itself with site initialisation when Triton does not import so
-        paths = [p for p in sys.path if p and os.path.isdir(p)]
-        env["SHAPEPLAN_WORKER_PATH"] = os.pathsep.join(paths)
-        env["SHAPEPLAN_WORKER_SPAWNED"] = repr(time.time())
-        self.proc = subprocess.Popen([sys.executable, "-S", "-u", WORKER], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+        settings = {"index": index, "stamp": stamp(), "nice": env.get("SHAPEPLAN_TRITON_WORKER_NICE"),
+                    "ctypes": env.get("SHAPEPLAN_TRITON_CTYPES"), "spawned": time.time(),
+                    "path": [p for p in sys.path if p and os.path.isdir(p)]}
+        self.proc = subprocess.Popen([sys.executable, "-S", "-u", WORKER, json.dumps(settings)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                     text=True, env=environ)
         self.seq = 0
 
     def call(self, job: dict[str, Any]) -> dict[str, Any]:

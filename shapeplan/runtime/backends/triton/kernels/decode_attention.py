@@ -9,16 +9,15 @@ G = Hq / Hkv query heads of the group, and writes an online-softmax partial (max
 past the position exit at once. Pass 2, grid (B * Hkv,): merges the partials of each head group.
 Runs on CUDA, or on CPU tensors under ``TRITON_INTERPRET=1`` (tests).
 
-Tuning (``configure`` or ``SHAPEPLAN_DECODE_ATTN=split,warps,dot``): SPLIT keys per program, warps of
+Tuning (``configure`` or ``SHAPEPLAN_LLM_DECODE_ATTENTION=MODE:split,warps,dot``): SPLIT keys per program, warps of
 pass 1, and ``dot`` = the q.k and p.v products on the tensor cores (``tl.dot``, the G query rows
 padded to 16; p rounded to the cache dtype as flash attention does) instead of broadcast-multiply-sum.
 """
 from __future__ import annotations
 
-import os
-
 import torch
 
+from shapeplan import env
 from shapeplan.runtime.backends.triton.env import triton   # before the kernels: Triton's cache under ours
 from shapeplan.runtime.backends.triton.kernels.decode_attention_jit import _combine, _partial
 
@@ -38,9 +37,9 @@ def configure(split: int | None = None, warps: int | None = None, dot: bool | No
     return old
 
 
-if os.environ.get("SHAPEPLAN_DECODE_ATTN"):
-    _s, _w, _d = os.environ["SHAPEPLAN_DECODE_ATTN"].split(",")
-    configure(int(_s), int(_w), _d.strip().lower() in ("1", "true", "dot"))
+_tuning = env.get("SHAPEPLAN_LLM_DECODE_ATTENTION")[1]      # MODE:split,warps,dot (read once, at import)
+if _tuning is not None:
+    configure(*_tuning)
 
 
 def _pow2(n: int) -> int:
