@@ -4,8 +4,9 @@ from __future__ import annotations
 from typing import Any
 
 from shapeplan import env as _env
-from shapeplan.errors import (CacheError, CaptureError, ExecutionError, InputError, LifecycleError,
-                              ModelError, ShapeError, ShapeplanError, SwitchError, UnsupportedOpError)
+from shapeplan.errors import (CacheError, CaptureError, ExecutionError, InjectedFault, InputError,
+                              LifecycleError, ModelError, ShapeError, ShapeplanError, SwitchError,
+                              UnsupportedOpError)
 from shapeplan.importers import load
 from shapeplan.ir.dtypes import DType, dtype
 from shapeplan.ir.graph import Graph, Node, Value, ValueKind
@@ -42,6 +43,6 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(name)
 
 
-__all__ = ["CacheError", "CaptureError", "DType", "Engine", "ExecutionError", "Graph", "InputError",
-           "LifecycleError", "Mode", "ModelError", "Node", "ShapeError", "ShapeplanError", "SwitchError",
-           "UnsupportedOpError", "Value", "ValueKind", "compile", "dtype", "load", "optimize"]
+__all__ = ["CacheError", "CaptureError", "DType", "Engine", "ExecutionError", "Graph", "InjectedFault",
+           "InputError", "LifecycleError", "Mode", "ModelError", "Node", "ShapeError", "ShapeplanError",
+           "SwitchError", "UnsupportedOpError", "Value", "ValueKind", "compile", "dtype", "load", "optimize"]

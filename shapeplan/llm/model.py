@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from shapeplan.ir.dtypes import dtype_name
 from shapeplan.ir.graph import Graph, Value
 from shapeplan.llm.config import LlamaConfig, rope_tables
 from shapeplan.ops.registry import is_supported
@@ -149,7 +150,7 @@ def build_graph(cfg: LlamaConfig, weights: dict[str, torch.Tensor], *, max_kv_ca
     # per step, not per layer: the rotary angles of this step's positions and the attention mask
     cos_s, sin_s = op.Gather(cos_c, pos_ids, axis=0), op.Gather(sin_c, pos_ids, axis=0)  # [B, S, D/2]
     mask = op.CausalMask(ids, position, kv_length=L, window=cfg.sliding_window, groups=hq // hkv,
-                         dtype=str(dtype).replace("torch.", ""), _domain=SP)          # [G*S, L] additive
+                         dtype=dtype_name(dtype), _domain=SP)          # [G*S, L] additive
     q_shape = np.array([0, 0, hq, d], np.int64)
     kv_shape = np.array([0, 0, hkv, d], np.int64)
     merged = np.array([0, 0, hq * d], np.int64)

@@ -36,6 +36,7 @@ from typing import Callable
 import torch
 
 from shapeplan import diagnostics, env
+from shapeplan.ir.dtypes import dtype_name
 from shapeplan.llm.config import LlamaConfig
 
 #: (part name, start, end) in time.perf_counter seconds, of the last warm-up's parts (timelines)
@@ -234,7 +235,7 @@ def parts(cfg: LlamaConfig, dtype: torch.dtype, device: torch.device, kv_length:
         ids, position = ids_position()
         q, _, _ = qkv_views()
         mask = k("CausalMask")(ids, position, kv_length=kv_length, window=cfg.sliding_window, groups=hq // hkv,
-                               dtype=str(dtype).replace("torch.", ""))
+                               dtype=dtype_name(dtype))
         k_all, v_all = zeros(1, hkv, kv_length, d), zeros(1, hkv, kv_length, d)
         a = k("CachedAttention")(q, k_all, v_all, mask, position, scale=float(d) ** -0.5, window=cfg.sliding_window)
         return a.transpose(1, 2).reshape(1, seq, hq * d)

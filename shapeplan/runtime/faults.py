@@ -1,5 +1,5 @@
 """Fault injection for tests: ``SHAPEPLAN_FAULT=staging,allocation,capture,capture_oom`` (any of them)
-makes the matching step raise. The variable is read once, at import (``check`` runs on every replay);
+makes the matching step raise ``InjectedFault``. The variable is read once, at import (``check`` runs on every replay);
 tests and long processes switch faults with ``inject``, and clearing them makes the engine work again."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import contextlib
 from typing import Iterator
 
 from shapeplan import env
-from shapeplan.errors import CaptureError, ExecutionError
+from shapeplan.errors import InjectedFault
 
 FAULTS = ("staging", "allocation", "capture", "capture_oom")
 
@@ -42,5 +42,5 @@ def check(step: str) -> None:
     if _active and step in _active:
         from shapeplan import diagnostics
         diagnostics.record("ERROR", f"injected fault: {step}", step=step)
-        cls = CaptureError if step == "capture" else ExecutionError
-        raise cls(f"injected fault in step {step!r} (SHAPEPLAN_FAULT / faults.inject); clear it to recover")
+        raise InjectedFault(step, f"injected fault in step {step!r} (SHAPEPLAN_FAULT / faults.inject); "
+                                  "clear it to recover")

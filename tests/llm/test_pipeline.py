@@ -207,7 +207,7 @@ def test_prefill_buckets_bound_the_number_of_plans(llama):
     assert p.buckets == [16, 32]
     for words in (1, 3, 6, 9, 2, 5):
         p.generate(" ".join(["fox"] * words), max_new_tokens=6)
-    shapes = {r.key[1][0] for r in p.engine.runners()}           # input_ids shapes with a plan
+    shapes = {r.key.signature[0] for r in p.engine.runners()}      # input_ids shapes with a plan
     assert shapes == {(1, 16), (1, 32), (1, 1)}                   # two prefill buckets + one decode plan
     # a closed session hands the same KV buffers and plans to the next request: nothing is
     # reallocated, recompiled or recaptured

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from shapeplan import diagnostics, env
+from shapeplan.ir.dtypes import dtype_name
 from shapeplan.runtime.backends import SegmentContext, register_backend
 from shapeplan.runtime.backends.cuda_graphs import (ABSENT, CudaGraphsBackend, GraphHandle, Step, _to_stable,
                                                     _verify_on, run_steps, slot_steps)
@@ -61,7 +62,7 @@ class TritonBackend(CudaGraphsBackend):
         metas = self._used.pop(self._key(seg), None)
         if not metas:
             return None
-        return {str(r): [list(m.shape), list(m.stride), str(m.dtype).replace("torch.", ""), m.offset]
+        return {str(r): [list(m.shape), list(m.stride), dtype_name(m.dtype), m.offset]
                 for r, m in metas.items()}
 
     def seed(self, seg: SegmentContext, layouts: Any) -> bool:
