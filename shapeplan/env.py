@@ -15,7 +15,8 @@ comma-separated list, returned as a tuple), ``a|b|c`` (one of these words), and 
 choice ``auto|sdpa|triton[:split,warps,dot]`` (returned as ``(mode, (split, warps, dot) | None)``).
 
 The README's table of switches is generated from this one (``shapeplan env --markdown``;
-tests/test_env.py checks that they agree); ``shapeplan env`` lists them with the values set now. This module imports nothing of shapeplan's and no torch.
+tests/test_env.py checks that they agree); ``shapeplan env`` lists them with the values set now.
+This module imports the standard library and ``shapeplan.errors`` only (no torch).
 """
 from __future__ import annotations
 
@@ -50,7 +51,8 @@ SWITCHES: tuple[Switch, ...] = (
     Switch("SHAPEPLAN_OPTIMIZER", "bool", True, "run the optimizer's passes (0: the graph as imported)"),
     Switch("SHAPEPLAN_OPTIMIZER_SKIP", "names", (), "optimizer passes to skip, by name (docs/optimizer.md)"),
     Switch("SHAPEPLAN_OPTIMIZER_LOG", "bool", False, "log each rewrite the optimizer applies"),
-    Switch("SHAPEPLAN_OPTIMIZER_FAST_MATH", "bool", False, "allow algebraic identities that are not exact in floating point"),
+    Switch("SHAPEPLAN_OPTIMIZER_FAST_MATH", "bool", False,
+           "allow algebraic identities that are not exact in floating point"),
     Switch("SHAPEPLAN_VERIFY", "bool", False, "check the IR after every optimizer pass"),
     # ---- caches
     Switch("SHAPEPLAN_CACHE_DIR", "path", None,
@@ -213,7 +215,8 @@ def check_environment(environ: Mapping[str, str] | None = None) -> list[str]:
             messages.append(f"{name} was renamed: set {RENAMED[name]} instead (the old name is ignored)")
         else:
             near = difflib.get_close_matches(name, BY_NAME, n=1)
-            messages.append(f"{name} is not a shapeplan switch, ignored" + (f" (did you mean {near[0]}?)" if near else ""))
+            hint = f" (did you mean {near[0]}?)" if near else ""
+            messages.append(f"{name} is not a shapeplan switch, ignored{hint}")
     for m in messages:
         warnings.warn(m, stacklevel=2)
     return messages

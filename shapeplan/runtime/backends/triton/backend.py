@@ -88,8 +88,9 @@ class TritonBackend(CudaGraphsBackend):
         if metas:
             self._compiled_for[self._key(seg)] = metas
         try:
-            from shapeplan.runtime.backends.triton import env, fusion
-            env.patch()                             # done by prepare() on the warm-up pool, or now
+            from shapeplan.runtime.backends.triton import env as triton_env
+            from shapeplan.runtime.backends.triton import fusion
+            triton_env.patch()                      # done by prepare() on the warm-up pool, or now
             fusion.attach()
         except ImportError as e:
             diagnostics.record("FALLBACK", "triton unavailable: segment captured as a plain CUDA graph",

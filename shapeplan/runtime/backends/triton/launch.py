@@ -19,9 +19,9 @@ handful of driver calls, made here through ``ctypes``:
   launches, scratch memory, tuple arguments) and kernels that are not shapeplan's get Triton's own
   launcher, built as before.
 
-``install()`` (``env.patch()``, when a triton-mode engine is created) puts both in place of Triton's classes, only on a
-Triton whose launcher is built per signature (``make_launcher``); later versions launch without a
-build and are left alone. ``SHAPEPLAN_TRITON_CTYPES=0`` keeps Triton's own modules.
+``install()`` (``env.patch()``, when a triton-mode engine is created) puts both in place of Triton's
+classes, only on a Triton whose launcher is built per signature (``make_launcher``); later versions
+launch without a build and are left alone. ``SHAPEPLAN_TRITON_CTYPES=0`` keeps Triton's own modules.
 """
 from __future__ import annotations
 

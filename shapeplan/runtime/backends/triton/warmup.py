@@ -63,11 +63,12 @@ _prepared = False
 def prepare(device: Any = None) -> None:
     """Start-up: start the compile workers when the Triton cache is cold, and on the warm-up pool import
     Triton, install our hooks in it (``env.patch``: the compile wrapper and the driver-API launcher) and
-    initialise its driver, so none of it waits in line when the first kernel is needed. Triton's own cache key (a hash of its ~500 MB library) is never
-    computed on our path: the manifest and the workers key kernels by the installation stamp
-    (``workers``). The torch kernels of the capture-time check (``close``) load too, while the
-    plan is still compiled rather than after the last Triton kernel. Called when an engine is created
-    in triton mode; idempotent."""
+    initialise its driver, so none of it waits in line when the first kernel is needed. Triton's own
+    cache key (a hash of its ~500 MB library) is never computed on our path: the manifest and the
+    workers key kernels by the installation stamp (``workers``). The torch kernels of the capture-time
+    check (``close``) load too, while the plan is still compiled rather than after the last Triton
+    kernel. Called when an engine is created in triton mode; idempotent. With
+    ``SHAPEPLAN_TRITON_WARM=0`` it does nothing, and ``TritonBackend.compile`` patches Triton instead."""
     global _prepared
     if _prepared or not _warm_on():
         return
@@ -84,11 +85,11 @@ def prepare(device: Any = None) -> None:
     background(check_kernels)
 
     def driver() -> None:
-        from shapeplan.runtime.backends.triton import env
-        env.patch()
+        from shapeplan.runtime.backends.triton import env as triton_env
+        triton_env.patch()
         diagnostics.record("COMPILE", "Triton imported and patched in this process")
         try:                                 # the driver's helper module (a C build on a cold cache)
-            env.triton.runtime.driver.active.get_current_target()
+            triton_env.triton.runtime.driver.active.get_current_target()
             diagnostics.record("COMPILE", "Triton driver ready in this process")
         except Exception:  # noqa: BLE001 - no usable driver: kernels fail later and fall back visibly
             pass

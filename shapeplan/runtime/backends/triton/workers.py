@@ -1,9 +1,9 @@
 """Compile Triton kernels in worker processes, and load compiled ones without Triton's cache key.
 
 Triton compiles a kernel in ~0.3-0.5 s and holds the GIL for most of it, so threads overlap little.
-``install`` (called by ``env.patch()`` when a triton-mode engine is created) wraps ``triton.compile``: a compile that
-the manifest does not list is sent to one of N worker processes (``compile_worker.py``: a Triton
-import and nothing else), which compiles it into Triton's disk cache and answers with the kernel's
+``install`` (called by ``env.patch()`` when a triton-mode engine is created) wraps ``triton.compile``:
+a compile that the manifest does not list is sent to one of N worker processes (``compile_worker.py``:
+a Triton import and nothing else), which compiles it into Triton's disk cache and answers with the kernel's
 cache entry; the wrapper loads that entry. While it waits, the calling thread holds no GIL, so the
 warm-up threads of ``warmup.warm_kernels`` compile in parallel for real.
 
