@@ -12,8 +12,8 @@ import argparse
 
 import torch
 
-from shapeplan.llm import decode_attention as da
 from shapeplan.ops import llm as llm_ops
+from shapeplan.runtime.backends.triton.kernels import decode_attention as da
 
 VARIANTS = [(64, 4, False), (32, 2, False), (32, 4, False), (128, 4, False), (16, 2, False),
             (16, 4, True), (32, 4, True), (64, 4, True), (32, 2, True), (64, 2, True), (128, 4, True)]

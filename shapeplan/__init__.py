@@ -3,8 +3,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from shapeplan.errors import (CacheError, CapacityError, CaptureError, ExecutionError, InputError, LifecycleError,
-                              ModelError, QueueFullError, RequestAborted, ShapeError, ShapeplanError,
+from shapeplan import env as _env
+from shapeplan.errors import (CacheError, CapacityError, CaptureError, ExecutionError, InjectedFault, InputError,
+                              LifecycleError, ModelError, QueueFullError, RequestAborted, ShapeError,
+                              ShapeplanError, SwitchError,
                               UnsupportedOpError)
 from shapeplan.importers import load
 from shapeplan.ir.dtypes import DType, dtype
@@ -17,6 +19,8 @@ from shapeplan.runtime.modes import Mode
 import shapeplan.optimize as _optimizer_pkg  # noqa: E402,F401
 
 __version__ = "0.1.0"
+
+_env.check_environment()          # a SHAPEPLAN_* variable no switch reads (a typo, an old name) warns once
 
 
 def optimize(model: Any, skip: list[str] | None = None, **kw: Any) -> Graph:
@@ -40,6 +44,6 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(name)
 
 
-__all__ = ["CacheError", "CaptureError", "DType", "Engine", "ExecutionError", "Graph", "InputError",
-           "LifecycleError", "Mode", "ModelError", "Node", "ShapeError", "ShapeplanError",
-           "UnsupportedOpError", "Value", "ValueKind", "compile", "dtype", "load", "optimize"]
+__all__ = ["CacheError", "CaptureError", "DType", "Engine", "ExecutionError", "Graph", "InjectedFault",
+           "InputError", "LifecycleError", "Mode", "ModelError", "Node", "ShapeError", "ShapeplanError",
+           "SwitchError", "UnsupportedOpError", "Value", "ValueKind", "compile", "dtype", "load", "optimize"]

@@ -49,3 +49,17 @@ class QueueFullError(CapacityError):
 
 class RequestAborted(ShapeplanError):
     """The request was aborted (``handle.abort()``, a client that went away) before it finished."""
+
+
+class SwitchError(ShapeplanError, ValueError):
+    """An environment switch (``shapeplan/env.py``) holds a value its type does not allow; the message
+    names the variable, the value given and what is expected."""
+
+
+class InjectedFault(ShapeplanError):
+    """Raised on purpose by fault injection (``SHAPEPLAN_FAULT``, ``shapeplan.runtime.faults.inject``) at
+    ``step`` (staging, allocation, capture); the engine recovers once the fault is cleared."""
+
+    def __init__(self, step: str, message: str) -> None:
+        super().__init__(message)
+        self.step = step

@@ -1,6 +1,7 @@
 """Fixtures shared by the whole test suite.
 
-Before anything imports Triton (``import shapeplan.llm`` does, see shapeplan/llm/pipeline.py): on a
+Before anything imports Triton (``import shapeplan.llm`` does, see shapeplan/llm/pipeline.py; it patches
+nothing): on a
 machine without CUDA its interpreter runs the kernels on CPU tensors, which needs ``TRITON_INTERPRET=1``
 before the first ``import triton``, and its compile cache goes to a temporary directory
 (tests/triton_setup.py says the same for modules run on their own)."""
@@ -35,3 +36,14 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture
+def triton_attention():
+    """Decode steps run the Triton split-K attention kernel, and the test fails if it ever fell back."""
+    from shapeplan.ops import llm as llm_ops
+    old = llm_ops.set_decode_attention("triton")
+    llm_ops._triton_failed.clear()
+    yield
+    assert not llm_ops._triton_failed, llm_ops._triton_failed     # the kernel ran, no silent fallback
+    llm_ops.set_decode_attention(old)

@@ -1,7 +1,7 @@
 """DiskCache: compiled plans (optimized graph + plan wiring) under the user cache directory.
 
-* directory: ``$SHAPEPLAN_CACHE_DIR``, else ``$XDG_CACHE_HOME/shapeplan/plans`` (``~/.cache/...``;
-  ``~/Library/Caches`` on macOS, ``%LOCALAPPDATA%`` on Windows)
+* directory: ``<cache root>/plans`` (``shapeplan.cache.paths``: the root is ``$SHAPEPLAN_CACHE_DIR``, else
+  ``shapeplan`` under the user cache directory; Triton's caches sit beside the plans)
 * read-only override directory ``$SHAPEPLAN_CACHE_OVERRIDE_DIR``: looked up first, never written
 * ``$SHAPEPLAN_CACHE_FORCE_RECOMPILE=1`` (or ``force_recompile=True``): ignore entries, write fresh ones
 * entries are written atomically (temp file in the same directory + ``os.replace``)
@@ -11,12 +11,12 @@
 from __future__ import annotations
 
 import os
-import sys
 import tempfile
 import time
 from typing import Any
 
-from shapeplan import diagnostics
+from shapeplan import diagnostics, env
+from shapeplan.cache.paths import plans_dir
 from shapeplan.errors import CacheError
 from shapeplan.plan.serialize import deserialize_plan, serialize_plan, unpack
 
@@ -24,25 +24,16 @@ SUFFIX = ".plan"
 
 
 def default_dir() -> str:
-    env = os.environ.get("SHAPEPLAN_CACHE_DIR")
-    if env:
-        return env
-    if sys.platform == "darwin":
-        base = os.path.expanduser("~/Library/Caches")
-    elif os.name == "nt":
-        base = os.environ.get("LOCALAPPDATA", os.path.expanduser("~"))
-    else:
-        base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
-    return os.path.join(base, "shapeplan", "plans")
+    return str(plans_dir())
 
 
 class DiskCache:
     def __init__(self, directory: str | None = None, override_dir: str | None = None,
                  force_recompile: bool | None = None) -> None:
         self.directory = directory or default_dir()
-        self.override_dir = override_dir if override_dir is not None else os.environ.get("SHAPEPLAN_CACHE_OVERRIDE_DIR")
+        self.override_dir = override_dir if override_dir is not None else env.get("SHAPEPLAN_CACHE_OVERRIDE_DIR")
         if force_recompile is None:
-            force_recompile = os.environ.get("SHAPEPLAN_CACHE_FORCE_RECOMPILE", "0") not in ("", "0", "false")
+            force_recompile = env.get("SHAPEPLAN_CACHE_FORCE_RECOMPILE")
         self.force_recompile = force_recompile
         self.hits = self.misses = self.rejected = self.writes = 0
 

@@ -8,7 +8,8 @@ import json
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("cache", help="list or clear the on-disk plan cache")
     p.add_argument("action", choices=["ls", "clear"])
-    p.add_argument("--dir", default=None, help="cache directory (default: $SHAPEPLAN_CACHE_DIR or the user cache dir)")
+    p.add_argument("--dir", default=None, help="plan cache directory (default: <cache root>/plans, the root being "
+                   "$SHAPEPLAN_CACHE_DIR or the user cache dir)")
     p.add_argument("--json", action="store_true")
     p.add_argument("--all", action="store_true",
                    help="clear: also the Triton kernel cache, generated kernel sources, capture-check verdicts "
@@ -19,7 +20,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _run(args: argparse.Namespace) -> int:
     from shapeplan.cache.disk import DiskCache
     dc = DiskCache(args.dir)
-    from shapeplan.runtime.backends import triton_paths
+    from shapeplan.runtime.backends.triton import paths as triton_paths
     if args.action == "clear":
         n = dc.clear()
         print(f"removed {n} plan(s) from {dc.directory}")

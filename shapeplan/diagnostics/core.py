@@ -242,11 +242,11 @@ def _set_file(path: str) -> None:
 
 
 def configure_from_env(environ: "dict[str, str] | None" = None) -> None:
-    env = os.environ if environ is None else environ
-    cats = env.get("SHAPEPLAN_DIAGNOSTICS", "").strip()
-    level = env.get("SHAPEPLAN_DIAGNOSTICS_LEVEL", "").strip() or "summary"
-    path = env.get("SHAPEPLAN_DIAGNOSTICS_FILE", "").strip() or None
-    if cats and cats.upper() not in ("0", "FALSE", "OFF", "NONE"):
+    from shapeplan import env
+    cats = env.get("SHAPEPLAN_DIAGNOSTICS", environ)
+    level = env.get("SHAPEPLAN_DIAGNOSTICS_LEVEL", environ)
+    path = env.get("SHAPEPLAN_DIAGNOSTICS_FILE", environ)
+    if cats and cats[0].upper() not in ("0", "FALSE", "OFF", "NONE"):
         enable(cats, level=level, file=path)
     elif path:
         enable("ALL", level=level, file=path)

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from shapeplan.errors import ModelError
+from shapeplan.ir.dtypes import dtype_name
 from shapeplan.ir.graph import Graph
 from shapeplan.llm.config import LlamaConfig
 from shapeplan.llm.weights import expected_shapes
@@ -278,7 +279,7 @@ def read_gguf(path: str, *, device: str | torch.device = "cpu", dtype: torch.dty
     f = GGUFFile(path)
     cfg = read_config(f)
     if dtype is not None:
-        cfg.dtype = str(dtype).replace("torch.", "")
+        cfg.dtype = dtype_name(dtype)
     weights = read_weights(f, cfg, device=device, dtype=cfg.torch_dtype)
     if isinstance(tokenizer, (str, os.PathLike)):
         from shapeplan.llm.tokenizer import Tokenizer
@@ -295,7 +296,7 @@ def load_gguf(path: str, *, max_kv_cache_length: int | None = None, dtype: Any =
     f = GGUFFile(path)
     cfg = read_config(f)
     if dtype is not None:
-        cfg.dtype = dtype if isinstance(dtype, str) else str(dtype).replace("torch.", "")
+        cfg.dtype = dtype if isinstance(dtype, str) else dtype_name(dtype)
     weights = read_weights(f, cfg, device=device)
     length = max_kv_cache_length or min(4096, cfg.max_position_embeddings)
     return build_graph(cfg, weights, max_kv_cache_length=length, batch=batch, dtype=cfg.torch_dtype,

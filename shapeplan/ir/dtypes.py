@@ -115,6 +115,13 @@ def dtype(x: object) -> DType:
     raise ValueError(f"numpy dtype {nd} has no shapeplan equivalent")
 
 
+def dtype_name(x: object) -> str:
+    """A torch dtype's name as torch spells it, without the module: ``torch.bfloat16`` -> ``"bfloat16"``,
+    ``torch.float8_e4m3fn`` -> ``"float8_e4m3fn"`` (``getattr(torch, name)`` gives the dtype back; not
+    always a shapeplan ``DType`` name). Anything else as ``str`` writes it."""
+    return str(x).removeprefix("torch.")
+
+
 def from_onnx(code: int) -> DType:
     return dtype(int(code))
 

@@ -8,6 +8,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from shapeplan.ir.dtypes import dtype_name
+
 try:
     import ml_dtypes
 except ImportError:  # pragma: no cover - ml_dtypes ships with onnx
@@ -76,7 +78,7 @@ def runtime_to_numpy(v: Any, dtype: Any = None) -> Any:
             bits = t.contiguous().view(torch.int16).numpy().view(np.uint16)
             return bits.view(ml_dtypes.bfloat16) if ml_dtypes is not None else t.float().numpy()
         if t.dtype.is_floating_point and t.element_size() == 1:
-            name = str(t.dtype).replace("torch.", "")
+            name = dtype_name(t.dtype)
             bits = t.contiguous().view(torch.uint8).numpy()
             if ml_dtypes is not None and hasattr(ml_dtypes, name):
                 return bits.view(getattr(ml_dtypes, name))

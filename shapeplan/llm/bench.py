@@ -236,7 +236,8 @@ def _torch_row(kind: str, cfg: LlamaConfig, weights: dict[str, torch.Tensor], pr
             graph.replay()
         run = replay
     elif kind == "torch.compile":
-        for t in list(weights.values()) + dec.k + dec.v + [tok, pos, tokbuf, counter]:
+        extra = [t for t in dec.qkv + dec.qkv_bias + dec.gate_up if t is not None]
+        for t in list(weights.values()) + extra + dec.k + dec.v + [tok, pos, tokbuf, counter]:
             torch._dynamo.mark_static_address(t)
         step_fn = torch.compile(dec.decode_step, mode="reduce-overhead", fullgraph=True)
         prefill()

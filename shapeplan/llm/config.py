@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from shapeplan.errors import ModelError
+from shapeplan.ir.dtypes import dtype_name
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -100,7 +101,7 @@ class LlamaConfig:
                 attention_bias=bool(d.get("attention_bias", mt == "qwen2")),
                 qk_norm=mt == "qwen3",
                 sliding_window=int(window),
-                dtype=str(dt).replace("torch.", ""),
+                dtype=dtype_name(dt),
                 bos_token_id=d.get("bos_token_id"),
                 eos_token_ids=eos_ids,
             )

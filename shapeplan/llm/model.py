@@ -49,6 +49,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from shapeplan.ir.dtypes import dtype_name
 from shapeplan.ir.graph import Graph, Value
 from shapeplan.llm.config import LlamaConfig, rope_tables
 from shapeplan.ops.registry import is_supported
@@ -160,7 +161,7 @@ class _StaticKV:
         self.length_in = g.placeholder("length", "int64", (1,))
         hq, hkv = cfg.num_heads, cfg.num_kv_heads
         self.mask = g.op.CausalMask(self.ids, self.position, kv_length=length, window=cfg.sliding_window,
-                                    groups=hq // hkv, dtype=str(dtype).replace("torch.", ""), _domain=SP)   # [G*S, L] additive
+                                    groups=hq // hkv, dtype=dtype_name(dtype), _domain=SP)   # [G*S, L] additive
 
     def starts(self) -> Value:
         return self.position

@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
-from shapeplan import diagnostics
+from shapeplan import diagnostics, env
 from shapeplan.errors import InputError, LifecycleError
 from shapeplan.llm.batch import BatchEngine, BlockManager, ModelRunner, RequestHandle, Scheduler, decode_buckets
 from shapeplan.llm.config import LlamaConfig, preset_config
@@ -41,14 +41,15 @@ _METRIC_SYNCS = (0, 2, 19)
 
 def _import_triton() -> None:
     """Import Triton (when installed) with this module, as torch is imported with it: a pipeline's
-    construction then never shares the GIL with Triton's import (0.1-0.35 s of Python on the H200
-    machines, where it ran on a background thread beside the graph build). Importing Triton touches no
-    GPU. ``SHAPEPLAN_TRITON_EARLY_IMPORT=0`` leaves it to the first triton-mode engine, as before."""
+    construction then never shares the GIL with Triton's import (0.1-0.35 s of Python on the slow H200
+    machine, where it ran on a background thread beside the graph build; docs/gpu.md). Importing Triton
+    touches no GPU and patches nothing: its hooks go in when a triton-mode engine is created
+    (``triton.env.patch``). ``SHAPEPLAN_TRITON_EARLY_IMPORT=0`` leaves the import to that engine."""
     import importlib.util
-    if os.environ.get("SHAPEPLAN_TRITON_EARLY_IMPORT", "1").strip() == "0" or importlib.util.find_spec("triton") is None:
+    if not env.get("SHAPEPLAN_TRITON_EARLY_IMPORT") or importlib.util.find_spec("triton") is None:
         return
     try:
-        from shapeplan.runtime.backends import triton_env  # noqa: F401
+        from shapeplan.runtime.backends.triton import env as triton_env  # noqa: F401 - Triton, its cache under ours
     except Exception:  # noqa: BLE001, S110 - a broken Triton install: triton mode reports it when asked for
         pass
 
@@ -139,7 +140,7 @@ class GenerationPipeline:
                                              replay_only=replay_only, block_size=block_size,
                                              head=weights.get("lm_head.weight", weights.get("model.embed_tokens.weight")))
             if mode in ("triton", "auto"):
-                _prewarm_decode_kernels(cfg, self.dtype, self.device, max_kv_cache_length)
+                _prewarm_decode_kernels(cfg, self.dtype, self.device, self.paged)
         graph = build_graph(cfg, weights, max_kv_cache_length=max_kv_cache_length, dtype=self.dtype,
                             device=self.device, tp=tp, state=state, paged=self.paged)
         diagnostics.record("COMPILE", "graph built", nodes=len(graph.nodes))
@@ -343,7 +344,8 @@ class GenerationPipeline:
     def warmup(self, sampled: bool = True) -> None:
         """Capture every decode bucket's plan (and the sampled variant) and every prefill bucket's now,
         so no request waits for a capture (``shapeplan serve`` calls this before it listens)."""
-        self.batch.call(lambda: self.runner.warmup(sampled))
+        budget = self.scheduler.max_num_batched_tokens
+        self.batch.call(lambda: self.runner.warmup(sampled, budget))
 
     def prefix_cache_stats(self) -> dict:
         """block_size, max_byte_budget, resident_blocks, current_bytes, total_lookups, total_hits, hit_rate,
@@ -399,31 +401,30 @@ def _until_eos(ids: list[int], eos: set[int]) -> list[int]:
     return ids[:cut] if cut else list(ids)
 
 
-def _prewarm_decode_kernels(cfg: LlamaConfig, dtype: torch.dtype, device: torch.device, length: int) -> list:
-    """Start-up: while the graph is built and optimized and the prefill plan runs, import Triton and
-    start its compile workers (``triton_backend.prepare``) and compile the decode-attention kernels (two,
-    each on its own warm-up thread, so a cold cache compiles them side by side in the compile workers)
-    without launching them, so no capture waits for them. Off with SHAPEPLAN_TRITON_WARM=0. Returns the
-    decode-attention jobs (futures)."""
+def _prewarm_decode_kernels(cfg: LlamaConfig, dtype: torch.dtype, device: torch.device, paged: PagedKV,
+                            batch: int = 1) -> list:
+    """Start-up: while the graph is built and optimized and the first prefill runs, import and patch
+    Triton and start its compile workers (``triton.warmup.prepare``) and compile the paged decode
+    kernels of the smallest decode bucket (the KV write, the attention's two passes; each on its own
+    warm-up thread, so a cold cache compiles them side by side in the compile workers) without
+    launching them, so no capture waits for them. Off with SHAPEPLAN_TRITON_WARM=0. Returns the jobs
+    (futures)."""
     try:
-        from shapeplan.ops import llm as llm_ops
-        from shapeplan.runtime.backends import triton_backend
+        from shapeplan.runtime.backends.triton import warmup as triton_warmup
     except ImportError:
         return []
-    triton_backend.prepare()
-    if getattr(llm_ops, "_DECODE_ATTENTION", "auto") == "sdpa":
-        return []
-    hq, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    triton_warmup.prepare()
 
     def warm(part: str) -> None:
-        from shapeplan.llm.decode_attention import decode_attention
+        from shapeplan.runtime.backends.triton import env as triton_env
+        from shapeplan.runtime.backends.triton.kernels import paged as paged_kernels
+        triton_env.patch()                             # a triton-mode pipeline: compiled in the workers
         if device.type == "cuda" and device.index is not None:
             torch.cuda.set_device(device.index)
-        q = torch.empty(1, hq, 1, d, dtype=dtype, device="meta")          # layouts only: nothing on the GPU
-        kv = torch.empty(1, hkv, length, d, dtype=dtype, device="meta")
-        decode_attention(q, kv, kv, None, scale=d ** -0.5, window=cfg.sliding_window or 0, only=part,
-                         compile_only=True)
+        paged_kernels.precompile(part, batch=batch, hq=cfg.num_heads, hkv=cfg.num_kv_heads, d=cfg.head_dim,
+                                 block_size=paged.block_size, max_blocks=paged.max_blocks,
+                                 num_blocks=paged.num_blocks, dtype=dtype, window=cfg.sliding_window or 0)
 
-    futures = [triton_backend.background(lambda part=part: warm(part), launches=False)
-               for part in ("partial", "combine")]   # compile only: a capture on the main thread need not wait
+    futures = [triton_warmup.background(lambda part=part: warm(part), launches=False)
+               for part in ("write", "partial", "combine")]   # compile only: a capture need not wait
     return [f for f in futures if f is not None]

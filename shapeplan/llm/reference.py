@@ -1,7 +1,8 @@
-"""A gpt-fast-style PyTorch decoder over the same weights (Hugging Face names): static KV cache,
-``F.linear`` projections, one SDPA per layer. It is the baseline of ``shapeplan bench --vs-torch-compile``
-(eager, eager + one CUDA graph per step, torch.compile) and a second, independent check of the graph
-builder."""
+"""A gpt-fast-style PyTorch decoder over the same weights (Hugging Face names): static KV cache, the
+q/k/v and gate/up projections each one ``F.linear`` over a stacked weight, torch's fused
+``F.rms_norm``, one SDPA per layer. The strongest plain-PyTorch formulation we know how to write: it is
+the baseline of ``shapeplan bench --vs-torch-compile`` (eager, eager + one CUDA graph per step,
+torch.compile reduce-overhead) and a second, independent check of the graph builder."""
 from __future__ import annotations
 
 import torch
@@ -11,8 +12,15 @@ from shapeplan.llm.config import LlamaConfig, rope_tables
 
 
 def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    xf = x.float()
-    return (xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps)).to(x.dtype) * w
+    return F.rms_norm(x, (x.shape[-1],), w, eps)
+
+
+def _stacked(parts: list[torch.Tensor]) -> torch.Tensor:
+    """``parts`` stacked along dim 0: a view when the pipeline already holds them as consecutive rows of
+    one buffer (model.build_graph rebinds the checkpoint names to such views), else a copy."""
+    from shapeplan.llm.model import _already_stacked
+    view = _already_stacked(parts, parts[0].dtype)
+    return view if view is not None else torch.cat(parts, dim=0)
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -38,6 +46,13 @@ class TorchDecoder(torch.nn.Module):
             self.register_buffer(f"k_cache_{i}", k, persistent=False)
             self.register_buffer(f"v_cache_{i}", v, persistent=False)
         self.head = weights["model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"]
+        self.qkv, self.qkv_bias, self.gate_up = [], [], []
+        for i in range(cfg.num_layers):
+            p = f"model.layers.{i}."
+            self.qkv.append(_stacked([weights[p + f"self_attn.{n}_proj.weight"] for n in "qkv"]))
+            self.qkv_bias.append(_stacked([weights[p + f"self_attn.{n}_proj.bias"] for n in "qkv"])
+                                 if cfg.attention_bias else None)
+            self.gate_up.append(_stacked([weights[p + "mlp.gate_proj.weight"], weights[p + "mlp.up_proj.weight"]]))
 
     @torch.no_grad()
     def forward(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
@@ -55,10 +70,7 @@ class TorchDecoder(torch.nn.Module):
         for i in range(cfg.num_layers):
             p = f"model.layers.{i}."
             x = _rms(h, w[p + "input_layernorm.weight"], cfg.rms_norm_eps)
-            bias = cfg.attention_bias
-            q = F.linear(x, w[p + "self_attn.q_proj.weight"], w[p + "self_attn.q_proj.bias"] if bias else None)
-            k = F.linear(x, w[p + "self_attn.k_proj.weight"], w[p + "self_attn.k_proj.bias"] if bias else None)
-            v = F.linear(x, w[p + "self_attn.v_proj.weight"], w[p + "self_attn.v_proj.bias"] if bias else None)
+            q, k, v = F.linear(x, self.qkv[i], self.qkv_bias[i]).split([hq * d, hkv * d, hkv * d], dim=-1)
             q, k, v = q.view(b, s, hq, d), k.view(b, s, hkv, d), v.view(b, s, hkv, d)
             if cfg.qk_norm:
                 q = _rms(q, w[p + "self_attn.q_norm.weight"], cfg.rms_norm_eps)
@@ -72,7 +84,8 @@ class TorchDecoder(torch.nn.Module):
             a = a.reshape(b, hq, s, d).transpose(1, 2).reshape(b, s, hq * d)
             h = h + F.linear(a, w[p + "self_attn.o_proj.weight"])
             x = _rms(h, w[p + "post_attention_layernorm.weight"], cfg.rms_norm_eps)
-            act = F.silu(F.linear(x, w[p + "mlp.gate_proj.weight"])) * F.linear(x, w[p + "mlp.up_proj.weight"])
+            gate, up = F.linear(x, self.gate_up[i]).chunk(2, dim=-1)
+            act = F.silu(gate) * up
             h = h + F.linear(act, w[p + "mlp.down_proj.weight"])
         h = _rms(h[:, -1:], w["model.norm.weight"], cfg.rms_norm_eps)
         return F.linear(h, self.head)[:, 0]                                          # [1, V]

@@ -28,7 +28,6 @@ cuBLAS, so one handle and workspace, as before). ``SHAPEPLAN_CUDA_WARM=0`` turns
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 import threading
 import time
@@ -36,7 +35,8 @@ from typing import Callable
 
 import torch
 
-from shapeplan import diagnostics
+from shapeplan import diagnostics, env
+from shapeplan.ir.dtypes import dtype_name
 from shapeplan.llm.config import LlamaConfig
 
 #: (part name, start, end) in time.perf_counter seconds, of the last warm-up's parts (timelines)
@@ -59,10 +59,7 @@ _TRITON_IN_REPLAY = {
 def switch_interval() -> float:
     """The GIL switch interval while a pipeline starts (``SHAPEPLAN_STARTUP_SWITCH_INTERVAL`` seconds,
     default 0.0002; 0 keeps Python's own, 0.005)."""
-    try:
-        return max(0.0, float(os.environ.get("SHAPEPLAN_STARTUP_SWITCH_INTERVAL", "0.0002")))
-    except ValueError:
-        return 0.0002
+    return max(0.0, env.get("SHAPEPLAN_STARTUP_SWITCH_INTERVAL"))
 
 
 _switch_lock = threading.Lock()
@@ -106,14 +103,11 @@ def short_switch_interval() -> Callable[[], None]:
 def threads() -> int:
     """``SHAPEPLAN_CUDA_WARM_THREADS``: 1 runs the warm-up's parts one after another; any other value
     (default 4) runs each part on its own thread."""
-    try:
-        return max(1, int(os.environ.get("SHAPEPLAN_CUDA_WARM_THREADS", "4")))
-    except ValueError:
-        return 4
+    return max(1, env.get("SHAPEPLAN_CUDA_WARM_THREADS"))
 
 
 def enabled() -> bool:
-    return os.environ.get("SHAPEPLAN_CUDA_WARM", "1").strip().lower() not in ("0", "false", "off", "no")
+    return env.get("SHAPEPLAN_CUDA_WARM")
 
 
 def start(cfg: LlamaConfig, dtype: torch.dtype, device: torch.device, max_kv_cache_length: int,

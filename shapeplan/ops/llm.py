@@ -7,11 +7,10 @@ causal mask and the sampling noise are all computed on the device from tensors, 
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
 
+from shapeplan import env
 from shapeplan.ir.dtypes import dtype as as_dtype
 from shapeplan.ops.registry import Trait, register
 from shapeplan.ops.shape_fns import same_as
@@ -109,7 +108,7 @@ def causal_mask(input_ids, position, *, kv_length: int, window: int = 0, groups:
 
 #: "auto": the Triton split-K kernel for decode steps on CUDA, SDPA otherwise; "sdpa": always SDPA;
 #: "triton": the Triton kernel wherever it can run (CPU under TRITON_INTERPRET=1: tests)
-_DECODE_ATTENTION = os.environ.get("SHAPEPLAN_LLM_DECODE_ATTENTION", "auto")
+_DECODE_ATTENTION = env.get("SHAPEPLAN_LLM_DECODE_ATTENTION")[0]
 _triton_failed: list[str] = []
 
 
@@ -139,12 +138,12 @@ def cached_attention(q, k_cache, v_cache, mask, position=None, *, scale: float =
 
     With the optional ``position`` (the same one the mask was built from, and the same ``window``), a
     decode step (S = 1) on CUDA runs a Triton split-K kernel that reads only the live keys instead of
-    the whole buffer (shapeplan/llm/decode_attention.py); results agree with SDPA to rounding."""
+    the whole buffer (shapeplan/runtime/backends/triton/kernels/decode_attention.py); results agree with SDPA to rounding."""
     b, hq, s, d = q.shape
     hkv = k_cache.shape[1]
     if _use_triton(q, position):
         try:
-            from shapeplan.llm.decode_attention import decode_attention
+            from shapeplan.runtime.backends.triton.kernels.decode_attention import decode_attention
             return decode_attention(q, k_cache, v_cache, position.reshape(-1)[:1],
                                     scale=scale or d ** -0.5, window=window)
         except Exception as e:  # noqa: BLE001 - e.g. no triton, or an unsupported GPU: fall back, visibly
@@ -164,7 +163,7 @@ def cached_attention(q, k_cache, v_cache, mask, position=None, *, scale: float =
 #: kernel, called directly, for score matrices of up to EFFICIENT_MAX_SCORES entries per head, SDPA's own
 #: choice above; "efficient": that kernel wherever it applies; "sdpa": always SDPA's choice (cuDNN on
 #: Hopper with torch >= 2.11)
-_PREFILL_ATTENTION = os.environ.get("SHAPEPLAN_LLM_PREFILL_ATTENTION", "auto")
+_PREFILL_ATTENTION = env.get("SHAPEPLAN_LLM_PREFILL_ATTENTION")
 EFFICIENT_MAX_SCORES = 1 << 20
 _efficient_failed: list[str] = []
 

@@ -61,7 +61,7 @@ class OpDef:
     bind: Callable[..., Any] | None = None      # custom bind(node, opset) -> callable(*inputs)
     doc: str = ""
     _params: dict[str, inspect.Parameter] = field(default_factory=dict)
-    #: optional Triton lowering (runtime/backends/triton_codegen.py attaches them); None = torch only
+    #: optional Triton lowering (runtime/backends/triton/fusion.py attaches them); None = torch only
     triton: Any = None
     #: input positions the kernel reads as host values (split sizes, shapes, axes, pads, repeats, k).
     #: A constant there is bound at compile time as a CPU tensor (``bind_kernel``) and a plan-constant

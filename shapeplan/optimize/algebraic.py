@@ -14,16 +14,15 @@ Safety:
 """
 from __future__ import annotations
 
-import os
-
 import torch
 
+from shapeplan import env
 from shapeplan.ir.graph import Graph
 from shapeplan.optimize.rewrite import C, Match, P, all_equal, apply_rules, is_float, is_int
 
 
 def _fast_math() -> bool:
-    return os.environ.get("SHAPEPLAN_OPTIMIZER_FAST_MATH", "0") not in ("", "0")
+    return env.get("SHAPEPLAN_OPTIMIZER_FAST_MATH")
 
 
 def _zero(t: torch.Tensor) -> bool:

@@ -9,11 +9,11 @@ per pass, times applied, nodes removed and time spent.
 from __future__ import annotations
 
 import gc
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
+from shapeplan import env
 from shapeplan.errors import ModelError
 from shapeplan.ir.graph import Graph
 from shapeplan.ir.verify import verify
@@ -75,8 +75,7 @@ class OptimizeReport:
 
 
 def _env_skip() -> set[str]:
-    raw = os.environ.get("SHAPEPLAN_OPTIMIZER_SKIP", "")
-    return {s.strip() for s in raw.split(",") if s.strip()}
+    return set(env.get("SHAPEPLAN_OPTIMIZER_SKIP"))
 
 
 def run_pipeline(graph: Graph, pipeline: list[tuple[str, PassFn]], skip: Iterable[str] | None = None,
@@ -104,12 +103,12 @@ def _run_pipeline(graph: Graph, pipeline: list[tuple[str, PassFn]], skip: Iterab
                          f"{', '.join(names)}")
     g = graph.copy()
     report = OptimizeReport(nodes_before=len(g.nodes), skipped=sorted(skipped))
-    if os.environ.get("SHAPEPLAN_OPTIMIZER", "1") == "0":
+    if not env.get("SHAPEPLAN_OPTIMIZER"):
         report.disabled = True
         report.nodes_after = len(g.nodes)
         return g, report
     reset_sink()
-    verify_each = os.environ.get("SHAPEPLAN_VERIFY", "0") not in ("", "0")
+    verify_each = env.get("SHAPEPLAN_VERIFY")
     stats = {n: PassStats(n) for n in names}
     report.passes = [stats[n] for n in names]
     t_start = time.perf_counter()

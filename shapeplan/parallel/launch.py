@@ -23,7 +23,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from shapeplan import diagnostics
+from shapeplan import diagnostics, env
 from shapeplan.errors import ExecutionError
 
 
@@ -72,10 +72,7 @@ def arm_hang_dump() -> float:
     """With ``SHAPEPLAN_HANG_DUMP_S=N``: every thread's Python stack goes to stderr when this process is
     still running N seconds from now, and again every N seconds (a rank stuck in a collective shows
     where). Returns N (0: off)."""
-    try:
-        n = float(os.environ.get("SHAPEPLAN_HANG_DUMP_S", "0") or 0)
-    except ValueError:
-        n = 0.0
+    n = env.get("SHAPEPLAN_HANG_DUMP_S")
     if n > 0:
         import faulthandler
         faulthandler.dump_traceback_later(n, repeat=True)
@@ -119,10 +116,7 @@ def leave_group(timeout_s: float | None = None) -> bool:
     if dist.get_backend() == "nccl" and torch.cuda.is_available():
         torch.cuda.synchronize()
     if timeout_s is None:
-        try:
-            timeout_s = float(os.environ.get("SHAPEPLAN_DIST_DESTROY_S", "30"))
-        except ValueError:
-            timeout_s = 30.0
+        timeout_s = env.get("SHAPEPLAN_DIST_DESTROY_S")
     done = threading.Event()
 
     def destroy() -> None:

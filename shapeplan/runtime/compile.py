@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from shapeplan import diagnostics
+from shapeplan import diagnostics, env
 
 
 def _model_hash(model: Any, graph: Any) -> str:
@@ -39,9 +39,9 @@ def _prestart_compile_workers(device: Any, mode: Any) -> None:
         from shapeplan.runtime.modes import Mode
         if torch.device(device).type != "cuda" or Mode.parse(mode) not in (Mode.AUTO, Mode.TRITON):
             return
-        from shapeplan.runtime.backends import triton_backend, triton_workers
-        if triton_backend._warm_on() and torch.cuda.is_available():
-            triton_workers.prestart_if_cold()
+        from shapeplan.runtime.backends.triton import warmup, workers
+        if warmup._warm_on() and torch.cuda.is_available():
+            workers.prestart_if_cold()
     except Exception:  # noqa: BLE001, S110 - an optimisation only: the Engine prepares as before
         pass
 
@@ -62,8 +62,8 @@ def _cores_left_to_workers() -> Iterator[None]:
     global _cap_users, _cap_restore
     busy = 0
     try:
-        from shapeplan.runtime.backends import triton_workers
-        busy = triton_workers.starting()
+        from shapeplan.runtime.backends.triton import workers
+        busy = workers.starting()
     except Exception:  # noqa: BLE001, S110 - no Triton here: no workers
         pass
     if not busy:
@@ -103,8 +103,9 @@ def compile_model(model: Any, device: str = "cpu", mode: Any = "auto", *, optimi
     with _cores_left_to_workers():
         graph = load(model)
         if disk_cache is None:
-            env = os.environ.get("SHAPEPLAN_DISK_CACHE", "")
-            disk_cache = env not in ("0", "false") and (env in ("1", "true") or isinstance(model, (str, os.PathLike)))
+            disk_cache = env.get("SHAPEPLAN_DISK_CACHE")
+            if disk_cache is None:                       # unset: on for model files
+                disk_cache = isinstance(model, (str, os.PathLike))
         disk = key = fp = None
         if disk_cache:
             from shapeplan.cache.disk import DiskCache

@@ -13,9 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-
-def _flag(name: str) -> bool:
-    return os.environ.get(name, "0").strip().lower() not in ("", "0", "false", "no", "off")
+from shapeplan import env
 
 
 @dataclass(slots=True)
@@ -25,8 +23,8 @@ class Settings:
 
 
 def settings() -> Settings:
-    det = _flag("SHAPEPLAN_DETERMINISTIC")
-    return Settings(det, _flag("SHAPEPLAN_TF32") and not det)
+    det = env.get("SHAPEPLAN_DETERMINISTIC")
+    return Settings(det, env.get("SHAPEPLAN_TF32") and not det)
 
 
 def apply(s: Settings | None = None) -> Settings:

@@ -6,22 +6,22 @@ A new shape signature creates another runner; it never mutates a frozen one.
 """
 from __future__ import annotations
 
-import os
 import threading
 from typing import Any, Mapping, Sequence
 
 import torch
 
-from shapeplan import diagnostics
+from shapeplan import diagnostics, env
 from shapeplan.cache.memory import PlanCache
 from shapeplan.errors import InputError, LifecycleError
+from shapeplan.ir.dtypes import dtype_name
 from shapeplan.ir.graph import Graph
 from shapeplan.ir.tensors import runtime_to_numpy
 from shapeplan.plan.compiler import Plan, compile_plan
 from shapeplan.runtime.backends import get_backend
 from shapeplan.runtime.feeds import to_runtime, validate_feeds
 from shapeplan.runtime.modes import Mode
-from shapeplan.runtime.runner import Phase, PlanRunner
+from shapeplan.runtime.runner import Phase, PlanKey, PlanRunner
 
 
 def _move(x: Any, device: torch.device) -> Any:
@@ -97,8 +97,8 @@ class Engine:
             from shapeplan.runtime import determinism
             determinism.apply()                    # TF32 opt-in; SHAPEPLAN_DETERMINISTIC=1 bit-comparable
             if self.exec_mode is Mode.TRITON:
-                from shapeplan.runtime.backends import triton_backend
-                triton_backend.prepare(self.device)   # Triton import + driver in the background (start-up)
+                from shapeplan.runtime.backends.triton import warmup
+                warmup.prepare(self.device)   # Triton import + patch() + driver in the background (start-up)
         if why:
             diagnostics.record("FALLBACK", why, requested=self.mode, running=self.exec_mode)
         self.fallback = auto_fallback if fallback is None else fallback
@@ -110,7 +110,7 @@ class Engine:
         self.constants: dict[str, Any] = {v.name: _move(v.data, self.device) for v in graph.constants}
         # "full" (default): every call checks every constant, so an edited weight is rejected at once;
         # "sampled": a steady replay checks one chunk (bounded cost; caught within a round of chunks)
-        guard = (weight_guard or os.environ.get("SHAPEPLAN_WEIGHT_GUARD", "full")).strip().lower()
+        guard = (weight_guard or env.get("SHAPEPLAN_WEIGHT_GUARD")).strip().lower()
         if guard not in ("full", "sampled"):
             raise ValueError(f"weight_guard must be 'full' or 'sampled', got {guard!r}")
         self._guard_sampled = guard == "sampled"
@@ -124,7 +124,7 @@ class Engine:
         self.calls = 0
         self._valid: set[tuple] = set()           # feed specs that passed validate_feeds
         self._mode_value, self._device_str = self.exec_mode.value, str(self.device)
-        self._last_key: tuple | None = None
+        self._last_key: PlanKey | None = None
         self._names = {v.name: v for v in graph.inputs}
 
     @property
@@ -150,14 +150,14 @@ class Engine:
 
     _plan = plan   # older name
 
-    def _runner(self, plan: Plan, key: tuple) -> PlanRunner:
+    def _runner(self, plan: Plan, key: PlanKey) -> PlanRunner:
         runner = self.cache.get(key)
         if runner is None:
             runner = self._new_runner(plan, key)
             self._keep(runner)
         return runner
 
-    def _new_runner(self, plan: Plan, key: tuple) -> PlanRunner:
+    def _new_runner(self, plan: Plan, key: PlanKey) -> PlanRunner:
         backend = None if self.exec_mode in (Mode.SLOT_BY_SLOT, Mode.SHAPE_INFERENCE_ONLY) \
             else get_backend(self.exec_mode)
         consts = {r: self.constants.get(plan.reg_names[r]) if plan.reg_names[r] in self.constants
@@ -169,7 +169,7 @@ class Engine:
 
     def _keep(self, runner: PlanRunner) -> None:
         self.cache.put(runner.key, runner)
-        diagnostics.record("SHAPE", "new shape signature: new plan", plan=runner.name, signature=str(runner.key[1]))
+        diagnostics.record("SHAPE", "new shape signature: new plan", plan=runner.name, signature=str(runner.key.signature))
 
     def _check_constants(self, replaying: bool = False) -> None:
         """Reject a constant replaced (``value.data = ...``) or edited in place after compile.
@@ -224,11 +224,11 @@ class Engine:
         return {name: runtime_to_numpy(v, getattr(vals.get(name), "dtype", None))
                 for (name, _), v in zip(plan.outputs, outs)}
 
-    def _key(self, plan: Plan, rt: list[Any]) -> tuple:
+    def _key(self, plan: Plan, rt: list[Any]) -> PlanKey:
         """The plan cache key of a call: outputs, shape signature, mode, device, calling thread."""
         sig = tuple(tuple(x.shape) if isinstance(x, torch.Tensor) else
                     (len(x),) if isinstance(x, list) else None for x in rt)
-        return (plan.requested, sig, self._mode_value, self._device_str, threading.get_ident())
+        return PlanKey(plan.requested, sig, self._mode_value, self._device_str, threading.get_ident())
 
     def prepare(self, feeds: Mapping[str, Any], outputs: Sequence[str] | None = None) -> bool:
         """Freeze, now and on this thread, the plan that ``run(feeds, outputs)`` would use, from its
@@ -272,8 +272,8 @@ class Engine:
         for (name, _), want, x in zip(plan.inputs, runner.input_dtypes, rt):
             got = getattr(x, "dtype", None)
             if got != want:
-                w = str(want).replace("torch.", "")
-                g = str(got).replace("torch.", "")
+                w = dtype_name(want)
+                g = dtype_name(got)
                 raise InputError(f"input {name!r}: expected dtype {w} (as in earlier calls with shape "
                                  f"{list(getattr(x, 'shape', []))}), got {g}")
 
@@ -286,7 +286,7 @@ class Engine:
             r = self.cache.get(self._last_key)
             if r is not None:
                 return r
-        rs = [r for r in self.cache.values() if r.key[4] == threading.get_ident()]
+        rs = [r for r in self.cache.values() if r.key.thread == threading.get_ident()]
         return rs[-1] if rs else None
 
     def freeze(self) -> None:

@@ -8,13 +8,14 @@ import torch
 
 from shapeplan.errors import InputError
 from shapeplan.ir.dtypes import dtype as as_dtype
+from shapeplan.ir.dtypes import dtype_name
 from shapeplan.ir.graph import TypeKind, Value
 from shapeplan.ir.tensors import numpy_to_runtime
 
 
 def _given_dtype(x: Any) -> str:
     if isinstance(x, torch.Tensor):
-        return str(x.dtype).replace("torch.", "")
+        return dtype_name(x.dtype)
     if isinstance(x, np.ndarray):
         try:
             return as_dtype(x.dtype).name

@@ -35,22 +35,19 @@ from typing import Any
 
 import torch
 
-from shapeplan import diagnostics
+from shapeplan import diagnostics, env
+from shapeplan.ir.dtypes import dtype_name
 
 VERSION = 1
 
 
 def enabled(device: torch.device) -> bool:
-    env = os.environ.get("SHAPEPLAN_FROZEN_RECORDS", "").strip().lower()
-    if env in ("1", "true", "on", "yes"):
-        return True
-    if env in ("0", "false", "off", "no"):
-        return False
-    return device.type == "cuda"
+    on = env.get("SHAPEPLAN_FROZEN_RECORDS")
+    return device.type == "cuda" if on is None else on
 
 
 def directory() -> str:
-    from shapeplan.runtime.backends.triton_paths import cache_root
+    from shapeplan.cache.paths import cache_root
     return str(cache_root() / "frozen")
 
 
@@ -117,7 +114,7 @@ def save(key: str, meta: dict[int, Any], layouts: dict[int, Any], plan_name: str
     """Write the record (atomically: a temporary file renamed over the target). A failure only costs
     the next start its eager calls."""
     rec = {"version": VERSION, "key": key,
-           "meta": {str(r): [list(m.shape), list(m.stride), str(m.dtype).replace("torch.", ""), m.nbytes,
+           "meta": {str(r): [list(m.shape), list(m.stride), dtype_name(m.dtype), m.nbytes,
                              m.contiguous, m.dense] for r, m in meta.items()},
            "layouts": {str(i): lay for i, lay in layouts.items() if lay is not None}}
     try:

@@ -76,8 +76,8 @@ class Inspection:
     def plans(self) -> list[dict[str, Any]]:
         out = []
         for r in self.engine.runners():
-            out.append({"name": r.name, "outputs": r.plan.output_names, "signature": [list(s) if s else s for s in r.key[1]],
-                        "mode": r.key[2], "device": r.key[3], "phase": r.phase.value, "calls": r.calls,
+            out.append({"name": r.name, "outputs": r.plan.output_names, "signature": [list(s) if s else s for s in r.key.signature],
+                        "mode": r.key.mode, "device": r.key.device, "phase": r.phase.value, "calls": r.calls,
                         "segments": len(r.plan.segments), "bytes": r.nbytes,
                         "graph_pool_bytes": getattr(r, "graph_pool_bytes", 0)})
         return out

@@ -15,12 +15,12 @@ from __future__ import annotations
 import enum
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from shapeplan import diagnostics
-from shapeplan.errors import CaptureError, LifecycleError, ShapeplanError
+from shapeplan.errors import CaptureError, InjectedFault, LifecycleError, ShapeplanError
 from shapeplan.plan.buffers import BufferPlan, plan_buffers
 from shapeplan.plan.compiler import ABSENT, Plan, host_read_registers
 from shapeplan.runtime import faults
@@ -72,10 +72,20 @@ def identity_key(regs: list[Any], rs: tuple[int, ...]) -> tuple:
     return tuple(_key_of(regs[r]) for r in rs)
 
 
-class PlanRunner:
-    """Executes one Plan for one (outputs, shape signature, mode, device, thread) key."""
+class PlanKey(NamedTuple):
+    """The plan cache key of a call: one plan per requested outputs, input-shape signature, mode and
+    device (invariant 3), and per calling thread (invariant 10)."""
+    outputs: tuple[str, ...] | None        # Plan.requested (None: every graph output)
+    signature: tuple                       # per input: its shape, (len,) of a sequence, else None
+    mode: str                              # Mode.value of the engine's execution mode
+    device: str
+    thread: int                            # threading.get_ident() of the caller
 
-    def __init__(self, plan: Plan, key: tuple, name: str, *, device: torch.device, backend: SegmentBackend | None,
+
+class PlanRunner:
+    """Executes one Plan for one ``PlanKey``."""
+
+    def __init__(self, plan: Plan, key: PlanKey, name: str, *, device: torch.device, backend: SegmentBackend | None,
                  constants: dict[int, Any], variables: dict[str, Any], warmup_calls: int = 1,
                  fallback: bool = True, max_recaptures: int = 3) -> None:
         self.plan, self.key, self.name = plan, key, name
@@ -420,7 +430,7 @@ class PlanRunner:
                 s.state = SegState.REPLAYING
                 self._event("GRAPH_REPLAY", "segment captured", segment=idx, captures=s.captures)
         except ShapeplanError as e:
-            if isinstance(e, CaptureError) and "injected fault" in str(e):
+            if isinstance(e, InjectedFault) and e.step == "capture":
                 raise                      # a fault leaves the segment where it was; clearing it recovers
             self._fail(s, f"{type(e).__name__}: {e}", regs, e)
         except Exception as e:  # noqa: BLE001 - a backend bug must not kill the engine

@@ -146,3 +146,25 @@ def test_cli_cache_clear_all_removes_kernel_caches(tmp_path, monkeypatch, capsys
     monkeypatch.setenv("TRITON_CACHE_DIR", str(outside))
     assert main(["cache", "clear", "--all"]) == 0
     assert outside.exists()
+
+
+def test_one_cache_root_for_plans_and_triton(tmp_path, monkeypatch):
+    """``SHAPEPLAN_CACHE_DIR`` moves every cache: the plans, Triton's compile cache, generated kernel
+    sources, capture-check verdicts and frozen-plan records all land under it."""
+    from shapeplan.cache.paths import cache_root
+    from shapeplan.runtime import frozen_records
+    from shapeplan.runtime.backends.triton import paths as triton_paths
+    monkeypatch.setenv("SHAPEPLAN_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    assert cache_root() == tmp_path
+    e = sp.compile(mlp(), optimize=False, disk_cache=True)
+    assert e.compile_info["source"] == "compiled"
+    assert DiskCache().directory == str(tmp_path / "plans")
+    assert [f for f in os.listdir(tmp_path / "plans") if f.endswith(".plan")]
+    assert sp.compile(mlp(), optimize=False, disk_cache=True).compile_info["source"] == "disk"
+    paths = triton_paths.kernel_cache_paths()
+    assert all(tmp_path in p.parents for p in paths.values()), paths
+    assert triton_paths.source_dir().parent == tmp_path
+    assert os.path.dirname(frozen_records.directory()) == str(tmp_path)
+    monkeypatch.delenv("SHAPEPLAN_CACHE_DIR")
+    assert cache_root() != tmp_path and DiskCache().directory == str(cache_root() / "plans")

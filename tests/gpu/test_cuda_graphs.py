@@ -60,10 +60,11 @@ def test_outputs_do_not_alias_the_next_replay():
     assert outs[-1].data_ptr() != outs[-2].data_ptr()
 
 
-def test_capture_oom_defers_then_falls_back(monkeypatch):
+def test_capture_oom_defers_then_falls_back():
+    from shapeplan.runtime import faults
     diagnostics.enable("ALL")
     diagnostics.reset()
-    monkeypatch.setenv("SHAPEPLAN_FAULT", "capture_oom")
+    old = faults.inject("capture_oom")
     g = _graph()
     eng = sp.compile(g, device="cuda", mode="cuda_graphs")
     cpu = sp.compile(g, device="cpu", mode="slot_by_slot")
@@ -76,6 +77,7 @@ def test_capture_oom_defers_then_falls_back(monkeypatch):
         caps = [s["capture"] for s in eng.inspect().segments if "capture" in s]
         assert caps and not any(c["captured"] for c in caps)
     finally:
+        faults.inject(*old)
         diagnostics.disable()
 
 

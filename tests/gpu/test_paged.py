@@ -1,9 +1,6 @@
 """The paged KV cache on CUDA (skipped without a GPU): the Triton paged write and split-K decode
-attention against the torch reference kernels, and the batched engine in every GPU mode against
-slot_by_slot and against each request alone (float32)."""
+attention against the torch reference kernels (the batched engine on CUDA: tests/llm/test_gpu.py)."""
 from __future__ import annotations
-
-import random
 
 import pytest
 import torch
@@ -56,19 +53,3 @@ def test_triton_paged_write_matches_the_torch_kernel(dtype):
         llm._paged_kernel_state.clear()
     kp[0], k2[0], vp[0], v2[0] = 0, 0, 0, 0                               # the null block takes padding
     assert torch.equal(kp, k2) and torch.equal(vp, v2)
-
-
-@pytest.mark.parametrize("mode", ["cuda_graphs", "triton"])
-def test_gpu_batched_equals_alone_and_slot_by_slot(mode, checkpoints):
-    from shapeplan.llm import GenerationPipeline, Sampling
-    path = checkpoints("llama")
-    kw = dict(device="cuda", max_prefill_length=64, max_kv_cache_length=160, progress=False, max_num_seqs=8)
-    rng = random.Random(1)
-    prompts = [[rng.randrange(3, 300) for _ in range(rng.choice([4, 17, 40, 70]))] for _ in range(8)]
-    samp = [Sampling.greedy() if i % 2 else Sampling.random(temperature=0.8, seed=i) for i in range(8)]
-    ref = GenerationPipeline.from_pretrained(path, mode="slot_by_slot", **kw)
-    want = [ref.generate(p, 20, s).token_ids for p, s in zip(prompts, samp)]
-    pipe = GenerationPipeline.from_pretrained(path, mode=mode, **kw)
-    pipe.warmup()
-    assert [pipe.generate(p, 20, s).token_ids for p, s in zip(prompts, samp)] == want
-    assert [r.token_ids for r in pipe.generate_batch(prompts, 20, samp)] == want

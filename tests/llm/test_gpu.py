@@ -1,6 +1,9 @@
 """The pipeline on CUDA (skipped without a GPU): every GPU mode matches slot_by_slot and transformers
-in float32, the decode plan replays, and a bf16 preset runs sessions and sampling."""
+in float32, the decode plan replays, a bf16 preset runs sessions and sampling, and the batched engine
+gives each request the tokens it gets alone and in slot_by_slot."""
 from __future__ import annotations
+
+import random
 
 import pytest
 import torch
@@ -120,3 +123,18 @@ def test_gpu_a_warm_start_freezes_from_records_and_gives_the_same_tokens(mode, a
         assert "eager run before capture done" not in msgs, events
     ref = GenerationPipeline.from_pretrained(path, mode="slot_by_slot", **KW).generate(PROMPT, max_new_tokens=24)
     assert again.token_ids == ref.token_ids
+
+
+@pytest.mark.parametrize("mode", ["cuda_graphs", "triton"])
+def test_gpu_batched_equals_alone_and_slot_by_slot(mode, checkpoints):
+    path = checkpoints("llama")
+    kw = dict(device="cuda", max_prefill_length=64, max_kv_cache_length=160, progress=False, max_num_seqs=8)
+    rng = random.Random(1)
+    prompts = [[rng.randrange(3, 300) for _ in range(rng.choice([4, 17, 40, 70]))] for _ in range(8)]
+    samp = [Sampling.greedy() if i % 2 else Sampling.random(temperature=0.8, seed=i) for i in range(8)]
+    ref = GenerationPipeline.from_pretrained(path, mode="slot_by_slot", **kw)
+    want = [ref.generate(p, 20, s).token_ids for p, s in zip(prompts, samp)]
+    pipe = GenerationPipeline.from_pretrained(path, mode=mode, **kw)
+    pipe.warmup()
+    assert [pipe.generate(p, 20, s).token_ids for p, s in zip(prompts, samp)] == want
+    assert [r.token_ids for r in pipe.generate_batch(prompts, 20, samp)] == want

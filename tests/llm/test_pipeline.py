@@ -225,7 +225,7 @@ def test_prefill_buckets_bound_the_number_of_plans(llama):
     assert p.buckets == [16, 32]
     for words in (1, 3, 6, 9, 2, 5):
         p.generate(" ".join(["fox"] * words), max_new_tokens=6)
-    shapes = {r.key[1][0] for r in p.engine.runners()}           # input_ids shapes with a plan
+    shapes = {r.key.signature[0] for r in p.engine.runners()}           # input_ids shapes with a plan
     rows = p.decode_buckets[0]                                    # the CPU's smallest decode bucket: 16
     assert shapes == {(1, 16), (1, 32), (rows, 1)}                # two prefill buckets + one decode plan
     # a closed session hands the same KV buffers and plans to the next request: nothing is

@@ -16,7 +16,7 @@ from tests.triton_setup import CUDA  # noqa: E402 - before anything imports Trit
 from shapeplan.llm import GenerationPipeline, Sampling  # noqa: E402
 from shapeplan.runtime.backends import get_backend, register_backend  # noqa: E402
 from shapeplan.runtime.backends.cuda_graphs import GraphHandle  # noqa: E402
-from shapeplan.runtime.backends.triton_backend import TritonBackend  # noqa: E402
+from shapeplan.runtime.backends.triton.backend import TritonBackend  # noqa: E402
 from shapeplan.runtime.modes import Mode  # noqa: E402
 from shapeplan.runtime.runner import Phase  # noqa: E402
 
@@ -87,20 +87,20 @@ def test_kernel_warmup_covers_every_distinct_triton_step(triton_on_cpu, monkeypa
     """What the parallel warm-up launches at compile time (on CUDA; here the selection and the
     zero-input launches run through the interpreter): one launch per distinct kernel specialization,
     from the layouts the backend recorded, each running on zero-filled inputs."""
-    from shapeplan.runtime.backends import triton_backend as tb
+    from shapeplan.runtime.backends.triton import warmup as tw
     dev = torch.device("cuda" if CUDA else "cpu")
     seen: set = set()
     calls = []
 
     def warm(seg, steps, metas):
-        distinct = tb.distinct_kernels(seg, steps, metas, seen)
+        distinct = tw.distinct_kernels(seg, steps, metas, seen)
         for st in distinct:
-            outs = tb.launch_zeros(st, metas, dev)
+            outs = tw.launch_zeros(st, metas, dev)
             assert all(torch.isfinite(o.float()).all() for o in outs if isinstance(o, torch.Tensor))
         calls.append((sum(st.kind != "slot" for st in steps), {st.members[0].node.op_type for st in distinct}))
         return len(distinct)
 
-    monkeypatch.setattr(tb, "warm_kernels", warm)
+    monkeypatch.setattr(tw, "warm_kernels", warm)
     pipe = GenerationPipeline.from_preset("llama-tiny", device=str(dev), dtype="bfloat16", mode="triton",
                                           max_prefill_length=16, max_kv_cache_length=48)
     pipe.generate([3, 4, 5], max_new_tokens=2)
@@ -115,7 +115,7 @@ def test_decode_attention_prewarm_runs_in_background():
     passes as compile-only jobs it need not wait for; all finish without error."""
     from shapeplan.llm.config import preset_config
     from shapeplan.llm.pipeline import _prewarm_decode_kernels
-    from shapeplan.runtime.backends import triton_backend as tb
+    from shapeplan.runtime.backends.triton import warmup as tb
     cfg = preset_config("llama-tiny", "bfloat16")
     tb.wait_background()
     jobs = _prewarm_decode_kernels(cfg, torch.bfloat16, torch.device("cuda" if CUDA else "cpu"), 48)

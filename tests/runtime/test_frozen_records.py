@@ -104,8 +104,8 @@ def test_the_triton_backend_writes_and_takes_back_its_layouts():
 
     import torch
 
-    from shapeplan.runtime.backends.triton_backend import TritonBackend
-    from shapeplan.runtime.backends.triton_codegen import Meta
+    from shapeplan.runtime.backends.triton.backend import TritonBackend
+    from shapeplan.runtime.backends.triton.codegen import Meta
     b = TritonBackend()
     seg = types.SimpleNamespace(plan_key="p1", plan=object(), segment=types.SimpleNamespace(index=0),
                                 device=torch.device("cuda"))

@@ -210,3 +210,15 @@ def test_adopted_variables_are_the_graphs_own_tensors():
     assert w.variables["a"] is not wide.values["a"].data and w.variables["b"] is wide.values["b"].data
     plain = sp.Engine(g, mode="emulated_replay")
     assert plain.variables["a"] is not g.values["a"].data                    # the default copies
+
+
+def test_plan_keys_are_named():
+    """A runner's key names its parts (PlanKey): outputs, shape signature, mode, device, calling thread."""
+    import threading
+
+    from shapeplan.runtime.runner import PlanKey
+    e = sp.Engine(mlp(), mode="emulated_replay")
+    e.run({"x": rand(3, 8)})
+    (r,) = e.runners()
+    assert isinstance(r.key, PlanKey) and r.key.signature == ((3, 8),)
+    assert (r.key.mode, r.key.device, r.key.thread) == ("emulated_replay", "cpu", threading.get_ident())

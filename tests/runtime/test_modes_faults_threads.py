@@ -9,6 +9,7 @@ import pytest
 
 import shapeplan as sp
 from shapeplan import testing
+from shapeplan.runtime import faults
 from tests.runtime.graphs import mlp, rand, ref_engine, transformer_stack, with_gap, with_state
 
 GRAPHS = {"mlp": (mlp, (3, 8)), "blocks": (lambda: transformer_stack(4), (8, 16)), "gap": (with_gap, (5, 4))}
@@ -85,10 +86,9 @@ def test_fault_injection_raises_then_recovers(monkeypatch, fault, at_call):
     out = g.outputs[0].name
     for i in range(1, at_call):
         e.run({"x": rand(2, 8, seed=i)})
-    monkeypatch.setenv("SHAPEPLAN_FAULT", fault)
-    with pytest.raises(sp.ShapeplanError, match="injected fault"):
+    with faults.injected(fault), pytest.raises(sp.InjectedFault) as raised:
         e.run({"x": rand(2, 8, seed=50)})
-    monkeypatch.delenv("SHAPEPLAN_FAULT")
+    assert raised.value.step == fault
     for i in range(6):
         x = rand(2, 8, seed=100 + i)
         assert np.array_equal(e.run({"x": x})[out], ref.run({"x": x})[out])

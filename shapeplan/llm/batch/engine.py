@@ -221,14 +221,15 @@ class BatchEngine:
 
     def _prefill(self, plan: StepPlan) -> None:
         firsts: list[tuple[Sequence, torch.Tensor]] = []
-        for chunk in plan.chunks:
-            if chunk.seq.status is Status.FINISHED:
-                continue
-            tok = self.runner.prefill(chunk, self.max_model_len)
-            self.prefill_tokens += chunk.n
-            self.scheduler.prefilled(chunk)
-            if chunk.final and chunk.seq.generated == 0:
-                firsts.append((chunk.seq, tok))
+        chunks = [c for c in plan.chunks if c.seq.status is not Status.FINISHED]
+        budget = self.scheduler.max_num_batched_tokens
+        for group, rows, bucket in self.runner.prefill_groups(chunks, self.max_model_len, budget):
+            tok = self.runner.prefill(group, rows, bucket)
+            for i, chunk in enumerate(group):
+                self.prefill_tokens += chunk.n
+                self.scheduler.prefilled(chunk)
+                if chunk.final and chunk.seq.generated == 0:
+                    firsts.append((chunk.seq, tok[i]))
         if firsts:
             picks = [t.reshape(1, -1) for _, t in firsts]       # [1, 1] tokens or [1, W] packed logprobs
             width = max(p.shape[1] for p in picks)

@@ -28,6 +28,14 @@ from shapeplan.llm.batch.sequence import Sequence, TokenLogprob
 from shapeplan.llm.model import TOP_LOGPROBS, PagedKV
 
 
+#: most requests packed into one prefill call (rows of a power of two)
+PREFILL_ROWS = 16
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
 def decode_buckets(max_num_seqs: int, smallest: int = 1) -> list[int]:
     """1, 2, 4, 8, 16, then every multiple of 8 up to ``max_num_seqs`` (always included); buckets
     below ``smallest`` are left out (the CPU starts at 16: see ``GenerationPipeline``)."""
@@ -100,15 +108,19 @@ class ModelRunner:
                 break
         diagnostics.record("LIFECYCLE", "batch plan settled", outputs=out, rows=rows, tokens=seq, logprobs=logprobs)
 
-    def warmup(self, sampled: bool = True) -> None:
-        """Settle every decode bucket (greedy, and sampled when asked) and every prefill bucket's greedy
-        plan now (a server calls this before its first request)."""
+    def warmup(self, sampled: bool = True, budget: int = 2048) -> None:
+        """Settle every decode bucket (greedy, and sampled when asked) and every greedy prefill plan
+        (prompt bucket x packed rows within ``budget`` tokens) now: a server calls this before its first
+        request, so no request waits for a capture."""
         for b in self.decode_buckets:
             self.settle("next_token", b, 1)
             if sampled:
                 self.settle("next_token_sampled", b, 1)
         for s in self.prefill_buckets:
-            self.settle("next_token", 1, s)
+            rows = 1
+            while rows <= PREFILL_ROWS and (rows == 1 or rows * s <= budget):
+                self.settle("next_token", rows, s)
+                rows *= 2
 
     # ------------------------------------------------------------------ per-request state
     def admit(self, seq: Sequence) -> None:
@@ -150,37 +162,70 @@ class ModelRunner:
         return "next_token" if all(s.sampling.is_plain_greedy for s in seqs) else "next_token_sampled"
 
     # ------------------------------------------------------------------ calls
-    def prefill(self, chunk: Chunk, limit: int) -> torch.Tensor:
-        """One chunk of one request's prompt. Returns the token the last position picks ([1, 1] on
-        the device; meaningful for a new request's final chunk only), or for a request that wants
-        logprobs its packed row ([1, W] float64, see ``pack``)."""
-        seq, start, n = chunk.seq, chunk.start, chunk.n
-        bucket = self.prefill_bucket(n, start, limit)
-        seq.prefill_bucket = bucket
-        out = self._out([seq])
-        lp = seq.logprobs is not None
-        self.settle(out, 1, bucket, logprobs=lp)
-        ids = torch.zeros(1, bucket, dtype=torch.int64)
-        ids[0, :n] = torch.tensor(seq.tokens[start:start + n], dtype=torch.int64)
+    def prefill_groups(self, chunks: list[Chunk], limit: int, budget: int) -> list[tuple[list[Chunk], int, int]]:
+        """Pack prompt chunks into prefill calls: (chunks, rows, tokens) per call. Chunks of similar
+        length share a call, ``rows`` (a power of two up to PREFILL_ROWS, padding rows write nothing) x
+        ``tokens`` (a prompt bucket) at most ``budget`` entries: one weight read for many requests."""
+        order = sorted(chunks, key=lambda c: c.n)
+        groups: list[tuple[list[Chunk], int, int]] = []
+        cur: list[Chunk] = []
+        for c in order + [None]:
+            if c is not None:
+                trial = cur + [c]
+                seq = max(self.prefill_bucket(x.n, x.start, limit) for x in trial)
+                rows = _pow2(len(trial))
+                fits = rows <= PREFILL_ROWS and rows * seq <= budget and \
+                    all(x.start + seq <= limit for x in trial)
+                if fits or not cur:
+                    cur = trial
+                    continue
+            if not cur:
+                break
+            seq = max(self.prefill_bucket(x.n, x.start, limit) for x in cur)
+            groups.append((cur, _pow2(len(cur)) if len(cur) > 1 else 1, seq))
+            cur = [c] if c is not None else []
+        return groups
+
+    def prefill(self, chunks: list[Chunk], rows: int, bucket: int) -> torch.Tensor:
+        """One prefill call: each chunk one row of ``bucket`` tokens (padding rows after them). Returns
+        the token each row's last position picks ([rows, 1] on the device; meaningful for a new
+        request's final chunk only), or when a row wants logprobs the packed rows ([rows, W] float64,
+        see ``pack``)."""
+        seqs = [c.seq for c in chunks]
+        for s in seqs:
+            s.prefill_bucket = bucket
+        out = self._out(seqs)
+        lp = any(s.logprobs is not None for s in seqs)
+        self.settle(out, rows, bucket, logprobs=lp)
+        n = len(chunks)
+        ids = torch.zeros(rows, bucket, dtype=torch.int64)
+        for i, c in enumerate(chunks):
+            ids[i, :c.n] = torch.tensor(c.seq.tokens[c.start:c.start + c.n], dtype=torch.int64)
+        pad = rows - n
         dev = self.device
         feeds = {"input_ids": ids.to(dev, non_blocking=True),
-                 "positions": torch.tensor([start], dtype=torch.int64).to(dev, non_blocking=True),
-                 "lengths": torch.tensor([n], dtype=torch.int64).to(dev, non_blocking=True),
-                 "block_tables": self._table([seq], 1),
-                 "state_slots": torch.tensor([seq.slot], dtype=torch.int64).to(dev, non_blocking=True)}
+                 "positions": torch.tensor([c.start for c in chunks] + [0] * pad, dtype=torch.int64).to(dev),
+                 "lengths": torch.tensor([c.n for c in chunks] + [0] * pad, dtype=torch.int64).to(dev),
+                 "block_tables": self._table(seqs, rows),
+                 "state_slots": torch.tensor([s.slot for s in seqs] + [self.pad_slot] * pad,
+                                             dtype=torch.int64).to(dev)}
         res = self.engine.run(feeds, outputs=_outputs(out, lp))
         self.calls += 1
-        tok = res[out]
-        if chunk.final:
-            slot = seq.slot
-            if seq.generated == 0:
-                self.slot_tok[slot:slot + 1] = tok[0]
-                self._mark_seen([seq], tok)
-            else:                                     # a recompute: the next input is a known token
-                self.slot_tok[slot] = seq.tokens[-1]
-            self.slot_pos[slot:slot + 1] = res["next_position"]
+        tok, nxt = res[out], res["next_position"]
+        fresh = [i for i, c in enumerate(chunks) if c.final and c.seq.generated == 0]
+        known = [i for i, c in enumerate(chunks) if c.final and c.seq.generated > 0]
+        if fresh:                                 # the first token: the next decode step's input
+            idx = torch.tensor(fresh, device=dev)
+            slots = torch.tensor([chunks[i].seq.slot for i in fresh], dtype=torch.int64, device=dev)
+            self.slot_tok[slots] = tok[idx, 0]
+            self.slot_pos[slots] = nxt[idx]
+            self._mark_seen([chunks[i].seq for i in fresh], tok[idx], slots)
+        for i in known:                           # a recompute: the next input is a known token
+            seq = chunks[i].seq
+            self.slot_tok[seq.slot] = seq.tokens[-1]
+            self.slot_pos[seq.slot] = len(seq.tokens) - 1
         if lp:
-            picked = torch.empty(1, pack_width(self.top_k), dtype=torch.float64, device=dev)
+            picked = torch.empty(rows, pack_width(self.top_k), dtype=torch.float64, device=dev)
             pack(picked, res, out)
             return picked
         return tok

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any, Callable
+
+from shapeplan import env
 
 log = logging.getLogger("shapeplan.optimize")
 
@@ -31,7 +32,7 @@ class EventSink:
     """Where applied rewrites (and declined fusions) are reported: logging + diagnostics FUSION."""
 
     def __init__(self) -> None:
-        self.log_enabled = os.environ.get("SHAPEPLAN_OPTIMIZER_LOG", "0") not in ("", "0")
+        self.log_enabled = env.get("SHAPEPLAN_OPTIMIZER_LOG")
         self.record = _diag_record()
         self.category = _fusion_category() if self.record is not None else None
         if self.log_enabled and not log.handlers and not logging.getLogger().handlers:

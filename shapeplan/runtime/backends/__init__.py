@@ -77,7 +77,7 @@ def _ensure_builtin() -> None:
         _builtin = True
         from shapeplan.runtime.backends.emulated_replay import EmulatedReplayBackend
         _BACKENDS.setdefault(Mode.EMULATED_REPLAY, EmulatedReplayBackend)
-        for name in ("cuda_graphs", "triton_backend"):      # GPU backends register themselves on import
+        for name in ("cuda_graphs", "triton.backend"):      # GPU backends register themselves on import
             try:
                 __import__(f"shapeplan.runtime.backends.{name}")
             except ImportError:

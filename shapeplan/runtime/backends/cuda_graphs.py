@@ -22,18 +22,18 @@ Plans sharing a pool must not replay concurrently: the runner runs one plan per 
 from __future__ import annotations
 
 import gc
-import os
 import threading
 import time
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 
-from shapeplan import diagnostics
+from shapeplan import diagnostics, env
 from shapeplan.errors import CaptureError
 from shapeplan.runtime.backends import SegmentContext, register_backend
+from shapeplan.runtime import faults
 from shapeplan.runtime.backends.slot_by_slot import call_kernel, describe_inputs
 
 ABSENT = -1
@@ -121,6 +121,8 @@ class GraphHandle:
     deferrals: int = 0
     eager: bool = False                     # capture given up: run eagerly into the stable buffers
     fast: bool = False
+    #: SHAPEPLAN_TRITON_VERIFY, read when the segment is captured (never on a replay)
+    verify: bool = field(default_factory=lambda: _verify_on())
 
     def stats(self) -> dict[str, Any]:
         return {"captured": self.graph is not None, "replays": self.replays, "deferrals": self.deferrals,
@@ -200,7 +202,7 @@ class CudaGraphsBackend:
         for r, t in handle.bind:
             regs[r] = t
         handle.replays += 1
-        if handle.replays >= FAST_PATH_AFTER and not _verify_on():
+        if handle.replays >= FAST_PATH_AFTER and not handle.verify:
             handle.fast = True
 
     def release(self, handle: GraphHandle) -> None:
@@ -247,7 +249,7 @@ class CudaGraphsBackend:
         """Record ``h.steps`` into a graph. ``regs`` hold this call's results from an eager run (copied
         into the graph's live-out tensors), or with ``replay`` nothing yet: one replay computes them."""
         seg = h.seg
-        if "capture_oom" in os.environ.get("SHAPEPLAN_FAULT", "").split(","):
+        if faults.active("capture_oom"):
             raise torch.cuda.OutOfMemoryError("injected fault: out of memory during capture (SHAPEPLAN_FAULT)")
         pool = graph_pool(seg)
         h.pool_lock = _pool_locks[id(pool)]
@@ -321,7 +323,8 @@ def _to_stable(seg: SegmentContext, regs: list[Any]) -> None:
 
 
 def _verify_on() -> bool:
-    return os.environ.get("SHAPEPLAN_TRITON_VERIFY", "0") not in ("", "0")
+    """``SHAPEPLAN_TRITON_VERIFY`` now (capture time; a replay reads ``GraphHandle.verify``)."""
+    return env.get("SHAPEPLAN_TRITON_VERIFY")
 
 
 def pool_bytes(handles: list[Any]) -> dict[str, int]:

@@ -6,6 +6,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from shapeplan.errors import ExecutionError, ShapeplanError
+from shapeplan.ir.dtypes import dtype_name
 from shapeplan.plan.compiler import ABSENT, Plan, Slot
 
 
@@ -18,7 +19,7 @@ def describe_inputs(slot: Slot, regs: list[Any]) -> str:
         x = regs[r]
         name = v.name if v is not None else "?"
         if isinstance(x, torch.Tensor):
-            parts.append(f"{name}: {str(x.dtype).replace('torch.', '')}{list(x.shape)}")
+            parts.append(f"{name}: {dtype_name(x.dtype)}{list(x.shape)}")
         elif isinstance(x, list):
             parts.append(f"{name}: sequence[{len(x)}]")
         else:

@@ -72,10 +72,12 @@ def test_a_batch_with_and_without_logprobs_keeps_everyones_tokens(pipe):
     prompts = [pipe.encode(t) for t in ("Explain KV caching", "A compile-once engine", "Hello", "0 1 2 3")]
     alone = [pipe.generate(p, 12, Sampling.greedy()).token_ids for p in prompts]
     handles = [pipe.submit(p, 12, Sampling.greedy(), logprobs=3 if i % 2 else None) for i, p in enumerate(prompts)]
-    for i, (h, want) in enumerate(zip(handles, alone)):
+    for i, (h, want) in enumerate(zip(handles, alone)):     # submitted together: one packed prefill call
         events = list(h)
         assert h.token_ids == want
         assert all((ev.logprobs is not None) == bool(i % 2 and ev.token_ids) for ev in events)
+        if i % 2:
+            _check(pipe, prompts[i], h.token_ids, [lp for ev in events for lp in ev.logprobs or ()], 3)
 
 
 def test_default_plans_do_not_compute_logprobs(checkpoints):

@@ -1,2 +1,13 @@
-"""Hand-written Triton kernels, one module per family. Each module's ``@triton.jit`` functions import
-Triton and nothing else, so a compile worker can load them by path."""
+"""Hand-written Triton kernels, one module per family: a launcher module (torch tensors in, shapes and
+grids, ``out=`` buffers) beside a ``*_jit.py`` module that holds the ``@triton.jit`` functions and imports
+Triton and nothing else, so a compile worker (``../compile_worker.py``) can load it by path.
+
+    rows.py / rows_jit.py                          RMSNorm (+ residual), LayerNorm, Softmax, SiLU*mul, RoPE,
+                                                   one decode step's KV cache write
+    decode_attention.py / decode_attention_jit.py  split-K attention of one decode step over a static cache
+    paged.py / paged_jit.py                        the paged KV cache: write (with RoPE of k), split-K decode
+                                                   attention over each row's live blocks
+
+Importing this package imports nothing; importing a launcher module imports Triton (``..env``), which
+patches nothing.
+"""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from shapeplan.runtime.backends.triton_env import triton   # before the kernels: cache dir, compile workers
+from shapeplan.runtime.backends.triton.env import triton   # before the kernels: cache dir, compile workers
 from shapeplan.runtime.backends.triton.kernels.paged_jit import _paged_combine, _paged_partial, _paged_write
 
 #: pass 1 programs aimed at per step (B * Hkv * NS); the split size follows from it
@@ -83,3 +83,36 @@ def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
                                HKV=hkv, G=g, GP=gp, D=d, DP=dp, NS=ns, NSP=max(_pow2(ns), 2), SPLIT_KEYS=bps * bs,
                                WINDOW=window)
     return out
+
+
+def precompile(part: str, *, batch: int, hq: int, hkv: int, d: int, block_size: int, max_blocks: int,
+               num_blocks: int, dtype: torch.dtype, window: int = 0) -> None:
+    """Compile one kernel (``part``: "write", "partial" or "combine") for these shapes without touching
+    the device (Triton's ``warmup``: no allocation, no launch, safe beside a capture on another thread):
+    the pipeline's start-up compiles them in the background while the graph is built. Strides are those
+    of contiguous pools [NB, Hkv, BS, D], of q [B, Hq, 1, D] and of the k/v views the model passes."""
+    from shapeplan.runtime.backends.triton.env import interpreting
+    if interpreting():                         # the interpreter compiles nothing
+        return
+    f32, i64, i32 = torch.float32, torch.int64, torch.int32
+    g = hq // hkv
+    gp, dp = max(_pow2(g), 2), _pow2(d)
+    sk = (hkv * block_size * d, block_size * d, d)
+    if part == "write":                        # k/v: [B, Hkv, S=1, D] views of the q/k/v projection
+        row = (hq + 2 * hkv) * d
+        _paged_write.warmup(dtype, dtype, dtype, dtype, i64, i64, i32, dtype, dtype,
+                            row, d, row, row, d, row, *sk, *sk, d // 2, d // 2, max_blocks, 1,
+                            HKV=hkv, HP=_pow2(hkv), D=d, DP=dp, HALF=d // 2, HALFP=max(_pow2(d // 2), 1),
+                            BS=block_size, ROTATE=True, INTERLEAVED=False, enable_fp_fusion=False, grid=(batch,))
+        return
+    bps = split_blocks(batch, hkv, max_blocks)
+    ns = triton.cdiv(max_blocks, bps)
+    if part == "partial":
+        _paged_partial.warmup(dtype, dtype, dtype, i64, i64, i32, f32, f32, f32,
+                              hq * d, d, *sk, *sk, max_blocks, d ** -0.5,
+                              HKV=hkv, G=g, GP=gp, D=d, DP=dp, NS=ns, BPS=bps, BS=block_size, WINDOW=window,
+                              num_warps=2, grid=(batch * hkv, ns))
+    else:
+        _paged_combine.warmup(f32, f32, f32, i64, i64, dtype, hq * d, d,
+                              HKV=hkv, G=g, GP=gp, D=d, DP=dp, NS=ns, NSP=max(_pow2(ns), 2),
+                              SPLIT_KEYS=bps * block_size, WINDOW=window, grid=(batch * hkv,))

@@ -1,4 +1,4 @@
-"""Loading and launching Triton kernels through the CUDA driver API (``triton_launch``), checked without a GPU.
+"""Loading and launching Triton kernels through the CUDA driver API (``triton/launch.py``), checked without a GPU.
 
 What runs here: which kernels it covers, how arguments are packed (the order and widths Triton's own
 per-signature launcher uses: constexprs dropped, then the global and profile scratch pointers), and
@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("triton")
 
-from shapeplan.runtime.backends import triton_launch as tl  # noqa: E402
+from shapeplan.runtime.backends.triton import launch as tl  # noqa: E402
 
 
 def test_covered_argument_types():
@@ -49,11 +49,11 @@ def test_what_the_launcher_leaves_to_triton():
 
 def test_only_shapeplans_kernels_are_launched_here(tmp_path, monkeypatch):
     monkeypatch.setenv("SHAPEPLAN_CACHE_DIR", str(tmp_path))
-    from shapeplan.runtime.backends import triton_jit
+    from shapeplan.runtime.backends.triton.kernels import rows_jit
 
     def src_of(fn):
         return types.SimpleNamespace(fn=types.SimpleNamespace(fn=fn))
-    kernel = getattr(triton_jit._silu_mul_kernel, "fn", triton_jit._silu_mul_kernel)
+    kernel = getattr(rows_jit._silu_mul_kernel, "fn", rows_jit._silu_mul_kernel)
     assert tl._ours(src_of(kernel))
 
     def elsewhere():

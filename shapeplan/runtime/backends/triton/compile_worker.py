@@ -1,8 +1,10 @@
 """A Triton compile worker: a separate process that compiles kernels into Triton's on-disk cache.
 
-Run as a script (``python triton_compile_worker.py``) by ``triton_workers``; it imports Triton and
-nothing of shapeplan or torch, so it is ready in the time of a Triton import. Protocol: one JSON
-object per line on stdin, one reply per line on stdout:
+Run as a script (``python compile_worker.py SETTINGS``) by ``workers``; it imports Triton and
+nothing of shapeplan or torch, so it is ready in the time of a Triton import. SETTINGS is one JSON
+object from the parent, which read the switches (``shapeplan/env.py``): ``index``, ``stamp``, ``nice``,
+``ctypes``, ``spawned`` and ``path`` (see ``main``); this process reads no ``SHAPEPLAN_*`` variable.
+Protocol: one JSON object per line on stdin, one reply per line on stdout:
 
     job   {"id", "path", "name", "signature", "constexprs", "attrs", "target", "options", "src_hash", "launcher"}
     reply {"id", "ok": bool, "hash", "json", "launcher": bool, "seconds", "compile_s", "launcher_s", "error"}
@@ -12,10 +14,10 @@ rebuilds the same ``ASTSource``, refuses a job whose source hash differs from th
 would then miss the cache: its kernel is compiled in-process as without workers), and calls
 ``triton.compile``, which writes the result under ``TRITON_CACHE_DIR``, then builds the kernel's host
 launcher (a C module Triton compiles per kernel signature on some versions), cached there too, unless
-the job says the parent launches the kernel without one (``triton_launch``). The reply
-names the cache entry (``hash`` and its metadata file ``json``), which the parent loads. With
-``SHAPEPLAN_TRITON_STAMP`` set, Triton's cache key is that stamp instead of a hash of Triton's library
-(see ``triton_workers``), so the worker is ready after the Triton import. Values are JSON with tuples and dicts tagged (``{"t": [...]}``,
+the job says the parent launches the kernel without one (``launch``). The reply
+names the cache entry (``hash`` and its metadata file ``json``), which the parent loads. With a
+``stamp`` in the settings, Triton's cache key is that stamp instead of a hash of Triton's library
+(see ``workers``), so the worker is ready after the Triton import. Values are JSON with tuples and dicts tagged (``{"t": [...]}``,
 ``{"d": [[k, v], ...]}``) so the rebuilt source and options hash exactly as the parent's.
 """
 from __future__ import annotations
@@ -104,20 +106,19 @@ def _use_stamp(stamp: str) -> None:
             mod.triton_key = lambda: key
 
 
-def _lower_priority() -> None:
+def _lower_priority(n: int) -> None:
     """Run below the parent (``SHAPEPLAN_TRITON_WORKER_NICE``, default 10; 0 keeps the parent's): while
     the workers import Triton the parent is still optimizing and compiling the plan, the work every
     kernel waits for. (The parent also caps its torch threads meanwhile: ``runtime/compile.py``.)"""
     try:
-        n = int(os.environ.get("SHAPEPLAN_TRITON_WORKER_NICE", "10"))
         if n > 0:
             os.nice(n)
-    except (ValueError, OSError):
+    except OSError:
         pass
 
 
 def _builds_launchers() -> bool:
-    """Whether this Triton builds a C launcher per kernel signature (then the parent's ``triton_launch``
+    """Whether this Triton builds a C launcher per kernel signature (then the parent's ``launch``
     replaces its helper modules)."""
     try:
         import triton.backends.nvidia.driver as nvd
@@ -127,33 +128,33 @@ def _builds_launchers() -> bool:
 
 
 def main() -> None:
-    _lower_priority()
+    # the parent's settings (workers._Worker); run by hand without them, the defaults below
+    settings = json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}
+    _lower_priority(int(settings.get("nice", 10)))
     here = os.path.dirname(os.path.abspath(__file__))
-    extra = [p for p in os.environ.get("SHAPEPLAN_WORKER_PATH", "").split(os.pathsep) if p]
+    extra = [p for p in settings.get("path", []) if p]
     sys.path[:] = [p for p in sys.path + [p for p in extra if p not in sys.path]
                    if os.path.abspath(p or ".") != here]                    # no shadowing by our modules
     try:
         import triton
     except ImportError:
         if sys.flags.no_site:            # started with -S and Triton needs site initialisation: once more with it
-            os.execv(sys.executable, [sys.executable, "-u", os.path.abspath(__file__)])
+            os.execv(sys.executable, [sys.executable, "-u", os.path.abspath(__file__), *sys.argv[1:]])
         raise
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    _use_stamp(os.environ.get("SHAPEPLAN_TRITON_STAMP", ""))
-    ctypes_launch = os.environ.get("SHAPEPLAN_TRITON_CTYPES", "1").strip().lower() not in ("0", "false", "off", "no")
-    if os.environ.get("SHAPEPLAN_WORKER_INDEX") == "0" and not (ctypes_launch and _builds_launchers()):
+    _use_stamp(settings.get("stamp", ""))
+    ctypes_launch = bool(settings.get("ctypes", True))
+    if settings.get("index") == 0 and not (ctypes_launch and _builds_launchers()):
         try:      # the CUDA driver's helper module (a C build on a cold cache): one worker builds it up front
-                  # unless the parent loads and launches through ctypes (triton_launch) and never needs it
+                  # unless the parent loads and launches through ctypes (launch.py) and never needs it
             from triton.backends.nvidia.driver import CudaUtils
             CudaUtils()
         except Exception:  # noqa: BLE001, S110 - no CUDA here: the parent builds it when it needs it
             pass
     out = sys.stdout
-    try:                                 # seconds from the parent's spawn to ready (start-up diagnostics)
-        ready_s = round(time.time() - float(os.environ.get("SHAPEPLAN_WORKER_SPAWNED", "")), 3)
-    except ValueError:
-        ready_s = None
+    spawned = settings.get("spawned")          # seconds from the parent's spawn to ready (start-up diagnostics)
+    ready_s = round(time.time() - float(spawned), 3) if spawned is not None else None
     out.write(json.dumps({"ready": True, "pid": os.getpid(), "triton": triton.__version__, "ready_s": ready_s,
                           "site": not sys.flags.no_site}) + "\n")
     out.flush()

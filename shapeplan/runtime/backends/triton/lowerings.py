@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 import torch
 
-from shapeplan.runtime.backends.triton_codegen import FLOATS, Meta
+from shapeplan.runtime.backends.triton.codegen import FLOATS, Meta
 
 ABSENT = -1
 
@@ -61,7 +61,7 @@ def bind_rms(slot: Any, metas: dict[int, Meta]) -> Callable[..., tuple] | None:
     if a.get("stash_type", 1) != 1 or ins[0] is None or not _last_axis(a.get("axis", -1), len(ins[0].shape)) \
             or len(outs) != 1 or not _norm_ok(ins, outs, 1):
         return None
-    from shapeplan.runtime.backends import triton_kernels as K
+    from shapeplan.runtime.backends.triton.kernels import rows as K
     eps, meta = float(a.get("epsilon", 1e-5)), outs[0]
 
     def run(x: torch.Tensor, w: torch.Tensor) -> tuple:
@@ -75,7 +75,7 @@ def bind_skip_rms(slot: Any, metas: dict[int, Meta]) -> Callable[..., tuple] | N
     if a.get("stash_type", 1) != 1 or ins[0] is None or not _last_axis(a.get("axis", -1), len(ins[0].shape)) \
             or ins[1] is None or len(outs) != 2 or not _norm_ok(ins, [o for o in outs if o is not None], 1):
         return None
-    from shapeplan.runtime.backends import triton_kernels as K
+    from shapeplan.runtime.backends.triton.kernels import rows as K
     eps, m_y, m_s = float(a.get("epsilon", 1e-5)), outs[0], outs[1]
 
     def run(x: torch.Tensor, skip: torch.Tensor, w: torch.Tensor) -> tuple:
@@ -91,7 +91,7 @@ def bind_layer_norm(slot: Any, metas: dict[int, Meta]) -> Callable[..., tuple] |
     if a.get("stash_type", 1) != 1 or ins[0] is None or not _last_axis(a.get("axis", -1), len(ins[0].shape)) \
             or len([o for o in outs if o is not None]) != 1 or not _norm_ok(ins, outs[:1], len(ins) - 1):
         return None
-    from shapeplan.runtime.backends import triton_kernels as K
+    from shapeplan.runtime.backends.triton.kernels import rows as K
     eps, meta = float(a.get("epsilon", 1e-5)), outs[0]
 
     def run(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> tuple:
@@ -107,7 +107,7 @@ def bind_softmax(slot: Any, metas: dict[int, Meta]) -> Callable[..., tuple] | No
         return None
     if not _norm_ok(ins, outs, 0):
         return None
-    from shapeplan.runtime.backends import triton_kernels as K
+    from shapeplan.runtime.backends.triton.kernels import rows as K
     meta = outs[0]
 
     def run(x: torch.Tensor) -> tuple:
@@ -124,7 +124,7 @@ def bind_silu_mul(slot: Any, metas: dict[int, Meta]) -> Callable[..., tuple] | N
         return None
     if up is not None and (up.shape != g.shape or up.dtype != g.dtype):
         return None
-    from shapeplan.runtime.backends import triton_kernels as K
+    from shapeplan.runtime.backends.triton.kernels import rows as K
 
     def run(gate: torch.Tensor, up_: torch.Tensor | None = None) -> tuple:
         return (K.silu_mul(gate, up_, out=_out(o, gate.device)),)
@@ -155,7 +155,7 @@ def bind_rope(slot: Any, metas: dict[int, Meta]) -> Callable[..., tuple] | None:
     if pos is not None and (len(cos.shape) != 2 or pos.shape != (b, s)):
         return None
     interleaved = bool(a.get("interleaved", 0))
-    from shapeplan.runtime.backends import triton_kernels as K
+    from shapeplan.runtime.backends.triton.kernels import rows as K
 
     def run(x_: torch.Tensor, c: torch.Tensor, sn: torch.Tensor, p: torch.Tensor | None = None) -> tuple:
         y = _out(o, x_.device)
@@ -196,7 +196,7 @@ def bind_cache_write_kv(slot: Any, metas: dict[int, Meta]) -> Callable[..., tupl
                             or cos.stride != sin.stride or cos.stride[-1] != 1):
         return None
     interleaved = bool(slot.node.attrs.get("interleaved", 0))
-    from shapeplan.runtime.backends import triton_kernels as K
+    from shapeplan.runtime.backends.triton.kernels import rows as K
 
     def run(k_cache: torch.Tensor, v_cache: torch.Tensor, k_: torch.Tensor, v_: torch.Tensor,
             position: torch.Tensor, c: torch.Tensor | None = None, s: torch.Tensor | None = None) -> tuple:

@@ -9,18 +9,17 @@ G = Hq / Hkv query heads of the group, and writes an online-softmax partial (max
 past the position exit at once. Pass 2, grid (B * Hkv,): merges the partials of each head group.
 Runs on CUDA, or on CPU tensors under ``TRITON_INTERPRET=1`` (tests).
 
-Tuning (``configure`` or ``SHAPEPLAN_DECODE_ATTN=split,warps,dot``): SPLIT keys per program, warps of
+Tuning (``configure`` or ``SHAPEPLAN_LLM_DECODE_ATTENTION=MODE:split,warps,dot``): SPLIT keys per program, warps of
 pass 1, and ``dot`` = the q.k and p.v products on the tensor cores (``tl.dot``, the G query rows
 padded to 16; p rounded to the cache dtype as flash attention does) instead of broadcast-multiply-sum.
 """
 from __future__ import annotations
 
-import os
-
 import torch
 
-from shapeplan.runtime.backends.triton_env import triton   # before the kernels: cache dir, compile workers
-from shapeplan.llm.decode_attention_kernels import _combine, _partial
+from shapeplan import env
+from shapeplan.runtime.backends.triton.env import triton   # before the kernels: Triton's cache under ours
+from shapeplan.runtime.backends.triton.kernels.decode_attention_jit import _combine, _partial
 
 SPLIT = 0                # keys per program; 0 = auto: 16, or L / 64 for caches over 1,024 (combine <= 64 rows)
 WARPS = 2                # auto / 2 / no dot: fastest in bench/decode_attention.py on the H200 (7.1 us
@@ -38,9 +37,9 @@ def configure(split: int | None = None, warps: int | None = None, dot: bool | No
     return old
 
 
-if os.environ.get("SHAPEPLAN_DECODE_ATTN"):
-    _s, _w, _d = os.environ["SHAPEPLAN_DECODE_ATTN"].split(",")
-    configure(int(_s), int(_w), _d.strip().lower() in ("1", "true", "dot"))
+_tuning = env.get("SHAPEPLAN_LLM_DECODE_ATTENTION")[1]      # MODE:split,warps,dot (read once, at import)
+if _tuning is not None:
+    configure(*_tuning)
 
 
 def _pow2(n: int) -> int:
@@ -65,7 +64,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     ns = triton.cdiv(length, split)
     bn = min(split, 64, max(16, MAX_TILE // (gp * dp))) if not dot else min(split, 64)
     if compile_only:
-        from shapeplan.runtime.backends.triton_env import interpreting
+        from shapeplan.runtime.backends.triton.env import interpreting
         if interpreting():                 # the interpreter compiles nothing
             return None
         _compile_only(q, k_cache, v_cache, scale, window, only, hkv, g, gp, d, dp, ns, split, bn, dot)

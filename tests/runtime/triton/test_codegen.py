@@ -19,10 +19,11 @@ from shapeplan import diagnostics  # noqa: E402
 from shapeplan.ops.registry import is_supported, lookup  # noqa: E402
 from shapeplan.plan.compiler import compile_plan  # noqa: E402
 from shapeplan.runtime.backends import SegmentContext  # noqa: E402
-from shapeplan.runtime.backends import triton_codegen as cg  # noqa: E402
-from shapeplan.runtime.backends import triton_kernels as K  # noqa: E402
+from shapeplan.runtime.backends.triton import codegen as cg  # noqa: E402
+from shapeplan.runtime.backends.triton.kernels import rows as K  # noqa: E402
 from shapeplan.runtime.backends.cuda_graphs import run_steps, slot_steps  # noqa: E402
-from shapeplan.runtime.backends.triton_backend import TritonBackend, close  # noqa: E402
+from shapeplan.runtime.backends.triton.backend import TritonBackend  # noqa: E402
+from shapeplan.runtime.backends.triton.verdicts import close  # noqa: E402
 
 DEV = torch.device("cuda" if CUDA else "cpu")
 
@@ -72,8 +73,8 @@ def test_layer_norm_softmax_silu_mul(dtype):
 @pytest.mark.parametrize("rank", [3, 4])
 @pytest.mark.parametrize("with_pos", [False, True])
 def test_rope_matches_rotary_embedding(interleaved, rank, with_pos):
-    from shapeplan.runtime.backends.triton_codegen import Meta
-    from shapeplan.runtime.backends.triton_lowerings import bind_rope
+    from shapeplan.runtime.backends.triton.codegen import Meta
+    from shapeplan.runtime.backends.triton.lowerings import bind_rope
     b, h, s, d = 2, 3, 5, 16
     x = torch.randn(b, h, s, d, device=DEV) if rank == 4 else torch.randn(b, s, h * d, device=DEV)
     if with_pos:
@@ -104,8 +105,8 @@ def test_cache_write_kv_matches_two_cache_writes(dtype, position, rotate):
     builder makes it) exactly where two CacheWrites do, with k rotated first when cos/sin are given
     (rotate-half or interleaved, rounded as RotaryEmbedding rounds); a position outside the cache writes
     nothing."""
-    from shapeplan.runtime.backends.triton_codegen import Meta
-    from shapeplan.runtime.backends.triton_lowerings import bind_cache_write_kv
+    from shapeplan.runtime.backends.triton.codegen import Meta
+    from shapeplan.runtime.backends.triton.lowerings import bind_cache_write_kv
     b, h, length, d = 2, 3, 8, 24
     kc, vc = torch.randn(b, h, length, d, device=DEV).to(dtype), torch.randn(b, h, length, d, device=DEV).to(dtype)
     k = torch.randn(b, h, 1, d, device=DEV).to(dtype)
@@ -229,8 +230,8 @@ def test_check_verdicts_are_kept_on_disk_and_reused(monkeypatch, tmp_path):
     checks = []
     orig = TritonBackend._check
     monkeypatch.setattr(TritonBackend, "_check", lambda self, *a: checks.append(1) or orig(self, *a))
-    from shapeplan.runtime.backends import triton_paths
-    triton_paths._key_files.clear()                   # as a new process: the verdicts come from disk
+    from shapeplan.runtime.backends.triton import paths
+    paths._key_files.clear()                   # as a new process: the verdicts come from disk
     x = torch.randn(2, 6, 40, device=DEV)
     kept2, got2, ref2 = _fused_run(g, {"x": x})
     assert not checks and [s.kind for s in kept2] == [s.kind for s in kept]
@@ -259,8 +260,8 @@ def test_single_op_runs_are_not_fused():
 
 
 def test_wrong_kernel_is_caught_and_unfused(monkeypatch):
-    from shapeplan.runtime.backends import triton_backend as tb
-    tb._attach()
+    from shapeplan.runtime.backends.triton import fusion
+    fusion.attach()
     opdef = lookup("Add")
     monkeypatch.setattr(opdef, "triton", cg.ElementwiseLowering(lambda a, attrs, c: f"({a[0]} - {a[1]})"))
     diagnostics.enable("VERIFY")

@@ -1,11 +1,11 @@
 """Compile Triton kernels in worker processes, and load compiled ones without Triton's cache key.
 
 Triton compiles a kernel in ~0.3-0.5 s and holds the GIL for most of it, so threads overlap little.
-``install`` (called by ``triton_env`` once Triton is imported) wraps ``triton.compile``: a compile that
-the manifest does not list is sent to one of N worker processes (``triton_compile_worker``: a Triton
-import and nothing else), which compiles it into Triton's disk cache and answers with the kernel's
+``install`` (called by ``env.patch()`` when a triton-mode engine is created) wraps ``triton.compile``:
+a compile that the manifest does not list is sent to one of N worker processes (``compile_worker.py``:
+a Triton import and nothing else), which compiles it into Triton's disk cache and answers with the kernel's
 cache entry; the wrapper loads that entry. While it waits, the calling thread holds no GIL, so the
-warm-up threads of ``triton_backend.warm_kernels`` compile in parallel for real.
+warm-up threads of ``warmup.warm_kernels`` compile in parallel for real.
 
 The manifest (``<Triton cache>/shapeplan_compiled.txt``) maps our key of a kernel (source hash, target,
 options, cache-relevant environment, and the installation *stamp*) to its entry in Triton's cache, so a
@@ -21,7 +21,8 @@ Nothing depends on a worker for correctness: a job a worker cannot take (a value
 source that hashes differently there, a crash) and an entry that no longer loads leave Triton's own
 compile to do the work in-process, as without workers (a FALLBACK event says why).
 
-``SHAPEPLAN_TRITON_WORKERS``: number of workers (default min(8, CPUs - 1)); 0 turns this off.
+``SHAPEPLAN_TRITON_WORKERS``: number of workers (default min(8, CPUs - 1)); 0 turns this off. A worker gets
+its settings (index, stamp, priority, launcher choice, import path) as one JSON argument.
 """
 from __future__ import annotations
 
@@ -38,9 +39,9 @@ import threading
 import time
 from typing import Any
 
-from shapeplan import diagnostics
+from shapeplan import diagnostics, env
 
-WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "triton_compile_worker.py")
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "compile_worker.py")
 
 _lock = threading.Lock()
 _original: Any = None
@@ -50,20 +51,13 @@ _t_pool = 0.0                                  # perf_counter when the pool was 
 
 
 def worker_count() -> int:
-    default = max(1, min(8, (os.cpu_count() or 2) - 1))
-    env = os.environ.get("SHAPEPLAN_TRITON_WORKERS", "").strip()
-    if not env:
-        return default
-    try:
-        return max(0, int(env))
-    except ValueError:
-        diagnostics.record("FALLBACK", "SHAPEPLAN_TRITON_WORKERS is not a whole number: using the default",
-                           given=env, default=default)
-        return default
+    """``SHAPEPLAN_TRITON_WORKERS``, default min(8, CPUs - 1); 0 turns the workers off."""
+    n = env.get("SHAPEPLAN_TRITON_WORKERS")
+    return max(1, min(8, (os.cpu_count() or 2) - 1)) if n is None else max(0, n)
 
 
 def manifest_path() -> str:
-    from shapeplan.runtime.backends.triton_paths import triton_cache_dir
+    from shapeplan.runtime.backends.triton.paths import triton_cache_dir
     return str(triton_cache_dir() / "shapeplan_compiled.txt")
 
 
@@ -254,12 +248,12 @@ def _job(src: Any, target: Any, options: Any) -> dict[str, Any]:
     path = getattr(getattr(pyfn, "__code__", None), "co_filename", None)
     if not path or not os.path.exists(path):
         raise TypeError("kernel has no source file")
-    from shapeplan.runtime.backends import triton_launch
+    from shapeplan.runtime.backends.triton import launch
     return {"path": path, "name": pyfn.__name__, "signature": _enc(dict(src.signature)),
             "constexprs": _enc(dict(src.constants)), "attrs": _enc(dict(src.attrs)),
             "target": _enc((target.backend, target.arch, target.warp_size)),
             "options": _enc(dict(options or {})), "src_hash": src.hash(),
-            "launcher": not triton_launch.launches(src)}      # launched through ctypes: no host launcher
+            "launcher": not launch.launches(src)}      # launched through ctypes: no host launcher
 
 
 def _key(src: Any, target: Any, options: Any, env_vars: Any = None) -> str:
@@ -270,12 +264,12 @@ def _key(src: Any, target: Any, options: Any, env_vars: Any = None) -> str:
 
 
 def _known() -> dict[str, str]:
-    from shapeplan.runtime.backends.triton_paths import keys_in
+    from shapeplan.runtime.backends.triton.paths import keys_in
     return keys_in(manifest_path())
 
 
 def _remember(key: str, kernel_hash: str, json_name: str) -> None:
-    from shapeplan.runtime.backends.triton_paths import add_key
+    from shapeplan.runtime.backends.triton.paths import add_key
     add_key(manifest_path(), key, f"{kernel_hash} {json_name}")
 
 
@@ -283,16 +277,18 @@ def _remember(key: str, kernel_hash: str, json_name: str) -> None:
 
 class _Worker:
     def __init__(self, index: int = 0) -> None:
-        env = dict(os.environ, SHAPEPLAN_WORKER_INDEX=str(index), SHAPEPLAN_TRITON_STAMP=stamp())
-        from shapeplan.runtime.backends.triton_paths import triton_cache_dir
-        env.setdefault("TRITON_CACHE_DIR", str(triton_cache_dir()))
+        from shapeplan.runtime.backends.triton.paths import triton_cache_dir
+        environ = dict(os.environ)
+        environ.setdefault("TRITON_CACHE_DIR", str(triton_cache_dir()))
+        # the worker imports nothing of shapeplan: it gets its settings on the command line (compile_worker.main)
         # -S: no site initialisation (0.3 s in some environments); the worker gets this process's import
         # path instead, and restarts itself with site initialisation when Triton does not import so
-        paths = [p for p in sys.path if p and os.path.isdir(p)]
-        env["SHAPEPLAN_WORKER_PATH"] = os.pathsep.join(paths)
-        env["SHAPEPLAN_WORKER_SPAWNED"] = repr(time.time())
-        self.proc = subprocess.Popen([sys.executable, "-S", "-u", WORKER], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+        settings = {"index": index, "stamp": stamp(), "nice": env.get("SHAPEPLAN_TRITON_WORKER_NICE"),
+                    "ctypes": env.get("SHAPEPLAN_TRITON_CTYPES"), "spawned": time.time(),
+                    "path": [p for p in sys.path if p and os.path.isdir(p)]}
+        self.proc = subprocess.Popen([sys.executable, "-S", "-u", WORKER, json.dumps(settings)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                     text=True, env=environ)
         self.seq = 0
 
     def call(self, job: dict[str, Any]) -> dict[str, Any]:

@@ -19,9 +19,9 @@ handful of driver calls, made here through ``ctypes``:
   launches, scratch memory, tuple arguments) and kernels that are not shapeplan's get Triton's own
   launcher, built as before.
 
-``install()`` (at Triton's import, ``triton_env``) puts both in place of Triton's classes, only on a
-Triton whose launcher is built per signature (``make_launcher``); later versions launch without a
-build and are left alone. ``SHAPEPLAN_TRITON_CTYPES=0`` keeps Triton's own modules.
+``install()`` (``env.patch()``, when a triton-mode engine is created) puts both in place of Triton's
+classes, only on a Triton whose launcher is built per signature (``make_launcher``); later versions
+launch without a build and are left alone. ``SHAPEPLAN_TRITON_CTYPES=0`` keeps Triton's own modules.
 """
 from __future__ import annotations
 
@@ -29,6 +29,8 @@ import ctypes
 import os
 import threading
 from typing import Any
+
+from shapeplan import env
 
 _CU_DEVICE_ATTRIBUTE = {"max_shared_mem": 97, "max_num_regs": 12, "multiprocessor_count": 16, "warpSize": 10,
                         "sm_clock_rate": 13, "mem_clock_rate": 36, "mem_bus_width": 37}
@@ -48,7 +50,7 @@ _original: dict[str, Any] = {}
 
 
 def enabled() -> bool:
-    return os.environ.get("SHAPEPLAN_TRITON_CTYPES", "1").strip().lower() not in ("0", "false", "off", "no")
+    return env.get("SHAPEPLAN_TRITON_CTYPES")
 
 
 class CudaError(RuntimeError):
@@ -161,8 +163,9 @@ def _ours(src: Any) -> bool:
     path = os.path.abspath(getattr(getattr(fn, "__code__", None), "co_filename", "") or "")
     if not path:
         return False
-    from shapeplan.runtime.backends.triton_paths import source_dir
-    roots = (os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), str(source_dir()))
+    import shapeplan
+    from shapeplan.runtime.backends.triton.paths import source_dir
+    roots = (os.path.dirname(os.path.abspath(shapeplan.__file__)), str(source_dir()))
     return any(path.startswith(os.path.abspath(r) + os.sep) for r in roots)
 
 

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import torch
 
-from shapeplan.runtime.backends.triton_env import triton
-from shapeplan.runtime.backends.triton_jit import (_cache_write_kv_kernel, _layer_norm_kernel, _rms_norm_kernel,
-                                                  _rope_kernel, _silu_mul_kernel, _softmax_kernel)
+from shapeplan.runtime.backends.triton.env import triton   # before the kernels: Triton's cache under ours
+from shapeplan.runtime.backends.triton.kernels.rows_jit import (_cache_write_kv_kernel, _layer_norm_kernel,
+                                                               _rms_norm_kernel, _rope_kernel, _silu_mul_kernel,
+                                                               _softmax_kernel)
 
 _MAX_ROW = 65536        # one row per program: beyond this a row no longer fits a block
 

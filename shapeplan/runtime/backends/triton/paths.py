@@ -3,6 +3,7 @@
 Triton caches compiled kernels on disk under ``TRITON_CACHE_DIR``; unless the user set it, it is
 ``<shapeplan cache>/triton``, so ``shapeplan cache clear --all`` clears kernels too and a warm start
 reuses them. Generated kernel sources live beside it in ``<shapeplan cache>/triton_src``.
+``<shapeplan cache>`` is ``shapeplan.cache.paths.cache_root()``, the plan cache's root too.
 """
 from __future__ import annotations
 
@@ -10,16 +11,7 @@ import os
 import shutil
 from pathlib import Path
 
-
-def cache_root() -> Path:
-    """shapeplan's cache directory (``SHAPEPLAN_CACHE_DIR`` or ``~/.cache/shapeplan``)."""
-    try:                                    # the plan cache owns the location when it exists
-        from shapeplan.cache import cache_dir  # type: ignore[attr-defined]
-        return Path(cache_dir())
-    except Exception:
-        env = os.environ.get("SHAPEPLAN_CACHE_DIR")
-        base = Path(env) if env else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "shapeplan"
-        return base
+from shapeplan.cache.paths import cache_root
 
 
 def triton_cache_dir() -> Path:

@@ -1,7 +1,7 @@
-"""The hand-written Triton kernels of ``triton_kernels`` (their launchers are there).
+"""The row-wise Triton kernels of ``rows`` (their launchers are there).
 
 This module imports Triton and nothing else (no torch, no shapeplan), so a compile worker process
-(``triton_compile_worker``) can load it by path in the time of a Triton import.
+(``../compile_worker.py``) can load it by path in the time of a Triton import.
 """
 
 import triton

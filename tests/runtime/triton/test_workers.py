@@ -1,4 +1,4 @@
-"""Triton kernels compiled in worker processes (``triton_workers``), checked without a GPU.
+"""Triton kernels compiled in worker processes (``triton/workers.py``), checked without a GPU.
 
 Triton compiles for an explicit target (sm_90) on a machine without CUDA, so the whole path runs here:
 the parent wraps ``triton.compile``, a worker process compiles into the disk cache, the parent loads
@@ -23,8 +23,9 @@ SCRIPT = textwrap.dedent("""
     import json, os, sys, time
     from shapeplan import diagnostics
     diagnostics.enable(["COMPILE", "FALLBACK"], level="detailed")
-    from shapeplan.runtime.backends import triton_env, triton_workers
-    from shapeplan.runtime.backends.triton_jit import _silu_mul_kernel
+    from shapeplan.runtime.backends.triton import env, workers as triton_workers
+    from shapeplan.runtime.backends.triton.kernels.rows_jit import _silu_mul_kernel
+    env.patch()
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -121,7 +122,7 @@ def test_a_manifest_entry_whose_files_are_gone_compiles_again(tmp_path):
 
 def test_the_stamp_follows_the_installation(tmp_path, monkeypatch):
     """The stamp (which stands in for Triton's key) changes when a Triton file's size or time changes."""
-    from shapeplan.runtime.backends import triton_workers as tw
+    from shapeplan.runtime.backends.triton import workers as tw
     root = tmp_path / "triton"
     (root / "_C").mkdir(parents=True)
     (root / "__init__.py").write_text("__version__ = '9.9.9'\n")
@@ -147,12 +148,12 @@ def test_the_stamp_follows_the_installation(tmp_path, monkeypatch):
 
 def test_a_job_the_worker_cannot_rebuild_is_declined_with_a_reason(tmp_path, monkeypatch):
     """A source that hashes differently in the worker is refused (the parent then compiles in-process)."""
-    from shapeplan.runtime.backends import triton_jit
-    from shapeplan.runtime.backends import triton_workers as tw
+    from shapeplan.runtime.backends.triton import workers as tw
+    from shapeplan.runtime.backends.triton.kernels import rows_jit
     monkeypatch.setenv("SHAPEPLAN_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     enc = tw._enc
-    job = {"path": triton_jit.__file__, "name": "_silu_mul_kernel",
+    job = {"path": rows_jit.__file__, "name": "_silu_mul_kernel",
            "signature": enc({"G": "*fp16", "U": "*fp16", "Y": "*fp16", "stride_g": "i32", "stride_u": "i32",
                              "stride_y": "i32", "N": "i32", "BLOCK": "constexpr"}),
            "constexprs": enc({(7,): 64}), "attrs": enc({}), "target": enc(("cuda", 90, 32)), "options": enc({}),
@@ -173,7 +174,7 @@ def test_a_job_the_worker_cannot_rebuild_is_declined_with_a_reason(tmp_path, mon
 def test_a_dead_worker_leaves_the_pool_and_jobs_fall_back(tmp_path, monkeypatch):
     """A worker that dies answers its job with an error (the parent then compiles in-process); once
     every worker is gone, jobs get no worker at once instead of waiting."""
-    from shapeplan.runtime.backends import triton_workers as tw
+    from shapeplan.runtime.backends.triton import workers as tw
     monkeypatch.setenv("SHAPEPLAN_CACHE_DIR", str(tmp_path))
     pool = tw._Pool(2)
     try:
@@ -190,7 +191,7 @@ def test_a_dead_worker_leaves_the_pool_and_jobs_fall_back(tmp_path, monkeypatch)
 
 
 def test_a_worker_that_dies_while_starting_leaves_the_pool(tmp_path, monkeypatch):
-    from shapeplan.runtime.backends import triton_workers as tw
+    from shapeplan.runtime.backends.triton import workers as tw
     monkeypatch.setenv("SHAPEPLAN_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(tw, "WORKER", str(tmp_path / "no_such_worker.py"))
     pool = tw._Pool(2)
@@ -202,28 +203,25 @@ def test_a_worker_that_dies_while_starting_leaves_the_pool(tmp_path, monkeypatch
 
 
 def test_worker_count_setting(monkeypatch):
-    from shapeplan import diagnostics
-    from shapeplan.runtime.backends import triton_workers as tw
+    from shapeplan.errors import SwitchError
+    from shapeplan.runtime.backends.triton import workers as tw
     monkeypatch.setenv("SHAPEPLAN_TRITON_WORKERS", "3")
     assert tw.worker_count() == 3
     monkeypatch.setenv("SHAPEPLAN_TRITON_WORKERS", "0")
     assert tw.worker_count() == 0
-    diagnostics.reset()
-    diagnostics.enable(["FALLBACK"])
-    try:
-        monkeypatch.setenv("SHAPEPLAN_TRITON_WORKERS", "lots")
-        assert tw.worker_count() >= 1
-        assert any("SHAPEPLAN_TRITON_WORKERS" in e.message for e in diagnostics.events())
-    finally:
-        diagnostics.disable()
-        diagnostics.reset()
+    monkeypatch.delenv("SHAPEPLAN_TRITON_WORKERS")
+    assert tw.worker_count() >= 1
+    monkeypatch.setenv("SHAPEPLAN_TRITON_WORKERS", "lots")
+    with pytest.raises(SwitchError, match="SHAPEPLAN_TRITON_WORKERS='lots': expected a whole number"):
+        tw.worker_count()
 
 
 def test_a_worker_without_triton_on_its_path_restarts_with_site(tmp_path):
-    """Workers start with ``python -S`` and the parent's import path; one that cannot import Triton that
-    way restarts itself with site initialisation and still reports ready."""
-    from shapeplan.runtime.backends import triton_workers as tw
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "SHAPEPLAN_WORKER_PATH")}
+    """Workers start with ``python -S`` and the parent's import path (in their settings); one that cannot
+    import Triton that way (here: started without settings) restarts itself with site initialisation and
+    still reports ready."""
+    from shapeplan.runtime.backends.triton import workers as tw
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["TRITON_CACHE_DIR"] = str(tmp_path)
     p = subprocess.Popen([sys.executable, "-S", "-u", tw.WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                          text=True, env=env)
@@ -240,7 +238,7 @@ def test_workers_run_below_the_parent_unless_told_not_to(tmp_path, monkeypatch, 
     """Workers lower their priority (default 10) so the parent, still optimizing and compiling the plan,
     keeps its cores; ``SHAPEPLAN_TRITON_WORKER_NICE=0`` keeps the parent's. ``starting`` counts workers
     that have not reported ready yet."""
-    from shapeplan.runtime.backends import triton_workers as tw
+    from shapeplan.runtime.backends.triton import workers as tw
     monkeypatch.setenv("SHAPEPLAN_CACHE_DIR", str(tmp_path))
     if nice:
         monkeypatch.setenv("SHAPEPLAN_TRITON_WORKER_NICE", nice)
@@ -269,7 +267,7 @@ def test_compile_leaves_cores_to_starting_workers(monkeypatch):
 
     from shapeplan import diagnostics
     from shapeplan.runtime import compile as spc
-    from shapeplan.runtime.backends import triton_workers as tw
+    from shapeplan.runtime.backends.triton import workers as tw
     before = torch.get_num_threads()
     seen: list[int] = []
     monkeypatch.setattr(os, "cpu_count", lambda: 16)
@@ -303,8 +301,9 @@ def test_compile_leaves_cores_to_starting_workers(monkeypatch):
 
 JOB_SCRIPT = textwrap.dedent("""
     import json, sys
-    from shapeplan.runtime.backends import triton_env, triton_workers as tw
-    from shapeplan.runtime.backends.triton_jit import _silu_mul_kernel
+    from shapeplan.runtime.backends.triton import env, workers as tw
+    from shapeplan.runtime.backends.triton.kernels.rows_jit import _silu_mul_kernel
+    env.patch()
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     from triton.compiler.compiler import make_backend
@@ -324,7 +323,7 @@ JOB_SCRIPT = textwrap.dedent("""
 
 @pytest.mark.parametrize("launcher", ["0", "1"])
 def test_a_job_says_whether_the_worker_builds_a_launcher(tmp_path, launcher):
-    """The parent that launches a kernel through ``triton_launch`` asks for no host launcher: the worker
+    """The parent that launches a kernel through ``launch`` asks for no host launcher: the worker
     then compiles the kernel only. The reply splits its time into the compile and the launcher's build."""
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "TRITON_CACHE_DIR")}
     env.update(SHAPEPLAN_CACHE_DIR=str(tmp_path))

@@ -1,7 +1,7 @@
 """The two Triton kernels of ``decode_attention`` (the launcher and tuning are there).
 
 This module imports Triton and nothing else (no torch, no shapeplan), so a compile worker process
-(``runtime/backends/triton_compile_worker``) can load it by path in the time of a Triton import.
+(``../compile_worker.py``) can load it by path in the time of a Triton import.
 """
 
 import triton

@@ -1,0 +1,257 @@
+"""Every ``SHAPEPLAN_*`` environment switch: one typed table, read through ``get``.
+
+    from shapeplan import env
+    env.get("SHAPEPLAN_CACHE_DIR")          # -> str | None
+    env.get("SHAPEPLAN_TRITON_WORKERS")     # -> int | None (unset: the caller's default)
+
+A row is ``Switch(name, type, default, meaning)``. ``get`` reads the variable now (a test may set it
+between calls), parses it by its type, and returns the default when it is unset or empty; a value its
+type does not allow raises ``SwitchError`` naming the variable, the value and what is expected. Nothing
+on the replay hot path calls ``get``: such switches are read once, at import or when an engine, a plan
+or a captured segment is built, and kept.
+
+Types: ``bool`` (1/0, true/false, on/off, yes/no), ``int``, ``float``, ``str``, ``path``, ``names`` (a
+comma-separated list, returned as a tuple), ``a|b|c`` (one of these words), and the decode-attention
+choice ``auto|sdpa|triton[:split,warps,dot]`` (returned as ``(mode, (split, warps, dot) | None)``).
+
+The README's table of switches is generated from this one (``shapeplan env --markdown``;
+tests/test_env.py checks that they agree); ``shapeplan env`` lists them with the values set now.
+This module imports the standard library and ``shapeplan.errors`` only (no torch).
+"""
+from __future__ import annotations
+
+import difflib
+import os
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+from shapeplan.errors import SwitchError
+
+
+@dataclass(frozen=True, slots=True)
+class Switch:
+    name: str
+    type: str
+    default: Any
+    meaning: str
+
+
+DECODE_ATTENTION_TYPE = "auto|sdpa|triton[:split,warps,dot]"
+
+SWITCHES: tuple[Switch, ...] = (
+    # ---- diagnostics
+    Switch("SHAPEPLAN_DIAGNOSTICS", "names", (),
+           "record engine decisions of these categories (COMPILE, EXECUTE, SEGMENT, FUSION, GRAPH_REPLAY, "
+           "FALLBACK, CACHE, ...; ALL: every one; 0/off/none: none)"),
+    Switch("SHAPEPLAN_DIAGNOSTICS_LEVEL", "summary|detailed|full", "summary", "how much each recorded event holds"),
+    Switch("SHAPEPLAN_DIAGNOSTICS_FILE", "path", None,
+           "write the JSON diagnostics report there at exit (every category unless SHAPEPLAN_DIAGNOSTICS names some)"),
+    # ---- optimizer
+    Switch("SHAPEPLAN_OPTIMIZER", "bool", True, "run the optimizer's passes (0: the graph as imported)"),
+    Switch("SHAPEPLAN_OPTIMIZER_SKIP", "names", (), "optimizer passes to skip, by name (docs/optimizer.md)"),
+    Switch("SHAPEPLAN_OPTIMIZER_LOG", "bool", False, "log each rewrite the optimizer applies"),
+    Switch("SHAPEPLAN_OPTIMIZER_FAST_MATH", "bool", False,
+           "allow algebraic identities that are not exact in floating point"),
+    Switch("SHAPEPLAN_VERIFY", "bool", False, "check the IR after every optimizer pass"),
+    # ---- caches
+    Switch("SHAPEPLAN_CACHE_DIR", "path", None,
+           "root of every on-disk cache: plans in <dir>/plans, Triton's kernels, sources and verdicts beside "
+           "them (default: ~/.cache/shapeplan)"),
+    Switch("SHAPEPLAN_CACHE_OVERRIDE_DIR", "path", None, "a read-only plan cache directory, looked up first"),
+    Switch("SHAPEPLAN_CACHE_FORCE_RECOMPILE", "bool", False, "ignore cached plans and write fresh ones"),
+    Switch("SHAPEPLAN_DISK_CACHE", "bool", None,
+           "the disk plan cache on or off (default: on for model files, off for in-memory graphs)"),
+    Switch("SHAPEPLAN_FROZEN_RECORDS", "bool", None,
+           "frozen-plan records: a plan's recorded layouts kept on disk so a warm start captures on its first "
+           "call (default: on for CUDA engines, off on the CPU; docs/runtime.md)"),
+    # ---- GPU: numerics and capture
+    Switch("SHAPEPLAN_DETERMINISTIC", "bool", False,
+           "bit-comparable GPU runs (TF32 off, deterministic algorithms, a fixed cuBLAS workspace)"),
+    Switch("SHAPEPLAN_TF32", "bool", False, "allow TF32 in matmuls and convolutions (ignored when deterministic)"),
+    Switch("SHAPEPLAN_CAPTURE_FIRST", "bool", True,
+           "capture a segment before its first eager run when every Triton step's check verdict is on disk "
+           "(0: always run it eagerly first; docs/runtime.md)"),
+    Switch("SHAPEPLAN_WEIGHT_GUARD", "full|sampled", "full",
+           "check every constant on every call, or a rotating chunk per replay"),
+    Switch("SHAPEPLAN_FAULT", "names", (),
+           "fault injection at these steps (staging, allocation, capture, capture_oom): the engine must raise a "
+           "clear error and recover; read once at import (tests: runtime.faults.inject)"),
+    # ---- Triton
+    Switch("SHAPEPLAN_TRITON_VERIFY", "bool", False,
+           "check fused kernels against slot_by_slot at every capture (also on random inputs) and every replay; "
+           "read when a segment is captured"),
+    Switch("SHAPEPLAN_TRITON_WARM", "bool", True,
+           "compile Triton kernels ahead of capture on a thread pool, and prepare Triton when an engine is created"),
+    Switch("SHAPEPLAN_TRITON_WORKERS", "int", None,
+           "processes that compile new Triton kernels side by side (default min(8, CPUs - 1); 0: compile in-process)"),
+    Switch("SHAPEPLAN_TRITON_WORKER_NICE", "int", 10,
+           "priority offset of those processes (below this process, which still compiles the plan while they "
+           "start; 0: the same)"),
+    Switch("SHAPEPLAN_TRITON_CTYPES", "bool", True,
+           "load and launch our kernels through the CUDA driver API (0: Triton's own C helper and per-signature "
+           "launchers; docs/gpu.md)"),
+    Switch("SHAPEPLAN_TRITON_EARLY_IMPORT", "bool", True,
+           "import Triton (unpatched) with shapeplan.llm (0: the first triton-mode engine imports it)"),
+    # ---- LLM pipeline
+    Switch("SHAPEPLAN_LLM_DECODE_ATTENTION", DECODE_ATTENTION_TYPE, ("auto", None),
+           "decode-step attention: the Triton split-K kernel on CUDA, SDPA elsewhere (auto) / always SDPA / the "
+           "Triton kernel wherever it runs; ':split,warps,dot' tunes that kernel (bench/gpu_decode_attention.py)"),
+    Switch("SHAPEPLAN_LLM_PREFILL_ATTENTION", "auto|efficient|sdpa", "auto",
+           "prefill attention on CUDA: the memory-efficient kernel for small score matrices, SDPA's choice (cuDNN "
+           "on Hopper) above / always the first / always SDPA's choice"),
+    Switch("SHAPEPLAN_CUDA_WARM", "bool", True,
+           "the LLM pipeline's CUDA warm-up (loads cuBLAS, attention, index, cache-write and elementwise kernels "
+           "while the graph is built)"),
+    Switch("SHAPEPLAN_CUDA_WARM_THREADS", "int", 4,
+           "1: the CUDA warm-up's parts one after another (any other value: each on its own thread)"),
+    Switch("SHAPEPLAN_STARTUP_SWITCH_INTERVAL", "float", 0.0002,
+           "GIL switch interval in seconds while a CUDA LLM pipeline starts (0: Python's 5 ms; docs/gpu.md)"),
+    # ---- tensor / pipeline parallel
+    Switch("SHAPEPLAN_HANG_DUMP_S", "float", 0.0,
+           "tensor-parallel workers print every thread's Python stack to stderr after N s and every N s after "
+           "(where a stuck rank waits; 0: off)"),
+    Switch("SHAPEPLAN_DIST_DESTROY_S", "float", 30.0,
+           "how long leave_group() (and the --tp workers) wait for the process group's destroy before giving up "
+           "with a message"),
+)
+
+BY_NAME: dict[str, Switch] = {s.name: s for s in SWITCHES}
+
+#: names that switches had before; setting one warns and names the switch that replaced it
+RENAMED: dict[str, str] = {
+    "SHAPEPLAN_DECODE_ATTN": "SHAPEPLAN_LLM_DECODE_ATTENTION=MODE:split,warps,dot",
+}
+
+_TRUE, _FALSE = ("1", "true", "on", "yes"), ("0", "false", "off", "no")
+
+
+def _bool(v: str) -> bool:
+    low = v.lower()
+    if low in _TRUE:
+        return True
+    if low in _FALSE:
+        return False
+    raise ValueError("a boolean: 1/0, true/false, on/off or yes/no")
+
+
+def _int(v: str) -> int:
+    try:
+        return int(v)
+    except ValueError:
+        raise ValueError("a whole number") from None
+
+
+def _float(v: str) -> float:
+    try:
+        return float(v)
+    except ValueError:
+        raise ValueError("a number") from None
+
+
+def _names(v: str) -> tuple[str, ...]:
+    return tuple(s.strip() for s in v.split(",") if s.strip())
+
+
+def _decode_attention(v: str) -> tuple[str, tuple[int, int, bool] | None]:
+    mode, _, tuning = v.partition(":")
+    mode = _choice("auto|sdpa|triton", mode.strip())
+    if not tuning:
+        return mode, None
+    parts = [s.strip() for s in tuning.split(",")]
+    try:
+        split, warps, dot = parts
+        return mode, (int(split), int(warps), dot.lower() in ("1", "true", "dot"))
+    except ValueError:
+        raise ValueError("auto, sdpa or triton, optionally followed by ':split,warps,dot' (e.g. triton:16,2,0)") \
+            from None
+
+
+def _choice(kind: str, v: str) -> str:
+    options = kind.split("|")
+    if v.lower() not in options:
+        raise ValueError("one of " + ", ".join(options))
+    return v.lower()
+
+
+_PARSERS: dict[str, Callable[[str], Any]] = {
+    "bool": _bool, "int": _int, "float": _float, "str": str, "path": str, "names": _names,
+    DECODE_ATTENTION_TYPE: _decode_attention,
+}
+
+
+def parse(switch: Switch, raw: str) -> Any:
+    """``raw`` (a non-empty value of ``switch``'s variable) as its type; ``SwitchError`` when it is not one."""
+    parser = _PARSERS.get(switch.type)
+    try:
+        if parser is None:
+            return _choice(switch.type, raw)
+        return parser(raw)
+    except ValueError as e:
+        raise SwitchError(f"{switch.name}={raw!r}: expected {e} ({switch.meaning})") from None
+
+
+def get(name: str, environ: Mapping[str, str] | None = None) -> Any:
+    """The value of the switch ``name`` from the environment (or ``environ``), parsed by its type; its
+    default when the variable is unset or empty (whitespace around a value is ignored)."""
+    switch = BY_NAME.get(name)
+    if switch is None:
+        near = difflib.get_close_matches(name, BY_NAME, n=3)
+        raise KeyError(f"{name} is not a shapeplan switch" + (f"; did you mean {', '.join(near)}?" if near else "")
+                       + " (shapeplan env lists them)")
+    raw = (os.environ if environ is None else environ).get(name, "").strip()
+    if not raw:
+        return switch.default
+    return parse(switch, raw)
+
+
+def check_environment(environ: Mapping[str, str] | None = None) -> list[str]:
+    """Warn about ``SHAPEPLAN_*`` variables no switch reads (renamed ones name their new switch); returns
+    the messages. Called once when shapeplan is imported."""
+    env = os.environ if environ is None else environ
+    messages = []
+    for name in sorted(k for k in env if k.startswith("SHAPEPLAN_") and k not in BY_NAME):
+        if name in RENAMED:
+            messages.append(f"{name} was renamed: set {RENAMED[name]} instead (the old name is ignored)")
+        else:
+            near = difflib.get_close_matches(name, BY_NAME, n=1)
+            hint = f" (did you mean {near[0]}?)" if near else ""
+            messages.append(f"{name} is not a shapeplan switch, ignored{hint}")
+    for m in messages:
+        warnings.warn(m, stacklevel=2)
+    return messages
+
+
+def _default_text(s: Switch) -> str:
+    if s.default is None:
+        return "unset"
+    if s.type == DECODE_ATTENTION_TYPE:
+        return s.default[0]
+    if isinstance(s.default, bool):
+        return "1" if s.default else "0"
+    if isinstance(s.default, tuple):
+        return "(none)"
+    return str(s.default)
+
+
+def markdown() -> str:
+    """The README's table of switches."""
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|")
+    rows = ["| variable | type | default | meaning |", "|---|---|---|---|"]
+    rows += [f"| `{s.name}` | `{cell(s.type)}` | {cell(_default_text(s))} | {cell(s.meaning)} |" for s in SWITCHES]
+    return "\n".join(rows) + "\n"
+
+
+def listing() -> str:
+    """One line per switch: name, type, default, meaning, and the value set now (``shapeplan env``)."""
+    lines = []
+    for s in SWITCHES:
+        raw = os.environ.get(s.name)
+        now = f"  [set: {raw!r}]" if raw is not None else ""
+        lines.append(f"{s.name:<34} {s.type:<22} {_default_text(s):<8} {s.meaning}{now}")
+    return "\n".join(lines) + "\n"
+
+
+__all__ = ["BY_NAME", "RENAMED", "SWITCHES", "Switch", "SwitchError", "check_environment", "get", "listing",
+           "markdown", "parse"]

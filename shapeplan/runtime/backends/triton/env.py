@@ -1,0 +1,66 @@
+"""Import Triton with its compile cache under shapeplan's cache directory; ``patch()`` installs our hooks.
+
+Importing this module imports Triton (ImportError when it is not installed: callers treat that as
+"backend unavailable" and record a FALLBACK event). Triton caches compiled kernels on disk under
+``TRITON_CACHE_DIR``; unless the user set it, we point it at ``<shapeplan cache>/triton`` before
+Triton is imported, so ``shapeplan cache clear --all`` clears kernels too and a warm start reuses them.
+Generated kernel sources live beside it in ``<shapeplan cache>/triton_src``. Nothing else changes.
+
+``patch()`` changes Triton for the whole process, and is therefore called only where a triton-mode
+engine is created (``warmup.prepare``, on the warm-up pool) and before such an engine compiles a
+segment (``TritonBackend.compile``), never by an import:
+
+- ``triton.compile`` is wrapped (``workers``): a kernel the manifest does not list is compiled in a
+  worker process, one it lists is loaded straight from Triton's cache;
+- Triton's NVIDIA driver gets our ``Utils``/``Launcher`` classes (``launch``): shapeplan's kernels load
+  and launch through the CUDA driver API instead of C modules Triton builds first (other kernels keep
+  Triton's own launcher).
+
+Both only save start-up time (docs/gpu.md says how much); a kernel computes the same either way.
+"""
+from __future__ import annotations
+
+import os
+import threading
+
+from shapeplan.runtime.backends.triton.paths import source_dir, triton_cache_dir
+
+os.environ.setdefault("TRITON_CACHE_DIR", str(triton_cache_dir()))
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+try:                                        # Triton >= 3.3 reads env through knobs (may be cached)
+    if not getattr(triton.knobs.cache, "dir", None):
+        triton.knobs.cache.dir = os.environ["TRITON_CACHE_DIR"]
+except AttributeError:
+    pass
+
+_patch_lock = threading.Lock()
+_patched = False
+
+
+def patch() -> None:
+    """Install the compile-worker and driver-API hooks in this process's Triton (idempotent; a thread
+    that calls while another installs them waits until they are in place)."""
+    global _patched
+    if _patched:
+        return
+    with _patch_lock:
+        if _patched:
+            return
+        from shapeplan.runtime.backends.triton import launch, workers
+        launch.install()                    # kernels load and launch without C builds (start-up time)
+        workers.install()                   # new kernels compile in worker processes (start-up time)
+        _patched = True
+
+
+def patched() -> bool:
+    return _patched
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+__all__ = ["interpreting", "patch", "patched", "source_dir", "tl", "triton", "triton_cache_dir"]
