@@ -39,6 +39,12 @@ step serve_batch quick 240 "$SERVE --preset llama-1b --batch 64 --json \$W/serve
 step serve_prefix default 240 "$SERVE --preset llama-1b --batch 64 --prompt-len 64 --shared-prefix 1024 --new-tokens 64 --json \$W/serve_prefix.json && $SERVE --preset llama-1b --batch 64 --prompt-len 64 --shared-prefix 1024 --new-tokens 64 --no-prefix-cache" "$SERVE_SUM"
 step serve_8b extra 300 "$SERVE --preset llama-8b --batch 64 --json \$W/serve_8b.json" "$SERVE_SUM"
 step serve_sweep extra 300 "$SERVE --preset llama-1b --sweep 1,8,32,64,128 --json \$W/serve_sweep.json" "$SERVE_SUM"
+# the OpenAI-compatible server in the background, then streaming HTTP clients (docs/serve.md); the plot comes back in $OUT
+SERVE_HTTP='python3 -m shapeplan serve --preset llama-1b --device cuda --mode triton --max-num-seqs 128 --max-kv-cache-length 1024 --port 8019 --log-level warning > $W/serve_http_server.log 2>&1 & S=$!
+for i in $(seq 900); do grep -q "^serving" $W/serve_http_server.log && break; kill -0 $S 2>/dev/null || break; sleep 0.5; done
+python3 -m shapeplan bench --serve http://127.0.0.1:8019 --concurrency 1,8,32,64,128 --prompt-len 128 --new-tokens 256 --json $W/serve_http.json --plot ${OUT:-$W}/serve_http.png; rc=$?
+kill $S; wait $S; tail -3 $W/serve_http_server.log; exit $rc'
+step serve_http extra 480 "$SERVE_HTTP" 'awk '\''$1 ~ /^[0-9]+$/ && NF >= 12 {printf "%s clients %s tok/s TTFT p50 %s ms err %s; ", $1, $5, $7, $3}'\'' $L'
 step serve_vs_hf extra 300 "$SERVE --preset llama-1b --batch 64 --vs-hf" 'grep -E "^(shapeplan|transformers)" $L | awk '\''{printf "%s %s tok/s; ", $1, ($1=="shapeplan" ? $5 : $6)}'\'''
 step decode_attention default 60 'python3 -m bench.decode_attention --pos 256' \
   'awk '\''/^sdpa/ {s = $4} /^BEST=/ {b = $0} END {if (b) print "sdpa " s " us/call, " b}'\'' $L'

@@ -120,7 +120,8 @@ def add_llm_arguments(p: argparse.ArgumentParser | Any) -> None:
                    help="bytes of the paged KV pool (default: room for max-num-seqs full-length requests, at most "
                         "90%% of free device memory)")
     p.add_argument("--max-kv-cache-length", type=int, default=4096, help="the context: prompt + generated tokens")
-    p.add_argument("--max-prefill-length", type=int, default=2048, help="the largest prefill chunk")
+    p.add_argument("--max-prefill-length", type=int, default=None,
+                   help="the largest prefill chunk (default 2048, at most half the context)")
     p.add_argument("--max-waiting", type=int, default=4096,
                    help="requests that may wait for a slot; beyond it the server answers 503 (default 4096)")
     p.add_argument("--no-prefix-cache", action="store_true", help="turn the block prefix cache off")
@@ -133,7 +134,8 @@ def add_llm_arguments(p: argparse.ArgumentParser | Any) -> None:
 def load_pipeline(args: argparse.Namespace) -> Any:
     from shapeplan.llm import GenerationPipeline
     kw = dict(device=args.device, mode=args.mode, max_num_seqs=args.max_num_seqs, kv_cache_bytes=args.kv_cache_bytes,
-              max_kv_cache_length=args.max_kv_cache_length, max_prefill_length=args.max_prefill_length,
+              max_kv_cache_length=args.max_kv_cache_length,
+              max_prefill_length=args.max_prefill_length or min(2048, args.max_kv_cache_length // 2),
               max_waiting=args.max_waiting, prefix_cache=not args.no_prefix_cache)
     if args.preset:
         return GenerationPipeline.from_preset(args.preset, dtype=args.dtype or "bfloat16", **kw)
