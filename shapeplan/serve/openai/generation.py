@@ -20,7 +20,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 from shapeplan.errors import ModelError
 from shapeplan.llm.batch import RequestHandle, TokenEvent, TokenLogprob
 from shapeplan.llm.sampling import Sampling
-from shapeplan.llm.session import StopText, _until_stop
+from shapeplan.llm.session import StopText
 from shapeplan.serve.openai import errors
 from shapeplan.serve.openai.errors import BadRequest, ModelNotFound, Unsupported
 from shapeplan.serve.openai.metrics import Latency
@@ -114,7 +114,8 @@ class Choice:
             keep = _stop_cut(self.ids, self.text.stops, decode)
             self.ids, self.lps = self.ids[:keep], self.lps[:keep]
         delta += self.text.finish(decode(self.ids))
-        self._lat.e2e.observe(time.perf_counter() - self._t0)
+        if self.finish in ("stop", "length"):
+            self._lat.e2e.observe(time.perf_counter() - self._t0)
         if self.handle.queue_time is not None:
             self._lat.queue.observe(self.handle.queue_time)
         return delta, new, lps
@@ -124,9 +125,7 @@ def _stop_cut(ids: list[int], stops: tuple[str, ...], decode: Callable[[list[int
     """How many leading tokens the answer keeps: the fewest whose text holds a stop string (tokens the
     engine made past it, within the same read-back, are dropped), or all when none does (EOS)."""
     k = len(ids)
-    if _until_stop(decode(ids), stops, hold=False) == decode(ids):
-        return k
-    while k > 1 and _until_stop(decode(ids[:k - 1]), stops, hold=False) != decode(ids[:k - 1]):
+    while k > 1 and any(s in decode(ids[:k - 1]) for s in stops):
         k -= 1
     return k
 
@@ -276,6 +275,8 @@ class OpenAIModel:
                     c.take(ev, self.decode)
         finally:
             watcher.cancel()
+            for c in choices:
+                c.handle.abort()                             # cancelled (server shutdown): stop them too
         if any(c.finish == "abort" for c in choices):
             return None
         failed = next((c for c in choices if c.finish == "error"), None)
