@@ -92,6 +92,13 @@ class Choice:
         self.offset = 0                       # characters of token text given so far (completions logprobs)
         self._t0, self._last, self._lat = t0, 0.0, latency
 
+    def abort(self) -> None:
+        """Abort the engine request unless its last event has arrived here. (The handle's own check
+        can lag: the loop may see the last event before the engine thread marks the handle done, and
+        a needless abort is a message that counts against the engine's queue.)"""
+        if self.finish is None:
+            self.handle.abort()
+
     def take(self, ev: TokenEvent, decode: Callable[[list[int]], str]) -> tuple[str, list[int], list[TokenLogprob]]:
         """Apply one event; returns (new text, new token ids, their logprobs) to send."""
         new, lps = ev.token_ids, ev.logprobs or []
@@ -257,7 +264,7 @@ class OpenAIModel:
                     choices.append(Choice(p * job.n + j, h, self.tok, s.stop, t0, self.latency))
         except BaseException:
             for c in choices:
-                c.handle.abort()
+                c.abort()
             raise
         self.latency.prompt_tokens.inc(sum(map(len, job.prompts)) * job.n)
         return choices
@@ -276,7 +283,7 @@ class OpenAIModel:
         finally:
             watcher.cancel()
             for c in choices:
-                c.handle.abort()                             # cancelled (server shutdown): stop them too
+                c.abort()                                    # cancelled (server shutdown): stop them too
         if any(c.finish == "abort" for c in choices):
             return None
         failed = next((c for c in choices if c.finish == "error"), None)
@@ -333,7 +340,7 @@ class OpenAIModel:
         finally:
             watcher.cancel()
             for c in choices:
-                c.handle.abort()                             # nothing when it has finished
+                c.abort()
 
     def _usage(self, job: Job, choices: list[Choice]) -> dict:
         cached = sum(getattr(c.handle.metrics, "cached_tokens", 0) for c in choices[::job.n])
@@ -371,7 +378,7 @@ def _watch(receive: Receive, choices: list[Choice]) -> asyncio.Task:
         while (await receive())["type"] != "http.disconnect":
             pass
         for c in choices:
-            c.handle.abort()                                 # nothing when it has finished
+            c.abort()
     return asyncio.ensure_future(wait())
 
 

@@ -3,6 +3,7 @@ serving; a full queue is a 503 with Retry-After; ``--api-key`` guards every endp
 from __future__ import annotations
 
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -120,8 +121,7 @@ def test_a_full_queue_is_503_with_retry_after(small_server):
     holder.start()
     blocked.wait(10)
     try:
-        with httpx.Client(base_url=s.url, headers=auth, timeout=60) as c, \
-                __import__("concurrent.futures").futures.ThreadPoolExecutor(2) as pool:
+        with httpx.Client(base_url=s.url, headers=auth, timeout=60) as c, ThreadPoolExecutor(2) as pool:
             queued = [pool.submit(c.post, "/v1/completions", json=OK) for _ in range(2)]
             s.wait_for(lambda: s.pipe.batch._inbox.qsize() >= 2)           # both wait behind the hold
             r = c.post("/v1/completions", json=OK)
