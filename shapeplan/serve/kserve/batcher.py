@@ -4,11 +4,12 @@ DESIGN invariant 10: plan keys include the calling thread, so only this thread c
 HTTP / gRPC handlers hand requests over the model's queue and wait on a future.
 
 Dynamic batching: the worker takes the first queued request, waits up to ``max_queue_delay_us`` for
-more (stopping early once the batch is full), groups what it has by compatibility (same requested
-outputs, same non-batch dimensions), concatenates each group along the first dimension, pads it up
-to the next size in a small ladder of buckets (1, 2, 4, ... max_batch_size) by repeating its last
-row, runs one engine call, and hands each request its own rows. Only the bucket sizes ever get a
-plan; they are compiled, captured and pinned in the engine's plan cache at start-up (warm-up), so
+more (stopping early once the batch is full), groups what it has by compatibility (the same
+non-batch dimensions), concatenates each group along the first dimension, pads it up to the next
+size in a small ladder of buckets (1, 2, 4, ... max_batch_size) by repeating its last row, runs one
+engine call (always for every output: a request's subset is picked from the result, so requested
+outputs do not multiply the plans), and hands each request its own rows. Only the bucket sizes ever
+get a plan; they are compiled, captured and pinned in the engine's plan cache at start-up (warm-up), so
 no request pays for a capture and no bucket is evicted. When a batched call fails, its requests are
 re-run one by one, so an error reaches only the request that caused it.
 """
@@ -29,6 +30,11 @@ from shapeplan import diagnostics
 
 log = logging.getLogger("shapeplan.serve")
 
+#: instances compile and warm up one at a time: engine creation has process-wide lazy set-up that is not
+#: thread-safe (two engines created at once on two threads could get no capture backend: backends/
+#: __init__.py's _ensure_builtin), and on a GPU one capture at a time keeps start-up predictable
+_LOAD_LOCK = threading.Lock()
+
 WARMUP_CALLS = 5           # upper bound on warm-up calls per bucket (REPLAYING after 3 on CPU and CUDA today)
 
 
@@ -45,7 +51,7 @@ def bucket_ladder(max_batch_size: int) -> tuple[int, ...]:
 class Work:
     """One request in the queue."""
     feeds: dict[str, np.ndarray]
-    outputs: tuple[str, ...] | None         # None: every output
+    outputs: tuple[str, ...] | None         # the outputs to return (None: every output)
     rows: int                               # batch rows (0: the model has no batch dimension)
     key: tuple                              # requests with equal keys can share an engine call
     future: "Future[dict[str, np.ndarray]]"
@@ -86,7 +92,8 @@ class Batcher:
 
     def _main(self) -> None:
         try:
-            self._load()
+            with _LOAD_LOCK:
+                self._load()
         except BaseException as e:  # noqa: BLE001 - handed to the thread that starts the server
             self.error = e
             self._ready.set()
@@ -225,9 +232,8 @@ class Batcher:
                 feeds = {t.name: _stack([w.feeds[t.name] for w in works], size) for t in spec.inputs}
             else:
                 feeds = works[0].feeds
-            outputs = works[0].outputs
             t1 = time.perf_counter_ns()
-            out = self.engine.run(feeds, outputs=list(outputs) if outputs is not None else None)
+            out = self.engine.run(feeds)      # every output: one plan per bucket, whatever was requested
             t2 = time.perf_counter_ns()
             if batched and not self._splits(out, size):
                 raise _Rerun()
@@ -248,7 +254,7 @@ class Batcher:
         self.model.stats.executed(max(size, 1), served, [t0 - w.t_queued for w in works], t1 - t0, t2 - t1,
                                   t3 - t2)
         for w, r in zip(works, results):
-            self._finish(w, result=r)
+            self._finish(w, result=r if w.outputs is None else {k: r[k] for k in w.outputs})
 
     def _finish(self, w: Work, result: Any = None, error: BaseException | None = None) -> None:
         self.model.stats.request_done(error is None, time.perf_counter_ns() - w.t_queued)

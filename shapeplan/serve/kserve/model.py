@@ -172,7 +172,7 @@ class ServedModel:
             if not 1 <= rows <= spec.max_batch_size:
                 raise InputError(f"a batch of {rows} rows: model {self.name!r} takes 1 to "
                                  f"{spec.max_batch_size} rows per request (max_batch_size)")
-        key = (outputs, tuple(feeds[t.name].shape[1:] for t in spec.inputs))
+        key = tuple(feeds[t.name].shape[1:] for t in spec.inputs)
         return Work(feeds, outputs, rows, key, Future(), t0)
 
     # ------------------------------------------------------------------ statistics
