@@ -207,19 +207,8 @@ class Batcher:
         return works, False
 
     def _groups(self, works: list[Work]) -> list[list[Work]]:
-        """Compatible requests together, in arrival order, each group at most max_batch_size rows."""
-        if not self.model.spec.batching:
-            return [[w] for w in works]
-        limit = self.model.spec.max_batch_size
-        by_key: dict[tuple, list[list[Work]]] = {}
-        order: list[list[Work]] = []
-        for w in works:
-            chunks = by_key.setdefault(w.key, [])
-            if not chunks or sum(x.rows for x in chunks[-1]) + w.rows > limit:
-                chunks.append([])
-                order.append(chunks[-1])
-            chunks[-1].append(w)
-        return order
+        spec = self.model.spec
+        return _groups_of(works, spec.max_batch_size) if spec.batching else [[w] for w in works]
 
     def _run(self, works: list[Work]) -> None:
         spec = self.model.spec
@@ -281,6 +270,19 @@ class Batcher:
 
 class _Rerun(Exception):
     """The batched call's outputs cannot be split: run each request alone."""
+
+
+def _groups_of(works: list[Work], limit: int) -> list[list[Work]]:
+    """Compatible requests (equal keys) together, in arrival order, each group at most ``limit`` rows."""
+    open_group: dict[tuple, list[Work]] = {}
+    groups: list[list[Work]] = []
+    for w in works:
+        g = open_group.get(w.key)
+        if g is None or sum(x.rows for x in g) + w.rows > limit:
+            g = open_group[w.key] = []
+            groups.append(g)
+        g.append(w)
+    return groups
 
 
 def _split(out: dict[str, np.ndarray], rows: list[int]) -> list[dict[str, np.ndarray]]:

@@ -141,16 +141,22 @@ class ServedModel:
         assert spec is not None
         feeds = req.feeds
         by_name = {t.name: t for t in spec.inputs}
+        missing = [t.name for t in spec.inputs if t.name not in feeds]
+        extra = [k for k in feeds if k not in by_name]
+        if missing or extra:
+            what = " and ".join(p for p in (f"missing input(s) {missing}" if missing else "",
+                                            f"unknown input(s) {extra}" if extra else "") if p)
+            sig = ", ".join(f"{t.name}: {t.datatype}{t.metadata()['shape']}" for t in spec.inputs)
+            raise InputError(f"{what}; model {self.name!r} expects ({sig})")
         for name, a in feeds.items():
-            t = by_name.get(name)
-            if t is not None:
-                got = datatype_of_array(a)
-                if got != t.datatype:
-                    raise InputError(f"input {name!r}: expected datatype {t.datatype} (shape "
-                                     f"{t.metadata()['shape']}), got {got} (shape {list(a.shape)})")
+            t = by_name[name]
+            got = datatype_of_array(a)
+            if got != t.datatype:
+                raise InputError(f"input {name!r}: expected datatype {t.datatype} (shape "
+                                 f"{t.metadata()['shape']}), got {got} (shape {list(a.shape)})")
         sig = tuple((k, a.dtype.str, a.shape) for k, a in feeds.items())
         if sig not in self._valid:
-            validate_feeds(spec.values, feeds)      # names, ranks, static dimensions
+            validate_feeds(spec.values, feeds)      # ranks, static dimensions
             if len(self._valid) > 4096:
                 self._valid.clear()
             self._valid.add(sig)
