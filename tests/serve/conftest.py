@@ -102,8 +102,10 @@ def server(repo_dir, tmp_path_factory):
     assert not left, f"threads left after stop: {left}"
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def http_client(server):
+    """Session-wide: tritonclient.http's client is gevent-based and its __del__ fails when the garbage
+    collector runs it on another thread (a server thread), so it is made and dropped once."""
     tc = pytest.importorskip("tritonclient.http")
     c = tc.InferenceServerClient(f"127.0.0.1:{server.http_port}")
     yield c
