@@ -10,7 +10,7 @@ import queue
 import threading
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -45,6 +45,10 @@ class ModelSpec:
     max_batch_size: int            # 0: no batch dimension
     batching: bool                 # dynamic batching on
     buckets: tuple[int, ...]       # batch sizes an engine call is padded to
+    by_name: dict[str, TensorSpec] = field(default_factory=dict)     # the inputs by name
+
+    def __post_init__(self) -> None:
+        self.by_name = {t.name: t for t in self.inputs}
 
     @classmethod
     def from_graph(cls, graph: Any, cfg: ModelConfig, name: str) -> "ModelSpec":
@@ -140,7 +144,7 @@ class ServedModel:
         spec = self.spec
         assert spec is not None
         feeds = req.feeds
-        by_name = {t.name: t for t in spec.inputs}
+        by_name = spec.by_name
         missing = [t.name for t in spec.inputs if t.name not in feeds]
         extra = [k for k in feeds if k not in by_name]
         if missing or extra:

@@ -56,15 +56,16 @@ def datatype_of(dtype_name: str, what: str) -> str:
     return dt
 
 
+_BY_NUMPY = {npdt: dt for dt, (npdt, _, _) in DATATYPES.items() if npdt is not None and dt != "BYTES"}
+
+
 def datatype_of_array(a: np.ndarray) -> str:
+    dt = _BY_NUMPY.get(a.dtype)
+    if dt is not None:
+        return dt
     if a.dtype.kind in "OSU":
         return "BYTES"
-    if _BF16 is not None and a.dtype == _BF16:
-        return "BF16"
-    for dt, (npdt, _, _) in DATATYPES.items():
-        if npdt == a.dtype:
-            return dt
-    raise ModelError(f"an output of numpy dtype {a.dtype} has no KServe v2 datatype")
+    raise ModelError(f"an array of numpy dtype {a.dtype} has no KServe v2 datatype")
 
 
 def _numpy_dtype(name: str, datatype: Any) -> Any:
