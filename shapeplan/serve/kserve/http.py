@@ -77,40 +77,39 @@ def router(repo: Any, max_request_bytes: int) -> APIRouter:
     async def all_stats() -> Any:
         return {"model_stats": [m.statistics() for m in repo]}
 
+    def answer(fn: Any) -> Any:
+        """``fn()``'s value, or the error response of what it raised (an unknown model: 404)."""
+        try:
+            return fn()
+        except Exception as e:  # noqa: BLE001
+            return error_response(e)
+
+    def ready_response(m: Any) -> JSONResponse:
+        return JSONResponse({"name": m.name, "ready": m.ready}, status_code=200 if m.ready else 503)
+
+    def config(m: Any) -> dict[str, Any]:
+        return {"name": m.name, "platform": m.platform, **m.config.to_dict(),
+                "buckets": list(m.spec.buckets) if m.spec else []}
+
     @r.get("/v2/models/{name}")
     @r.get("/v2/models/{name}/versions/{version}")
     async def model_metadata(name: str, version: str = "") -> Any:
-        try:
-            return repo.get(name, version).metadata()
-        except Exception as e:  # noqa: BLE001
-            return error_response(e)
+        return answer(lambda: repo.get(name, version).metadata())
 
     @r.get("/v2/models/{name}/ready")
     @r.get("/v2/models/{name}/versions/{version}/ready")
     async def model_ready(name: str, version: str = "") -> Any:
-        try:
-            m = repo.get(name, version)
-        except Exception as e:  # noqa: BLE001
-            return error_response(e)
-        return JSONResponse({"name": name, "ready": m.ready}, status_code=200 if m.ready else 503)
+        return answer(lambda: ready_response(repo.get(name, version)))
 
     @r.get("/v2/models/{name}/config")
     @r.get("/v2/models/{name}/versions/{version}/config")
     async def model_config(name: str, version: str = "") -> Any:
-        try:
-            m = repo.get(name, version)
-        except Exception as e:  # noqa: BLE001
-            return error_response(e)
-        return {"name": name, "platform": m.platform, **m.config.to_dict(),
-                "buckets": list(m.spec.buckets) if m.spec else []}
+        return answer(lambda: config(repo.get(name, version)))
 
     @r.get("/v2/models/{name}/stats")
     @r.get("/v2/models/{name}/versions/{version}/stats")
     async def model_stats(name: str, version: str = "") -> Any:
-        try:
-            return {"model_stats": [repo.get(name, version).statistics()]}
-        except Exception as e:  # noqa: BLE001
-            return error_response(e)
+        return answer(lambda: {"model_stats": [repo.get(name, version).statistics()]})
 
     @r.post("/v2/models/{name}/infer")
     @r.post("/v2/models/{name}/versions/{version}/infer")
