@@ -98,7 +98,8 @@ def server(repo_dir, tmp_path_factory):
         s = KServeServer(ModelRepository(discover(repo_dir)), "127.0.0.1", 0, 0).start()
     yield s
     s.stop()
-    left = [t.name for t in threading.enumerate() if t.name.startswith("shapeplan-")]
+    ours = ("shapeplan-serve-", "shapeplan-http", "shapeplan-grpc")      # the server's threads
+    left = [t.name for t in threading.enumerate() if t.name.startswith(ours)]
     assert not left, f"threads left after stop: {left}"
 
 

@@ -73,8 +73,9 @@ class GrpcServer:
     def __init__(self, repo: Any, host: str, port: int, *, max_request_bytes: int, workers: int = 64) -> None:
         service = Service(repo)
         handlers = {name: _handler(name, getattr(service, name), req_cls) for name, (req_cls, _) in pb.METHODS.items()}
+        self._pool = futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="shapeplan-grpc")
         self._server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="shapeplan-grpc"),
+            self._pool,
             handlers=[grpc.method_handlers_generic_handler(pb.SERVICE, handlers)],
             options=[("grpc.max_receive_message_length", max_request_bytes),
                      ("grpc.max_send_message_length", -1),
@@ -90,3 +91,4 @@ class GrpcServer:
 
     def stop(self, grace: float | None = 1.0) -> None:
         self._server.stop(grace).wait()
+        self._pool.shutdown(wait=True)          # grpcio leaves the handler threads to us
