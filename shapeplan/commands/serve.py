@@ -63,6 +63,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def _serve_kserve(args: argparse.Namespace) -> int:
     try:
+        import fastapi, grpc, prometheus_client, uvicorn  # noqa: E401,F401 - the serve extra, checked up front
         from shapeplan.serve.kserve import DEFAULT_MAX_REQUEST_BYTES, KServeServer, ModelRepository, discover, single
     except ImportError as e:
         print(f"error: shapeplan serve needs the serve extra ({e.name} is missing): pip install -e \".[serve]\"",
