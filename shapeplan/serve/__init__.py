@@ -1,0 +1,9 @@
+"""Serving: thin layers over ``runtime/`` (and, for LLMs, ``llm/batch``).
+
+* ``shapeplan.serve.kserve``: the KServe v2 tensor server (HTTP/REST + gRPC, dynamic batching) for
+  ONNX and ``torch.export`` models: ``shapeplan serve --model-repository DIR`` (docs/serve.md).
+* ``shapeplan.serve.app``: the one FastAPI app every part mounts its router on, ``/metrics``, uvicorn.
+* ``shapeplan.serve.errors``: typed errors and the protocol status of each.
+
+Needs the ``serve`` extra: ``pip install -e ".[serve]"``.
+"""
