@@ -102,7 +102,9 @@ T0=$(date +%s)
   nvidia-smi --query-gpu=name,driver_version,memory.used,clocks.sm --format=csv,noheader
   python3 -c "import sys, torch, triton; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
   if [ -d "${WHEELS:-.wheels312}" ]; then
-    python3 -m pip install -q --no-index --find-links "${WHEELS:-.wheels312}" "${WHEELS:-.wheels312}"/*.whl \
+    python3 -m pip install -q --no-index --find-links "${WHEELS:-.wheels312}" fastapi uvicorn openai jsonschema \
+      gguf httpx && python3 -m pip install -q --no-index --no-deps --find-links "${WHEELS:-.wheels312}" \
+      xgrammar apache-tvm-ffi \
       && echo "installed the wheels of ${WHEELS:-.wheels312}" || echo "gpu_all: installing ${WHEELS:-.wheels312} failed"
   fi
   # bytecode up front (a fresh machine otherwise compiles it inside the first timed run), and the CUDA
