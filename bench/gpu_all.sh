@@ -38,7 +38,7 @@ SERVE_SUM='awk '\''$1=="shapeplan" {printf "%s req: %s tok/s, TTFT p50 %s ms, IT
 step serve_batch quick 240 "$SERVE --preset llama-1b --batch 64 --json \$W/serve_batch.json" "$SERVE_SUM"
 step serve_prefix default 240 "$SERVE --preset llama-1b --batch 64 --prompt-len 64 --shared-prefix 1024 --new-tokens 64 --json \$W/serve_prefix.json && $SERVE --preset llama-1b --batch 64 --prompt-len 64 --shared-prefix 1024 --new-tokens 64 --no-prefix-cache" "$SERVE_SUM"
 step serve_8b extra 300 "$SERVE --preset llama-8b --batch 64 --json \$W/serve_8b.json" "$SERVE_SUM"
-step serve_sweep extra 300 "$SERVE --preset llama-1b --sweep 1,8,32,64,128 --json \$W/serve_sweep.json" "$SERVE_SUM"
+step serve_sweep extra 300 "$SERVE --preset llama-1b --sweep 1,8,32,64,128 --json \$W/serve_sweep.json --plot \$O/serve_sweep.png" "$SERVE_SUM"
 step serve_vs_hf extra 300 "$SERVE --preset llama-1b --batch 64 --vs-hf" 'grep -E "^(shapeplan|transformers)" $L | awk '\''{printf "%s %s tok/s; ", $1, ($1=="shapeplan" ? $5 : $6)}'\'''
 step serve_kserve default 240 'python3 -m bench.serve_kserve --model resnet50 --device cuda --clients 32 --client-procs 4 --seconds 20' \
   'tail -12 $L | paste -sd" " | cut -c1-400'
