@@ -38,14 +38,16 @@ SERVE_SUM='awk '\''$1=="shapeplan" {printf "%s req: %s tok/s, TTFT p50 %s ms, IT
 step serve_batch quick 240 "$SERVE --preset llama-1b --batch 64 --json \$W/serve_batch.json" "$SERVE_SUM"
 step serve_prefix default 240 "$SERVE --preset llama-1b --batch 64 --prompt-len 64 --shared-prefix 1024 --new-tokens 64 --json \$W/serve_prefix.json && $SERVE --preset llama-1b --batch 64 --prompt-len 64 --shared-prefix 1024 --new-tokens 64 --no-prefix-cache" "$SERVE_SUM"
 step serve_8b extra 300 "$SERVE --preset llama-8b --batch 64 --json \$W/serve_8b.json" "$SERVE_SUM"
-step serve_sweep extra 300 "$SERVE --preset llama-1b --sweep 1,8,32,64,128 --json \$W/serve_sweep.json" "$SERVE_SUM"
+step serve_sweep extra 300 "$SERVE --preset llama-1b --sweep 1,8,32,64,128 --json \$W/serve_sweep.json --plot \$O/serve_sweep.png" "$SERVE_SUM"
 # the OpenAI-compatible server in the background, then streaming HTTP clients (docs/serve.md); the plot comes back in $OUT
 SERVE_HTTP='python3 -m shapeplan serve --preset llama-1b --device cuda --mode triton --max-num-seqs 128 --max-kv-cache-length 1024 --port 8019 --log-level warning > $W/serve_http_server.log 2>&1 & S=$!
 for i in $(seq 900); do grep -q "^serving" $W/serve_http_server.log && break; kill -0 $S 2>/dev/null || break; sleep 0.5; done
-python3 -m shapeplan bench --serve http://127.0.0.1:8019 --concurrency 1,8,32,64,128 --prompt-len 128 --new-tokens 256 --json $W/serve_http.json --plot ${OUT:-$W}/serve_http.png; rc=$?
+python3 -m shapeplan bench --serve http://127.0.0.1:8019 --concurrency 1,8,32,64,128 --prompt-len 128 --new-tokens 256 --json $W/serve_http.json --plot $O/serve_http.png; rc=$?
 kill $S; wait $S; tail -3 $W/serve_http_server.log; exit $rc'
 step serve_http extra 480 "$SERVE_HTTP" 'awk '\''$1 ~ /^[0-9]+$/ && NF >= 12 {printf "%s clients %s tok/s TTFT p50 %s ms err %s; ", $1, $5, $7, $3}'\'' $L'
 step serve_vs_hf extra 300 "$SERVE --preset llama-1b --batch 64 --vs-hf" 'grep -E "^(shapeplan|transformers)" $L | awk '\''{printf "%s %s tok/s; ", $1, ($1=="shapeplan" ? $5 : $6)}'\'''
+step serve_kserve default 240 'python3 -m bench.serve_kserve --model resnet50 --device cuda --clients 32 --client-procs 4 --seconds 20' \
+  'tail -12 $L | paste -sd" " | cut -c1-400'
 step decode_attention default 60 'python3 -m bench.decode_attention --pos 256' \
   'awk '\''/^sdpa/ {s = $4} /^BEST=/ {b = $0} END {if (b) print "sdpa " s " us/call, " b}'\'' $L'
 step prefill_attention default 60 'python3 -m bench.prefill_attention' \
@@ -99,14 +101,16 @@ wanted() {                                 # wanted INDEX: does this run include
 O=${OUT:-/tmp/gpu_all}; W=$(mktemp -d /tmp/gpu_all.XXXX); C=$W/caches; mkdir -p "$O" "$C"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONPYCACHEPREFIX=${PYTHONPYCACHEPREFIX:-/tmp/sp_pycache}    # site-packages may be read-only
-export W GPU_TESTS; export -f existing
+export W O GPU_TESTS; export -f existing     # O: where plots go ($OUT)
 T0=$(date +%s)
 {
   date -u
   nvidia-smi --query-gpu=name,driver_version,memory.used,clocks.sm --format=csv,noheader
   python3 -c "import sys, torch, triton; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
   if [ -d "${WHEELS:-.wheels312}" ]; then
-    python3 -m pip install -q --no-index --find-links "${WHEELS:-.wheels312}" "${WHEELS:-.wheels312}"/*.whl \
+    python3 -m pip install -q --no-index --find-links "${WHEELS:-.wheels312}" fastapi uvicorn openai jsonschema \
+      gguf httpx && python3 -m pip install -q --no-index --no-deps --find-links "${WHEELS:-.wheels312}" \
+      xgrammar apache-tvm-ffi \
       && echo "installed the wheels of ${WHEELS:-.wheels312}" || echo "gpu_all: installing ${WHEELS:-.wheels312} failed"
   fi
   # bytecode up front (a fresh machine otherwise compiles it inside the first timed run), and the CUDA

@@ -1,33 +1,92 @@
-"""``shapeplan serve``: the OpenAI-compatible LLM server (docs/serve.md).
+"""``shapeplan serve``: the servers (docs/serve.md).
 
-    shapeplan serve --model DIR|FILE.gguf | --preset NAME [--device cuda] [--port 8000] [--api-key KEY]
+    shapeplan serve --model-repository DIR [--port 8000] [--grpc-port 8001]   KServe v2 (HTTP + gRPC)
+    shapeplan serve MODEL.onnx|MODEL.pt2 [...]                                 the same, one model
+    shapeplan serve --model DIR|FILE.gguf | --preset NAME                      OpenAI-compatible (LLMs)
+
+What is given picks the server: a model repository or an .onnx / .pt2 file selects the KServe tensor
+server; ``--model`` / ``--preset`` select the OpenAI-compatible LLM server.
 """
 from __future__ import annotations
 
 import argparse
+import logging
+import signal
 import sys
+import threading
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     from shapeplan.serve.openai.server import add_llm_arguments
-    p = sub.add_parser("serve", help="serve an LLM over an OpenAI-compatible HTTP API",
+    p = sub.add_parser("serve", help="serve models over HTTP/gRPC: KServe v2 (ONNX, .pt2) or OpenAI-compatible (LLMs)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model_file", nargs="?", metavar="MODEL.onnx|MODEL.pt2",
+                   help="serve this one model over KServe v2 (named after the file)")
+    p.add_argument("--model-repository", metavar="DIR",
+                   help="serve every .onnx / .pt2 model in DIR over KServe v2 (a model DIR/NAME/ may have a config.json)")
     llm = p.add_argument_group("LLM (OpenAI-compatible server)")
     llm.add_argument("--model", metavar="DIR|FILE.gguf", help="a Hugging Face checkpoint directory or a GGUF file")
     llm.add_argument("--preset", metavar="NAME", help="random weights with a public model's shapes (benchmarks)")
     add_llm_arguments(llm)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0: every interface)")
     p.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000; 0: any free port)")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--mode", default="auto", help="execution mode (auto, slot_by_slot, emulated_replay, cuda_graphs, triton)")
-    p.add_argument("--max-request-bytes", type=int, default=None, help="largest request body accepted (default 8 MiB)")
+    p.add_argument("--grpc-port", type=int, default=8001, help="gRPC port, KServe only (default 8001; 0: any free port)")
+    p.add_argument("--device", default="cpu", help="default device of the models (a config.json may override)")
+    p.add_argument("--mode", default="auto", help="default execution mode (a config.json may override)")
+    p.add_argument("--max-request-bytes", type=int, default=None,
+                   help="largest request accepted, HTTP body or gRPC message (default 8 MiB)")
+    p.add_argument("--grpc-workers", type=int, default=64, help="gRPC handler threads (default 64)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
-    if args.model is None and args.preset is None:
-        print("error: nothing to serve: give --model DIR|FILE.gguf or --preset NAME", file=sys.stderr)
+    kserve = args.model_repository is not None or args.model_file is not None
+    llm = args.model is not None or args.preset is not None
+    if kserve and llm:
+        print("error: give either a model repository / .onnx / .pt2 file (KServe server) or --model / --preset "
+              "(OpenAI server), not both", file=sys.stderr)
         return 2
-    from shapeplan.serve.openai.server import serve_openai
-    return serve_openai(args)
+    if llm:
+        from shapeplan.serve.openai.server import serve_openai
+        return serve_openai(args)
+    if not kserve:
+        print("error: nothing to serve: give --model-repository DIR, a MODEL.onnx / MODEL.pt2 file, or "
+              "--model / --preset for an LLM", file=sys.stderr)
+        return 2
+    if args.model_repository is not None and args.model_file is not None:
+        print("error: give --model-repository DIR or one model file, not both", file=sys.stderr)
+        return 2
+    return _serve_kserve(args)
+
+
+def _serve_kserve(args: argparse.Namespace) -> int:
+    try:
+        import fastapi, grpc, prometheus_client, uvicorn  # noqa: E401,F401 - the serve extra, checked up front
+        from shapeplan.serve.kserve import DEFAULT_MAX_REQUEST_BYTES, KServeServer, ModelRepository, discover, single
+    except ImportError as e:
+        print(f"error: shapeplan serve needs the serve extra ({e.name} is missing): pip install -e \".[serve]\"",
+              file=sys.stderr)
+        return 1
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    sources = discover(args.model_repository) if args.model_repository else single(args.model_file)
+    repo = ModelRepository(sources, device=args.device, mode=args.mode)
+    server = KServeServer(repo, args.host, args.port, args.grpc_port,
+                          max_request_bytes=args.max_request_bytes or DEFAULT_MAX_REQUEST_BYTES,
+                          grpc_workers=args.grpc_workers, log_level="warning")
+    stop = threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        server.start_listeners()
+        print(f"KServe v2 HTTP on http://{args.host}:{server.http_port}, gRPC on {args.host}:{server.grpc_port}; "
+              f"loading {', '.join(s.name for s in sources)}", flush=True)
+        repo.start()
+        print(f"ready: {', '.join(s.name for s in sources)}", flush=True)
+        while not stop.wait(0.5):
+            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+    return 0

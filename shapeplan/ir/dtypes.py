@@ -70,18 +70,27 @@ for _name, _code, _td, _nd, _size in _TABLE:
     if _nd is not None:
         _BY_NUMPY[np.dtype(_nd)] = _dt
 
-# ml_dtypes (ships with onnx) gives numpy dtypes to the types numpy lacks; map them too
-try:
-    import ml_dtypes as _ml
-    for _name, _ml_name in (("bfloat16", "bfloat16"), ("float8e4m3fn", "float8_e4m3fn"),
-                            ("float8e4m3fnuz", "float8_e4m3fnuz"), ("float8e5m2", "float8_e5m2"),
-                            ("float8e5m2fnuz", "float8_e5m2fnuz"), ("float8e8m0", "float8_e8m0fnu"),
-                            ("int4", "int4"), ("uint4", "uint4"), ("int2", "int2"), ("uint2", "uint2"),
-                            ("float4e2m1", "float4_e2m1fn")):
-        if hasattr(_ml, _ml_name):
-            _BY_NUMPY.setdefault(np.dtype(getattr(_ml, _ml_name)), DTYPES[_name])
-except ImportError:  # pragma: no cover
-    pass
+# ml_dtypes (ships with onnx) gives numpy dtypes to the types numpy lacks; they are mapped on first
+# need (an array of one of them exists, so ml_dtypes is imported already): importing ml_dtypes takes
+# 0.8-1.1 s on the dev box, which the LLM path never needs
+_ML_NAMES = (("bfloat16", "bfloat16"), ("float8e4m3fn", "float8_e4m3fn"), ("float8e4m3fnuz", "float8_e4m3fnuz"),
+             ("float8e5m2", "float8_e5m2"), ("float8e5m2fnuz", "float8_e5m2fnuz"), ("float8e8m0", "float8_e8m0fnu"),
+             ("int4", "int4"), ("uint4", "uint4"), ("int2", "int2"), ("uint2", "uint2"),
+             ("float4e2m1", "float4_e2m1fn"))
+_ml_mapped = False
+
+
+def _map_ml_dtypes() -> None:
+    global _ml_mapped
+    _ml_mapped = True
+    try:
+        import ml_dtypes as _ml
+    except ImportError:  # pragma: no cover - ml_dtypes ships with onnx
+        return
+    for name, ml_name in _ML_NAMES:
+        if hasattr(_ml, ml_name):
+            _BY_NUMPY.setdefault(np.dtype(getattr(_ml, ml_name)), DTYPES[name])
+
 
 _ALIASES = {"float": "float32", "half": "float16", "double": "float64", "bf16": "bfloat16",
             "fp16": "float16", "fp32": "float32", "long": "int64", "int": "int32"}
@@ -110,6 +119,8 @@ def dtype(x: object) -> DType:
         raise ValueError(f"cannot interpret {x!r} as a dtype") from e
     if nd.kind in "SUO":
         return DTYPES["string"]
+    if nd not in _BY_NUMPY and not _ml_mapped:
+        _map_ml_dtypes()
     if nd in _BY_NUMPY:
         return _BY_NUMPY[nd]
     raise ValueError(f"numpy dtype {nd} has no shapeplan equivalent")

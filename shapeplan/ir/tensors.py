@@ -10,10 +10,30 @@ import torch
 
 from shapeplan.ir.dtypes import dtype_name
 
-try:
-    import ml_dtypes
-except ImportError:  # pragma: no cover - ml_dtypes ships with onnx
-    ml_dtypes = None
+
+class _LazyMlDtypes:
+    """``ml_dtypes``, imported on first use (0.8-1.1 s on the dev box: the LLM path never needs it);
+    falsy when it is not installed."""
+
+    _mod: Any = False
+
+    def _get(self) -> Any:
+        if _LazyMlDtypes._mod is False:
+            try:
+                import ml_dtypes as mod
+            except ImportError:  # pragma: no cover - ml_dtypes ships with onnx
+                mod = None
+            _LazyMlDtypes._mod = mod
+        return _LazyMlDtypes._mod
+
+    def __bool__(self) -> bool:
+        return self._get() is not None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._get(), name)
+
+
+ml_dtypes: Any = _LazyMlDtypes()
 
 _ML_TO_TORCH: dict[str, tuple[Any, torch.dtype | None]] = {
     # ml_dtypes name -> (bits view dtype, torch dtype to view as; None = widen by value)
@@ -64,7 +84,7 @@ def runtime_to_numpy(v: Any, dtype: Any = None) -> Any:
     if v is None:
         return None
     name = getattr(dtype, "name", None)
-    if name in WIDENED and isinstance(v, torch.Tensor) and ml_dtypes is not None:
+    if name in WIDENED and isinstance(v, torch.Tensor) and ml_dtypes:
         return runtime_to_numpy(v).astype(getattr(ml_dtypes, WIDENED[name]))
     if isinstance(v, list):
         return [runtime_to_numpy(x) for x in v]
@@ -76,11 +96,11 @@ def runtime_to_numpy(v: Any, dtype: Any = None) -> Any:
             t = t.cpu()
         if t.dtype == torch.bfloat16:
             bits = t.contiguous().view(torch.int16).numpy().view(np.uint16)
-            return bits.view(ml_dtypes.bfloat16) if ml_dtypes is not None else t.float().numpy()
+            return bits.view(ml_dtypes.bfloat16) if ml_dtypes else t.float().numpy()
         if t.dtype.is_floating_point and t.element_size() == 1:
             name = dtype_name(t.dtype)
             bits = t.contiguous().view(torch.uint8).numpy()
-            if ml_dtypes is not None and hasattr(ml_dtypes, name):
+            if ml_dtypes and hasattr(ml_dtypes, name):
                 return bits.view(getattr(ml_dtypes, name))
             return t.float().numpy()
         return t.resolve_conj().resolve_neg().numpy()

@@ -24,7 +24,6 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import onnx
 import torch
 
 from shapeplan.errors import ModelError
@@ -40,6 +39,7 @@ _FP4_EVEN = (True, False, True, False, True, False, True, False)    # mantissa b
 def target_dtype(to: Any) -> DType:
     """``to`` as an ONNX code (opset >= 6) or a type name such as "FLOAT" (opset 1)."""
     if isinstance(to, str):
+        import onnx                            # only for opset-1 type names: onnx pulls in ml_dtypes (~1 s)
         try:
             to = onnx.TensorProto.DataType.Value(to.upper())
         except ValueError as e:

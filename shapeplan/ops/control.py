@@ -7,14 +7,16 @@ plan's capture registers by name.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-import onnx
 import torch
 
 from shapeplan.errors import ExecutionError, ModelError
 from shapeplan.ir.graph import Graph, Node
 from shapeplan.ops.registry import Trait, register
+
+if TYPE_CHECKING:
+    import onnx
 
 CF = Trait.CONTROL_FLOW
 
@@ -237,6 +239,7 @@ register("Scan", since=9, traits=CF, bind=_bind_scan9)(_unused)
 
 def _substitute_attrs(nodes: Sequence[onnx.NodeProto], values: dict[str, onnx.AttributeProto]) -> list:
     """Copy ``nodes`` with every ``ref_attr_name`` attribute replaced by the caller's value."""
+    import onnx                                # lazy: onnx pulls in ml_dtypes (~1 s)
     out = []
     for n in nodes:
         new = onnx.NodeProto()
@@ -265,6 +268,7 @@ def _substitute_attrs(nodes: Sequence[onnx.NodeProto], values: dict[str, onnx.At
 
 def function_graph(node: Node, fproto: onnx.FunctionProto, opset: int) -> Graph:
     """The body of a model-local function, specialized to ``node``'s attributes, as a Graph."""
+    import onnx                                # lazy: onnx pulls in ml_dtypes (~1 s)
     from shapeplan.ir.onnx_io import _attr_to_proto, _import_graph
     values = {a.name: a for a in fproto.attribute_proto}
     for k, v in node.attrs.items():
@@ -283,6 +287,7 @@ def function_graph(node: Node, fproto: onnx.FunctionProto, opset: int) -> Graph:
 
 
 def _bind_function(node: Node, opset: int) -> Callable[..., tuple]:
+    import onnx                                # lazy: onnx pulls in ml_dtypes (~1 s)
     fproto = node.attrs.get("__function__")
     if not isinstance(fproto, onnx.FunctionProto):
         raise ModelError(f"node {node.describe()}: no model-local function body is attached")

@@ -6,6 +6,8 @@ backends (cuda_graphs, triton) register themselves the same way emulated_replay 
 """
 from __future__ import annotations
 
+import threading
+
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
@@ -69,12 +71,18 @@ def registered_modes() -> list[Mode]:
 
 
 _builtin = False
+_builtin_lock = threading.RLock()
 
 
 def _ensure_builtin() -> None:
+    """Register the built-in backends once. Under a lock, with the flag set only when they are in: two
+    engines created at once on two threads (a server loading models) both see every backend."""
     global _builtin
-    if not _builtin:
-        _builtin = True
+    if _builtin:
+        return
+    with _builtin_lock:
+        if _builtin:
+            return
         from shapeplan.runtime.backends.emulated_replay import EmulatedReplayBackend
         _BACKENDS.setdefault(Mode.EMULATED_REPLAY, EmulatedReplayBackend)
         for name in ("cuda_graphs", "triton.backend"):      # GPU backends register themselves on import
@@ -82,6 +90,7 @@ def _ensure_builtin() -> None:
                 __import__(f"shapeplan.runtime.backends.{name}")
             except ImportError:
                 pass
+        _builtin = True
 
 
 __all__ = ["SegmentBackend", "SegmentContext", "get_backend", "register_backend", "registered_modes"]

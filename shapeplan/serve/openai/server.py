@@ -1,5 +1,5 @@
-"""The OpenAI-compatible server: ``build_openai_app`` (FastAPI: the routes, ``/metrics``, errors in
-OpenAI's shape), ``HttpServer`` (uvicorn on a socket bound here, in a thread) and ``serve_openai``
+"""The OpenAI-compatible server: ``build_openai_app`` (the routes on the one serving app,
+``shapeplan.serve.app.build_app``, with ``/metrics`` and errors in OpenAI's shape) and ``serve_openai``
 (what ``shapeplan serve --model/--preset`` runs: load, capture every bucket, listen, print the URL).
 
 Nothing here imports FastAPI at module level: the CLI registers its arguments without the extra."""
@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import sys
 import threading
 import time
@@ -21,12 +20,13 @@ def build_openai_app(pipe: Any, *, model_name: str, api_key: str | None = None, 
                      max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> Any:
     """One FastAPI app serving ``pipe`` as ``model_name``; ``checkpoint``: the directory whose
     generation_config.json supplies sampling defaults."""
-    from fastapi import FastAPI, Request
+    from fastapi import Request
     from fastapi.exceptions import RequestValidationError
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
     from starlette.exceptions import HTTPException
 
     from shapeplan.errors import ShapeplanError
+    from shapeplan.serve.app import build_app
     from shapeplan.serve.openai.errors import BadRequest, MethodNotAllowed, NotFound
     from shapeplan.serve.openai.generation import GenerationDefaults, OpenAIModel
     from shapeplan.serve.openai.metrics import registry_for
@@ -34,11 +34,10 @@ def build_openai_app(pipe: Any, *, model_name: str, api_key: str | None = None, 
 
     registry, latency = registry_for(pipe, model_name)
     model = OpenAIModel(pipe, model_name, latency, GenerationDefaults.from_checkpoint(checkpoint))
-    app = FastAPI(title="shapeplan", docs_url=None, redoc_url=None, openapi_url=None)
-    app.include_router(openai_router(model, api_key=api_key, max_request_bytes=max_request_bytes))
+    app = build_app([openai_router(model, api_key=api_key, max_request_bytes=max_request_bytes)])
     app.state.model, app.state.registry = model, registry
 
-    @app.get("/metrics", dependencies=bearer(api_key))
+    @app.get("/metrics", dependencies=bearer(api_key))      # the app's own /metrics, behind the API key
     def metrics() -> Any:                       # a thread of the pool: the scrape never holds up the loop
         from fastapi.responses import Response
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
@@ -61,52 +60,6 @@ def build_openai_app(pipe: Any, *, model_name: str, api_key: str | None = None, 
         return error_response(BadRequest(f"invalid request: {e.errors()[0].get('msg', e)}"))
 
     return app
-
-
-def _listen(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    # proto given explicitly: asyncio sets TCP_NODELAY only on sockets whose proto is TCP, and with Nagle
-    # on, a small SSE chunk can wait for the client's delayed ACK (~40 ms)
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(2048)
-    return sock
-
-
-class HttpServer:
-    """uvicorn over a socket bound here (``port=0``: the real port is known at once), in a thread;
-    ``stop()`` sets uvicorn's ``should_exit`` and joins it."""
-
-    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, *, log_level: str = "warning") -> None:
-        import uvicorn
-        self._sock = _listen(host, port)
-        self.host, self.port = host, self._sock.getsockname()[1]
-        self._server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="off",
-                                                     timeout_graceful_shutdown=2))
-        self._thread: threading.Thread | None = None
-
-    @property
-    def url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
-
-    def start(self, timeout: float = 30.0) -> "HttpServer":
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]},
-                                        name="shapeplan-http", daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + timeout
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError(f"the HTTP server did not start on {self.host}:{self.port}")
-            time.sleep(0.01)
-        return self
-
-    def stop(self) -> None:
-        self._server.should_exit = True
-        if self._thread is not None:
-            self._thread.join()
-        self._sock.close()
 
 
 # ---------------------------------------------------------------------------- the command
@@ -153,8 +106,16 @@ def serve_openai(args: argparse.Namespace) -> int:
         print(f"error: shapeplan serve needs the serve extra ({e.name} is missing): pip install -e \".[serve]\"",
               file=sys.stderr)
         return 1
+    from shapeplan.llm.config import PRESETS
     if args.model and args.preset:
         print("error: give --model or --preset, not both", file=sys.stderr)
+        return 2
+    if args.model and not os.path.exists(args.model):
+        print(f"error: --model {args.model}: no such checkpoint directory or GGUF file", file=sys.stderr)
+        return 2
+    if args.preset and args.preset not in PRESETS:
+        print(f"error: --preset {args.preset}: no such preset (there are {', '.join(sorted(PRESETS))})",
+              file=sys.stderr)
         return 2
     name = args.served_model_name or (args.preset or os.path.basename(os.path.normpath(args.model)))
     t0 = time.perf_counter()
@@ -166,13 +127,15 @@ def serve_openai(args: argparse.Namespace) -> int:
     app = build_openai_app(pipe, model_name=name, api_key=args.api_key,
                            checkpoint=args.model if args.model and os.path.isdir(args.model) else None,
                            max_request_bytes=args.max_request_bytes or DEFAULT_MAX_REQUEST_BYTES)
+    from shapeplan.serve.app import HttpServer
     server = HttpServer(app, args.host, args.port, log_level=args.log_level)
     stop = threading.Event()
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
         server.start()
-        print(f"serving '{name}' (OpenAI API) on {server.url}/v1", flush=True)
+        host = f"[{server.host}]" if ":" in server.host else server.host
+        print(f"serving '{name}' (OpenAI API) on http://{host}:{server.port}/v1", flush=True)
         while not stop.wait(0.5):
             pass
     except KeyboardInterrupt:

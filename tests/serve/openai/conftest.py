@@ -78,13 +78,14 @@ def tiny_checkpoint(tmp_path_factory) -> str:
 
 def _start(path: str, **kw: Any) -> Running:
     from shapeplan.llm import GenerationPipeline
-    from shapeplan.serve.openai.server import HttpServer, build_openai_app
+    from shapeplan.serve.app import HttpServer
+    from shapeplan.serve.openai.server import build_openai_app
     api_key = kw.pop("api_key", None)
     pipe = GenerationPipeline.from_pretrained(path, **{**KW, **kw})
     pipe.warmup()
     app = build_openai_app(pipe, model_name=MODEL, api_key=api_key, checkpoint=path, max_request_bytes=1 << 20)
-    srv = HttpServer(app).start()
-    return Running(srv.url, pipe, srv, api_key)
+    srv = HttpServer(app, "127.0.0.1", 0).start()
+    return Running(f"http://127.0.0.1:{srv.port}", pipe, srv, api_key)
 
 
 @pytest.fixture(scope="module")

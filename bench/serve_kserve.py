@@ -1,0 +1,359 @@
+"""KServe v2 serving: N concurrent batch-1 gRPC clients against ``shapeplan serve``, with dynamic batching
+on and off (throughput, p50/p99 latency), next to in-process ``engine.run`` at the largest bucket; and
+the per-request protocol overhead (one client, one request at a time: gRPC and HTTP round trip minus
+in-process ``engine.run``) for a 1x768 float input.
+
+The server runs in its own process (``python -m shapeplan serve --model-repository TMP``) serving the
+model twice, "batched" (dynamic batching, max_batch_size, window) and "unbatched" (dynamic_batching
+false), plus "mlp768" (768 -> 768 MatMul + Relu, batching off) for the overhead rows. Clients are
+plain grpcio / http.client with pre-serialized requests (the lightest clients, so the figures are the
+server's and the transport's), spread over ``--client-procs`` processes so the clients' own GIL is not
+the limit. A model whose inputs have a fixed batch of 1 (the ONNX "light" ResNet-50) is rewritten with
+a dynamic first dimension (inputs, outputs, constant Reshape targets [1, ...] -> [-1, ...]).
+
+    python bench/serve_kserve.py                                   # CPU: a 768-wide MLP made here
+    python bench/serve_kserve.py --model resnet50 --device cuda    # onnx/backend/test/data/light ResNet-50
+    python bench/serve_kserve.py --grpc HOST:PORT --http HOST:PORT # a running server (its models
+                                                                   # "batched", "unbatched", "mlp768")
+"""
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import multiprocessing as mp
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np  # noqa: E402
+import onnx  # noqa: E402
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+LIGHT = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light")
+INFER = "/inference.GRPCInferenceService/ModelInfer"
+NP_TO_KSERVE = {"float32": "FP32", "float16": "FP16", "int64": "INT64", "int32": "INT32"}
+
+
+# ------------------------------------------------------------------------------------- models
+def mlp768(path: str, width: int = 768) -> None:
+    w = np.random.RandomState(0).rand(width, width).astype(np.float32) / width
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Relu", ["h"], ["y"])],
+                          "mlp768", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", width])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", width])],
+                          [numpy_helper.from_array(w, "w")])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
+def dynamic_batch(src: str, dst: str) -> bool:
+    """Copy ``src`` to ``dst``; when every real input has a fixed first dimension of 1, make it "batch"
+    (inputs, outputs, constant Reshape targets). Returns whether it rewrote."""
+    m = onnx.load(src)
+    inits = {t.name: t for t in m.graph.initializer}
+    inputs = [i for i in m.graph.input if i.name not in inits]
+    if not all(i.type.tensor_type.shape.dim and i.type.tensor_type.shape.dim[0].dim_value == 1 for i in inputs):
+        onnx.save(m, dst)
+        return False
+    for vi in list(inputs) + list(m.graph.output):
+        d = vi.type.tensor_type.shape.dim[0]
+        d.Clear()
+        d.dim_param = "batch"
+    del m.graph.value_info[:]
+    for n in m.graph.node:
+        if n.op_type == "Reshape" and n.input[1] in inits:
+            t = inits[n.input[1]]
+            shape = numpy_helper.to_array(t)
+            if shape.ndim == 1 and len(shape) and shape[0] == 1 and -1 not in shape:
+                t.CopyFrom(numpy_helper.from_array(np.concatenate([[-1], shape[1:]]).astype(shape.dtype), t.name))
+    onnx.save(m, dst)
+    return True
+
+
+def resolve_model(name: str | None, tmp: str) -> str:
+    if name is None:
+        path = os.path.join(tmp, "mlp.onnx")
+        mlp768(path)
+        return path
+    if not os.path.exists(name) and os.path.exists(os.path.join(LIGHT, f"light_{name}.onnx")):
+        return os.path.join(LIGHT, f"light_{name}.onnx")
+    return name
+
+
+def input_spec(path: str) -> list[tuple[str, str, tuple]]:
+    """(name, numpy dtype, shape without the batch) of each input of the served (rewritten) model."""
+    import shapeplan as sp
+    g = sp.load(path)
+    out = []
+    for v in g.inputs:
+        rest = tuple(v.shape[1:])
+        if not all(isinstance(d, int) for d in rest):
+            raise SystemExit(f"input {v.name} has a varying non-batch dimension {list(v.shape)}: not supported here")
+        out.append((v.name, v.dtype.numpy.name, rest))
+    return out
+
+
+# ------------------------------------------------------------------------------------- server
+def write_repository(model: str, root: str, args: argparse.Namespace) -> None:
+    common = {"device": args.device, "mode": args.mode}
+    for name, cfg in (("batched", {"max_batch_size": args.max_batch_size, "max_queue_delay_us": args.delay_us}),
+                      ("unbatched", {"max_batch_size": args.max_batch_size, "dynamic_batching": False})):
+        os.makedirs(os.path.join(root, name))
+        os.symlink(os.path.abspath(model), os.path.join(root, name, "model.onnx"))
+        with open(os.path.join(root, name, "config.json"), "w") as f:
+            json.dump({**cfg, **common}, f)
+    os.makedirs(os.path.join(root, "mlp768"))
+    mlp768(os.path.join(root, "mlp768", "model.onnx"))
+    with open(os.path.join(root, "mlp768", "config.json"), "w") as f:
+        json.dump({"dynamic_batching": False, **common}, f)
+
+
+def start_server(root: str, args: argparse.Namespace) -> tuple[subprocess.Popen, str, str]:
+    cmd = [sys.executable, "-m", "shapeplan", "serve", "--model-repository", root, "--port", "0", "--grpc-port", "0",
+           "--log-level", "warning", "--max-request-bytes", str(256 << 20)]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=sys.stderr, text=True)
+    text = ""
+    while "ready:" not in text:
+        line = p.stdout.readline()
+        if not line:
+            raise SystemExit(f"the server exited (rc {p.wait()}) before it was ready:\n{text}")
+        text += line
+    http_port, grpc_port = re.search(r"http://[^:]+:(\d+), gRPC on [^:]+:(\d+)", text).groups()
+    return p, f"127.0.0.1:{grpc_port}", f"127.0.0.1:{http_port}"
+
+
+# ------------------------------------------------------------------------------------- clients
+def grpc_request(model: str, spec: list, rows: int, seed: int) -> bytes:
+    from shapeplan.serve.kserve import proto as pb
+    rng = np.random.RandomState(seed)
+    req = pb.ModelInferRequest(model_name=model)
+    for name, dt, rest in spec:
+        req.inputs.add(name=name, datatype=NP_TO_KSERVE[dt], shape=[rows, *rest])
+        req.raw_input_contents.append(rng.rand(rows, *rest).astype(dt).tobytes())
+    return req.SerializeToString()
+
+
+def _client_proc(addr: str, requests: list[bytes], warmup: float, seconds: float, barrier: Any, q: Any) -> None:
+    import grpc
+    threads = len(requests)
+    lat: list[list[float]] = [[] for _ in range(threads)]
+    errors = [0]
+    chans = [grpc.insecure_channel(addr, options=[("grpc.max_receive_message_length", -1)]) for _ in requests]
+    for ch in chans:
+        grpc.channel_ready_future(ch).result(timeout=60)
+    barrier.wait()                       # every process starts together
+    start = time.monotonic() + warmup
+    stop = start + seconds
+
+    def run(k: int) -> None:
+        call, raw = chans[k].unary_unary(INFER), requests[k]
+        while True:
+            t0 = time.monotonic()
+            if t0 >= stop:
+                return
+            try:
+                call(raw)
+            except grpc.RpcError:
+                errors[0] += 1
+                continue
+            if t0 >= start:
+                lat[k].append(time.monotonic() - t0)
+
+    ts = [threading.Thread(target=run, args=(k,)) for k in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    for ch in chans:
+        ch.close()
+    q.put(([x for ls in lat for x in ls], errors[0]))
+
+
+def load_test(addr: str, model: str, spec: list, args: argparse.Namespace) -> dict[str, float]:
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = max(1, min(args.client_procs, args.clients))
+    reqs = [grpc_request(model, spec, 1, k) for k in range(args.clients)]
+    parts = [reqs[i::procs] for i in range(procs)]
+    barrier = ctx.Barrier(procs)
+    ps = [ctx.Process(target=_client_proc, args=(addr, part, args.warmup, args.seconds, barrier, q))
+          for part in parts]
+    for p in ps:
+        p.start()
+    lat, errors = [], 0
+    for _ in ps:
+        ls, e = q.get()
+        lat += ls
+        errors += e
+    for p in ps:
+        p.join()
+    lat_ms = np.array(lat) * 1e3
+    return {"req_s": len(lat) / args.seconds, "p50_ms": float(np.percentile(lat_ms, 50)) if len(lat) else 0.0,
+            "p99_ms": float(np.percentile(lat_ms, 99)) if len(lat) else 0.0, "errors": errors}
+
+
+def sequential(fn: Any, n: int) -> float:
+    """Median seconds of ``fn()`` over ``n`` calls (after n/10 unmeasured)."""
+    for _ in range(max(3, n // 10)):
+        fn()
+    ts = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return float(np.median(ts))
+
+
+def overhead(grpc_addr: str, http_addr: str, n: int, device: str, mode: str) -> dict[str, float]:
+    import grpc
+
+    import shapeplan as sp
+    with tempfile.TemporaryDirectory() as d:
+        mlp768(os.path.join(d, "m.onnx"))
+        engine = sp.compile(os.path.join(d, "m.onnx"), device=device, mode=mode, disk_cache=False)
+    x = np.random.RandomState(0).rand(1, 768).astype(np.float32)
+    res = {"engine_main_ms": sequential(lambda: engine.run({"x": x}), n) * 1e3}
+    # the server runs its engines on worker threads; on the CPU a small op called from a thread other than
+    # the main one can be slower (OpenMP thread teams), so the overhead is taken over that figure
+    t = threading.Thread(target=lambda: res.update(engine_ms=sequential(lambda: engine.run({"x": x}), n) * 1e3))
+    t.start()
+    t.join()
+    raw = grpc_request("mlp768", [("x", "float32", (768,))], 1, 0)
+    with grpc.insecure_channel(grpc_addr) as ch:
+        call = ch.unary_unary(INFER)
+        live = ch.unary_unary("/inference.GRPCInferenceService/ServerLive")
+        res["grpc_live_ms"] = sequential(lambda: live(b""), n) * 1e3       # the transport alone
+        res["grpc_ms"] = sequential(lambda: call(raw), n) * 1e3
+    head = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 768],
+                                   "parameters": {"binary_data_size": 768 * 4}}],
+                       "outputs": [{"name": "y", "parameters": {"binary_data": True}}]}).encode()
+    body, host, port = head + x.tobytes(), *http_addr.split(":")
+    conn = http.client.HTTPConnection(host, int(port))
+    hdrs = {"Inference-Header-Content-Length": str(len(head)), "Content-Type": "application/octet-stream"}
+
+    def post() -> None:
+        conn.request("POST", "/v2/models/mlp768/infer", body, hdrs)
+        r = conn.getresponse()
+        r.read()
+        assert r.status == 200, r.status
+    res["http_ms"] = sequential(post, n) * 1e3
+
+    def get_live() -> None:
+        conn.request("GET", "/v2/health/live")
+        conn.getresponse().read()
+    res["http_live_ms"] = sequential(get_live, n) * 1e3
+    conn.close()
+    try:
+        import tritonclient.grpc as tg
+        c = tg.InferenceServerClient(grpc_addr)
+        i = tg.InferInput("x", [1, 768], "FP32")
+        i.set_data_from_numpy(x)
+        res["tritonclient_grpc_ms"] = sequential(lambda: c.infer("mlp768", [i]), n) * 1e3
+        c.close()
+    except ImportError:
+        pass
+    return res
+
+
+def in_process(model: str, spec: list, batch: int, args: argparse.Namespace) -> float:
+    """rows/s of engine.run at ``batch`` rows, in this process (same device and mode; main thread)."""
+    import shapeplan as sp
+    engine = sp.compile(model, device=args.device, mode=args.mode, disk_cache=False)
+    rng = np.random.RandomState(0)
+    feeds = {name: rng.rand(batch, *rest).astype(dt) for name, dt, rest in spec}
+    # numpy in, numpy out (host <-> device copies included), as the server runs it
+    return batch / sequential(lambda: engine.run(feeds), args.engine_iters)
+
+
+# ------------------------------------------------------------------------------------- main
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=None, help="an ONNX file, or a light model name (resnet50); "
+                                                  "default: a 768-wide MLP made here")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--mode", default="auto")
+    ap.add_argument("--clients", type=int, default=32, help="concurrent batch-1 gRPC clients (default 32)")
+    ap.add_argument("--client-procs", type=int, default=2, help="processes the clients are spread over (default 2)")
+    ap.add_argument("--seconds", type=float, default=5.0, help="measured seconds per load test (default 5)")
+    ap.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds before each (default 1)")
+    ap.add_argument("--max-batch-size", type=int, default=32)
+    ap.add_argument("--delay-us", type=int, default=100, help="batching window of the batched model (default 100)")
+    ap.add_argument("--overhead-iters", type=int, default=2000, help="sequential requests per overhead row")
+    ap.add_argument("--engine-iters", type=int, default=50, help="in-process engine.run calls at max batch")
+    ap.add_argument("--grpc", default=None, metavar="HOST:PORT", help="a running server (with --http)")
+    ap.add_argument("--http", default=None, metavar="HOST:PORT")
+    ap.add_argument("--skip-load", action="store_true", help="only the overhead rows")
+    ap.add_argument("--skip-overhead", action="store_true", help="only the load test rows")
+    ap.add_argument("--json", default=None, help="also write the results here")
+    args = ap.parse_args()
+
+    tmp = tempfile.mkdtemp(prefix="sp-serve-bench-")
+    src = resolve_model(args.model, tmp)
+    model = os.path.join(tmp, "model.onnx")
+    rewrote = dynamic_batch(src, model)
+    spec = input_spec(model)
+    server = None
+    if args.grpc:
+        grpc_addr, http_addr = args.grpc, args.http
+    else:
+        root = os.path.join(tmp, "repo")
+        write_repository(model, root, args)
+        t0 = time.perf_counter()
+        server, grpc_addr, http_addr = start_server(root, args)
+        print(f"server ready in {time.perf_counter() - t0:.1f} s (gRPC {grpc_addr}, HTTP {http_addr})", flush=True)
+    results: dict[str, Any] = {"model": os.path.basename(src), "device": args.device, "mode": args.mode,
+                               "clients": args.clients, "dynamic_batch_rewrite": rewrote}
+    try:
+        if not args.skip_load:
+            for name in ("batched", "unbatched"):
+                results[name] = load_test(grpc_addr, name, spec, args)
+            results["engine_rows_s"] = in_process(model, spec, args.max_batch_size, args)
+        if not args.skip_overhead:
+            results["overhead"] = overhead(grpc_addr, http_addr, args.overhead_iters, args.device, args.mode)
+    finally:
+        if server is not None:
+            server.terminate()
+            server.wait(timeout=60)
+    report(results, args)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+    return 0
+
+
+def report(r: dict[str, Any], args: argparse.Namespace) -> None:
+    note = " (first dimension made dynamic)" if r["dynamic_batch_rewrite"] else ""
+    print(f"\nmodel {r['model']}{note}, device {r['device']}, mode {r['mode']}")
+    if "batched" in r:
+        b, u, e = r["batched"], r["unbatched"], r["engine_rows_s"]
+        print(f"\n{r['clients']} concurrent batch-1 gRPC clients, {args.seconds:g} s each")
+        print(f"{'server':<34}{'req/s':>10}{'p50 ms':>10}{'p99 ms':>10}{'errors':>8}")
+        for label, x in ((f"dynamic batching (<= {args.max_batch_size}, {args.delay_us} us)", b),
+                         ("batching off", u)):
+            print(f"{label:<34}{x['req_s']:>10.1f}{x['p50_ms']:>10.2f}{x['p99_ms']:>10.2f}{x['errors']:>8}")
+        print(f"{f'in-process engine.run, batch {args.max_batch_size}':<34}{e:>10.1f}")
+        print(f"batching on / off: {b['req_s'] / max(u['req_s'], 1e-9):.2f}x; "
+              f"on / in-process: {100 * b['req_s'] / e:.0f} %")
+    if "overhead" in r:
+        o = r["overhead"]
+        print("\none client, one request at a time, 1x768 float32 in and out (median)")
+        print(f"{'path':<34}{'ms':>10}{'over engine.run (thread)':>26}")
+        print(f"{'in-process engine.run, main thread':<34}{o['engine_main_ms']:>10.3f}")
+        print(f"{'in-process engine.run, a thread':<34}{o['engine_ms']:>10.3f}")
+        for key, label in (("grpc_ms", "gRPC (grpcio, raw bytes)"), ("http_ms", "HTTP (binary extension)"),
+                           ("tritonclient_grpc_ms", "gRPC (tritonclient.grpc)"),
+                           ("grpc_live_ms", "  transport alone: gRPC ServerLive"),
+                           ("http_live_ms", "  transport alone: HTTP health/live")):
+            if key in o:
+                over = "" if "live" in key else f"{o[key] - o['engine_ms']:.3f}"
+                print(f"{label:<34}{o[key]:>10.3f}{over:>26}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,14 @@
+"""The KServe v2 inference protocol over compiled models.
+
+repository (which models, config.json) -> model (metadata, request checks, queue) -> batcher (one
+worker thread per instance: dynamic batching, buckets, warm-up, pinned plans) ; protocol (tensors
+<-> JSON / binary / protobuf) ; http (FastAPI routes) ; grpc_server (grpcio) ; metrics (statistics,
+Prometheus) ; server (all of it started and stopped together).
+"""
+from __future__ import annotations
+
+from shapeplan.serve.kserve.repository import CONFIG_KEYS, ModelConfig, ModelRepository, discover, single
+from shapeplan.serve.kserve.server import DEFAULT_MAX_REQUEST_BYTES, KServeServer
+
+__all__ = ["CONFIG_KEYS", "DEFAULT_MAX_REQUEST_BYTES", "KServeServer", "ModelConfig", "ModelRepository",
+           "discover", "single"]

@@ -1,0 +1,297 @@
+"""One model instance: a worker thread that owns an engine and runs every request for it.
+
+DESIGN invariant 10: plan keys include the calling thread, so only this thread calls the engine; the
+HTTP / gRPC handlers hand requests over the model's queue and wait on a future.
+
+Dynamic batching: the worker takes the first queued request, waits up to ``max_queue_delay_us`` for
+more (stopping early once the batch is full), groups what it has by compatibility (the same
+non-batch dimensions), concatenates each group along the first dimension, pads it up to the next
+size in a small ladder of buckets (1, 2, 4, ... max_batch_size) by repeating its last row, runs one
+engine call (always for every output: a request's subset is picked from the result, so requested
+outputs do not multiply the plans), and hands each request its own rows. Only the bucket sizes ever
+get a plan; they are compiled, captured and pinned in the engine's plan cache at start-up (warm-up), so
+no request pays for a capture and no bucket is evicted. When a batched call fails, its requests are
+re-run one by one, so an error reaches only the request that caused it.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from shapeplan import diagnostics
+
+log = logging.getLogger("shapeplan.serve")
+
+#: instances compile and warm up one at a time: engine creation has process-wide lazy set-up that is not
+#: thread-safe (two engines created at once on two threads could get no capture backend: backends/
+#: __init__.py's _ensure_builtin), and on a GPU one capture at a time keeps start-up predictable
+_LOAD_LOCK = threading.Lock()
+
+WARMUP_CALLS = 5           # upper bound on warm-up calls per bucket (REPLAYING after 3 on CPU and CUDA today)
+
+
+def bucket_ladder(max_batch_size: int) -> tuple[int, ...]:
+    """1, 2, 4, ... below ``max_batch_size``, then ``max_batch_size``."""
+    sizes, b = [], 1
+    while b < max_batch_size:
+        sizes.append(b)
+        b *= 2
+    return tuple(sizes) + (max_batch_size,) if max_batch_size > 0 else ()
+
+
+@dataclass(slots=True)
+class Work:
+    """One request in the queue."""
+    feeds: dict[str, np.ndarray]
+    outputs: tuple[str, ...] | None         # the outputs to return (None: every output)
+    rows: int                               # batch rows (0: the model has no batch dimension)
+    key: tuple                              # requests with equal keys can share an engine call
+    future: "Future[dict[str, np.ndarray]]"
+    t_queued: int                           # perf_counter_ns at submit
+
+
+def _stack(arrays: list[np.ndarray], size: int) -> np.ndarray:
+    """[rows_i, ...] x n -> [size, ...]: concatenated, padded with copies of the last row."""
+    rows = sum(a.shape[0] for a in arrays)
+    if len(arrays) == 1 and rows == size:
+        return arrays[0]
+    pad = [np.repeat(arrays[-1][-1:], size - rows, axis=0)] if size > rows else []
+    return np.concatenate(arrays + pad, axis=0)
+
+
+class Batcher:
+    def __init__(self, model: Any, index: int) -> None:
+        self.model, self.index = model, index
+        self.engine: Any = None
+        self.error: BaseException | None = None
+        self._ready = threading.Event()
+        self._pins = contextlib.ExitStack()
+        self._thread = threading.Thread(target=self._main, name=f"shapeplan-serve-{model.name}-{index}",
+                                        daemon=True)
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        self._thread.start()
+
+    def wait_ready(self) -> None:
+        self._ready.wait()
+        if self.error is not None:
+            raise self.error
+
+    def join(self) -> None:
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _main(self) -> None:
+        try:
+            with _LOAD_LOCK:
+                self._load()
+        except BaseException as e:  # noqa: BLE001 - handed to the thread that starts the server
+            self.error = e
+            self._ready.set()
+            return
+        self._ready.set()
+        try:
+            self._serve()
+        finally:
+            self._pins.close()
+            self.engine.close()
+
+    def _load(self) -> None:
+        import shapeplan as sp
+        cfg = self.model.config
+        t0 = time.perf_counter()
+        if self.model.path.endswith(".pt2"):
+            import torch
+            src: Any = torch.export.load(self.model.path)       # pickle inside: serve trusted files only
+        else:
+            src = self.model.path
+        self.engine = sp.compile(src, device=cfg.device, mode=cfg.mode)
+        spec = self.model.describe(self.engine.graph)
+        self._warm_up(spec)
+        log.info("model %s (instance %d) ready in %.1f s: %s, buckets %s, %d plan(s) pinned", self.model.name,
+                 self.index, time.perf_counter() - t0, self.engine.exec_mode.value, list(spec.buckets) or "-",
+                 len(self.engine.cache.keys()))
+
+    # ------------------------------------------------------------------ warm-up
+    def _warm_up(self, spec: Any) -> None:
+        """Run each bucket (or the one fixed shape) until its plan replays, then pin every plan."""
+        first = 1 if spec.max_batch_size else 0
+        if not all(isinstance(d, int) for t in spec.inputs for d in t.shape[first:]):
+            diagnostics.record("SERVE", "no warm-up: an input has a varying non-batch dimension",
+                               model=self.model.name)
+            return
+        from shapeplan.serve.kserve.protocol import DATATYPES
+        from shapeplan.runtime.runner import Phase
+        sizes = spec.buckets or ((1,) if spec.max_batch_size else (None,))
+        for size in sizes:
+            feeds = {t.name: np.zeros(((size,) if size else ()) + tuple(t.shape[first:]), DATATYPES[t.datatype][0])
+                     for t in spec.inputs}
+            try:
+                replayed = False
+                for _ in range(WARMUP_CALLS):          # until the plan replays (or cannot), plus one replay
+                    out = self.engine.run(feeds)
+                    phase = self.engine.inspect().phase
+                    if phase == Phase.REPLAY_BLOCKED.value or (phase == Phase.REPLAYING.value and replayed):
+                        break
+                    replayed = phase == Phase.REPLAYING.value
+            except Exception as e:  # noqa: BLE001 - zeros may be invalid input for this model: warm up on requests
+                diagnostics.record("SERVE", "warm-up stopped: the model rejects zero inputs", model=self.model.name,
+                                   error=f"{type(e).__name__}: {e}")
+                log.warning("model %s: warm-up on zeros failed (%s: %s); plans are made by the first requests",
+                            self.model.name, type(e).__name__, e)
+                break
+            if size and spec.batching and not self._splits(out, size):
+                break
+        for key in self.engine.cache.keys():
+            self._pins.enter_context(self.engine.cache.pinned(key))
+
+    def _splits(self, out: dict[str, Any], size: int) -> bool:
+        """Every output's first dimension is the batch: else dynamic batching is turned off (visible)."""
+        bad = [k for k, v in out.items() if getattr(v, "ndim", 0) == 0 or v.shape[0] != size]
+        if bad:
+            self._no_batching(f"output(s) {bad} do not have the batch as their first dimension")
+        return not bad
+
+    def _no_batching(self, why: str) -> None:
+        spec = self.model.spec
+        if spec.batching:
+            spec.batching, spec.buckets = False, ()
+            diagnostics.record("FALLBACK", "dynamic batching off", model=self.model.name, reason=why)
+            log.warning("model %s: dynamic batching off: %s", self.model.name, why)
+
+    # ------------------------------------------------------------------ serving
+    def _serve(self) -> None:
+        while True:
+            works, stop = self._gather()
+            for group in self._groups(works):
+                self._run(group)
+            if stop:
+                return
+
+    def _gather(self) -> tuple[list[Work], bool]:
+        q = self.model.queue
+        first = q.get()
+        if first is None:
+            return [], True
+        works = [first]
+        spec = self.model.spec
+        if not spec.batching:
+            return works, False
+        rows, limit = first.rows, spec.max_batch_size
+        deadline = time.perf_counter() + self.model.config.max_queue_delay_us * 1e-6
+        while rows < limit:
+            try:
+                w = q.get_nowait()
+            except queue.Empty:
+                wait = deadline - time.perf_counter()
+                if wait <= 0:
+                    break
+                try:
+                    w = q.get(timeout=wait)
+                except queue.Empty:
+                    break
+            if w is None:
+                return works, True
+            works.append(w)
+            if w.key == first.key:
+                rows += w.rows
+        return works, False
+
+    def _groups(self, works: list[Work]) -> list[list[Work]]:
+        spec = self.model.spec
+        return _groups_of(works, spec.max_batch_size) if spec.batching else [[w] for w in works]
+
+    def _run(self, works: list[Work]) -> None:
+        spec = self.model.spec
+        t0 = time.perf_counter_ns()
+        rows = sum(w.rows for w in works)
+        batched = spec.batching and rows > 0
+        size = next((b for b in spec.buckets if b >= rows), rows) if batched else rows
+        try:
+            if batched:
+                feeds = {t.name: _stack([w.feeds[t.name] for w in works], size) for t in spec.inputs}
+            else:
+                feeds = works[0].feeds
+            t1 = time.perf_counter_ns()
+            out = self.engine.run(feeds)      # every output: one plan per bucket, whatever was requested
+            t2 = time.perf_counter_ns()
+            if batched and not self._splits(out, size):
+                raise _Rerun()
+            results = _split(out, [w.rows for w in works]) if batched else [out]
+        except _Rerun:
+            for w in works:
+                self._run([w])
+            return
+        except Exception as e:  # noqa: BLE001 - goes to the request(s), never kills the worker
+            if len(works) > 1:                 # per-request errors stay per-request
+                for w in works:
+                    self._run([w])
+                return
+            self._finish(works[0], error=e)
+            return
+        t3 = time.perf_counter_ns()
+        served = sum(max(w.rows, 1) for w in works)
+        self.model.stats.executed(max(size, 1), served, [t0 - w.t_queued for w in works], t1 - t0, t2 - t1,
+                                  t3 - t2)
+        for w, r in zip(works, results):
+            self._finish(w, result=r if w.outputs is None else {k: r[k] for k in w.outputs})
+
+    def _finish(self, w: Work, result: Any = None, error: BaseException | None = None) -> None:
+        self.model.stats.request_done(error is None, time.perf_counter_ns() - w.t_queued)
+        if w.future.done():
+            return
+        if error is not None:
+            w.future.set_exception(error)
+        else:
+            w.future.set_result(result)
+
+    # ------------------------------------------------------------------ statistics
+    def plan_stats(self) -> list[dict[str, Any]]:
+        e = self.engine
+        if e is None:
+            return []
+        out = []
+        for r in e.runners():
+            out.append({"instance": self.index, "name": r.name,
+                        "signature": ["x".join(map(str, s)) if s is not None else "?" for s in r.key[1]],
+                        "phase": r.phase.value, "calls": r.calls,
+                        "replays": sum(s.replays for s in r.segments), "pinned": e.cache.is_pinned(r.key)})
+        return out
+
+
+class _Rerun(Exception):
+    """The batched call's outputs cannot be split: run each request alone."""
+
+
+def _groups_of(works: list[Work], limit: int) -> list[list[Work]]:
+    """Compatible requests (equal keys) together, in arrival order, each group at most ``limit`` rows."""
+    open_group: dict[tuple, list[Work]] = {}
+    groups: list[list[Work]] = []
+    for w in works:
+        g = open_group.get(w.key)
+        if g is None or sum(x.rows for x in g) + w.rows > limit:
+            g = open_group[w.key] = []
+            groups.append(g)
+        g.append(w)
+    return groups
+
+
+def _split(out: dict[str, np.ndarray], rows: list[int]) -> list[dict[str, np.ndarray]]:
+    """One batched result -> each request's rows (views: every call's outputs are fresh arrays)."""
+    res: list[dict[str, np.ndarray]] = [{} for _ in rows]
+    for name, a in out.items():
+        start = 0
+        for i, n in enumerate(rows):
+            res[i][name] = a[start:start + n]
+            start += n
+    return res
+

@@ -1,0 +1,330 @@
+"""KServe v2 tensors <-> numpy: JSON tensors and the binary-tensor extension (HTTP), typed contents and
+raw contents (gRPC). Pure functions; every error is a ``BadRequestError`` naming the input, what was
+expected and what came.
+
+Binary layout (both transports): little-endian, row-major; a BYTES tensor is, per element, a 4-byte
+little-endian length and then the bytes.
+"""
+from __future__ import annotations
+
+import json
+import math
+import struct
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from shapeplan.errors import ModelError
+from shapeplan.serve.errors import BadRequestError
+
+try:
+    import ml_dtypes
+    _BF16: Any = np.dtype(ml_dtypes.bfloat16)
+except ImportError:  # pragma: no cover - ml_dtypes is a dependency of shapeplan
+    _BF16 = None
+
+#: the protocol extensions this server implements (server metadata)
+EXTENSIONS = ["binary_tensor_data", "statistics"]
+
+# protocol datatype -> (numpy dtype, shapeplan dtype name, gRPC InferTensorContents field or None)
+DATATYPES: dict[str, tuple[Any, str, str | None]] = {
+    "BOOL": (np.dtype(np.bool_), "bool", "bool_contents"),
+    "UINT8": (np.dtype(np.uint8), "uint8", "uint_contents"),
+    "UINT16": (np.dtype(np.uint16), "uint16", "uint_contents"),
+    "UINT32": (np.dtype(np.uint32), "uint32", "uint_contents"),
+    "UINT64": (np.dtype(np.uint64), "uint64", "uint64_contents"),
+    "INT8": (np.dtype(np.int8), "int8", "int_contents"),
+    "INT16": (np.dtype(np.int16), "int16", "int_contents"),
+    "INT32": (np.dtype(np.int32), "int32", "int_contents"),
+    "INT64": (np.dtype(np.int64), "int64", "int64_contents"),
+    "FP16": (np.dtype(np.float16), "float16", None),        # raw / binary only (as in Triton)
+    "FP32": (np.dtype(np.float32), "float32", "fp32_contents"),
+    "FP64": (np.dtype(np.float64), "float64", "fp64_contents"),
+    "BF16": (_BF16, "bfloat16", None),
+    "BYTES": (np.dtype(object), "string", "bytes_contents"),
+}
+_BY_DTYPE_NAME = {name: dt for dt, (_, name, _) in DATATYPES.items()}
+
+
+def datatype_of(dtype_name: str, what: str) -> str:
+    """The protocol datatype of a shapeplan dtype (``what`` names the tensor in the error)."""
+    dt = _BY_DTYPE_NAME.get(dtype_name)
+    if dt is None:
+        raise ModelError(f"{what} has dtype {dtype_name}, which the KServe v2 protocol cannot carry "
+                         f"(it has {sorted(_BY_DTYPE_NAME)})")
+    return dt
+
+
+_BY_NUMPY = {npdt: dt for dt, (npdt, _, _) in DATATYPES.items() if npdt is not None and dt != "BYTES"}
+
+
+def datatype_of_array(a: np.ndarray) -> str:
+    dt = _BY_NUMPY.get(a.dtype)
+    if dt is not None:
+        return dt
+    if a.dtype.kind in "OSU":
+        return "BYTES"
+    raise ModelError(f"an array of numpy dtype {a.dtype} has no KServe v2 datatype")
+
+
+def _numpy_dtype(name: str, datatype: Any) -> Any:
+    if not isinstance(datatype, str) or datatype not in DATATYPES:
+        raise BadRequestError(f"input {name!r}: unknown datatype {datatype!r}; the protocol's are "
+                              f"{', '.join(DATATYPES)}")
+    return DATATYPES[datatype][0]
+
+
+def _shape(name: str, shape: Any) -> tuple[int, ...]:
+    if not isinstance(shape, (list, tuple)) or not all(isinstance(d, int) and not isinstance(d, bool)
+                                                        and d >= 0 for d in shape):
+        raise BadRequestError(f"input {name!r}: shape must be a list of non-negative integers, got {shape!r}")
+    return tuple(shape)
+
+
+# ----------------------------------------------------------------------------------- raw bytes
+def array_from_bytes(name: str, datatype: Any, shape: Any, buf: bytes | memoryview) -> np.ndarray:
+    npdt, shape = _numpy_dtype(name, datatype), _shape(name, shape)
+    n = math.prod(shape)
+    if datatype == "BYTES":
+        items = _split_bytes(name, buf)
+        if len(items) != n:
+            raise BadRequestError(f"input {name!r}: BYTES{list(shape)} needs {n} elements, got {len(items)}")
+        arr = np.empty(n, dtype=object)
+        arr[:] = items
+        return arr.reshape(shape)
+    need = n * npdt.itemsize
+    if len(buf) != need:
+        raise BadRequestError(f"input {name!r}: {datatype}{list(shape)} needs {need} bytes, got {len(buf)}")
+    return np.frombuffer(buf, dtype=npdt).reshape(shape)
+
+
+def _split_bytes(name: str, buf: bytes | memoryview) -> list[bytes]:
+    items, i, mv = [], 0, memoryview(buf)
+    while i < len(mv):
+        if i + 4 > len(mv):
+            raise BadRequestError(f"input {name!r}: BYTES data ends inside an element's 4-byte length")
+        (k,) = struct.unpack_from("<I", mv, i)
+        if i + 4 + k > len(mv):
+            raise BadRequestError(f"input {name!r}: a BYTES element of {k} bytes runs past the end of the data")
+        items.append(bytes(mv[i + 4:i + 4 + k]))
+        i += 4 + k
+    return items
+
+
+def array_to_bytes(a: np.ndarray) -> bytes:
+    if a.dtype.kind in "OSU":
+        out = bytearray()
+        for x in a.ravel():
+            b = x if isinstance(x, bytes) else str(x).encode()
+            out += struct.pack("<I", len(b)) + b
+        return bytes(out)
+    return np.ascontiguousarray(a).tobytes()
+
+
+# ----------------------------------------------------------------------------------- JSON data
+def array_from_json(name: str, datatype: Any, shape: Any, data: Any) -> np.ndarray:
+    npdt, shape = _numpy_dtype(name, datatype), _shape(name, shape)
+    if not isinstance(data, list):
+        raise BadRequestError(f"input {name!r}: 'data' must be a (nested or flat) list, got {type(data).__name__}")
+    flat = _flatten(data)
+    n = math.prod(shape)
+    if len(flat) != n:
+        raise BadRequestError(f"input {name!r}: {datatype}{list(shape)} needs {n} elements, got {len(flat)}")
+    if datatype == "BYTES":
+        if not all(isinstance(x, str) for x in flat):
+            raise BadRequestError(f"input {name!r}: BYTES data must be strings")
+        arr = np.empty(n, dtype=object)
+        arr[:] = [x.encode() for x in flat]
+        return arr.reshape(shape)
+    want = bool if datatype == "BOOL" else float if npdt.kind == "f" or datatype == "BF16" else int
+    bad = next((x for x in flat if not _is(x, want)), _NONE)
+    if bad is not _NONE:
+        raise BadRequestError(f"input {name!r}: {datatype} data must be {want.__name__} values, got {bad!r}")
+    try:
+        if datatype == "BF16":
+            return np.asarray(flat, dtype=np.float32).astype(npdt).reshape(shape)
+        return np.asarray(flat, dtype=npdt).reshape(shape)
+    except (OverflowError, ValueError, TypeError) as e:
+        raise BadRequestError(f"input {name!r}: data does not fit {datatype}: {e}") from None
+
+
+_NONE = object()
+
+
+def _is(x: Any, want: type) -> bool:
+    if want is bool:
+        return isinstance(x, bool)
+    if want is int:
+        return isinstance(x, int) and not isinstance(x, bool)
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _flatten(data: list) -> list:
+    if not any(isinstance(x, list) for x in data):
+        return data
+    out: list = []
+    stack = [iter(data)]
+    while stack:
+        for x in stack[-1]:
+            if isinstance(x, list):
+                stack.append(iter(x))
+                break
+            out.append(x)
+        else:
+            stack.pop()
+    return out
+
+
+def array_to_json(a: np.ndarray) -> list:
+    if a.dtype.kind in "OSU":
+        return [x.decode("utf-8", "replace") if isinstance(x, bytes) else str(x) for x in a.ravel()]
+    if _BF16 is not None and a.dtype == _BF16:
+        a = a.astype(np.float32)
+    return a.ravel().tolist()
+
+
+# ----------------------------------------------------------------------------------- requests
+@dataclass(slots=True)
+class InferRequest:
+    """A decoded request, whatever the transport: feeds in the order given, requested outputs (None:
+    every output), which outputs the client wants as binary (HTTP)."""
+    feeds: dict[str, np.ndarray]
+    outputs: list[str] | None = None
+    id: str = ""
+    binary_outputs: set[str] = field(default_factory=set)
+    binary_default: bool = False
+
+
+def _dict(x: Any, what: str) -> dict:
+    if x is None:
+        return {}
+    if not isinstance(x, dict):
+        raise BadRequestError(f"{what} must be a JSON object, got {type(x).__name__}")
+    return x
+
+
+def decode_http(body: bytes, header_length: int | None) -> InferRequest:
+    """An HTTP infer body: JSON, or (binary extension) ``header_length`` bytes of JSON then the inputs'
+    binary data in input order."""
+    head = body if header_length is None else body[:header_length]
+    if header_length is not None and not 0 <= header_length <= len(body):
+        raise BadRequestError(f"Inference-Header-Content-Length is {header_length} but the body has "
+                              f"{len(body)} bytes")
+    try:
+        doc = json.loads(head)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise BadRequestError(f"the request body is not valid JSON: {e}") from None
+    doc = _dict(doc, "the request")
+    inputs = doc.get("inputs")
+    if not isinstance(inputs, list) or not inputs:
+        raise BadRequestError(f"the request's 'inputs' must be a non-empty list of tensors, got {inputs!r:.80}")
+    tail = memoryview(body)[len(head):]
+    feeds: dict[str, np.ndarray] = {}
+    offset = 0
+    for t in inputs:
+        t = _dict(t, "each input")
+        name = t.get("name")
+        if not isinstance(name, str):
+            raise BadRequestError(f"an input has no 'name' string: {json.dumps(t)[:120]}")
+        if name in feeds:
+            raise BadRequestError(f"input {name!r} is given twice")
+        params = _dict(t.get("parameters"), f"input {name!r}: 'parameters'")
+        size = params.get("binary_data_size")
+        if size is not None:
+            if not isinstance(size, int) or size < 0 or offset + size > len(tail):
+                raise BadRequestError(f"input {name!r}: binary_data_size {size!r} but only "
+                                      f"{len(tail) - offset} bytes of binary data are left")
+            feeds[name] = array_from_bytes(name, t.get("datatype"), t.get("shape"), tail[offset:offset + size])
+            offset += size
+        else:
+            feeds[name] = array_from_json(name, t.get("datatype"), t.get("shape"), t.get("data"))
+    if offset != len(tail):
+        raise BadRequestError(f"the inputs' binary_data_size add up to {offset} bytes but {len(tail)} "
+                              "bytes follow the JSON header")
+    params = _dict(doc.get("parameters"), "the request's 'parameters'")
+    req = InferRequest(feeds, id=str(doc.get("id", "")), binary_default=bool(params.get("binary_data_output")))
+    outs = doc.get("outputs")
+    if outs is not None:
+        if not isinstance(outs, list):
+            raise BadRequestError(f"the request's 'outputs' must be a list, got {type(outs).__name__}")
+        req.outputs = []
+        for o in outs:
+            o = _dict(o, "each requested output")
+            name = o.get("name")
+            if not isinstance(name, str):
+                raise BadRequestError(f"a requested output has no 'name' string: {json.dumps(o)[:120]}")
+            req.outputs.append(name)
+            binary = _dict(o.get("parameters"), f"output {name!r}: 'parameters'").get("binary_data")
+            if binary if binary is not None else req.binary_default:
+                req.binary_outputs.add(name)
+    return req
+
+
+def encode_http(model: str, version: str, req: InferRequest, outputs: dict[str, np.ndarray]
+                ) -> tuple[bytes, int | None]:
+    """(body, JSON header length or None when nothing is binary)."""
+    tensors, blobs = [], []
+    for name, a in outputs.items():
+        t: dict[str, Any] = {"name": name, "datatype": datatype_of_array(a), "shape": list(a.shape)}
+        if name in req.binary_outputs or (req.outputs is None and req.binary_default):
+            b = array_to_bytes(a)
+            t["parameters"] = {"binary_data_size": len(b)}
+            blobs.append(b)
+        else:
+            t["data"] = array_to_json(a)
+        tensors.append(t)
+    doc: dict[str, Any] = {"model_name": model, "model_version": version, "outputs": tensors}
+    if req.id:
+        doc["id"] = req.id
+    head = json.dumps(doc, separators=(",", ":")).encode()
+    if not blobs:
+        return head, None
+    return b"".join([head, *blobs]), len(head)
+
+
+def decode_grpc(msg: Any) -> InferRequest:
+    """A ``ModelInferRequest``: typed ``contents`` per input, or ``raw_input_contents`` for all of them."""
+    raw = msg.raw_input_contents
+    if raw and len(raw) != len(msg.inputs):
+        raise BadRequestError(f"raw_input_contents has {len(raw)} entries for {len(msg.inputs)} inputs "
+                              "(one per input, in order)")
+    if not msg.inputs:
+        raise BadRequestError("the request has no inputs")
+    feeds: dict[str, np.ndarray] = {}
+    for i, t in enumerate(msg.inputs):
+        if t.name in feeds:
+            raise BadRequestError(f"input {t.name!r} is given twice")
+        if raw:
+            feeds[t.name] = array_from_bytes(t.name, t.datatype, list(t.shape), raw[i])
+            continue
+        npdt = _numpy_dtype(t.name, t.datatype)
+        fname = DATATYPES[t.datatype][2]
+        if fname is None:
+            raise BadRequestError(f"input {t.name!r}: {t.datatype} must come in raw_input_contents")
+        values = getattr(t.contents, fname)
+        shape = _shape(t.name, list(t.shape))
+        if len(values) != math.prod(shape):
+            raise BadRequestError(f"input {t.name!r}: {t.datatype}{list(shape)} needs {math.prod(shape)} "
+                                  f"elements, got {len(values)} in contents.{fname}")
+        if t.datatype == "BYTES":
+            arr = np.empty(len(values), dtype=object)
+            arr[:] = list(values)
+            feeds[t.name] = arr.reshape(shape)
+        else:
+            try:
+                feeds[t.name] = np.asarray(values, dtype=npdt).reshape(shape)
+            except OverflowError as e:
+                raise BadRequestError(f"input {t.name!r}: contents do not fit {t.datatype}: {e}") from None
+    return InferRequest(feeds, outputs=[o.name for o in msg.outputs] or None, id=msg.id)
+
+
+def encode_grpc(response: Any, model: str, version: str, req: InferRequest, outputs: dict[str, np.ndarray]) -> Any:
+    """Fill a ``ModelInferResponse`` (raw contents, one per output, as Triton sends them)."""
+    response.model_name, response.model_version, response.id = model, version, req.id
+    for name, a in outputs.items():
+        t = response.outputs.add()
+        t.name, t.datatype = name, datatype_of_array(a)
+        t.shape.extend(a.shape)
+        response.raw_output_contents.append(array_to_bytes(a))
+    return response

@@ -1,0 +1,81 @@
+"""``KServeServer``: a model repository behind the KServe v2 HTTP and gRPC endpoints.
+
+    with KServeServer(ModelRepository(discover("models/")), http_port=0, grpc_port=0) as s:
+        ...   # s.http_port, s.grpc_port
+
+Start order: listeners first (so health/live answers and ready says 503 while the models compile
+and warm up), then the models; stop in reverse.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Sequence
+
+from shapeplan.serve.kserve.repository import ModelRepository
+
+log = logging.getLogger("shapeplan.serve")
+
+#: the default request size limit (HTTP body, gRPC message); gRPC's own default is 4 MiB
+DEFAULT_MAX_REQUEST_BYTES = 8 << 20
+
+
+class KServeServer:
+    def __init__(self, repo: ModelRepository, host: str = "127.0.0.1", http_port: int | None = 8000,
+                 grpc_port: int | None = 8001, *, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+                 grpc_workers: int = 64, routers: Sequence[Any] = (), log_level: str = "warning") -> None:
+        """``None`` for a port: that transport is off. ``routers``: more FastAPI routers for the same app."""
+        self.repo, self.host = repo, host
+        self._ports = (http_port, grpc_port)
+        self.max_request_bytes, self.grpc_workers = max_request_bytes, grpc_workers
+        self._routers, self._log_level = list(routers), log_level
+        self.http: Any = None
+        self.grpc: Any = None
+
+    @property
+    def http_port(self) -> int | None:
+        return self.http.port if self.http is not None else None
+
+    @property
+    def grpc_port(self) -> int | None:
+        return self.grpc.port if self.grpc is not None else None
+
+    def start(self) -> "KServeServer":
+        try:
+            self.start_listeners()
+            self.repo.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def start_listeners(self) -> None:
+        http_port, grpc_port = self._ports
+        if http_port is not None:
+            from prometheus_client import CollectorRegistry
+
+            from shapeplan.serve.app import HttpServer, build_app
+            from shapeplan.serve.kserve import http
+            from shapeplan.serve.kserve.metrics import KServeCollector
+            registry = CollectorRegistry()
+            registry.register(KServeCollector(self.repo))
+            app = build_app([http.router(self.repo, self.max_request_bytes), *self._routers], registry=registry)
+            self.http = HttpServer(app, self.host, http_port, log_level=self._log_level).start()
+        if grpc_port is not None:
+            from shapeplan.serve.kserve.grpc_server import GrpcServer
+            self.grpc = GrpcServer(self.repo, self.host, grpc_port, max_request_bytes=self.max_request_bytes,
+                                   workers=self.grpc_workers).start()
+
+    def stop(self) -> None:
+        if self.grpc is not None:
+            self.grpc.stop()
+            self.grpc = None
+        if self.http is not None:
+            self.http.stop()
+            self.http = None
+        self.repo.stop()
+
+    def __enter__(self) -> "KServeServer":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()

@@ -1,0 +1,89 @@
+"""Tensor (de)serialization: JSON (flat and nested), the binary extension, BYTES, BF16, gRPC contents."""
+from __future__ import annotations
+
+import json
+import struct
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+pytest.importorskip("google.protobuf")
+from shapeplan.serve.errors import BadRequestError  # noqa: E402
+from shapeplan.serve.kserve import protocol  # noqa: E402
+from shapeplan.serve.kserve import proto as pb  # noqa: E402
+
+
+@pytest.mark.parametrize("dt,arr", [
+    ("FP32", np.arange(6, dtype=np.float32).reshape(2, 3)),
+    ("INT64", np.array([[-5, 7]], np.int64)),
+    ("UINT8", np.array([1, 255], np.uint8)),
+    ("BOOL", np.array([True, False])),
+    ("FP16", np.array([0.5, -2], np.float16)),
+    ("BF16", np.array([1.5, -3], ml_dtypes.bfloat16)),
+])
+def test_bytes_round_trip(dt, arr) -> None:
+    assert protocol.datatype_of_array(arr) == dt
+    back = protocol.array_from_bytes("t", dt, list(arr.shape), protocol.array_to_bytes(arr))
+    assert back.dtype == arr.dtype and back.shape == arr.shape and (back == arr).all()
+
+
+def test_bytes_tensor_layout() -> None:
+    a = np.array([b"ab", b"", "ü".encode()], dtype=object)
+    raw = protocol.array_to_bytes(a)
+    assert raw == struct.pack("<I", 2) + b"ab" + struct.pack("<I", 0) + struct.pack("<I", 2) + "ü".encode()
+    assert protocol.array_from_bytes("s", "BYTES", [3], raw).tolist() == [b"ab", b"", "ü".encode()]
+    with pytest.raises(BadRequestError, match="input 's': BYTES\\[2\\] needs 2 elements, got 3"):
+        protocol.array_from_bytes("s", "BYTES", [2], raw)
+    with pytest.raises(BadRequestError, match="runs past the end"):
+        protocol.array_from_bytes("s", "BYTES", [1], struct.pack("<I", 9) + b"ab")
+
+
+def test_json_nested_and_flat() -> None:
+    nested = protocol.array_from_json("x", "INT32", [2, 2], [[1, 2], [3, 4]])
+    flat = protocol.array_from_json("x", "INT32", [2, 2], [1, 2, 3, 4])
+    assert nested.dtype == np.int32 and (nested == flat).all()
+    assert protocol.array_from_json("b", "BOOL", [2], [True, False]).tolist() == [True, False]
+    assert protocol.array_from_json("s", "BYTES", [1], ["hi"]).tolist() == [b"hi"]
+    with pytest.raises(BadRequestError, match="INT32 data must be int values, got 1.5"):
+        protocol.array_from_json("x", "INT32", [1], [1.5])
+    with pytest.raises(BadRequestError, match="does not fit UINT8"):
+        protocol.array_from_json("x", "UINT8", [1], [300])
+    with pytest.raises(BadRequestError, match="shape must be a list of non-negative integers"):
+        protocol.array_from_json("x", "FP32", [1, "a"], [1.0])
+
+
+def test_http_binary_request_and_response() -> None:
+    x = np.arange(4, dtype=np.float32)
+    head = json.dumps({"id": "7", "inputs": [{"name": "x", "datatype": "FP32", "shape": [4],
+                                              "parameters": {"binary_data_size": 16}}],
+                       "outputs": [{"name": "y", "parameters": {"binary_data": True}}, {"name": "z"}]}).encode()
+    req = protocol.decode_http(head + x.tobytes(), len(head))
+    assert (req.feeds["x"] == x).all() and req.outputs == ["y", "z"] and req.binary_outputs == {"y"}
+    body, n = protocol.encode_http("m", "1", req, {"y": x * 2, "z": np.array([1], np.int64)})
+    doc = json.loads(body[:n])
+    assert doc["id"] == "7" and doc["outputs"][0]["parameters"] == {"binary_data_size": 16}
+    assert doc["outputs"][1]["data"] == [1]
+    assert np.frombuffer(body[n:], np.float32).tolist() == [0, 2, 4, 6]
+    # no outputs listed + binary_data_output: every output binary
+    req = protocol.decode_http(json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "data": [1]}],
+                                           "parameters": {"binary_data_output": True}}).encode(), None)
+    _, n = protocol.encode_http("m", "1", req, {"y": np.ones(1, np.float32)})
+    assert n is not None
+
+
+def test_grpc_contents_and_raw() -> None:
+    req = pb.ModelInferRequest(model_name="m")
+    t = req.inputs.add(name="i", datatype="INT32", shape=[3])
+    t.contents.int_contents.extend([1, -2, 3])
+    t = req.inputs.add(name="s", datatype="BYTES", shape=[1])
+    t.contents.bytes_contents.append(b"q")
+    d = protocol.decode_grpc(req)
+    assert d.feeds["i"].dtype == np.int32 and d.feeds["i"].tolist() == [1, -2, 3] and d.feeds["s"].tolist() == [b"q"]
+    req = pb.ModelInferRequest(model_name="m")
+    req.inputs.add(name="h", datatype="FP16", shape=[1]).contents.fp32_contents.append(1.0)
+    with pytest.raises(BadRequestError, match="FP16 must come in raw_input_contents"):
+        protocol.decode_grpc(req)
+    res = protocol.encode_grpc(pb.ModelInferResponse(), "m", "1", d, {"y": np.array([[1, 2]], np.int64)})
+    assert res.outputs[0].datatype == "INT64" and list(res.outputs[0].shape) == [1, 2]
+    assert np.frombuffer(res.raw_output_contents[0], np.int64).tolist() == [1, 2]

@@ -1,0 +1,64 @@
+"""``shapeplan serve``: which server the arguments select, and a real server process end to end."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from shapeplan.cli import main
+from tests.serve.conftest import mlp_onnx
+
+
+def test_argument_errors(capsys, tmp_path) -> None:
+    assert main(["serve", "--model", str(tmp_path / "llama-dir")]) == 2
+    assert "no such checkpoint" in capsys.readouterr().err
+    assert main(["serve", "--preset", "llama-nope"]) == 2
+    assert "no such preset" in capsys.readouterr().err
+    assert main(["serve"]) == 2
+    assert "nothing to serve" in capsys.readouterr().err
+    assert main(["serve", "--model-repository", str(tmp_path), "--model", "x"]) == 2
+    assert "not both" in capsys.readouterr().err
+    assert main(["serve", "--model-repository", str(tmp_path), "m.onnx"]) == 2
+    assert main(["serve", "--model-repository", str(tmp_path / "nope"), "--port", "0", "--grpc-port", "0"]) == 1
+    assert "is not a directory" in capsys.readouterr().err
+
+
+def test_serve_process_end_to_end(tmp_path) -> None:
+    model = str(tmp_path / "tiny.onnx")
+    mlp_onnx(model)
+    env = {**os.environ, "SHAPEPLAN_CACHE_DIR": str(tmp_path / "plans")}
+    p = subprocess.Popen([sys.executable, "-m", "shapeplan", "serve", model, "--port", "0", "--grpc-port", "0",
+                          "--log-level", "warning"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         env=env, cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    try:
+        lines = []
+        deadline = time.monotonic() + 120
+        while not any(line.startswith("ready") for line in lines):
+            line = p.stdout.readline()
+            assert line and time.monotonic() < deadline, "".join(lines)
+            lines.append(line)
+        http_port, grpc_port = map(int, re.search(r"http://127.0.0.1:(\d+), gRPC on 127.0.0.1:(\d+)",
+                                                  "".join(lines)).groups())
+        body = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 8], "data": [1.0] * 8}]})
+        req = urllib.request.Request(f"http://127.0.0.1:{http_port}/v2/models/tiny/infer", body.encode())
+        with urllib.request.urlopen(req) as r:
+            assert json.loads(r.read())["outputs"][0]["shape"] == [1, 4]
+        tg = pytest.importorskip("tritonclient.grpc")
+        c = tg.InferenceServerClient(f"127.0.0.1:{grpc_port}")
+        assert c.is_model_ready("tiny")
+        c.close()
+    finally:
+        p.send_signal(signal.SIGTERM)
+        try:
+            rc = p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            raise
+    assert rc == 0
