@@ -62,7 +62,7 @@ class Status(NamedTuple):
 
 STATUS: tuple[tuple[type[BaseException], Status], ...] = (
     (QueueFullError, Status(503, "server_error", "queue_full")),          # with Retry-After
-    (CapacityError, Status(400, "invalid_request_error", "context_length_exceeded")),   # never fits the pool
+    (CapacityError, Status(400, "invalid_request_error", None)),        # more KV blocks than the pool has
     (InputError, Status(400, "invalid_request_error", None)),             # the engine refused the request
     (ModelError, Status(400, "invalid_request_error", None)),             # e.g. the chat template raised
 )
