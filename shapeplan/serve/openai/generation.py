@@ -247,7 +247,8 @@ class OpenAIModel:
         top_k = max(0, _first(req.top_k, d.top_k, 0))
         penalty = _first(req.repetition_penalty, d.repetition_penalty, 1.0)
         seeds = [None] * req.n if req.seed is None else [(req.seed + j + _I64) % (2 * _I64) - _I64 for j in range(req.n)]
-        samplings = [Sampling(temp, top_k, top_p, penalty, seed, stops) for seed in seeds]
+        samplings = [Sampling(temperature=temp, top_k=top_k, top_p=top_p, repetition_penalty=penalty, seed=seed,
+                              stop=stops) for seed in seeds]
         include = bool(req.stream_options and req.stream_options.include_usage)
         return Job(chat, prompts, budgets, samplings, logprobs, req.ignore_eos, req.stream, include,
                    req.return_token_ids, f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time()))
