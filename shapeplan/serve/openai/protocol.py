@@ -24,7 +24,7 @@ _INT64 = 1 << 63
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
 class StreamOptions(_Strict):
@@ -97,8 +97,8 @@ def parse(cls: type[R], raw: bytes) -> R:
     """``raw`` (the request body) as ``cls``, or a BadRequest naming the first field at fault."""
     try:
         data = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise BadRequest(f"the request body is not valid JSON: {e}") from None
+    except (ValueError, RecursionError) as e:    # bad JSON or UTF-8, an integer of 4,300+ digits, deep nesting
+        raise BadRequest(f"the request body is not valid JSON: {type(e).__name__}: {str(e)[:200]}") from None
     if not isinstance(data, dict):
         raise BadRequest(f"the request body must be a JSON object, got {type(data).__name__}")
     try:
