@@ -138,3 +138,23 @@ def test_gpu_batched_equals_alone_and_slot_by_slot(mode, checkpoints):
     pipe.warmup()
     assert [pipe.generate(p, 20, s).token_ids for p, s in zip(prompts, samp)] == want
     assert [r.token_ids for r in pipe.generate_batch(prompts, 20, samp)] == want
+
+
+@pytest.mark.parametrize("mode", ["cuda_graphs", "triton"])
+def test_gpu_logprobs_in_captured_plans(mode, checkpoints):
+    """Requests with logprobs beside requests without, on captured plans: everyone's tokens are those of
+    the default plans, and each logprob is the log-softmax of ``pipe.score``'s logits (float32)."""
+    path = checkpoints("llama")
+    pipe = GenerationPipeline.from_pretrained(path, mode=mode, max_num_seqs=8, **KW)
+    pipe.warmup()
+    prompts = [pipe.encode(t) for t in ("Hello world", "The quick brown fox", "Explain KV caching", "0 1 2 3")]
+    want = [pipe.generate(p, 16).token_ids for p in prompts]
+    handles = [pipe.submit(p, 16, logprobs=5 if i % 2 else None) for i, p in enumerate(prompts)]
+    for i, (h, p) in enumerate(zip(handles, prompts)):
+        lps = [lp for ev in h for lp in ev.logprobs or ()]
+        assert h.token_ids == want[i]
+        if i % 2:
+            ref = torch.log_softmax(pipe.score(p + h.token_ids[:-1]).float(), dim=-1)
+            for j, (t, lp) in enumerate(zip(h.token_ids, lps)):
+                assert lp.logprob == pytest.approx(ref[len(p) - 1 + j, t].item(), abs=1e-3)
+                assert lp.top[0][0] == t and len(lp.top) == 5
