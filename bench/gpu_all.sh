@@ -126,7 +126,7 @@ for i in "${!NAMES[@]}"; do
   [ "$lim" -gt "$left" ] && lim=$left
   echo "== $name (limit $lim s): ${CMDS[$i]}"
   s=$(date +%s)
-  SHAPEPLAN_CACHE_DIR=$C/$name timeout -k 10 "$lim" bash -c "${CMDS[$i]}" > "$L" 2>&1
+  W=$W O=$O SHAPEPLAN_CACHE_DIR=$C/$name timeout -k 10 "$lim" bash -c "${CMDS[$i]}" > "$L" 2>&1
   rc=$?; dt=$(( $(date +%s) - s ))
   case $rc in 0) st=ok;; 124|137) st="TIMEOUT";; *) st="FAILED rc=$rc";; esac
   summary=$(L=$L eval "${SUMS[$i]}" 2>/dev/null | head -1 | cut -c1-150)

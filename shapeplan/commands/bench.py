@@ -93,17 +93,22 @@ def _serving(args: argparse.Namespace, cfg, weights, name: str) -> int:  # noqa:
                               max_prefill_length=prefill, max_kv_cache_length=length, eos_token_ids=[],
                               prefix_cache=not args.no_prefix_cache, optimize=not args.no_optimize)
     cuda = pipe.device.type == "cuda"
-    before = torch.cuda.memory_reserved(pipe.device) if cuda else 0
-    pipe.warmup(sampled=False)
+    reserved = (lambda: torch.cuda.memory_reserved(pipe.device)) if cuda else (lambda: 0)
+    before = reserved()
+    pipe.batch.call(lambda: [pipe.runner.settle("next_token", b, 1) for b in pipe.decode_buckets])
+    decode_plans = reserved() - before
+    pipe.warmup(sampled=False)                                    # the packed prefill plans too
     warm = make_prompts(cfg.vocab_size, min(most, 8), args.prompt_len, seed=99)
     run_serving(pipe, warm, 8)                                     # every bucket has replayed once
     pipe.clear_prefix_cache()
+    plans = reserved() - before
     weight_bytes = sum(t.numel() * t.element_size() for t in {id(v): v for v in weights.values()}.values())
-    plans = (torch.cuda.memory_reserved(pipe.device) - before) if cuda else 0
+    gib = 2 ** 30
     print(f"  ready in {time.perf_counter() - t0:.1f} s (load, compile, capture of {len(pipe.decode_buckets)} "
-          f"decode buckets); KV pool {pipe.kv_cache_bytes / 2**30:.2f} GiB; captured plans of every bucket "
-          f"{plans / 2**20:.0f} MiB = {100 * plans / max(1, weight_bytes):.1f} % of the weights' "
-          f"{weight_bytes / 2**30:.2f} GiB", file=sys.stderr)
+          f"decode buckets); KV pool {pipe.kv_cache_bytes / gib:.2f} GiB; weights {weight_bytes / gib:.2f} GiB; "
+          f"captured greedy decode plans of every bucket {decode_plans / 2**20:.0f} MiB "
+          f"({100 * decode_plans / max(1, weight_bytes):.2f} % of the weights); with the prefill plans "
+          f"{plans / 2**20:.0f} MiB ({100 * plans / max(1, weight_bytes):.1f} %)", file=sys.stderr)
     rows = []
     points = sweep or [n_req]
     for c in points:
@@ -127,7 +132,8 @@ def _serving(args: argparse.Namespace, cfg, weights, name: str) -> int:  # noqa:
         with open(args.json_path, "w", encoding="utf-8") as f:
             json.dump({"model": name, "device": args.device, "rows": [r.to_dict() for r in rows],
                        "kv_cache_bytes": pipe.kv_cache_bytes, "decode_buckets": pipe.decode_buckets,
-                       "plan_memory_bytes": plans, "weight_bytes": weight_bytes}, f, indent=2)
+                       "plan_memory_bytes": plans, "decode_plan_memory_bytes": decode_plans,
+                       "weight_bytes": weight_bytes}, f, indent=2)
     if sweep:
         import os
         path = args.plot or (os.path.splitext(args.json_path)[0] + ".png" if args.json_path else "sweep.png")
