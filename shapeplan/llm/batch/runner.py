@@ -269,21 +269,25 @@ class ModelRunner:
 
 
 class Readback:
-    """Device tokens to the host: on CUDA through one reused pinned buffer behind an event, so asking
-    does not stall the device queue (pinning memory per call costs more than the copy); ``get`` waits
-    for the event. One request at a time: ``get`` before the next ``request``."""
+    """Device tokens to the host: on CUDA through reused pinned buffers behind an event, so asking does
+    not stall the device queue (pinning memory per call costs more than the copy); ``get`` waits for
+    the event. Two buffers in turn: two requests may be outstanding (a round in flight while the
+    previous one is read)."""
 
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
-        self._pinned: torch.Tensor | None = None
+        self._pinned: list[torch.Tensor | None] = [None, None]
+        self._turn = 0
 
     def request(self, t: torch.Tensor) -> tuple:
         if not self.cuda:
-            return (t, None)
-        n = t.numel()
-        if self._pinned is None or self._pinned.numel() < n or self._pinned.dtype != t.dtype:
-            self._pinned = torch.empty(max(n, 4096), dtype=t.dtype, pin_memory=True)
-        host = self._pinned[:n].view(t.shape)
+            return (t.clone(), None)
+        n, i = t.numel(), self._turn
+        self._turn ^= 1
+        buf = self._pinned[i]
+        if buf is None or buf.numel() < n or buf.dtype != t.dtype:
+            buf = self._pinned[i] = torch.empty(max(n, 4096), dtype=t.dtype, pin_memory=True)
+        host = buf[:n].view(t.shape)
         host.copy_(t, non_blocking=True)
         ev = torch.cuda.Event()
         ev.record()
