@@ -1,0 +1,1 @@
+"""The Triton backend package (backend, codegen, lowerings, kernels, launch, workers)."""

@@ -1,0 +1,1 @@
+"""Hand-written Triton kernels called by op kernels (e.g. the GGUF quantized matmuls in ``gguf``)."""
