@@ -2,6 +2,8 @@
 
     shapeplan bench --preset llama-1b --config matrix --device cuda --json out.json
     shapeplan bench --preset llama-1b --config triton --device cuda --vs-torch-compile
+    shapeplan bench --preset llama-1b --quantize Q4_K_M --config auto --device cuda
+    shapeplan bench --model llama-1b-Q4_K_M.gguf --config auto --device cuda --dtype bfloat16
 """
 from __future__ import annotations
 
@@ -16,11 +18,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="LLM decode benchmark (TTFT, overall/decode/steady/late_steady tok/s)")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--preset", choices=sorted(PRESETS), help="random weights with a public model's shapes")
-    src.add_argument("--model", help="checkpoint directory")
+    src.add_argument("--model", help="checkpoint directory or GGUF file (its quantized matrices stay packed)")
     p.add_argument("--config", default="auto", choices=CONFIGS + ["matrix"],
                    help="execution config; matrix runs every one available and checks each against slot_by_slot")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default=None, help="default: bfloat16 for presets, the checkpoint's otherwise")
+    p.add_argument("--quantize", default=None, metavar="TYPE",
+                   help="quantize the weights at load as `shapeplan quantize` does: int8, int4, Q4_K_M, Q8_0, Q4_0, ...")
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--new-tokens", type=int, default=256)
     p.add_argument("--max-kv-cache-length", type=int, default=1024)
@@ -34,7 +38,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from shapeplan.llm.bench import bench_prompt, configs_for, format_table, load_model, run_matrix, torch_baselines
+    from shapeplan.llm.bench import (bench_prompt, configs_for, format_table, load_model, quantized, run_matrix,
+                                     torch_baselines)
     if not args.preset and not args.model:
         args.preset = "llama-125m"
     configs = configs_for(args.device) if args.config == "matrix" else [args.config]
@@ -42,8 +47,8 @@ def _bench(args: argparse.Namespace) -> int:
         from shapeplan.parallel.cli import bench
         return bench(args, configs)
     cfg, weights = load_model(args.preset, args.model, args.device, args.dtype)
-    name = args.preset or args.model
-    rows = run_matrix(cfg, weights, configs, device=args.device, prompt_len=args.prompt_len,
+    name = (args.preset or args.model) + (f" {args.quantize}" if args.quantize else "")
+    rows = run_matrix(cfg, quantized(cfg, weights, args.quantize), configs, device=args.device, prompt_len=args.prompt_len,
                       new_tokens=args.new_tokens, max_kv_cache_length=args.max_kv_cache_length,
                       optimize=not args.no_optimize, log=lambda s: print(s, file=sys.stderr))
     if args.vs_torch_compile:

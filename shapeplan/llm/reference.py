@@ -9,6 +9,13 @@ import torch.nn.functional as F
 from shapeplan.llm.config import LlamaConfig, rope_tables
 
 
+def _linear(x: torch.Tensor, w, b: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear``, or a packed weight's own matmul (``reference_int4.Int4Linear``)."""
+    if isinstance(w, torch.Tensor):
+        return F.linear(x, w, b)
+    return w(x) if b is None else w(x) + b
+
+
 def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     xf = x.float()
     return (xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps)).to(x.dtype) * w
@@ -36,7 +43,8 @@ class TorchDecoder(torch.nn.Module):
         for i, (k, v) in enumerate(zip(self.k, self.v)):     # buffers: static addresses for torch.compile
             self.register_buffer(f"k_cache_{i}", k, persistent=False)
             self.register_buffer(f"v_cache_{i}", v, persistent=False)
-        self.head = weights["model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"]
+        # an int4 copy of a tied head sits under lm_head.weight (reference_int4.int4_weights)
+        self.head = weights.get("lm_head.weight", weights["model.embed_tokens.weight"])
 
     @torch.no_grad()
     def forward(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
@@ -55,9 +63,9 @@ class TorchDecoder(torch.nn.Module):
             p = f"model.layers.{i}."
             x = _rms(h, w[p + "input_layernorm.weight"], cfg.rms_norm_eps)
             bias = cfg.attention_bias
-            q = F.linear(x, w[p + "self_attn.q_proj.weight"], w[p + "self_attn.q_proj.bias"] if bias else None)
-            k = F.linear(x, w[p + "self_attn.k_proj.weight"], w[p + "self_attn.k_proj.bias"] if bias else None)
-            v = F.linear(x, w[p + "self_attn.v_proj.weight"], w[p + "self_attn.v_proj.bias"] if bias else None)
+            q = _linear(x, w[p + "self_attn.q_proj.weight"], w[p + "self_attn.q_proj.bias"] if bias else None)
+            k = _linear(x, w[p + "self_attn.k_proj.weight"], w[p + "self_attn.k_proj.bias"] if bias else None)
+            v = _linear(x, w[p + "self_attn.v_proj.weight"], w[p + "self_attn.v_proj.bias"] if bias else None)
             q, k, v = q.view(b, s, hq, d), k.view(b, s, hkv, d), v.view(b, s, hkv, d)
             if cfg.qk_norm:
                 q = _rms(q, w[p + "self_attn.q_norm.weight"], cfg.rms_norm_eps)
@@ -69,12 +77,12 @@ class TorchDecoder(torch.nn.Module):
             qg = q.reshape(b, hkv, g * s, d)
             a = F.scaled_dot_product_attention(qg, self.k[i], self.v[i], attn_mask=mask)
             a = a.reshape(b, hq, s, d).transpose(1, 2).reshape(b, s, hq * d)
-            h = h + F.linear(a, w[p + "self_attn.o_proj.weight"])
+            h = h + _linear(a, w[p + "self_attn.o_proj.weight"])
             x = _rms(h, w[p + "post_attention_layernorm.weight"], cfg.rms_norm_eps)
-            act = F.silu(F.linear(x, w[p + "mlp.gate_proj.weight"])) * F.linear(x, w[p + "mlp.up_proj.weight"])
-            h = h + F.linear(act, w[p + "mlp.down_proj.weight"])
+            act = F.silu(_linear(x, w[p + "mlp.gate_proj.weight"])) * _linear(x, w[p + "mlp.up_proj.weight"])
+            h = h + _linear(act, w[p + "mlp.down_proj.weight"])
         h = _rms(h[:, -1:], w["model.norm.weight"], cfg.rms_norm_eps)
-        return F.linear(h, self.head)[:, 0]                                          # [1, V]
+        return _linear(h, self.head)[:, 0]                                          # [1, V]
 
     def decode_step(self, tok: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """tok [1, 1], pos [1] -> greedy next token [1, 1] (no host sync)."""

@@ -54,9 +54,9 @@ def _check(cfg: LlamaConfig, path: str) -> None:
         raise ModelError(f"{path}: a sliding window does not exist in GGUF's llama architecture")
 
 
-def _metadata(w, cfg: LlamaConfig, hf_dir: str, file_type: str) -> None:
+def _metadata(w, cfg: LlamaConfig, name: str, file_type: str) -> None:
     import gguf
-    w.add_name(os.path.basename(os.path.normpath(hf_dir)) or "model")
+    w.add_name(name)
     w.add_file_type(int(gguf.LlamaFileType[FILE_TYPES[file_type][1]]))
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     w.add_context_length(cfg.max_position_embeddings)
@@ -137,18 +137,37 @@ def _tokenizer(w, hf_dir: str, cfg: LlamaConfig) -> None:
 def write_gguf(hf_dir: str, out: str, file_type: str = "Q4_K_M", *, device: str = "cpu",
                progress: bool | None = None) -> WriteSummary:
     """Write the checkpoint ``hf_dir`` as ``out`` in ``file_type`` (``recipes.FILE_TYPES``)."""
-    import gguf
-    if file_type not in FILE_TYPES:
-        raise InputError(f"unknown GGUF file type {file_type!r}; choose one of {', '.join(FILE_TYPES)}")
     cfg = LlamaConfig.from_file(hf_dir)
     _check(cfg, hf_dir)
     ckpt = CheckpointWeights(hf_dir)
-    shapes, names, types = expected_shapes(cfg), _hf_to_gguf(cfg), tensor_types(cfg, file_type)
+    shapes = expected_shapes(cfg)
     for hf, shape in shapes.items():
         ckpt.get(hf, shape)                                             # validate everything first
+    return _write(cfg, lambda hf: ckpt.get(hf, shapes[hf]), out, file_type, device=device, progress=progress,
+                  name=os.path.basename(os.path.normpath(hf_dir)) or "model", tokenizer_dir=hf_dir)
+
+
+def write_preset_gguf(preset: str, out: str, file_type: str = "Q4_K_M", *, device: str = "cpu", seed: int = 0,
+                      progress: bool | None = None) -> WriteSummary:
+    """Random weights with a preset's shapes (``llm.config.PRESETS``, as ``shapeplan bench --preset``
+    makes them) written as ``out``: the benchmark files, no checkpoint needed."""
+    from shapeplan.llm.config import preset_config
+    from shapeplan.llm.weights import random_weights
+    cfg = preset_config(preset, "bfloat16")
+    weights = random_weights(cfg, device=device, seed=seed)
+    return _write(cfg, weights.__getitem__, out, file_type, device=device, progress=progress, name=preset)
+
+
+def _write(cfg: LlamaConfig, get, out: str, file_type: str, *, device: str, progress: bool | None, name: str,
+           tokenizer_dir: str | None = None) -> WriteSummary:
+    import gguf
+    if file_type not in FILE_TYPES:
+        raise InputError(f"unknown GGUF file type {file_type!r}; choose one of {', '.join(FILE_TYPES)}")
+    shapes, names, types = expected_shapes(cfg), _hf_to_gguf(cfg), tensor_types(cfg, file_type)
     w = gguf.GGUFWriter(out, "llama")
-    _metadata(w, cfg, hf_dir, file_type)
-    _tokenizer(w, hf_dir, cfg)
+    _metadata(w, cfg, name, file_type)
+    if tokenizer_dir is not None:
+        _tokenizer(w, tokenizer_dir, cfg)
     rope = _rope_factors(cfg)
     order = [n for n in shapes if n == "model.embed_tokens.weight"] + \
         [n for n in shapes if n.startswith("model.layers.")] + ["model.norm.weight"] + \
@@ -171,7 +190,7 @@ def write_gguf(hf_dir: str, out: str, file_type: str = "Q4_K_M", *, device: str 
     if rope is not None:
         w.write_tensor_data(rope)
     for hf, g, t in _progress(infos, progress, f"quantizing to {file_type}"):
-        arr = _encode(ckpt.get(hf, shapes[hf]), t, hf, g, cfg, device)
+        arr = _encode(get(hf), t, hf, g, cfg, device)
         w.write_tensor_data(arr)
         summary.bytes += arr.nbytes
     w.close()
