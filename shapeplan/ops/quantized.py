@@ -51,8 +51,11 @@ def _fallback(e: Exception, op: str) -> None:
 
 
 def _check_packed(node, packed, qtype: str, n: int, k: int) -> None:
-    from shapeplan.quant.formats import qtype as lookup
-    q = lookup(qtype, tensor=packed.name)
+    from shapeplan.quant.formats import QuantTypeError, qtype as lookup
+    try:
+        q = lookup(qtype, tensor=packed.name)
+    except QuantTypeError as e:               # shape inference reports ShapeErrors (others mean "unknown")
+        raise ShapeError(f"node {node.describe()}: {e}") from None
     if k % q.block:
         raise ShapeError(f"node {node.describe()}: k={k} is not a multiple of the {qtype} block size {q.block}")
     want = (n, q.row_bytes(k))

@@ -18,7 +18,7 @@ import torch
 
 import shapeplan as sp
 from shapeplan.errors import ModelError
-from tests.llm.conftest import hf_greedy
+from tests.llm.conftest import hf_greedy, prefill_logits as _prefill_logits
 
 gguf = pytest.importorskip("gguf")
 Q = gguf.GGMLQuantizationType
@@ -157,15 +157,6 @@ def _rounded_hf(ckpt: str, qtype: Q):
                         a = gguf.quants.dequantize(gguf.quants.quantize(a, qtype), qtype)
                     p.copy_(torch.from_numpy(np.ascontiguousarray(a)))
     return m
-
-
-def _prefill_logits(pipe, ids: list[int]) -> torch.Tensor:
-    n, bucket = len(ids), pipe.bucket_for(len(ids), 0)
-    padded = torch.zeros(1, bucket, dtype=torch.int64)
-    padded[0, :n] = torch.tensor(ids)
-    out = pipe.engine.run({"input_ids": padded, "position": torch.tensor([0]), "length": torch.tensor([n])},
-                          outputs=["all_logits"])
-    return out["all_logits"][0, :n]
 
 
 def _pipe(path: str, **kw):

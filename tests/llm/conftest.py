@@ -56,3 +56,13 @@ def hf_greedy(model, ids: list[int], n: int, **kw) -> list[int]:
     with torch.no_grad():
         out = model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False, **kw)
     return out[0, len(ids):].tolist()
+
+
+def prefill_logits(pipe, ids: list[int]) -> torch.Tensor:
+    """The pipeline's logits at every prompt position [n, V] (one prefill call from position 0)."""
+    n, bucket = len(ids), pipe.bucket_for(len(ids), 0)
+    padded = torch.zeros(1, bucket, dtype=torch.int64)
+    padded[0, :n] = torch.tensor(ids)
+    out = pipe.engine.run({"input_ids": padded, "position": torch.tensor([0]), "length": torch.tensor([n])},
+                          outputs=["all_logits"])
+    return out["all_logits"][0, :n]

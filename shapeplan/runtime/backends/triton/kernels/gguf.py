@@ -35,8 +35,9 @@ CHUNK = 256
 KINDS = {"int8": 0, "int4": 1, "q4_0": 2, "q5_0": 3, "q5_1": 4, "iq4_nl": 5,
          "q2_k": 10, "q3_k": 11, "q4_k": 12, "q5_k": 13, "q6_k": 14, "iq4_xs": 15}
 
-#: decode GEMV tuning: rows per program, warps, and the minimum programs before split-K kicks in
-GEMV = {"bn": 16, "warps": 4, "min_programs": 264}
+#: decode GEMV tuning: rows per program, warps, chunks decoded per loop iteration (their loads are in
+#: flight together), and the programs below which split-K is used (0: the device's SM count)
+GEMV = {"bn": 8, "warps": 4, "unroll": 2, "min_programs": 0}
 #: prefill GEMM tuning and path: "fused" (dequantize tiles into tl.dot), "dequant" (dequantize the
 #: weight to a scratch buffer in the activation dtype, then cuBLAS), "auto" (fused up to FUSED_MAX_M rows)
 GEMM = {"bm": 64, "bn": 32, "warps": 4, "stages": 2, "path": "auto", "fused_max_m": 128,
@@ -199,7 +200,7 @@ if AVAILABLE:
     @triton.jit
     def _gemv_kernel(x_ptr, w_ptr, y_ptr, kv_ptr, N, K, ROW_BYTES, stride_xm, stride_ym, CHUNKS_PER_PROGRAM,
                      M: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, KIND: tl.constexpr, TS: tl.constexpr,
-                     NSUB: tl.constexpr, SUBLEN: tl.constexpr, SPLIT: tl.constexpr):
+                     NSUB: tl.constexpr, SUBLEN: tl.constexpr, PARTIAL: tl.constexpr, UNROLL: tl.constexpr):
         pid_n, pid_k = tl.program_id(0), tl.program_id(1)
         rows = pid_n * BN + tl.arange(0, BN)
         row_ok = rows < N
@@ -209,18 +210,21 @@ if AVAILABLE:
         acc = tl.zeros([BM, BN], dtype=tl.float32)
         c0 = pid_k * CHUNKS_PER_PROGRAM
         c1 = tl.minimum(c0 + CHUNKS_PER_PROGRAM, tl.cdiv(K, 256))
-        for c in range(c0, c1):
-            w = _decode(rb, c, row_ok, K, kv_ptr, KIND, TS, NSUB, SUBLEN)              # [BN, NSUB, SUBLEN]
-            k = c * 256 + xoff
-            for m in tl.static_range(M):
-                xm = tl.load(x_ptr + m * stride_xm + k, mask=k < K, other=0.0).to(tl.float32)
-                part = tl.sum(tl.sum(w * xm[None, :, :], axis=2), axis=1)                # [BN]
-                acc = tl.where(mrow == m, acc + part[None, :], acc)
+        for c in range(c0, c1, UNROLL):
+            for u in tl.static_range(UNROLL):          # UNROLL chunks' loads in flight together
+                cu = c + u
+                ok = rows < tl.where(cu < c1, N, 0)          # chunks past this program's run: masked
+                w = _decode(rb, cu, ok, K, kv_ptr, KIND, TS, NSUB, SUBLEN)                  # [BN, NSUB, SUBLEN]
+                k = cu * 256 + xoff
+                for m in tl.static_range(M):
+                    xm = tl.load(x_ptr + m * stride_xm + k, mask=k < K, other=0.0).to(tl.float32)
+                    part = tl.sum(tl.sum(w * xm[None, :, :], axis=2), axis=1)            # [BN]
+                    acc = tl.where(mrow == m, acc + part[None, :], acc)
         out_mask = (mrow < M) & row_ok[None, :]
-        if SPLIT == 1:
-            tl.store(y_ptr + mrow * stride_ym + rows[None, :], acc.to(y_ptr.dtype.element_ty), mask=out_mask)
-        else:                                          # float32 partials [SPLIT, M, N]
+        if PARTIAL:                                    # float32 partials [SPLIT, M, N]
             tl.store(y_ptr + (pid_k * M + mrow) * N + rows[None, :], acc, mask=out_mask)
+        else:
+            tl.store(y_ptr + mrow * stride_ym + rows[None, :], acc.to(y_ptr.dtype.element_ty), mask=out_mask)
 
     @triton.jit
     def _splitk_reduce(part_ptr, y_ptr, N, total, stride_ym, SPLIT: tl.constexpr, BLOCK: tl.constexpr):
@@ -290,12 +294,13 @@ def _kv_table(q, like: torch.Tensor) -> torch.Tensor:
 
 
 def _programs_wanted(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 1
+    """Programs a GEMV should have before it is worth a split-K pass (1 off CUDA)."""
+    if GEMV["min_programs"] or device.type != "cuda":
+        return GEMV["min_programs"] or 1
     i = device.index if device.index is not None else torch.cuda.current_device()
     if i not in _SMS:
         _SMS[i] = torch.cuda.get_device_properties(i).multi_processor_count
-    return max(GEMV["min_programs"], 2 * _SMS[i])
+    return _SMS[i]
 
 
 def _pow2(n: int) -> int:
@@ -306,11 +311,11 @@ def _meta(q) -> dict:
     return dict(KIND=KINDS[q.kind], TS=q.type_size, NSUB=q.tile[0], SUBLEN=q.tile[1])
 
 
-def gemv(x: torch.Tensor, packed: torch.Tensor, q, n: int, k: int, *, bn: int | None = None,
-         split: int | None = None, warps: int | None = None) -> torch.Tensor:
-    """x [M, K] (M <= 8, last dim contiguous) @ W.T -> [M, N] in x's dtype; W = packed rows of ``q``."""
+def gemv(x: torch.Tensor, packed: torch.Tensor, q, n: int, k: int, *, split: int | None = None) -> torch.Tensor:
+    """x [M, K] (M <= 8, last dim contiguous) @ W.T -> [M, N] in x's dtype; W = packed rows of ``q``.
+    ``split``: programs along K (default: enough for ``_programs_wanted``; 1 when the rows suffice)."""
     m = x.shape[0]
-    bn = bn or GEMV["bn"]
+    bn, unroll = GEMV["bn"], GEMV["unroll"]
     chunks = triton.cdiv(k, CHUNK)
     blocks_n = triton.cdiv(n, bn)
     if split is None:
@@ -320,8 +325,8 @@ def gemv(x: torch.Tensor, packed: torch.Tensor, q, n: int, k: int, *, bn: int | 
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     part = y if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=x.device)
     _gemv_kernel[(blocks_n, split)](x, packed, part, _kv_table(q, packed), n, k, packed.stride(0), x.stride(0),
-                                   y.stride(0), per, M=m, BM=max(2, _pow2(m)), BN=bn, SPLIT=split,
-                                   num_warps=warps or GEMV["warps"], **_meta(q))
+                                   y.stride(0), per, M=m, BM=max(2, _pow2(m)), BN=bn, PARTIAL=split > 1,
+                                   UNROLL=unroll, num_warps=GEMV["warps"], **_meta(q))
     if split > 1:
         total, block = m * n, 1024
         _splitk_reduce[(triton.cdiv(total, block),)](part, y, n, total, y.stride(0), SPLIT=split, BLOCK=block)
