@@ -40,7 +40,7 @@ KINDS = {"int8": 0, "int4": 1, "q4_0": 2, "q5_0": 3, "q5_1": 4, "iq4_nl": 5,
 GEMV = {"bn": 8, "warps": 4, "unroll": 2, "min_programs": 0}
 #: prefill GEMM tuning and path: "fused" (dequantize tiles into tl.dot), "dequant" (dequantize the
 #: weight to a scratch buffer in the activation dtype, then cuBLAS), "auto" (fused up to FUSED_MAX_M rows)
-GEMM = {"bm": 64, "bn": 32, "warps": 4, "stages": 2, "path": "auto", "fused_max_m": 128,
+GEMM = {"bm": 64, "bn": 64, "bk": 64, "warps": 4, "stages": 2, "path": "auto", "fused_max_m": 128,
         "scratch_elements": 1 << 26}
 
 
@@ -160,9 +160,13 @@ if AVAILABLE:
 
     @triton.jit
     def _decode(rb, c, row_ok, K, kv_ptr, KIND: tl.constexpr, TS: tl.constexpr, NSUB: tl.constexpr,
-                SUBLEN: tl.constexpr):
-        """Chunk ``c`` of the rows at byte pointers ``rb`` [BN] -> float32 [BN, NSUB, SUBLEN]."""
-        sb = tl.arange(0, NSUB)[None, :, None]
+                SUBLEN: tl.constexpr, SB0=0, NT: tl.constexpr = 0):
+        """Chunk ``c`` of the rows at byte pointers ``rb`` [BN] -> float32 [BN, NSUB, SUBLEN]; with ``NT``,
+        only its sub-blocks SB0 .. SB0 + NT - 1: [BN, NT, SUBLEN] (a smaller K tile)."""
+        if NT == 0:
+            sb = tl.arange(0, NSUB)[None, :, None]
+        else:
+            sb = SB0 + tl.arange(0, NT)[None, :, None]
         t = tl.arange(0, SUBLEN)[None, None, :]
         p = rb[:, None, None]
         mask_s = row_ok[:, None, None] & (c * 256 + sb * SUBLEN < K)      # [BN, NSUB, 1]
@@ -238,18 +242,22 @@ if AVAILABLE:
     @triton.jit
     def _gemm_kernel(x_ptr, w_ptr, y_ptr, kv_ptr, M, N, K, ROW_BYTES, stride_xm, stride_ym,
                      BM: tl.constexpr, BN: tl.constexpr, KIND: tl.constexpr, TS: tl.constexpr,
-                     NSUB: tl.constexpr, SUBLEN: tl.constexpr, IEEE: tl.constexpr):
+                     NSUB: tl.constexpr, SUBLEN: tl.constexpr, NT: tl.constexpr, IEEE: tl.constexpr):
+        """y = x @ W.T, K tiles of NT sub-blocks (NT * SUBLEN elements) dequantized into tl.dot."""
         pid_m, pid_n = tl.program_id(0), tl.program_id(1)
         rows = pid_n * BN + tl.arange(0, BN)
         row_ok = rows < N
         rb = w_ptr + rows.to(tl.int64) * ROW_BYTES
         ms = pid_m * BM + tl.arange(0, BM)
-        kk = tl.arange(0, 256)
+        kk = tl.arange(0, NT * SUBLEN)
         acc = tl.zeros([BM, BN], dtype=tl.float32)
-        for c in range(0, tl.cdiv(K, 256)):
-            w = _decode(rb, c, row_ok, K, kv_ptr, KIND, TS, NSUB, SUBLEN)
-            w2 = tl.reshape(w, (BN, 256)).to(x_ptr.dtype.element_ty)
-            k = c * 256 + kk
+        tiles = NSUB // NT                                          # K tiles per 256-element chunk
+        for i in range(0, tl.cdiv(K, 256) * tiles):
+            c = i // tiles
+            sb0 = (i % tiles) * NT
+            w = _decode(rb, c, row_ok, K, kv_ptr, KIND, TS, NSUB, SUBLEN, sb0, NT)             # [BN, NT, SUBLEN]
+            w2 = tl.reshape(w, (BN, NT * SUBLEN)).to(x_ptr.dtype.element_ty)
+            k = c * 256 + sb0 * SUBLEN + kk
             xt = tl.load(x_ptr + ms[:, None].to(tl.int64) * stride_xm + k[None, :],
                          mask=(ms[:, None] < M) & (k[None, :] < K), other=0.0)
             if IEEE:
@@ -337,10 +345,11 @@ def gemm(x: torch.Tensor, packed: torch.Tensor, q, n: int, k: int) -> torch.Tens
     """The fused prefill GEMM: x [M, K] @ W.T with W's tiles dequantized into ``tl.dot``."""
     m = x.shape[0]
     bm, bn = GEMM["bm"], GEMM["bn"]
+    nt = max(1, min(q.tile[0], GEMM["bk"] // q.tile[1]))         # sub-blocks per K tile (>= 16 elements)
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     _gemm_kernel[(triton.cdiv(m, bm), triton.cdiv(n, bn))](
         x, packed, y, _kv_table(q, packed), m, n, k, packed.stride(0), x.stride(0), y.stride(0), BM=bm, BN=bn,
-        IEEE=x.dtype == torch.float32, num_warps=GEMM["warps"], num_stages=GEMM["stages"], **_meta(q))
+        NT=nt, IEEE=x.dtype == torch.float32, num_warps=GEMM["warps"], num_stages=GEMM["stages"], **_meta(q))
     return y
 
 
