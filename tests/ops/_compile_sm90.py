@@ -25,7 +25,7 @@ from shapeplan.runtime.backends.triton.kernels import gguf
 def compile_one(kernel: str, name: str, m: int):
     q = QTYPES[name]
     meta = dict(KIND=gguf.KINDS[q.kind], TS=q.type_size, NSUB=q.tile[0], SUBLEN=q.tile[1])
-    ptrs = {"x_ptr": "*bf16", "w_ptr": "*u8", "y_ptr": "*bf16", "kv_ptr": "*fp32"}
+    ptrs = {"x_ptr": "*bf16", "w_ptr": "*u8", "y_ptr": "*bf16"}
     if kernel == "gemv":
         fn, args = gguf._gemv_kernel, ["N", "K", "ROW_BYTES", "stride_xm", "stride_ym", "CHUNKS_PER_PROGRAM"]
         consts = dict(M=m, BM=max(2, 1 << (m - 1).bit_length()), BN=gguf.GEMV["bn"], PARTIAL=False,
@@ -38,7 +38,7 @@ def compile_one(kernel: str, name: str, m: int):
         opts = {"num_warps": gguf.GEMM["warps"], "num_stages": gguf.GEMM["stages"]}
     else:
         fn, args = gguf._rows_kernel, ["R", "K", "ROW_BYTES", "stride_o"]
-        ptrs = {"w_ptr": "*u8", "idx_ptr": "*i64", "out_ptr": "*bf16", "kv_ptr": "*fp32"}
+        ptrs = {"w_ptr": "*u8", "idx_ptr": "*i64", "out_ptr": "*bf16"}
         consts, opts = dict(BN=4, HAS_IDX=True, **meta), {}
     sig = {**ptrs, **{a: "i32" for a in args}, **{c: "constexpr" for c in consts}}
     # the row stride and base pointers as Triton specialises them for a packed weight (16-byte multiples)

@@ -56,7 +56,25 @@ def configure(gemv: dict | None = None, gemm: dict | None = None) -> tuple[dict,
     return old
 
 
+def _iq4_words() -> tuple[int, ...]:
+    """The 16 IQ4 values + 128 as six 24-bit words of three bytes (value i: byte i % 3 of word i // 3;
+    int32-safe), so the kernels decode them with shifts: no table in device memory (nothing to copy
+    while a CUDA graph is being captured)."""
+    from shapeplan.quant.formats import IQ4_VALUES
+    v = [x + 128 for x in IQ4_VALUES] + [0, 0]
+    return tuple(v[3 * w] | (v[3 * w + 1] << 8) | (v[3 * w + 2] << 16) for w in range(6))
+
+
 if AVAILABLE:
+    _IQ4_W0, _IQ4_W1, _IQ4_W2, _IQ4_W3, _IQ4_W4, _IQ4_W5 = (tl.constexpr(w) for w in _iq4_words())
+
+    @triton.jit
+    def _iq4_value(q):
+        """IQ4_NL / IQ4_XS code 0..15 -> its value (float32)."""
+        word = tl.where(q < 3, _IQ4_W0, tl.where(q < 6, _IQ4_W1, tl.where(q < 9, _IQ4_W2, tl.where(
+            q < 12, _IQ4_W3, tl.where(q < 15, _IQ4_W4, _IQ4_W5)))))
+        return (((word >> ((q % 3) * 8)) & 255) - 128).to(tl.float32)
+
     @triton.jit
     def _byte(p, mask):
         return tl.load(p, mask=mask, other=0).to(tl.int32)
@@ -84,10 +102,10 @@ if AVAILABLE:
         return (_f16(blk, mask) * q) + _f16(blk + 2, mask)
 
     @triton.jit
-    def _dec_q4_0(blk, t, mask, kv_ptr, NL: tl.constexpr):   # Q4_0 / IQ4_NL: [d][nibbles]
+    def _dec_q4_0(blk, t, mask, NL: tl.constexpr):   # Q4_0 / IQ4_NL: [d][nibbles]
         q = (_byte(blk + 2 + t % 16, mask) >> ((t // 16) * 4)) & 15
         if NL:
-            v = tl.load(kv_ptr + q).to(tl.float32)
+            v = _iq4_value(q)
         else:
             v = (q - 8).to(tl.float32)
         return _f16(blk, mask) * v
@@ -151,15 +169,15 @@ if AVAILABLE:
         return d * ((low | (high << 4)) - 32).to(tl.float32)
 
     @triton.jit
-    def _dec_iq4_xs(sbk, sb, t, mask, mask_s, kv_ptr):   # [d][scales_h u16][scales_l 4][qs 128]
+    def _dec_iq4_xs(sbk, sb, t, mask, mask_s):   # [d][scales_h u16][scales_l 4][qs 128]
         hs = (_byte(sbk + 2 + sb // 4, mask_s) >> ((sb % 4) * 2)) & 3
         ls = (_byte(sbk + 4 + sb // 2, mask_s) >> ((sb % 2) * 4)) & 15
         dl = _f16(sbk, mask_s) * ((ls | (hs << 4)) - 32).to(tl.float32)
         q = (_byte(sbk + 8 + sb * 16 + t % 16, mask) >> ((t // 16) * 4)) & 15
-        return dl * tl.load(kv_ptr + q).to(tl.float32)
+        return dl * _iq4_value(q)
 
     @triton.jit
-    def _decode(rb, c, row_ok, K, kv_ptr, KIND: tl.constexpr, TS: tl.constexpr, NSUB: tl.constexpr,
+    def _decode(rb, c, row_ok, K, KIND: tl.constexpr, TS: tl.constexpr, NSUB: tl.constexpr,
                 SUBLEN: tl.constexpr, SB0=0, NT: tl.constexpr = 0):
         """Chunk ``c`` of the rows at byte pointers ``rb`` [BN] -> float32 [BN, NSUB, SUBLEN]; with ``NT``,
         only its sub-blocks SB0 .. SB0 + NT - 1: [BN, NT, SUBLEN] (a smaller K tile)."""
@@ -177,13 +195,13 @@ if AVAILABLE:
             elif KIND == 1:
                 w = _dec_int4(blk, t, mask_s, SUBLEN)
             elif KIND == 2:
-                w = _dec_q4_0(blk, t, mask_s, kv_ptr, False)
+                w = _dec_q4_0(blk, t, mask_s, False)
             elif KIND == 3:
                 w = _dec_q5(blk, t, mask_s, False)
             elif KIND == 4:
                 w = _dec_q5(blk, t, mask_s, True)
             else:
-                w = _dec_q4_0(blk, t, mask_s, kv_ptr, True)
+                w = _dec_q4_0(blk, t, mask_s, True)
         else:
             sbk = p + c * TS
             e = sb * SUBLEN + t
@@ -198,11 +216,11 @@ if AVAILABLE:
             elif KIND == 14:
                 w = _dec_q6_k(sbk, sb, e, mask_s, mask_s)
             else:
-                w = _dec_iq4_xs(sbk, sb, t, mask_s, mask_s, kv_ptr)
+                w = _dec_iq4_xs(sbk, sb, t, mask_s, mask_s)
         return w
 
     @triton.jit
-    def _gemv_kernel(x_ptr, w_ptr, y_ptr, kv_ptr, N, K, ROW_BYTES, stride_xm, stride_ym, CHUNKS_PER_PROGRAM,
+    def _gemv_kernel(x_ptr, w_ptr, y_ptr, N, K, ROW_BYTES, stride_xm, stride_ym, CHUNKS_PER_PROGRAM,
                      M: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, KIND: tl.constexpr, TS: tl.constexpr,
                      NSUB: tl.constexpr, SUBLEN: tl.constexpr, PARTIAL: tl.constexpr, UNROLL: tl.constexpr):
         pid_n, pid_k = tl.program_id(0), tl.program_id(1)
@@ -218,7 +236,7 @@ if AVAILABLE:
             for u in tl.static_range(UNROLL):          # UNROLL chunks' loads in flight together
                 cu = c + u
                 ok = rows < tl.where(cu < c1, N, 0)          # chunks past this program's run: masked
-                w = _decode(rb, cu, ok, K, kv_ptr, KIND, TS, NSUB, SUBLEN)                  # [BN, NSUB, SUBLEN]
+                w = _decode(rb, cu, ok, K, KIND, TS, NSUB, SUBLEN)                  # [BN, NSUB, SUBLEN]
                 k = cu * 256 + xoff
                 for m in tl.static_range(M):
                     xm = tl.load(x_ptr + m * stride_xm + k, mask=k < K, other=0.0).to(tl.float32)
@@ -240,7 +258,7 @@ if AVAILABLE:
         tl.store(y_ptr + (i // N) * stride_ym + i % N, acc.to(y_ptr.dtype.element_ty), mask=ok)
 
     @triton.jit
-    def _gemm_kernel(x_ptr, w_ptr, y_ptr, kv_ptr, M, N, K, ROW_BYTES, stride_xm, stride_ym,
+    def _gemm_kernel(x_ptr, w_ptr, y_ptr, M, N, K, ROW_BYTES, stride_xm, stride_ym,
                      BM: tl.constexpr, BN: tl.constexpr, KIND: tl.constexpr, TS: tl.constexpr,
                      NSUB: tl.constexpr, SUBLEN: tl.constexpr, NT: tl.constexpr, IEEE: tl.constexpr):
         """y = x @ W.T, K tiles of NT sub-blocks (NT * SUBLEN elements) dequantized into tl.dot."""
@@ -255,7 +273,7 @@ if AVAILABLE:
         for i in range(0, tl.cdiv(K, 256) * tiles):
             c = i // tiles
             sb0 = (i % tiles) * NT
-            w = _decode(rb, c, row_ok, K, kv_ptr, KIND, TS, NSUB, SUBLEN, sb0, NT)             # [BN, NT, SUBLEN]
+            w = _decode(rb, c, row_ok, K, KIND, TS, NSUB, SUBLEN, sb0, NT)             # [BN, NT, SUBLEN]
             w2 = tl.reshape(w, (BN, NT * SUBLEN)).to(x_ptr.dtype.element_ty)
             k = c * 256 + sb0 * SUBLEN + kk
             xt = tl.load(x_ptr + ms[:, None].to(tl.int64) * stride_xm + k[None, :],
@@ -268,7 +286,7 @@ if AVAILABLE:
                  mask=(ms[:, None] < M) & row_ok[None, :])
 
     @triton.jit
-    def _rows_kernel(w_ptr, idx_ptr, out_ptr, kv_ptr, R, K, ROW_BYTES, stride_o, BN: tl.constexpr,
+    def _rows_kernel(w_ptr, idx_ptr, out_ptr, R, K, ROW_BYTES, stride_o, BN: tl.constexpr,
                      HAS_IDX: tl.constexpr, KIND: tl.constexpr, TS: tl.constexpr, NSUB: tl.constexpr,
                      SUBLEN: tl.constexpr):
         """out[r, :] = dequantized row idx[r] (or row r); grid (cdiv(R, BN), chunks)."""
@@ -279,26 +297,14 @@ if AVAILABLE:
             src = tl.load(idx_ptr + r, mask=ok, other=0).to(tl.int64)
         else:
             src = r.to(tl.int64)
-        w = _decode(w_ptr + src * ROW_BYTES, c, ok, K, kv_ptr, KIND, TS, NSUB, SUBLEN)
+        w = _decode(w_ptr + src * ROW_BYTES, c, ok, K, KIND, TS, NSUB, SUBLEN)
         k = c * 256 + tl.arange(0, NSUB)[None, :, None] * SUBLEN + tl.arange(0, SUBLEN)[None, None, :]
         tl.store(out_ptr + r.to(tl.int64)[:, None, None] * stride_o + k, w.to(out_ptr.dtype.element_ty),
                  mask=ok[:, None, None] & (k < K))
 
 
 # --------------------------------------------------------------------------------------- launching
-_KV: dict[torch.device, torch.Tensor] = {}
 _SMS: dict[int, int] = {}
-
-
-def _kv_table(q, like: torch.Tensor) -> torch.Tensor:
-    """The IQ4 value table on ``like``'s device (IQ4 types only; others get ``like`` as a dummy)."""
-    if not q.kind.startswith("iq4"):
-        return like
-    t = _KV.get(like.device)
-    if t is None:
-        from shapeplan.quant.formats import IQ4_VALUES
-        t = _KV[like.device] = torch.tensor(IQ4_VALUES, dtype=torch.float32, device=like.device)
-    return t
 
 
 def _programs_wanted(device: torch.device) -> int:
@@ -332,7 +338,7 @@ def gemv(x: torch.Tensor, packed: torch.Tensor, q, n: int, k: int, *, split: int
     split = triton.cdiv(chunks, per)
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     part = y if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=x.device)
-    _gemv_kernel[(blocks_n, split)](x, packed, part, _kv_table(q, packed), n, k, packed.stride(0), x.stride(0),
+    _gemv_kernel[(blocks_n, split)](x, packed, part, n, k, packed.stride(0), x.stride(0),
                                    y.stride(0), per, M=m, BM=max(2, _pow2(m)), BN=bn, PARTIAL=split > 1,
                                    UNROLL=unroll, num_warps=GEMV["warps"], **_meta(q))
     if split > 1:
@@ -348,7 +354,7 @@ def gemm(x: torch.Tensor, packed: torch.Tensor, q, n: int, k: int) -> torch.Tens
     nt = max(1, min(q.tile[0], GEMM["bk"] // q.tile[1]))         # sub-blocks per K tile (>= 16 elements)
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     _gemm_kernel[(triton.cdiv(m, bm), triton.cdiv(n, bn))](
-        x, packed, y, _kv_table(q, packed), m, n, k, packed.stride(0), x.stride(0), y.stride(0), BM=bm, BN=bn,
+        x, packed, y, m, n, k, packed.stride(0), x.stride(0), y.stride(0), BM=bm, BN=bn,
         NT=nt, IEEE=x.dtype == torch.float32, num_warps=GEMM["warps"], num_stages=GEMM["stages"], **_meta(q))
     return y
 
@@ -363,7 +369,7 @@ def dequantize_rows(packed: torch.Tensor, q, k: int, dtype: torch.dtype, idx: to
         bn = 4
         src = idx.reshape(-1) if idx is not None else packed
         _rows_kernel[(triton.cdiv(r, bn), triton.cdiv(k, CHUNK))](
-            packed, src, out, _kv_table(q, packed), r, k, packed.stride(0), out.stride(0), BN=bn,
+            packed, src, out, r, k, packed.stride(0), out.stride(0), BN=bn,
             HAS_IDX=idx is not None, **_meta(q))
     return out
 
