@@ -22,6 +22,8 @@ with ``W.T`` a transposed view, so loading copies nothing. The q/k/v and gate/up
 emitted fused (``fuse_projections``): one MatMul over a row-stacked weight, then a Split. The stacked
 tensor is the only copy: the caller's ``weights`` entries are rebound to row views of it, so the
 unfused originals are freed (memory beyond the weights stays the KV cache plus plan buffers).
+A quantized weight (``shapeplan.quant.QuantWeight``: a GGUF file's blocks, or ``quantize=`` at load) is a
+uint8 constant of its packed bytes read by ``shapeplan::QuantMatMul`` (the embedding lookup: ``QuantGather``).
 The residual add before each norm inside the stack is ``shapeplan::SkipRMSNormalization`` (add +
 norm: one kernel on the triton backend, bit-identical to Add + RMSNormalization in torch).
 """

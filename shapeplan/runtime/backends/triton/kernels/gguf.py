@@ -230,6 +230,7 @@ if AVAILABLE:
         xoff = tl.arange(0, NSUB)[:, None] * SUBLEN + tl.arange(0, SUBLEN)[None, :]     # [NSUB, SUBLEN]
         mrow = tl.arange(0, BM)[:, None]
         acc = tl.zeros([BM, BN], dtype=tl.float32)
+        acc1 = tl.zeros([BN, NSUB, SUBLEN], dtype=tl.float32)
         c0 = pid_k * CHUNKS_PER_PROGRAM
         c1 = tl.minimum(c0 + CHUNKS_PER_PROGRAM, tl.cdiv(K, 256))
         for c in range(c0, c1, UNROLL):
@@ -240,8 +241,13 @@ if AVAILABLE:
                 k = cu * 256 + xoff
                 for m in tl.static_range(M):
                     xm = tl.load(x_ptr + m * stride_xm + k, mask=k < K, other=0.0).to(tl.float32)
-                    part = tl.sum(tl.sum(w * xm[None, :, :], axis=2), axis=1)            # [BN]
-                    acc = tl.where(mrow == m, acc + part[None, :], acc)
+                    if M == 1:                 # products summed once, after the loop (fewer shuffles)
+                        acc1 += w * xm[None, :, :]
+                    else:
+                        part = tl.sum(tl.sum(w * xm[None, :, :], axis=2), axis=1)        # [BN]
+                        acc = tl.where(mrow == m, acc + part[None, :], acc)
+        if M == 1:
+            acc = tl.where(mrow == 0, tl.sum(tl.sum(acc1, axis=2), axis=1)[None, :], acc)
         out_mask = (mrow < M) & row_ok[None, :]
         if PARTIAL:                                    # float32 partials [SPLIT, M, N]
             tl.store(y_ptr + (pid_k * M + mrow) * N + rows[None, :], acc, mask=out_mask)
