@@ -2,6 +2,8 @@
 
     shapeplan bench --preset llama-1b --config matrix --device cuda --json out.json
     shapeplan bench --preset llama-1b --config triton --device cuda --vs-torch-compile
+    shapeplan bench --preset llama-1b --quantize Q4_K_M --config auto --device cuda
+    shapeplan bench --model llama-1b-Q4_K_M.gguf --config auto --device cuda --dtype bfloat16
 """
 from __future__ import annotations
 
@@ -17,11 +19,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="LLM decode benchmark (TTFT, overall/decode/steady/late_steady tok/s)")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--preset", choices=sorted(PRESETS), help="random weights with a public model's shapes")
-    src.add_argument("--model", help="checkpoint directory")
+    src.add_argument("--model", help="checkpoint directory or GGUF file (its quantized matrices stay packed)")
     p.add_argument("--config", default="auto", choices=CONFIGS + ["matrix"],
                    help="execution config; matrix runs every one available and checks each against slot_by_slot")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default=None, help="default: bfloat16 for presets, the checkpoint's otherwise")
+    p.add_argument("--quantize", default=None, metavar="TYPE",
+                   help="quantize the weights at load as `shapeplan quantize` does: int8, int4, Q4_K_M, Q8_0, Q4_0, ...")
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--new-tokens", type=int, default=256)
     p.add_argument("--max-kv-cache-length", type=int, default=1024)
@@ -46,7 +50,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from shapeplan.llm.bench import bench_prompt, configs_for, format_table, load_model, run_matrix, torch_baselines
+    from shapeplan.llm.bench import (bench_prompt, configs_for, format_table, load_model, quantized, run_matrix,
+                                     torch_baselines)
     if not args.preset and not args.model:
         args.preset = "llama-125m"
     configs = configs_for(args.device) if args.config == "matrix" else [args.config]
@@ -54,10 +59,10 @@ def _bench(args: argparse.Namespace) -> int:
         from shapeplan.parallel.cli import bench
         return bench(args, configs)
     cfg, weights = load_model(args.preset, args.model, args.device, args.dtype)
-    name = args.preset or args.model
+    name = (args.preset or args.model) + (f" {args.quantize}" if args.quantize else "")
     if args.batch or args.sweep:
-        return _serving(args, cfg, weights, name)
-    rows = run_matrix(cfg, weights, configs, device=args.device, prompt_len=args.prompt_len,
+        return _serving(args, cfg, quantized(cfg, weights, args.quantize), name)
+    rows = run_matrix(cfg, quantized(cfg, weights, args.quantize), configs, device=args.device, prompt_len=args.prompt_len,
                       new_tokens=args.new_tokens, max_kv_cache_length=args.max_kv_cache_length,
                       optimize=not args.no_optimize, log=lambda s: print(s, file=sys.stderr))
     if args.vs_torch_compile:
@@ -84,7 +89,8 @@ def _serving(args: argparse.Namespace, cfg, weights, name: str) -> int:  # noqa:
     sweep = [int(x) for x in args.sweep.split(",") if x.strip()] if args.sweep else []
     most = max(sweep + [args.batch, 1])
     n_req = args.requests or args.batch or most
-    dtype = weights["model.embed_tokens.weight"].dtype
+    emb = weights["model.embed_tokens.weight"]
+    dtype = emb.dtype if isinstance(emb, torch.Tensor) else getattr(torch, cfg.dtype)
     mode = "auto" if args.config == "matrix" else args.config
     length = max(args.max_kv_cache_length, args.shared_prefix + args.prompt_len + args.new_tokens + 16)
     prefill = max(16, min(2048, args.shared_prefix + args.prompt_len))
@@ -102,7 +108,8 @@ def _serving(args: argparse.Namespace, cfg, weights, name: str) -> int:  # noqa:
     run_serving(pipe, warm, 8)                                     # every bucket has replayed once
     pipe.clear_prefix_cache()
     plans = reserved() - before
-    weight_bytes = sum(t.numel() * t.element_size() for t in {id(v): v for v in weights.values()}.values())
+    tensors = [t for v in weights.values() for t in ([v] if isinstance(v, torch.Tensor) else v.tensors())]
+    weight_bytes = sum(t.numel() * t.element_size() for t in {id(t): t for t in tensors}.values())
     gib = 2 ** 30
     print(f"  ready in {time.perf_counter() - t0:.1f} s (load, compile, capture of {len(pipe.decode_buckets)} "
           f"decode buckets); KV pool {pipe.kv_cache_bytes / gib:.2f} GiB; weights {weight_bytes / gib:.2f} GiB; "
