@@ -42,6 +42,10 @@ step serve_sweep extra 300 "$SERVE --preset llama-1b --sweep 1,8,32,64,128 --jso
 step serve_vs_hf extra 300 "$SERVE --preset llama-1b --batch 64 --vs-hf" 'grep -E "^(shapeplan|transformers)" $L | awk '\''{printf "%s %s tok/s; ", $1, ($1=="shapeplan" ? $5 : $6)}'\'''
 step serve_kserve default 240 'python3 -m bench.serve_kserve --model resnet50 --device cuda --clients 32 --client-procs 4 --seconds 20' \
   'tail -12 $L | paste -sd" " | cut -c1-400'
+step quant_gemv default 200 'python3 -m bench.quant_gemv --prefill-m 128,512,2048' \
+  'grep -iE "Q4_K|Q8_0" $L | head -3 | paste -sd" " | cut -c1-300'
+step quant_e2e default 300 'python3 -m bench.quant_gemv --no-gemv --e2e llama-1b:Q4_K_M,llama-1b:Q8_0,llama-8b:Q4_K_M,llama-8b:Q8_0' \
+  'grep -E "llama-(1b|8b)" $L | tail -4 | paste -sd" " | cut -c1-300'
 step decode_attention default 60 'python3 -m bench.decode_attention --pos 256' \
   'awk '\''/^sdpa/ {s = $4} /^BEST=/ {b = $0} END {if (b) print "sdpa " s " us/call, " b}'\'' $L'
 step prefill_attention default 60 'python3 -m bench.prefill_attention' \
