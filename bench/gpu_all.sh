@@ -48,6 +48,10 @@ step serve_http extra 480 "$SERVE_HTTP" 'awk '\''$1 ~ /^[0-9]+$/ && NF >= 12 {pr
 step serve_vs_hf extra 300 "$SERVE --preset llama-1b --batch 64 --vs-hf" 'grep -E "^(shapeplan|transformers)" $L | awk '\''{printf "%s %s tok/s; ", $1, ($1=="shapeplan" ? $5 : $6)}'\'''
 step serve_kserve default 240 'python3 -m bench.serve_kserve --model resnet50 --device cuda --clients 32 --client-procs 4 --seconds 20' \
   'tail -12 $L | paste -sd" " | cut -c1-400'
+step quant_gemv default 200 'python3 -m bench.quant_gemv --prefill-m 128,512,2048' \
+  'grep -iE "Q4_K|Q8_0" $L | head -3 | paste -sd" " | cut -c1-300'
+step quant_e2e default 300 'python3 -m bench.quant_gemv --no-gemv --e2e llama-1b:Q4_K_M,llama-1b:Q8_0,llama-8b:Q4_K_M,llama-8b:Q8_0' \
+  'grep -E "llama-(1b|8b)" $L | tail -4 | paste -sd" " | cut -c1-300'
 step decode_attention default 60 'python3 -m bench.decode_attention --pos 256' \
   'awk '\''/^sdpa/ {s = $4} /^BEST=/ {b = $0} END {if (b) print "sdpa " s " us/call, " b}'\'' $L'
 step prefill_attention default 60 'python3 -m bench.prefill_attention' \
@@ -132,7 +136,7 @@ for i in "${!NAMES[@]}"; do
   [ "$lim" -gt "$left" ] && lim=$left
   echo "== $name (limit $lim s): ${CMDS[$i]}"
   s=$(date +%s)
-  SHAPEPLAN_CACHE_DIR=$C/$name timeout -k 10 "$lim" bash -c "${CMDS[$i]}" > "$L" 2>&1
+  W=$W O=$O SHAPEPLAN_CACHE_DIR=$C/$name timeout -k 10 "$lim" bash -c "${CMDS[$i]}" > "$L" 2>&1
   rc=$?; dt=$(( $(date +%s) - s ))
   case $rc in 0) st=ok;; 124|137) st="TIMEOUT";; *) st="FAILED rc=$rc";; esac
   summary=$(L=$L eval "${SUMS[$i]}" 2>/dev/null | head -1 | cut -c1-150)

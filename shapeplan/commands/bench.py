@@ -2,6 +2,8 @@
 
     shapeplan bench --preset llama-1b --config matrix --device cuda --json out.json
     shapeplan bench --preset llama-1b --config triton --device cuda --vs-torch-compile
+    shapeplan bench --preset llama-1b --quantize Q4_K_M --config auto --device cuda
+    shapeplan bench --model llama-1b-Q4_K_M.gguf --config auto --device cuda --dtype bfloat16
     shapeplan bench --serve http://127.0.0.1:8000 --concurrency 1,8,32,64,128     # a running server, over HTTP
 """
 from __future__ import annotations
@@ -18,11 +20,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="LLM decode benchmark (TTFT, overall/decode/steady/late_steady tok/s)")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--preset", choices=sorted(PRESETS), help="random weights with a public model's shapes")
-    src.add_argument("--model", help="checkpoint directory")
+    src.add_argument("--model", help="checkpoint directory or GGUF file (its quantized matrices stay packed)")
     p.add_argument("--config", default="auto", choices=CONFIGS + ["matrix"],
                    help="execution config; matrix runs every one available and checks each against slot_by_slot")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default=None, help="default: bfloat16 for presets, the checkpoint's otherwise")
+    p.add_argument("--quantize", default=None, metavar="TYPE",
+                   help="quantize the weights at load as `shapeplan quantize` does: int8, int4, Q4_K_M, Q8_0, Q4_0, ...")
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--new-tokens", type=int, default=256)
     p.add_argument("--max-kv-cache-length", type=int, default=1024)
@@ -55,7 +59,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _bench(args: argparse.Namespace) -> int:
     if args.serve:
         return _http(args)
-    from shapeplan.llm.bench import bench_prompt, configs_for, format_table, load_model, run_matrix, torch_baselines
+    from shapeplan.llm.bench import (bench_prompt, configs_for, format_table, load_model, quantized, run_matrix,
+                                     torch_baselines)
     if not args.preset and not args.model:
         args.preset = "llama-125m"
     configs = configs_for(args.device) if args.config == "matrix" else [args.config]
@@ -63,10 +68,10 @@ def _bench(args: argparse.Namespace) -> int:
         from shapeplan.parallel.cli import bench
         return bench(args, configs)
     cfg, weights = load_model(args.preset, args.model, args.device, args.dtype)
-    name = args.preset or args.model
+    name = (args.preset or args.model) + (f" {args.quantize}" if args.quantize else "")
     if args.batch or args.sweep:
-        return _serving(args, cfg, weights, name)
-    rows = run_matrix(cfg, weights, configs, device=args.device, prompt_len=args.prompt_len,
+        return _serving(args, cfg, quantized(cfg, weights, args.quantize), name)
+    rows = run_matrix(cfg, quantized(cfg, weights, args.quantize), configs, device=args.device, prompt_len=args.prompt_len,
                       new_tokens=args.new_tokens, max_kv_cache_length=args.max_kv_cache_length,
                       optimize=not args.no_optimize, log=lambda s: print(s, file=sys.stderr))
     if args.vs_torch_compile:
@@ -93,7 +98,8 @@ def _serving(args: argparse.Namespace, cfg, weights, name: str) -> int:  # noqa:
     sweep = [int(x) for x in args.sweep.split(",") if x.strip()] if args.sweep else []
     most = max(sweep + [args.batch, 1])
     n_req = args.requests or args.batch or most
-    dtype = weights["model.embed_tokens.weight"].dtype
+    emb = weights["model.embed_tokens.weight"]
+    dtype = emb.dtype if isinstance(emb, torch.Tensor) else getattr(torch, cfg.dtype)
     mode = "auto" if args.config == "matrix" else args.config
     length = max(args.max_kv_cache_length, args.shared_prefix + args.prompt_len + args.new_tokens + 16)
     prefill = max(16, min(2048, args.shared_prefix + args.prompt_len))
@@ -102,17 +108,23 @@ def _serving(args: argparse.Namespace, cfg, weights, name: str) -> int:  # noqa:
                               max_prefill_length=prefill, max_kv_cache_length=length, eos_token_ids=[],
                               prefix_cache=not args.no_prefix_cache, optimize=not args.no_optimize)
     cuda = pipe.device.type == "cuda"
-    before = torch.cuda.memory_reserved(pipe.device) if cuda else 0
-    pipe.warmup(sampled=False)
+    reserved = (lambda: torch.cuda.memory_reserved(pipe.device)) if cuda else (lambda: 0)
+    before = reserved()
+    pipe.batch.call(lambda: [pipe.runner.settle("next_token", b, 1) for b in pipe.decode_buckets])
+    decode_plans = reserved() - before
+    pipe.warmup(sampled=False)                                    # the packed prefill plans too
     warm = make_prompts(cfg.vocab_size, min(most, 8), args.prompt_len, seed=99)
     run_serving(pipe, warm, 8)                                     # every bucket has replayed once
     pipe.clear_prefix_cache()
-    weight_bytes = sum(t.numel() * t.element_size() for t in {id(v): v for v in weights.values()}.values())
-    plans = (torch.cuda.memory_reserved(pipe.device) - before) if cuda else 0
+    plans = reserved() - before
+    tensors = [t for v in weights.values() for t in ([v] if isinstance(v, torch.Tensor) else v.tensors())]
+    weight_bytes = sum(t.numel() * t.element_size() for t in {id(t): t for t in tensors}.values())
+    gib = 2 ** 30
     print(f"  ready in {time.perf_counter() - t0:.1f} s (load, compile, capture of {len(pipe.decode_buckets)} "
-          f"decode buckets); KV pool {pipe.kv_cache_bytes / 2**30:.2f} GiB; captured plans of every bucket "
-          f"{plans / 2**20:.0f} MiB = {100 * plans / max(1, weight_bytes):.1f} % of the weights' "
-          f"{weight_bytes / 2**30:.2f} GiB", file=sys.stderr)
+          f"decode buckets); KV pool {pipe.kv_cache_bytes / gib:.2f} GiB; weights {weight_bytes / gib:.2f} GiB; "
+          f"captured greedy decode plans of every bucket {decode_plans / 2**20:.0f} MiB "
+          f"({100 * decode_plans / max(1, weight_bytes):.2f} % of the weights); with the prefill plans "
+          f"{plans / 2**20:.0f} MiB ({100 * plans / max(1, weight_bytes):.1f} %)", file=sys.stderr)
     rows = []
     points = sweep or [n_req]
     for c in points:
@@ -136,7 +148,8 @@ def _serving(args: argparse.Namespace, cfg, weights, name: str) -> int:  # noqa:
         with open(args.json_path, "w", encoding="utf-8") as f:
             json.dump({"model": name, "device": args.device, "rows": [r.to_dict() for r in rows],
                        "kv_cache_bytes": pipe.kv_cache_bytes, "decode_buckets": pipe.decode_buckets,
-                       "plan_memory_bytes": plans, "weight_bytes": weight_bytes}, f, indent=2)
+                       "plan_memory_bytes": plans, "decode_plan_memory_bytes": decode_plans,
+                       "weight_bytes": weight_bytes}, f, indent=2)
     if sweep:
         import os
         path = args.plot or (os.path.splitext(args.json_path)[0] + ".png" if args.json_path else "sweep.png")

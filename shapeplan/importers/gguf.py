@@ -2,8 +2,11 @@
 
 ``sp.load("model.gguf")`` calls ``load_gguf``; ``GenerationPipeline.from_pretrained("model.gguf")``
 calls ``read_gguf`` and builds the same decoder as for a Hugging Face directory. Parsing is the
-``gguf`` package's ``GGUFReader`` (a memory map: nothing is read until a tensor is used); every tensor
-is dequantized with ``gguf.quants`` (F32 / F16 / BF16 stay views or cast directly) into the model dtype.
+``gguf`` package's ``GGUFReader`` (a memory map: nothing is read until a tensor is used). F32 / F16 /
+BF16 tensors become tensors of the model dtype; quantized matrices stay packed in their GGUF blocks
+(``shapeplan.quant.QuantWeight``: the file's bytes, moved to the device as they are) and the decoder
+reads them with ``shapeplan::QuantMatMul`` / ``QuantGather`` (shapeplan/ops/quantized.py). A type the
+kernels do not run is a ``QuantTypeError`` naming the tensor and the type.
 
 Two things differ from a Hugging Face checkpoint:
 
@@ -31,6 +34,7 @@ from shapeplan.ir.dtypes import dtype_name
 from shapeplan.ir.graph import Graph
 from shapeplan.llm.config import LlamaConfig
 from shapeplan.llm.weights import expected_shapes
+from shapeplan.quant.formats import QTYPES, QuantTypeError, QuantWeight
 
 SUPPORTED_ARCHITECTURES = ("llama",)
 
@@ -118,6 +122,21 @@ class GGUFFile:
 
     def type_name(self, name: str) -> str:
         return self.tensors[name].tensor_type.name
+
+    def weight(self, name: str, dtype: torch.dtype) -> torch.Tensor | QuantWeight:
+        """The tensor ``name``: F32 / F16 / BF16 as a ``dtype`` tensor (``tensor``), a type the quantized
+        kernels run as a QuantWeight viewing the map (nothing copied)."""
+        qt = self.tensors[name].tensor_type.name
+        if qt in _FLOAT_DTYPES:
+            return self.tensor(name, dtype)
+        q = QTYPES.get(qt)
+        if q is None or q.ggml_id is None or len(self.shape(name)) != 2:
+            ok = ["F32", "F16", "BF16"] + [n for n, t in QTYPES.items() if t.ggml_id is not None]
+            raise QuantTypeError(f"{self.path}: tensor {name!r} has quant type {qt}, which "
+                                 f"shapeplan's kernels do not run (supported: {', '.join(ok)})")
+        rows, cols = self.shape(name)
+        data = self.tensors[name].data.reshape(rows, q.row_bytes(cols))          # uint8 view of the map
+        return QuantWeight(torch.from_numpy(data), qt, (rows, cols))
 
     def tensor(self, name: str, dtype: torch.dtype) -> torch.Tensor:
         """The tensor ``name`` in ``dtype``. F32 / F16 in their own dtype stay views of the map."""
@@ -213,14 +232,16 @@ def read_weights(f: GGUFFile, cfg: LlamaConfig, *, device: str | torch.device = 
         if f.shape(g) != shape:
             raise ModelError(f"{f.path}: tensor {g!r} has shape {list(f.shape(g))}, expected {list(shape)} "
                              "from the file's metadata")
-    out: dict[str, torch.Tensor] = {}
+    out: dict[str, torch.Tensor | QuantWeight] = {}
     for hf in shapes:
-        t = f.tensor(names[hf], dtype)
-        if hf.endswith("q_proj.weight"):
-            t = _unpermute(t, cfg.num_heads)
-        elif hf.endswith("k_proj.weight"):
-            t = _unpermute(t, cfg.num_kv_heads)
-        out[hf] = t.to(device)
+        t = f.weight(names[hf], dtype)
+        heads = cfg.num_heads if hf.endswith("q_proj.weight") else cfg.num_kv_heads \
+            if hf.endswith("k_proj.weight") else 0
+        if isinstance(t, QuantWeight):          # rows are independent: un-permute the packed rows
+            packed = _unpermute(t.packed, heads).contiguous() if heads else t.packed
+            out[hf] = QuantWeight(packed.to(device), t.qtype, t.shape)
+        else:
+            out[hf] = (_unpermute(t, heads) if heads else t).to(device)
     return out
 
 

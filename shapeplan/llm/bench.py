@@ -57,15 +57,36 @@ def bench_prompt(vocab: int, n: int) -> list[int]:
 
 
 def load_model(preset: str | None, model: str | None, device: str, dtype: str | None):
-    """(config, weights) from a preset (random weights) or a checkpoint directory."""
+    """(config, weights) from a preset (random weights), a checkpoint directory or a GGUF file (its
+    quantized matrices stay packed). ``cfg.dtype`` is the weights' dtype."""
+    if model and model.endswith(".gguf"):
+        from shapeplan.importers.gguf import read_gguf
+        cfg, weights, _ = read_gguf(model, device=device, dtype=getattr(torch, dtype) if dtype else None)
+        return cfg, weights
     if model:
         from shapeplan.llm.weights import load_weights
         cfg = LlamaConfig.from_file(model)
         dt = getattr(torch, dtype) if dtype else cfg.torch_dtype
+        cfg.dtype = str(dt).replace("torch.", "")
         return cfg, load_weights(model, cfg, device=device, dtype=dt)
     from shapeplan.llm.weights import random_weights
     cfg = preset_config(preset or "llama-125m", dtype or "bfloat16")
     return cfg, random_weights(cfg, device=device, seed=0)
+
+
+def quantized(cfg: LlamaConfig, weights: dict, spec: str | None) -> dict:
+    """A copy of ``weights`` quantized as ``spec`` (``recipes.tensor_types``: int8, int4, Q4_K_M, Q8_0,
+    ...), made on the weights' device, the way ``shapeplan quantize`` quantizes; ``weights`` itself is
+    kept (the PyTorch baselines read it)."""
+    if not spec:
+        return weights
+    from shapeplan.quant.recipes import quantize_weights
+    return quantize_weights(cfg, dict(weights), spec)
+
+
+def float_weights(weights: dict, dtype: torch.dtype) -> dict:
+    """``weights`` with packed ones dequantized (the PyTorch baselines of a GGUF file)."""
+    return {k: v if isinstance(v, torch.Tensor) else v.dequantize(dtype) for k, v in weights.items()}
 
 
 def _sync(device: str) -> None:
@@ -80,8 +101,8 @@ def run_config(cfg: LlamaConfig, weights: dict[str, torch.Tensor], config: str, 
     try:
         _sync(device)
         t0 = time.perf_counter()
-        pipe = GenerationPipeline(cfg, weights, None, device=device, mode=config, dtype=weights[
-            "model.embed_tokens.weight"].dtype, max_prefill_length=max_prefill_length,
+        pipe = GenerationPipeline(cfg, weights, None, device=device, mode=config, dtype=cfg.torch_dtype,
+            max_prefill_length=max_prefill_length,
             max_kv_cache_length=max_kv_cache_length, sync_every=sync_every, eos_token_ids=[],
             optimize=optimize)
         pipe.generate(prompt, max_new_tokens=min(new_tokens, 32), sampling=Sampling.greedy())   # warm-up
@@ -168,15 +189,22 @@ def _timed_decode(prefill, step, n: int, tokbuf: torch.Tensor) -> tuple[dict[int
 def torch_baselines(cfg: LlamaConfig, weights: dict[str, torch.Tensor], prompt: list[int], n: int, max_kv: int,
                     ref: list[int] | None, device: str = "cuda") -> list[BenchRow]:
     """The same decode with a gpt-fast-style PyTorch decoder (``llm/reference.TorchDecoder``) on the same
-    weights, in this process: eager; on CUDA also eager + one CUDA graph per step and
-    ``torch.compile(mode="reduce-overhead")`` (static KV cache, weights marked static). Same timing
-    windows and metrics as ``run_config``; ``cold s`` = the step's warm-up / capture / compile."""
+    weights, in this process: eager; on CUDA also eager + one CUDA graph per step,
+    ``torch.compile(mode="reduce-overhead")`` (static KV cache, weights marked static), and that with
+    gpt-fast's int4 weight-only quantization (``llm/reference_int4``: tinygemm, group 64). Packed
+    weights (a GGUF file) are dequantized for them. Same timing windows and metrics as ``run_config``;
+    ``cold s`` = the step's warm-up / capture / compile."""
     cuda = torch.device(device).type == "cuda"
-    kinds = ("torch eager", "torch eager+graph", "torch.compile") if cuda else ("torch eager",)
+    kinds = ("torch eager", "torch eager+graph", "torch.compile", "torch.compile int4") if cuda else ("torch eager",)
+    weights = float_weights(weights, cfg.torch_dtype)
     rows = []
     for kind in kinds:
         try:
-            rows.append(_torch_row(kind, cfg, weights, prompt, n, max_kv, ref, device))
+            w = weights
+            if kind.endswith("int4"):          # gpt-fast's int4 weight-only recipe (tinygemm, group 64)
+                from shapeplan.llm.reference_int4 import int4_weights
+                w = int4_weights(cfg, weights)
+            rows.append(_torch_row(kind, cfg, w, prompt, n, max_kv, ref, device))
         except Exception as e:  # noqa: BLE001 - one failing baseline must not hide the others
             rows.append(BenchRow(kind, ok=False, error=f"{type(e).__name__}: {e}"[:300]))
         gc.collect()
@@ -193,6 +221,7 @@ def _torch_row(kind: str, cfg: LlamaConfig, weights: dict[str, torch.Tensor], pr
     row = BenchRow(kind)
     dec = TorchDecoder(cfg, weights, max_kv_cache_length=max_kv, device=dev,
                        dtype=weights["model.embed_tokens.weight"].dtype)
+    static = [t for v in weights.values() for t in ([v] if isinstance(v, torch.Tensor) else v.tensors())]
     ids = torch.tensor([prompt], device=dev)
     P = len(prompt)
     tok = torch.zeros(1, 1, dtype=torch.int64, device=dev)
@@ -235,9 +264,9 @@ def _torch_row(kind: str, cfg: LlamaConfig, weights: dict[str, torch.Tensor], pr
         def replay(i: int) -> None:
             graph.replay()
         run = replay
-    elif kind == "torch.compile":
-        extra = [t for t in dec.qkv + dec.qkv_bias + dec.gate_up if t is not None]
-        for t in list(weights.values()) + extra + dec.k + dec.v + [tok, pos, tokbuf, counter]:
+    elif kind.startswith("torch.compile"):
+        extra = [t for t in dec.qkv + dec.qkv_bias + dec.gate_up if isinstance(t, torch.Tensor)]
+        for t in static + extra + dec.k + dec.v + [tok, pos, tokbuf, counter]:
             torch._dynamo.mark_static_address(t)
         step_fn = torch.compile(dec.decode_step, mode="reduce-overhead", fullgraph=True)
         prefill()

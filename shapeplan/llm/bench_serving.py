@@ -112,13 +112,15 @@ def hf_serving(cfg: Any, weights: dict[str, torch.Tensor], prompts: list[list[in
                           head_dim=cfg.head_dim, rms_norm_eps=cfg.rms_norm_eps, rope_theta=cfg.rope_theta,
                           rope_scaling=cfg.rope_scaling, tie_word_embeddings=cfg.tie_word_embeddings,
                           max_position_embeddings=max(4096, cfg.max_position_embeddings))
-        with torch.device("meta"):
-            model = LlamaForCausalLM(hf_cfg)
+        with torch.device(device):
+            model = LlamaForCausalLM(hf_cfg).to(dtype).eval()
         state = {k: v for k, v in weights.items()}
         if cfg.tie_word_embeddings:
             state["lm_head.weight"] = state["model.embed_tokens.weight"]
-        model.load_state_dict(state, strict=False, assign=True)
-        model = model.to(device=device, dtype=dtype).eval()
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        if [m for m in missing if "rotary" not in m] or unexpected:
+            raise ValueError(f"weights do not match transformers' Llama: missing {missing[:3]}, unexpected "
+                             f"{unexpected[:3]}")
         for attn in ("paged|sdpa", "sdpa_paged", "paged_attention"):
             try:
                 model.set_attn_implementation(attn)

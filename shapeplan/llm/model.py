@@ -38,6 +38,8 @@ with ``W.T`` a transposed view, so loading copies nothing. The q/k/v and gate/up
 emitted fused (``fuse_projections``): one MatMul over a row-stacked weight, then a Split. The stacked
 tensor is the only copy: the caller's ``weights`` entries are rebound to row views of it, so the
 unfused originals are freed (memory beyond the weights stays the KV cache plus plan buffers).
+A quantized weight (``shapeplan.quant.QuantWeight``: a GGUF file's blocks, or ``quantize=`` at load) is a
+uint8 constant of its packed bytes read by ``shapeplan::QuantMatMul`` (the embedding lookup: ``QuantGather``).
 The residual add before each norm inside the stack is ``shapeplan::SkipRMSNormalization`` (add +
 norm: one kernel on the triton backend, bit-identical to Add + RMSNormalization in torch).
 """
@@ -53,6 +55,7 @@ from shapeplan.ir.dtypes import dtype_name
 from shapeplan.ir.graph import Graph, Value
 from shapeplan.llm.config import LlamaConfig, rope_tables
 from shapeplan.ops.registry import is_supported
+from shapeplan.quant.formats import QuantWeight
 
 SP = "shapeplan"
 TOP_LOGPROBS = 20          # the ``top_logprobs`` output's width (OpenAI's API allows at most 20)
@@ -110,18 +113,67 @@ class _Builder:
         self._consts[(fused_name, transpose)] = v
         return v
 
+    def packed(self, name: str) -> Value:
+        """The packed bytes of the quantized weight ``name`` as one constant (shared by every reader:
+        a tied LM head reads the embedding's)."""
+        v = self._consts.get((name, "packed"))
+        if v is None:
+            v = self._consts[(name, "packed")] = self.g.constant(self.w[name].packed, name=name + ".packed")
+        return v
+
+    def stacked_packed(self, names: list[str], fused_name: str) -> Value:
+        """One packed constant of the quantized weights ``names`` (one qtype) stacked by rows; ``self.w``'s
+        entries become row views of it, as in ``stacked``."""
+        v = self._consts.get((fused_name, "packed"))
+        if v is None:
+            parts = [self.w[n] for n in names]
+            t = _already_stacked([p.packed for p in parts], torch.uint8)
+            if t is None:
+                t = torch.cat([p.packed for p in parts], dim=0)                  # [sum N_i, row bytes]
+            row = 0
+            for n, p in zip(names, parts):
+                self.w[n] = QuantWeight(t[row:row + p.shape[0]], p.qtype, p.shape)
+                row += p.shape[0]
+            v = self._consts[(fused_name, "packed")] = self.g.constant(t, name=fused_name + ".packed")
+        return v
+
+    def _quant_matmul(self, x: Value, packed: Value, qtype: str, n: int, k: int) -> Value:
+        return self.g.op.QuantMatMul(x, packed, qtype=qtype, n=n, k=k, _domain=SP)
+
     def fused_linear(self, x: Value, prefix: str, projs: list[str], fused: str, bias: bool = False) -> tuple:
-        """``[x @ W_p.T (+ b_p) for p in projs]`` as one MatMul (+ Add) and a Split on the last axis."""
+        """``[x @ W_p.T (+ b_p) for p in projs]`` as one MatMul (+ Add) and a Split on the last axis.
+        Quantized weights fuse only when they share a type (Q4_K_M files mix Q4_K and Q6_K): otherwise
+        one QuantMatMul each."""
         names = [prefix + p for p in projs]
-        sizes = np.array([int(self.w[n + ".weight"].shape[0]) for n in names], np.int64)
-        y = self.g.op.MatMul(x, self.stacked([n + ".weight" for n in names], prefix + fused + ".weight", True))
+        ws = [self.w[n + ".weight"] for n in names]
+        sizes = np.array([int(w.shape[0]) for w in ws], np.int64)
+        if any(isinstance(w, QuantWeight) for w in ws):
+            if not all(isinstance(w, QuantWeight) and w.qtype == ws[0].qtype for w in ws):
+                return tuple(self.linear(x, n, bias) for n in names)
+            y = self._quant_matmul(x, self.stacked_packed([n + ".weight" for n in names], prefix + fused + ".weight"),
+                                   ws[0].qtype, int(sizes.sum()), ws[0].shape[1])
+        else:
+            y = self.g.op.MatMul(x, self.stacked([n + ".weight" for n in names], prefix + fused + ".weight", True))
         if bias:
             y = self.g.op.Add(y, self.stacked([n + ".bias" for n in names], prefix + fused + ".bias"))
         return self.g.op.Split(y, sizes, axis=-1, _outputs=len(names))
 
     def linear(self, x: Value, prefix: str, bias: bool = False) -> Value:
-        y = self.g.op.MatMul(x, self.const(prefix + ".weight", transpose=True))
+        w = self.w[prefix + ".weight"]
+        if isinstance(w, QuantWeight):
+            y = self._quant_matmul(x, self.packed(prefix + ".weight"), w.qtype, *w.shape)
+        else:
+            y = self.g.op.MatMul(x, self.const(prefix + ".weight", transpose=True))
         return self.g.op.Add(y, self.const(prefix + ".bias")) if bias else y
+
+    def embed(self, ids: Value) -> Value:
+        """The embedding lookup ``W[ids]``: [B, S] -> [B, S, H]."""
+        name = "model.embed_tokens.weight"
+        w = self.w[name]
+        if isinstance(w, QuantWeight):
+            return self.g.op.QuantGather(self.packed(name), ids, qtype=w.qtype, n=w.shape[0], k=w.shape[1],
+                                         dtype=str(self.dtype).replace("torch.", ""), _domain=SP)
+        return self.g.op.Gather(self.const(name), ids, axis=0)
 
     def rms_norm(self, x: Value, weight: str) -> Value:
         return self.g.op.RMSNormalization(x, self.const(weight), epsilon=self.cfg.rms_norm_eps, axis=-1,
@@ -245,6 +297,9 @@ def build_graph(cfg: LlamaConfig, weights: dict[str, torch.Tensor], *, max_kv_ca
     one static cache of ``batch`` rows sharing a position."""
     dtype = dtype or cfg.torch_dtype
     vocab = cfg.vocab_size
+    if tp is not None and any(isinstance(w, QuantWeight) for w in weights.values()):
+        from shapeplan.errors import ModelError
+        raise ModelError("tensor parallelism does not shard quantized weights yet: load the model unquantized")
     if tp is not None:
         cfg, weights = tp.shard(cfg, weights)          # this rank's heads, MLP columns, vocab rows
     g = Graph(f"{cfg.model_type}_decoder")
@@ -267,8 +322,7 @@ def build_graph(cfg: LlamaConfig, weights: dict[str, torch.Tensor], *, max_kv_ca
     kv_shape = np.array([0, 0, hkv, d], np.int64)
     merged = np.array([0, 0, hq * d], np.int64)
 
-    h = op.Gather(b.const("model.embed_tokens.weight"), ids, axis=0) if tp is None \
-        else tp.embed(g, b.const("model.embed_tokens.weight"), ids)                   # [B, S, H]
+    h = b.embed(ids) if tp is None else tp.embed(g, b.const("model.embed_tokens.weight"), ids)  # [B, S, H]
     x = b.rms_norm(h, "model.layers.0.input_layernorm.weight")
 
     for i in range(cfg.num_layers):

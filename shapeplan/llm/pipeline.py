@@ -233,10 +233,14 @@ class GenerationPipeline:
     # ------------------------------------------------------------------ construction
     @classmethod
     def from_pretrained(cls, path: str, *, device: str = "cpu", dtype: torch.dtype | str | None = None,
-                        progress: bool | None = None, **kw: Any) -> "GenerationPipeline":
+                        progress: bool | None = None, quantize: str | None = None, **kw: Any) -> "GenerationPipeline":
         """A Hugging Face directory, or a ``.gguf`` file (``tokenizer=`` a directory or Tokenizer
-        overrides the file's own; see shapeplan/importers/gguf.py)."""
+        overrides the file's own; see shapeplan/importers/gguf.py). ``quantize="int8"|"int4"`` (or a
+        GGUF type such as ``"Q4_K_M"``): weight-only quantization of a Hugging Face checkpoint at load
+        (shapeplan/quant/recipes.py; docs/llm.md#quantization)."""
         dt = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+        if quantize and os.fspath(path).endswith(".gguf"):
+            raise InputError("quantize= applies to Hugging Face checkpoints; a GGUF file keeps its own types")
         if os.fspath(path).endswith(".gguf"):
             from shapeplan.importers.gguf import read_gguf
             cfg, weights, tok = read_gguf(os.fspath(path), device=device, dtype=dt,
@@ -244,6 +248,9 @@ class GenerationPipeline:
             return cls(cfg, weights, tok, device=device, dtype=cfg.torch_dtype, **kw)
         cfg = LlamaConfig.from_file(path)
         weights = load_weights(path, cfg, device=device, dtype=dt or cfg.torch_dtype, progress=progress)
+        if quantize:
+            from shapeplan.quant.recipes import quantize_weights
+            quantize_weights(cfg, weights, quantize, progress=progress)
         tok = Tokenizer(path) if os.path.exists(os.path.join(path, "tokenizer.json")) else None
         gen_cfg = os.path.join(path, "generation_config.json")
         if "eos_token_ids" not in kw and os.path.exists(gen_cfg):

@@ -11,6 +11,13 @@ import torch.nn.functional as F
 from shapeplan.llm.config import LlamaConfig, rope_tables
 
 
+def _linear(x: torch.Tensor, w, b: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear``, or a packed weight's own matmul (``reference_int4.Int4Linear``)."""
+    if isinstance(w, torch.Tensor):
+        return F.linear(x, w, b)
+    return w(x) if b is None else w(x) + b
+
+
 def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return F.rms_norm(x, (x.shape[-1],), w, eps)
 
@@ -45,14 +52,19 @@ class TorchDecoder(torch.nn.Module):
         for i, (k, v) in enumerate(zip(self.k, self.v)):     # buffers: static addresses for torch.compile
             self.register_buffer(f"k_cache_{i}", k, persistent=False)
             self.register_buffer(f"v_cache_{i}", v, persistent=False)
-        self.head = weights["model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"]
+        # an int4 copy of a tied head sits under lm_head.weight (reference_int4.int4_weights)
+        self.head = weights.get("lm_head.weight", weights["model.embed_tokens.weight"])
+        # q/k/v and gate/up as one F.linear each over stacked weights (packed int4 weights: one each)
         self.qkv, self.qkv_bias, self.gate_up = [], [], []
         for i in range(cfg.num_layers):
             p = f"model.layers.{i}."
-            self.qkv.append(_stacked([weights[p + f"self_attn.{n}_proj.weight"] for n in "qkv"]))
+            qkv = [weights[p + f"self_attn.{n}_proj.weight"] for n in "qkv"]
+            gu = [weights[p + "mlp.gate_proj.weight"], weights[p + "mlp.up_proj.weight"]]
+            plain = all(isinstance(t, torch.Tensor) for t in qkv + gu)
+            self.qkv.append(_stacked(qkv) if plain else None)
             self.qkv_bias.append(_stacked([weights[p + f"self_attn.{n}_proj.bias"] for n in "qkv"])
-                                 if cfg.attention_bias else None)
-            self.gate_up.append(_stacked([weights[p + "mlp.gate_proj.weight"], weights[p + "mlp.up_proj.weight"]]))
+                                 if plain and cfg.attention_bias else None)
+            self.gate_up.append(_stacked(gu) if plain else None)
 
     @torch.no_grad()
     def forward(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
@@ -70,7 +82,12 @@ class TorchDecoder(torch.nn.Module):
         for i in range(cfg.num_layers):
             p = f"model.layers.{i}."
             x = _rms(h, w[p + "input_layernorm.weight"], cfg.rms_norm_eps)
-            q, k, v = F.linear(x, self.qkv[i], self.qkv_bias[i]).split([hq * d, hkv * d, hkv * d], dim=-1)
+            bias = cfg.attention_bias
+            if self.qkv[i] is not None:
+                q, k, v = F.linear(x, self.qkv[i], self.qkv_bias[i]).split([hq * d, hkv * d, hkv * d], dim=-1)
+            else:
+                q, k, v = (_linear(x, w[p + f"self_attn.{n}_proj.weight"], w[p + f"self_attn.{n}_proj.bias"] if bias
+                                   else None) for n in "qkv")
             q, k, v = q.view(b, s, hq, d), k.view(b, s, hkv, d), v.view(b, s, hkv, d)
             if cfg.qk_norm:
                 q = _rms(q, w[p + "self_attn.q_norm.weight"], cfg.rms_norm_eps)
@@ -82,13 +99,16 @@ class TorchDecoder(torch.nn.Module):
             qg = q.reshape(b, hkv, g * s, d)
             a = F.scaled_dot_product_attention(qg, self.k[i], self.v[i], attn_mask=mask)
             a = a.reshape(b, hq, s, d).transpose(1, 2).reshape(b, s, hq * d)
-            h = h + F.linear(a, w[p + "self_attn.o_proj.weight"])
+            h = h + _linear(a, w[p + "self_attn.o_proj.weight"])
             x = _rms(h, w[p + "post_attention_layernorm.weight"], cfg.rms_norm_eps)
-            gate, up = F.linear(x, self.gate_up[i]).chunk(2, dim=-1)
+            if self.gate_up[i] is not None:
+                gate, up = F.linear(x, self.gate_up[i]).chunk(2, dim=-1)
+            else:
+                gate, up = _linear(x, w[p + "mlp.gate_proj.weight"]), _linear(x, w[p + "mlp.up_proj.weight"])
             act = F.silu(gate) * up
-            h = h + F.linear(act, w[p + "mlp.down_proj.weight"])
+            h = h + _linear(act, w[p + "mlp.down_proj.weight"])
         h = _rms(h[:, -1:], w["model.norm.weight"], cfg.rms_norm_eps)
-        return F.linear(h, self.head)[:, 0]                                          # [1, V]
+        return _linear(h, self.head)[:, 0]                                          # [1, V]
 
     def decode_step(self, tok: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """tok [1, 1], pos [1] -> greedy next token [1, 1] (no host sync)."""

@@ -203,7 +203,7 @@ def parts(cfg: LlamaConfig, dtype: torch.dtype, device: torch.device, kv_length:
     matmul, gather, argmax = k("MatMul", ""), k("Gather", ""), k("ArgMax", "")
     h, f = cfg.hidden_size, cfg.intermediate_size
     hq, hkv, d, eps = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps
-    use_head = head is not None and head.dim() == 2 and head.shape[1] == h and head.dtype == dtype \
+    use_head = isinstance(head, torch.Tensor) and head.dim() == 2 and head.shape[1] == h and head.dtype == dtype \
         and head.device.type == device.type
     v = head.shape[0] if use_head else min(cfg.vocab_size, WARM_VOCAB)
     max_blocks = -(-kv_length // block_size)

@@ -18,7 +18,7 @@ import torch
 
 import shapeplan as sp
 from shapeplan.errors import ModelError
-from tests.llm.conftest import hf_greedy
+from tests.llm.conftest import hf_greedy, prefill_logits as _prefill_logits
 
 gguf = pytest.importorskip("gguf")
 Q = gguf.GGMLQuantizationType
@@ -157,10 +157,6 @@ def _rounded_hf(ckpt: str, qtype: Q):
                         a = gguf.quants.dequantize(gguf.quants.quantize(a, qtype), qtype)
                     p.copy_(torch.from_numpy(np.ascontiguousarray(a)))
     return m
-
-
-def _prefill_logits(pipe, ids: list[int]) -> torch.Tensor:
-    return pipe.score(ids)
 
 
 def _pipe(path: str, **kw):

@@ -56,3 +56,8 @@ def hf_greedy(model, ids: list[int], n: int, **kw) -> list[int]:
     with torch.no_grad():
         out = model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False, **kw)
     return out[0, len(ids):].tolist()
+
+
+def prefill_logits(pipe, ids: list[int]) -> torch.Tensor:
+    """The pipeline's logits at every prompt position [n, V] (one prefill call from position 0)."""
+    return pipe.score(ids)

@@ -47,6 +47,8 @@ class BatchEngine:
         self._live: dict[int, Sequence] = {}
         self._readback = Readback(runner.device)
         self._stopping = False
+        self._inflight: tuple[list[Sequence], tuple, int] | None = None    # a launched, unread decode round
+        self.async_rounds = 0                   # rounds launched before the previous one was read back
         self.steps = 0
         self.finished_by_reason: dict[str, int] = {}
         self.prefill_tokens = 0                 # tokens computed by prefill calls (lifetime)
@@ -142,10 +144,12 @@ class BatchEngine:
             self._on_start()
         sched = self.scheduler
         while not self._stopping:
-            self._intake(block=not sched.has_work)
+            self._intake(block=not sched.has_work and self._inflight is None)
             if self._stopping:
                 break
-            if sched.has_work:
+            if self._inflight is not None:
+                self._next_round()
+            elif sched.has_work:
                 self._step()
 
     def _intake(self, block: bool) -> None:
@@ -243,9 +247,38 @@ class BatchEngine:
                 self._accept(seq, *self._picks(seq, [row if width > 1 else row[0]]), now)
 
     def _decode(self, plan: StepPlan) -> None:
-        rows = plan.decode
-        toks = self.runner.decode(rows, plan.steps)
-        got = Readback.get(self._readback.request(toks))                 # [steps][rows]
+        toks = self.runner.decode(plan.decode, plan.steps)
+        self._inflight = (plan.decode, self._readback.request(toks), plan.steps)
+
+    def _next_round(self) -> None:
+        """A decode round is in flight. When nothing else waits (no new request, abort or prompt to
+        prefill) and its rows can go on, launch their next round now, from the device-resident tokens
+        and positions, before reading the in-flight one back: the device never waits for the host's
+        bookkeeping between rounds (async scheduling). Then read the in-flight round's tokens and hand
+        them out; rows that ended in it compute one round of tokens that are dropped."""
+        rows, pending, steps = self._inflight
+        self._inflight = None
+        nxt = None
+        try:
+            sched = self.scheduler
+            quiet = not self._inbox.qsize() and not sched.waiting and not sched.prefilling
+            if quiet and all(s.status is Status.RUNNING for s in rows):
+                k = sched.reserve_ahead(rows, steps)
+                if k:
+                    nxt = (rows, self._readback.request(self.runner.decode(rows, k)), k)
+                    self.async_rounds += 1
+            self._read_round(rows, pending)
+        except Exception as e:  # noqa: BLE001 - fail these requests, keep serving the others
+            diagnostics.record("FALLBACK", "a serving step failed; its requests end with an error",
+                               reason=f"{type(e).__name__}: {e}"[:300])
+            for seq in rows:
+                self._end(seq, "error", e)
+            nxt = None
+        self._inflight = nxt
+        self.steps += 1
+
+    def _read_round(self, rows: list[Sequence], pending: tuple) -> None:
+        got = Readback.get(pending)                                       # [steps][rows]
         now = time.perf_counter()
         for i, seq in enumerate(rows):
             if seq.status is not Status.RUNNING:

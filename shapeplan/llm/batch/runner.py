@@ -320,21 +320,24 @@ def unpack(picks: list, top: int | None) -> tuple[list[int], list[TokenLogprob] 
 
 
 class Readback:
-    """Device tokens to the host: on CUDA through one reused pinned buffer behind an event, so asking
-    does not stall the device queue (pinning memory per call costs more than the copy); ``get`` waits
-    for the event. One request at a time: ``get`` before the next ``request``."""
+    """Device tokens to the host: on CUDA through reused pinned buffers behind an event, so asking does
+    not stall the device queue (pinning memory per call costs more than the copy); ``get`` waits for
+    the event. Two buffers in turn: two requests may be outstanding (a round in flight while the
+    previous one is read)."""
 
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
-        self._pinned: dict[torch.dtype, torch.Tensor] = {}      # one per dtype (tokens; packed logprobs)
+        self._pinned: dict[tuple[int, torch.dtype], torch.Tensor] = {}   # per turn and dtype (tokens; logprobs)
+        self._turn = 0
 
     def request(self, t: torch.Tensor) -> tuple:
         if not self.cuda:
-            return (t, None)
-        n = t.numel()
-        buf = self._pinned.get(t.dtype)
+            return (t.clone(), None)
+        n, i = t.numel(), self._turn
+        self._turn ^= 1
+        buf = self._pinned.get((i, t.dtype))
         if buf is None or buf.numel() < n:
-            buf = self._pinned[t.dtype] = torch.empty(max(n, 4096), dtype=t.dtype, pin_memory=True)
+            buf = self._pinned[(i, t.dtype)] = torch.empty(max(n, 4096), dtype=t.dtype, pin_memory=True)
         host = buf[:n].view(t.shape)
         host.copy_(t, non_blocking=True)
         ev = torch.cuda.Event()

@@ -88,18 +88,40 @@ class Scheduler:
             plan.decode = self._reserve(decoding, plan)
         return plan
 
-    def _round_length(self, rows: list[Sequence]) -> int:
+    def _round_length(self, rows: list[Sequence], ahead: int = 0) -> int:
         """``sync_every`` steps, shortened so that every row's tokens 2 and 19 end a round (exact
-        metrics) and no row runs far past its last token."""
+        metrics) and no row runs far past its last token. ``ahead``: the length of the round after
+        one of ``ahead`` steps still in flight (the rows' host state lags by it); 0 when some row
+        would have nothing left to generate by then."""
         k = self.sync_every
         for s in rows:
-            g = s.generated                             # tokens known; the round makes g .. g+k-1
+            g = s.generated + ahead                     # tokens known; the round makes g .. g+k-1
+            left = min(s.max_new_tokens - g, self.max_model_len - len(s.tokens) - ahead)
+            if ahead and left < 1:
+                return 0
             for m in METRIC_SYNCS:
                 if m >= g:
                     k = min(k, m - g + 1)
                     break
-            k = min(k, max(1, s.max_new_tokens - g), max(1, self.max_model_len - len(s.tokens)))
+            k = min(k, max(1, left))
         return max(1, k)
+
+    def reserve_ahead(self, rows: list[Sequence], ahead: int) -> int:
+        """The next round for ``rows`` while one of ``ahead`` steps is still in flight (async
+        scheduling: launched before the host reads the in-flight round's tokens): its length, with
+        the blocks it writes reserved, or 0 (nothing launched) when a row may end in the in-flight
+        round by length, or blocks are short (a preemption needs the host's view first)."""
+        k = self._round_length(rows, ahead)
+        if k == 0:
+            return 0
+        bm = self.blocks
+        need = [max(0, bm.blocks_for(min(s.computed + ahead + k, self.max_model_len)) - len(s.blocks)) for s in rows]
+        if sum(need) > bm.available:
+            return 0
+        for s, n in zip(rows, need):
+            if n:
+                s.blocks += bm.allocate(n)
+        return k
 
     def _admit(self, seq: Sequence, plan: StepPlan) -> bool:
         """Give ``seq`` a state slot and blocks for its whole prompt, or leave everything as it is and

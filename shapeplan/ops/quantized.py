@@ -1,0 +1,118 @@
+"""Ops over packed quantized weights (domain ``shapeplan``): the linear layer and the embedding lookup
+of a model whose weights stay in GGUF blocks (or shapeplan's INT8/INT4 groups) in device memory.
+
+A quantized weight W [N, K] is a graph constant holding its packed bytes, uint8 ``[N, K / block *
+type_size]`` (shapeplan/quant/formats.py), with the type and logical shape as attributes:
+
+    QuantMatMul(x [..., K], packed; qtype, n, k)          -> x @ W.T   [..., N]   (x's dtype)
+    QuantGather(packed, ids [...]; qtype, n, k, dtype)    -> W[ids]    [..., K]   (dtype)
+
+Kernels: on CUDA tensors the Triton kernels of shapeplan/runtime/backends/triton/kernels/gguf.py (GEMV
+for M <= 8 rows, prefill GEMM, row dequantization), which capture into the decode plan's CUDA graph.
+Elsewhere, the torch reference: dequantize the weight per call (shapeplan/quant/dequant.py, equal to
+gguf-py's dequantization) and multiply in x's dtype, so memory stays packed everywhere and CPU runs
+test the same graph. ``set_quant_kernels("triton")`` runs the Triton kernels on CPU tensors too (under
+``TRITON_INTERPRET=1``: tests); a Triton failure falls back to torch with a FALLBACK event.
+"""
+from __future__ import annotations
+
+import torch
+
+from shapeplan.errors import ShapeError
+from shapeplan.ir.dtypes import dtype as as_dtype
+from shapeplan.ops.registry import register
+
+_MODE = "auto"                 # auto: Triton on CUDA tensors; triton: wherever it runs; torch: never
+_triton_failed: list[str] = []
+
+
+def set_quant_kernels(mode: str) -> str:
+    """Choose the quantized ops' kernels (auto | triton | torch); returns the previous choice."""
+    global _MODE
+    if mode not in ("auto", "triton", "torch"):
+        raise ValueError(f"quantized kernels must be auto, triton or torch, got {mode!r}")
+    old, _MODE = _MODE, mode
+    return old
+
+
+def _triton(t: torch.Tensor):
+    """The kernels module when the Triton path applies to ``t``, else None."""
+    if _MODE == "torch" or _triton_failed or (_MODE == "auto" and not t.is_cuda):
+        return None
+    from shapeplan.runtime.backends.triton.kernels import gguf
+    return gguf if gguf.AVAILABLE else None
+
+
+def _fallback(e: Exception, op: str) -> None:
+    _triton_failed.append(f"{type(e).__name__}: {e}")
+    from shapeplan import diagnostics
+    diagnostics.record("FALLBACK", f"{op}: Triton quantized kernel unavailable, dequantizing in torch",
+                       reason=_triton_failed[-1][:300])
+
+
+def _check_packed(node, packed, qtype: str, n: int, k: int) -> None:
+    from shapeplan.quant.formats import QuantTypeError, qtype as lookup
+    try:
+        q = lookup(qtype, tensor=packed.name)
+    except QuantTypeError as e:               # shape inference reports ShapeErrors (others mean "unknown")
+        raise ShapeError(f"node {node.describe()}: {e}") from None
+    if k % q.block:
+        raise ShapeError(f"node {node.describe()}: k={k} is not a multiple of the {qtype} block size {q.block}")
+    want = (n, q.row_bytes(k))
+    if packed.shape is not None and tuple(packed.shape) != want:
+        raise ShapeError(f"node {node.describe()}: packed weight {packed.name!r} has shape {list(packed.shape)}, "
+                         f"expected {list(want)} for a {qtype} [{n}, {k}] weight")
+
+
+def _qmm_shape(node):
+    x, packed = node.inputs[0], node.inputs[1]
+    n, k = int(node.attrs["n"]), int(node.attrs["k"])
+    _check_packed(node, packed, node.attrs["qtype"], n, k)
+    if x.shape is None:
+        return [(x.dtype, None)]
+    if isinstance(x.shape[-1], int) and x.shape[-1] != k:
+        raise ShapeError(f"node {node.describe()}: input {x.name!r} has {x.shape[-1]} features, the quantized "
+                         f"weight {packed.name!r} expects k={k}")
+    return [(x.dtype, (*x.shape[:-1], n))]
+
+
+@register("QuantMatMul", domain="shapeplan", shape=_qmm_shape)
+def quant_matmul(x, packed, *, qtype: str, n: int, k: int):
+    """``x @ W.T`` with W [n, k] packed as ``qtype`` blocks: x [..., k] -> [..., n] in x's dtype."""
+    from shapeplan.quant.formats import QTYPES
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, k)                                                   # [M, K]
+    kern = _triton(x)
+    if kern is not None:
+        try:
+            return kern.matmul(x2, packed, QTYPES[qtype], n, k).reshape(*lead, n)
+        except Exception as e:  # noqa: BLE001 - e.g. an unsupported GPU: fall back, visibly
+            _fallback(e, "QuantMatMul")
+    from shapeplan.quant.dequant import dequantize
+    w = dequantize(packed, qtype).to(x.dtype)                               # [N, K]
+    return (x2 @ w.t()).reshape(*lead, n)
+
+
+def _qgather_shape(node):
+    packed, ids = node.inputs[0], node.inputs[1]
+    n, k = int(node.attrs["n"]), int(node.attrs["k"])
+    _check_packed(node, packed, node.attrs["qtype"], n, k)
+    dt = as_dtype(node.attrs.get("dtype", "float32"))
+    return [(dt, None if ids.shape is None else (*ids.shape, k))]
+
+
+@register("QuantGather", domain="shapeplan", shape=_qgather_shape)
+def quant_gather(packed, indices, *, qtype: str, n: int, k: int, dtype: str = "float32"):
+    """Rows ``indices`` of W [n, k] packed as ``qtype`` (an embedding lookup): ids [...] -> [..., k]."""
+    from shapeplan.quant.formats import QTYPES
+    dt = as_dtype(dtype).torch
+    idx = indices.reshape(-1).to(torch.int64)
+    kern = _triton(packed)
+    if kern is not None:
+        try:
+            idx = torch.where(idx < 0, idx + n, idx)
+            return kern.dequantize_rows(packed, QTYPES[qtype], k, dt, idx).reshape(*indices.shape, k)
+        except Exception as e:  # noqa: BLE001
+            _fallback(e, "QuantGather")
+    from shapeplan.quant.dequant import dequantize
+    return dequantize(packed[idx], qtype).to(dt).reshape(*indices.shape, k)

@@ -1,0 +1,117 @@
+"""Quantized weight formats: the table of block types and ``QuantWeight``, a packed weight.
+
+A quantized weight is a ``[N, K]`` matrix (N output rows, K input features) whose every row is a run
+of blocks of ``block`` consecutive elements, ``type_size`` bytes each, exactly as a GGUF file stores
+it: ``packed`` is a uint8 tensor ``[N, K // block * type_size]``. Rows are independent, so row
+permutations (llama.cpp's Q/K interleave) and row stacking (fused q/k/v) work on the packed bytes.
+
+Besides the GGUF types there are the load-time types of ``from_pretrained(quantize="int8"|"int4")``
+(``shapeplan/quant/groupwise.py``), with the same block layouts as Q8_0 / Q4_1 and a group of 64 or
+128 instead of 32:
+
+- ``INT8_G{64,128}``: ``[d: f16][q: int8 x G]``, w = q * d (Q8_0 is ``INT8_G32``)
+- ``INT4_G{64,128}``: ``[d: f16][m: f16][q: G/2 bytes]``, byte j holds element j (low nibble) and
+  element j + G/2 (high nibble), w = d * q + m (Q4_1 is ``INT4_G32``)
+
+``tile`` is how the kernels see a 256-element chunk of a row: ``(sub-blocks, elements each)``, one
+scale per sub-block (shapeplan/runtime/backends/triton/kernels/gguf.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from shapeplan.errors import ModelError
+
+
+class QuantTypeError(ModelError):
+    """A tensor has a quantization type that shapeplan's kernels do not run."""
+
+
+@dataclass(frozen=True, slots=True)
+class QType:
+    name: str
+    ggml_id: int | None          # gguf.GGMLQuantizationType value; None: ours, not in GGUF
+    block: int                   # elements per block
+    type_size: int               # bytes per block
+    kind: str                    # kernel family (one decoder each in the Triton kernels)
+    tile: tuple[int, int]        # a 256-element chunk as (sub-blocks, elements each)
+
+    def row_bytes(self, k: int) -> int:
+        return k // self.block * self.type_size
+
+
+def _t(name: str, gid: int | None, block: int, size: int, kind: str, tile: tuple[int, int]) -> QType:
+    return QType(name, gid, block, size, kind, tile)
+
+
+QTYPES: dict[str, QType] = {q.name: q for q in (
+    _t("Q4_0", 2, 32, 18, "q4_0", (8, 32)),
+    _t("Q4_1", 3, 32, 20, "int4", (8, 32)),
+    _t("Q5_0", 6, 32, 22, "q5_0", (8, 32)),
+    _t("Q5_1", 7, 32, 24, "q5_1", (8, 32)),
+    _t("Q8_0", 8, 32, 34, "int8", (8, 32)),
+    _t("Q2_K", 10, 256, 84, "q2_k", (16, 16)),
+    _t("Q3_K", 11, 256, 110, "q3_k", (16, 16)),
+    _t("Q4_K", 12, 256, 144, "q4_k", (8, 32)),
+    _t("Q5_K", 13, 256, 176, "q5_k", (8, 32)),
+    _t("Q6_K", 14, 256, 210, "q6_k", (16, 16)),
+    _t("IQ4_NL", 20, 32, 18, "iq4_nl", (8, 32)),
+    _t("IQ4_XS", 23, 256, 136, "iq4_xs", (8, 32)),
+    _t("INT8_G64", None, 64, 66, "int8", (4, 64)),
+    _t("INT8_G128", None, 128, 130, "int8", (2, 128)),
+    _t("INT4_G64", None, 64, 36, "int4", (4, 64)),
+    _t("INT4_G128", None, 128, 68, "int4", (2, 128)),
+)}
+
+#: GGUF types kept packed on load (F32 / F16 / BF16 are plain tensors)
+GGUF_TYPES = tuple(n for n, q in QTYPES.items() if q.ggml_id is not None)
+#: non-linear 4-bit values of IQ4_NL / IQ4_XS (the GGUF format's table)
+IQ4_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
+
+
+def qtype(name: str, *, tensor: str = "<tensor>") -> QType:
+    """The QType ``name``; QuantTypeError naming ``tensor`` and the supported types otherwise."""
+    q = QTYPES.get(name)
+    if q is None:
+        raise QuantTypeError(f"tensor {tensor!r} has quantization type {name}, which shapeplan does not run "
+                             f"(supported: F32, F16, BF16, {', '.join(GGUF_TYPES)})")
+    return q
+
+
+@dataclass(slots=True)
+class QuantWeight:
+    """A packed ``[N, K]`` weight: ``packed`` uint8 ``[N, K // block * type_size]`` (see module doc)."""
+
+    packed: torch.Tensor
+    qtype: str
+    shape: tuple[int, int]
+
+    def __post_init__(self) -> None:
+        q = qtype(self.qtype)
+        n, k = self.shape
+        if k % q.block or self.packed.dtype != torch.uint8 or tuple(self.packed.shape) != (n, q.row_bytes(k)):
+            raise ModelError(f"{self.qtype} weight of shape {list(self.shape)} needs uint8 "
+                             f"[{n}, {q.row_bytes(k) if not k % q.block else '?'}] packed bytes, got "
+                             f"{self.packed.dtype} {list(self.packed.shape)} (K a multiple of {q.block})")
+
+    @property
+    def device(self) -> torch.device:
+        return self.packed.device
+
+    @property
+    def nbytes(self) -> int:
+        return self.packed.numel()
+
+    def to(self, device: str | torch.device) -> "QuantWeight":
+        return QuantWeight(self.packed.to(device), self.qtype, self.shape)
+
+    def rows(self, index: torch.Tensor | slice) -> "QuantWeight":
+        """The rows ``index`` (a permutation or a slice) as another QuantWeight."""
+        p = self.packed[index]
+        return QuantWeight(p, self.qtype, (p.shape[0], self.shape[1]))
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        from shapeplan.quant.dequant import dequantize
+        return dequantize(self.packed, self.qtype).to(dtype)

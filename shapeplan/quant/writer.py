@@ -1,0 +1,229 @@
+"""``shapeplan quantize HF_DIR OUT.gguf --type Q4_K_M``: a Hugging Face Llama checkpoint written as a
+GGUF file that llama.cpp's reader (gguf-py) accepts, with gguf's ``GGUFWriter``.
+
+What it writes matches ``convert_hf_to_gguf`` + ``llama-quantize`` for the llama architecture: the
+``llama.*`` hyper-parameters, Q/K rows interleaved for llama.cpp's rotary layout (``_permute``), Llama 3
+rope scaling as a ``rope_freqs.weight`` tensor, norms in F32, the matrices in the types
+``recipes.tensor_types`` gives (quantized on ``device`` by shapeplan/quant/quantize.py and kquants.py),
+and a byte-level BPE tokenizer (``tokenizer.ggml.model = gpt2``) when the directory has a
+``tokenizer.json`` of that kind (a SentencePiece vocabulary is not converted: a warning says so).
+Tensors are quantized and written one at a time (the header first), so memory holds one tensor.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import warnings
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from shapeplan.errors import InputError, ModelError
+from shapeplan.llm.config import LlamaConfig, inv_freq
+from shapeplan.llm.weights import CheckpointWeights, _progress, expected_shapes
+from shapeplan.quant.recipes import FILE_TYPES, tensor_types
+
+_LLAMA3_SPLIT_START = "(?i:'s|'t|'re|'ve|'m|'ll|'d)"
+
+
+@dataclass(slots=True)
+class WriteSummary:
+    path: str
+    file_type: str
+    bytes: int = 0
+    types: dict[str, int] = field(default_factory=dict)     # type -> tensor count
+
+
+def _permute(w: torch.Tensor, n_head: int) -> torch.Tensor:
+    """llama.cpp's Q/K row order: per head, rows [2, D/2] -> [D/2, 2] (importers/gguf.py undoes it)."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+
+
+def _hf_to_gguf(cfg: LlamaConfig) -> dict[str, str]:
+    from shapeplan.importers.gguf import gguf_names
+    return gguf_names(cfg)
+
+
+def _check(cfg: LlamaConfig, path: str) -> None:
+    if cfg.model_type not in ("llama", "mistral") or cfg.attention_bias or cfg.qk_norm:
+        raise ModelError(f"{path}: shapeplan quantize writes the GGUF llama architecture only (model_type llama "
+                         f"or mistral, no qkv bias, no q/k norm); got model_type {cfg.model_type!r}")
+    if cfg.sliding_window:
+        raise ModelError(f"{path}: a sliding window does not exist in GGUF's llama architecture")
+
+
+def _metadata(w, cfg: LlamaConfig, name: str, file_type: str) -> None:
+    import gguf
+    w.add_name(name)
+    w.add_file_type(int(gguf.LlamaFileType[FILE_TYPES[file_type][1]]))
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_block_count(cfg.num_layers)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_heads)
+    w.add_head_count_kv(cfg.num_kv_heads)
+    w.add_rope_freq_base(cfg.rope_theta)
+    w.add_rope_dimension_count(cfg.head_dim)
+    if cfg.head_dim != cfg.hidden_size // cfg.num_heads:
+        w.add_key_length(cfg.head_dim)
+        w.add_value_length(cfg.head_dim)
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_vocab_size(cfg.vocab_size)
+    sc = cfg.rope_scaling or {}
+    if sc.get("rope_type", sc.get("type")) == "linear":
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(float(sc["factor"]))
+
+
+def _rope_factors(cfg: LlamaConfig) -> np.ndarray | None:
+    """Llama 3 scaling as llama.cpp stores it: per-frequency divisors of the unscaled frequencies."""
+    sc = cfg.rope_scaling or {}
+    if sc.get("rope_type", sc.get("type")) != "llama3":
+        return None
+    base = dataclasses.replace(cfg, rope_scaling=None)
+    return (inv_freq(base) / inv_freq(cfg)).numpy().astype(np.float32)
+
+
+def _tokenizer(w, hf_dir: str, cfg: LlamaConfig) -> None:
+    path = os.path.join(hf_dir, "tokenizer.json")
+    if not os.path.exists(path):
+        warnings.warn(f"{hf_dir}: no tokenizer.json; the GGUF file has no tokenizer", stacklevel=3)
+        return
+    with open(path, encoding="utf-8") as f:
+        tj = json.load(f)
+    model = tj.get("model") or {}
+    if model.get("type") != "BPE" or "ByteLevel" not in json.dumps([tj.get("pre_tokenizer"), tj.get("decoder")]):
+        warnings.warn(f"{hf_dir}: tokenizer is not byte-level BPE; the GGUF file has no tokenizer "
+                      "(pass tokenizer=<directory> when loading it)", stacklevel=3)
+        return
+    vocab = dict(model["vocab"])
+    special = set()
+    for a in tj.get("added_tokens", []):
+        vocab[a["content"]] = a["id"]
+        if a.get("special"):
+            special.add(a["content"])
+    tokens = [""] * max(cfg.vocab_size, max(vocab.values()) + 1)
+    types = [5] * len(tokens)                                      # unused padding slots
+    for t, i in vocab.items():
+        tokens[i], types[i] = t, 3 if t in special else 1
+    for i, t in enumerate(tokens):
+        if not t:
+            tokens[i] = f"[PAD{i}]"
+    merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("llama-bpe" if _LLAMA3_SPLIT_START in json.dumps(tj.get("pre_tokenizer")) else "default")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    conf = {}
+    tc = os.path.join(hf_dir, "tokenizer_config.json")
+    if os.path.exists(tc):
+        with open(tc, encoding="utf-8") as f:
+            conf = json.load(f)
+    bos = cfg.bos_token_id if cfg.bos_token_id is not None else vocab.get(conf.get("bos_token") or "")
+    eos = cfg.eos_token_ids[0] if cfg.eos_token_ids else vocab.get(conf.get("eos_token") or "")
+    if bos is not None:
+        w.add_bos_token_id(int(bos))
+    if eos is not None:
+        w.add_eos_token_id(int(eos))
+    w.add_add_bos_token(bool(conf.get("add_bos_token", True)))
+    if conf.get("chat_template"):
+        w.add_chat_template(conf["chat_template"])
+
+
+def write_gguf(hf_dir: str, out: str, file_type: str = "Q4_K_M", *, device: str = "cpu",
+               progress: bool | None = None) -> WriteSummary:
+    """Write the checkpoint ``hf_dir`` as ``out`` in ``file_type`` (``recipes.FILE_TYPES``)."""
+    cfg = LlamaConfig.from_file(hf_dir)
+    _check(cfg, hf_dir)
+    ckpt = CheckpointWeights(hf_dir)
+    shapes = expected_shapes(cfg)
+    for hf, shape in shapes.items():
+        ckpt.get(hf, shape)                                             # validate everything first
+    return _write(cfg, lambda hf: ckpt.get(hf, shapes[hf]), out, file_type, device=device, progress=progress,
+                  name=os.path.basename(os.path.normpath(hf_dir)) or "model", tokenizer_dir=hf_dir)
+
+
+def write_preset_gguf(preset: str, out: str, file_type: str = "Q4_K_M", *, device: str = "cpu", seed: int = 0,
+                      progress: bool | None = None) -> WriteSummary:
+    """Random weights with a preset's shapes (``llm.config.PRESETS``, as ``shapeplan bench --preset``
+    makes them) written as ``out``: the benchmark files, no checkpoint needed."""
+    from shapeplan.llm.config import preset_config
+    from shapeplan.llm.weights import random_weights
+    cfg = preset_config(preset, "bfloat16")
+    weights = random_weights(cfg, device=device, seed=seed)
+    return _write(cfg, weights.__getitem__, out, file_type, device=device, progress=progress, name=preset)
+
+
+def _write(cfg: LlamaConfig, get, out: str, file_type: str, *, device: str, progress: bool | None, name: str,
+           tokenizer_dir: str | None = None) -> WriteSummary:
+    import gguf
+    if file_type not in FILE_TYPES:
+        raise InputError(f"unknown GGUF file type {file_type!r}; choose one of {', '.join(FILE_TYPES)}")
+    shapes, names, types = expected_shapes(cfg), _hf_to_gguf(cfg), tensor_types(cfg, file_type)
+    w = gguf.GGUFWriter(out, "llama")
+    _metadata(w, cfg, name, file_type)
+    if tokenizer_dir is not None:
+        _tokenizer(w, tokenizer_dir, cfg)
+    rope = _rope_factors(cfg)
+    order = [n for n in shapes if n == "model.embed_tokens.weight"] + \
+        [n for n in shapes if n.startswith("model.layers.")] + ["model.norm.weight"] + \
+        [n for n in shapes if n == "lm_head.weight"]
+    summary = WriteSummary(out, file_type)
+    infos = []                                                          # (hf name, gguf name, type)
+    if rope is not None:
+        w.add_tensor_info("rope_freqs.weight", rope.shape, np.dtype(np.float32), rope.nbytes)
+    for hf in order:
+        t = types.get(hf, "F32")
+        shape = shapes[hf]
+        nbytes, dt, raw = _layout(t, shape)
+        w.add_tensor_info(names[hf], shape if raw is None else (shape[0], nbytes // shape[0]), dt, nbytes,
+                          raw_dtype=raw)
+        infos.append((hf, names[hf], t))
+        summary.types[t] = summary.types.get(t, 0) + 1
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    if rope is not None:
+        w.write_tensor_data(rope)
+    for hf, g, t in _progress(infos, progress, f"quantizing to {file_type}"):
+        arr = _encode(get(hf), t, hf, g, cfg, device)
+        w.write_tensor_data(arr)
+        summary.bytes += arr.nbytes
+    w.close()
+    return summary
+
+
+def _layout(t: str, shape: tuple[int, ...]):
+    """(bytes, numpy dtype, GGML raw type or None) of a tensor of type ``t``."""
+    import gguf
+    from shapeplan.quant.formats import QTYPES
+    n = int(np.prod(shape))
+    if t == "F32":
+        return 4 * n, np.dtype(np.float32), None
+    if t == "F16":
+        return 2 * n, np.dtype(np.float16), None
+    if t == "BF16":
+        return 2 * n, np.dtype(np.uint8), gguf.GGMLQuantizationType.BF16
+    q = QTYPES[t]
+    return shape[0] * q.row_bytes(shape[1]), np.dtype(np.uint8), gguf.GGMLQuantizationType(q.ggml_id)
+
+
+def _encode(t: torch.Tensor, kind: str, hf: str, g: str, cfg: LlamaConfig, device: str) -> np.ndarray:
+    """One tensor's bytes in the file: permuted (Q/K), quantized or cast."""
+    from shapeplan.quant.quantize import quantize
+    x = t.to(device=device, dtype=torch.float32)
+    if hf.endswith("q_proj.weight"):
+        x = _permute(x, cfg.num_heads)
+    elif hf.endswith("k_proj.weight"):
+        x = _permute(x, cfg.num_kv_heads)
+    if kind == "F32":
+        return x.cpu().numpy()
+    if kind == "F16":
+        return x.to(torch.float16).cpu().numpy()
+    if kind == "BF16":
+        return x.to(torch.bfloat16).view(torch.uint8).reshape(x.shape[0], -1).cpu().numpy()
+    return quantize(x, kind, tensor=g).cpu().numpy()

@@ -1,0 +1,125 @@
+"""Quantized weights on the GPU: every type's Triton kernels (GEMV for M <= 8, both prefill paths, the
+row gather) against dequantize-then-matmul; a plan with QuantMatMul / QuantGather captured (cuda_graphs,
+triton) against slot_by_slot; a Q4_K_M GGUF model decoding on CUDA; the int4 tinygemm baseline of
+``shapeplan bench --vs-torch-compile``. Skipped without CUDA."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    pytest.skip("needs CUDA", allow_module_level=True)
+
+import shapeplan as sp  # noqa: E402
+from shapeplan.ir.graph import Graph  # noqa: E402
+from shapeplan.ops import quantized as qops  # noqa: E402
+from shapeplan.quant.dequant import dequantize  # noqa: E402
+from shapeplan.quant.formats import QTYPES  # noqa: E402
+from shapeplan.runtime.backends.triton.kernels import gguf  # noqa: E402
+from tests.ops.test_quant_ops import packed_weight  # noqa: E402
+
+DEV = "cuda"
+
+
+@pytest.fixture(autouse=True)
+def _no_fallback():
+    qops._triton_failed.clear()
+    yield
+    assert not qops._triton_failed, qops._triton_failed
+
+
+def _close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> None:
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(out.float(), ref.float(), rtol=tol, atol=tol * ref.abs().max().item())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("name", list(QTYPES))
+def test_kernels_every_type(name, dtype):
+    q = QTYPES[name]
+    n, k = 300, 1024                                           # rows not a multiple of any block of rows
+    p = packed_weight(name, n, k).to(DEV)
+    w = dequantize(p, name)                                    # float32 reference weight [N, K]
+    exact = dict(rtol=1e-6, atol=1e-6 * w.abs().max().item())   # d*sc*q - dm may fuse into an FMA on the GPU
+    torch.testing.assert_close(gguf.dequantize_rows(p, q, k, torch.float32), w, **exact)
+    idx = torch.tensor([[0, 299], [17, 17]], device=DEV)
+    torch.testing.assert_close(gguf.dequantize_rows(p, q, k, torch.float32, idx), w[idx.reshape(-1)], **exact)
+    for m in (1, 2, 5, 8):
+        x = torch.randn(m, k, device=DEV, dtype=dtype)
+        ref = x.float() @ w.t()
+        _close(gguf.gemv(x, p, q, n, k), ref, dtype)
+        _close(gguf.gemv(x, p, q, n, k, split=3), ref, dtype)
+    for m in (16, 200):
+        x = torch.randn(m, k, device=DEV, dtype=dtype)
+        ref = x.float() @ w.t()
+        _close(gguf.gemm(x, p, q, n, k), ref, dtype)
+        _close(gguf.dequant_mm(x, p, q, n, k), ref, dtype)
+
+
+def _graph(name: str, n: int, k: int, p: torch.Tensor, m: int) -> Graph:
+    g = Graph("q")
+    x = g.placeholder("x", "bfloat16", (1, m, k))
+    ids = g.placeholder("ids", "int64", (1, m))
+    c = g.constant(p, name="w.packed")
+    h = g.op.QuantGather(c, ids, qtype=name, n=n, k=k, dtype="bfloat16", _domain="shapeplan")
+    y = g.op.QuantMatMul(g.op.Add(x, h), c, qtype=name, n=n, k=k, _domain="shapeplan")       # [1, m, n]
+    g.set_outputs(g.op.QuantMatMul(g.op.Tanh(y), c, qtype=name, n=n, k=k, _domain="shapeplan"))  # n == k
+    return g
+
+
+@pytest.mark.parametrize("mode", ["cuda_graphs", "triton"])
+@pytest.mark.parametrize("name,m", [("Q4_K", 1), ("Q6_K", 4), ("Q8_0", 1), ("INT4_G64", 64)])
+def test_captured_plan_matches_slot_by_slot(name, m, mode):
+    n = k = 512
+    p = packed_weight(name, n, k).to(DEV)
+    ref_eng = sp.compile(_graph(name, n, k, p, m), device=DEV, mode="slot_by_slot")
+    eng = sp.compile(_graph(name, n, k, p, m), device=DEV, mode=mode)
+    for _ in range(5):
+        feeds = {"x": torch.randn(1, m, k, device=DEV, dtype=torch.bfloat16),
+                 "ids": torch.randint(0, n, (1, m), device=DEV)}
+        (out,) = eng.run(feeds).values()
+        (ref,) = ref_eng.run(feeds).values()
+        if mode == "cuda_graphs":                                       # the same kernels, replayed
+            torch.testing.assert_close(out, ref, rtol=0, atol=0)
+        else:                                    # Add / Tanh fused by the triton backend: bf16 rounding
+            torch.testing.assert_close(out, ref, rtol=2e-2, atol=2e-2 * ref.abs().max().item())
+    info = eng.inspect()
+    assert info.phase == "REPLAYING"
+    assert all(s["capture"]["captured"] for s in info.segments if "capture" in s)
+
+
+def test_gguf_model_on_cuda(tmp_path):
+    from shapeplan.cli import main
+    from shapeplan.llm.demo import make_tiny_checkpoint
+    from shapeplan.quant.formats import QuantWeight
+    ck = make_tiny_checkpoint(str(tmp_path / "hf"), "llama", hidden=256, intermediate_size=512, heads=4,
+                              kv_heads=2, num_layers=2)
+    path = str(tmp_path / "m.gguf")
+    assert main(["quantize", ck, path, "--type", "Q4_K_M"]) == 0
+    kw = dict(dtype="float32", max_prefill_length=32, max_kv_cache_length=96)
+    want = sp.llm.GenerationPipeline.from_pretrained(path, mode="slot_by_slot", **kw).generate(
+        "Explain KV caching", max_new_tokens=16).token_ids                                   # CPU reference
+    for mode in ("slot_by_slot", "cuda_graphs", "triton"):
+        pipe = sp.llm.GenerationPipeline.from_pretrained(path, device=DEV, mode=mode, **kw)
+        assert pipe.generate("Explain KV caching", max_new_tokens=16).token_ids == want, mode
+    from shapeplan.importers.gguf import read_gguf
+    _, weights, _ = read_gguf(path, device=DEV)
+    assert all(w.packed.is_cuda for w in weights.values() if isinstance(w, QuantWeight))
+    bf = sp.llm.GenerationPipeline.from_pretrained(path, device=DEV, mode="triton", dtype="bfloat16",
+                                                   max_prefill_length=32, max_kv_cache_length=96)
+    assert len(bf.generate("Explain KV caching", max_new_tokens=16).token_ids) == 16
+
+
+def test_int4_tinygemm_baseline_matches_bf16():
+    """The CUDA packing of the --vs-torch-compile int4 row: close to the bf16 decoder's logits."""
+    from shapeplan.llm.config import preset_config
+    from shapeplan.llm.reference import TorchDecoder
+    from shapeplan.llm.reference_int4 import int4_weights
+    from shapeplan.llm.weights import random_weights
+    cfg = preset_config("llama-125m", "bfloat16")
+    w = random_weights(cfg, device=DEV, seed=0)
+    ids, pos = torch.tensor([[1, 50, 900, 7]], device=DEV), torch.arange(4, device=DEV)
+    ref = TorchDecoder(cfg, w, max_kv_cache_length=64, device=DEV)(ids, pos).float()
+    out = TorchDecoder(cfg, int4_weights(cfg, w), max_kv_cache_length=64, device=DEV)(ids, pos).float()
+    rel = (out - ref).norm() / ref.norm()
+    assert rel < 0.2, rel
