@@ -49,3 +49,8 @@ class QueueFullError(CapacityError):
 
 class RequestAborted(ShapeplanError):
     """The request was aborted (``handle.abort()``, a client that went away) before it finished."""
+
+
+class ConstraintError(InputError):
+    """A structured-output constraint that cannot be used: a malformed schema, regex or grammar (the
+    message names the problem, as xgrammar reports it), an unknown tool, or xgrammar missing."""

@@ -50,6 +50,7 @@ class ModelRunner:
         self.cuda = device.type == "cuda"
         self.calls = 0
         self._before_first_call = before_first_call
+        self.structured = None                   # constrained decoding (batch/constrained.py), set by the pipeline
 
     def _first_call(self) -> None:
         if self._before_first_call is not None:
@@ -150,7 +151,8 @@ class ModelRunner:
         seq, start, n = chunk.seq, chunk.start, chunk.n
         bucket = self.prefill_bucket(n, start, limit)
         seq.prefill_bucket = bucket
-        out = self._out([seq])
+        masked = chunk.final and seq.generated == 0 and seq.constraint is not None
+        out = "logits" if masked else self._out([seq])    # masked: the first token is drawn by the sampler plan
         self.settle(out, 1, bucket)
         ids = torch.zeros(1, bucket, dtype=torch.int64)
         ids[0, :n] = torch.tensor(seq.tokens[start:start + n], dtype=torch.int64)
@@ -162,7 +164,7 @@ class ModelRunner:
                  "state_slots": torch.tensor([seq.slot], dtype=torch.int64).to(dev, non_blocking=True)}
         res = self.engine.run(feeds, outputs=[out, "next_position"])
         self.calls += 1
-        tok = res[out]
+        tok = self.structured.sample_first(seq, res[out], res["next_position"]) if masked else res[out]
         if chunk.final:
             slot = seq.slot
             if seq.generated == 0:
@@ -196,7 +198,10 @@ class ModelRunner:
                                                                                         device=self.device))
 
     def decode(self, seqs: list[Sequence], steps: int) -> torch.Tensor:
-        """``steps`` decode steps of every row; returns the tokens, [steps, len(seqs)], on the device."""
+        """``steps`` decode steps of every row; returns the tokens, [steps, len(seqs)], on the device (a
+        batch with a constrained row: masked, on the host, maybe fewer steps; see batch/constrained.py)."""
+        if self.structured is not None and any(s.constraint is not None for s in seqs):
+            return self.structured.decode(seqs, steps)
         n = len(seqs)
         rows = self.decode_bucket(n)
         out = self._out(seqs)

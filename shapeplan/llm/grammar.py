@@ -1,0 +1,326 @@
+"""xgrammar glue: compile a ``Constraint`` for a tokenizer (cached) and follow one request with a matcher.
+
+xgrammar is imported here only, and only when a constraint is used (``pip install 'shapeplan[structured]'``).
+Its TokenizerInfo is built from our tokenizer file (no download); the stop tokens are the pipeline's
+EOS ids, so the grammar lets a request end only where its text is complete. Compiled grammars are cached
+per (tokenizer, vocabulary size, stop ids) and constraint: a repeated schema costs a dict lookup.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import weakref
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+from shapeplan.errors import ConstraintError
+from shapeplan.llm.constraint import TOOL_CLOSE, TOOL_OPEN, Constraint
+from shapeplan.llm.tokenizer import Tokenizer
+
+
+def xgrammar() -> Any:
+    try:
+        import xgrammar as xgr
+    except ImportError:
+        raise ConstraintError("structured output needs the xgrammar package: pip install 'shapeplan[structured]'") \
+            from None
+    return xgr
+
+
+@dataclass(slots=True, eq=False)
+class GrammarState:
+    """One request's matcher. ``accepted``: generated tokens it has taken (sampled or forced, in order);
+    ``end``: the generated-token count at which the grammar ended (its stop token taken, or complete with
+    nothing more allowed), -1 while it goes on; ``last_byte``: the last byte of the text so far."""
+    matcher: Any
+    constraint: Constraint
+    grammars: "Grammars"
+    accepted: int = 0
+    end: int = -1
+    last_byte: int = -1
+    _forced: tuple[int, list[int]] = (-1, [])        # (accepted, the forced tokens then)
+
+    def ended(self, generated: int) -> bool:
+        return 0 <= self.end <= generated
+
+    def _took(self, token: int) -> None:
+        self.accepted += 1
+        b = self.grammars.utf8.token_bytes(token)
+        if b:
+            self.last_byte = b[-1]
+        if self.matcher.is_terminated():
+            self.end = self.accepted
+
+    def accept(self, token: int) -> None:
+        if not self.matcher.accept_token(token):
+            raise ConstraintError(f"token {token} was sampled outside the mask of {self.constraint.describe()} "
+                                  f"(after {self.accepted} tokens)")
+        self._took(token)
+
+    def take(self, tokens: list[int]) -> list[int]:
+        """Accept ``tokens`` while the grammar takes them; returns the accepted prefix."""
+        out = []
+        for t in tokens:
+            if self.end >= 0 or not self.matcher.accept_token(t):
+                break
+            self._took(t)
+            out.append(t)
+        return out
+
+    def catch_up(self, generated: list[int]) -> None:
+        """Take the generated tokens this matcher has not seen yet (a first token, picked by the prefill)."""
+        for t in generated[self.accepted:]:
+            if self.end >= 0:
+                return
+            self.accept(t)
+
+    def fill(self, bitmask: Any, i: int) -> None:
+        """Row ``i`` of ``bitmask`` (int32, CPU): the tokens allowed next (all, once the grammar ended)."""
+        row = bitmask[i]
+        if self.end >= 0:
+            row.fill_(-1)
+            return
+        self.matcher.fill_next_token_bitmask(bitmask, i)
+        if self.matcher.is_completed() and not bool(row.any()):    # complete, and no stop token to allow
+            self.end = self.accepted
+            row.fill_(-1)
+            return
+        self.grammars.utf8.restrict(row, self.last_byte)
+
+    def forced(self) -> list[int]:
+        """Tokens the grammar forces next (jump-forward), not yet accepted; [] when there is a choice."""
+        if self.end >= 0:
+            return []
+        at, ids = self._forced
+        if at != self.accepted:
+            m = self.matcher
+            if self.grammars.jump_tokens:
+                ids = list(m.find_jump_forward_tokens())
+            else:
+                s = m.find_jump_forward_string()
+                ids = self.grammars.tokenizer.encode(s, add_special_tokens=False) if s else []
+            self._forced = (self.accepted, ids)
+        return ids
+
+
+class Utf8Guard:
+    """What xgrammar 0.2.9 lets through and UTF-8 forbids: it decodes a multi-byte character without
+    checking the second byte's range, so an overlong form (E0 80-9F .., F0 80-8F .. ..) or a surrogate
+    (ED A0-BF ..) passes wherever the character it decodes to is allowed, and the detokenized text shows
+    U+FFFD instead (a JSON string then breaks its maxLength). After a lead byte E0, ED or F0 the next token
+    must start in the lead's range, and no token may hold an invalid sequence: two masks ANDed into a
+    row's bitmask (``restrict``). A mask that this would empty is left as xgrammar made it."""
+
+    def __init__(self, vocab: list[bytes], vocab_size: int) -> None:
+        import numpy as np
+        import torch
+        self.vocab = vocab
+        n = len(vocab)
+        ok = np.ones(vocab_size, bool)
+        first = np.full(vocab_size, -1, np.int16)             # a token's leading continuation byte
+        for t, b in enumerate(vocab):
+            if b and 0x80 <= b[0] < 0xC0:
+                first[t] = b[0]
+            ok[t] = _valid_inside(b)
+        width = -(-vocab_size // 32)
+
+        def pack(keep: Any) -> torch.Tensor:
+            bits = np.zeros(width * 32, np.uint64)
+            bits[:vocab_size] = keep
+            words = (bits.reshape(width, 32) << np.arange(32, dtype=np.uint64)).sum(1)
+            return torch.from_numpy(words.astype(np.uint32).view(np.int32).copy())
+
+        self.always = pack(ok) if not ok[:n].all() else None
+        self.after = {lead: pack(ok & ~((first >= lo) & (first <= hi)))
+                      for lead, (lo, hi) in {0xE0: (0x80, 0x9F), 0xED: (0xA0, 0xBF), 0xF0: (0x80, 0x8F)}.items()}
+
+    def token_bytes(self, t: int) -> bytes:
+        return self.vocab[t] if 0 <= t < len(self.vocab) else b""
+
+    def restrict(self, row: Any, last_byte: int) -> None:
+        mask = self.after.get(last_byte, self.always)
+        if mask is None:
+            return
+        kept = row & mask
+        if bool(kept.any()):
+            row.copy_(kept)
+        else:
+            from shapeplan import diagnostics
+            diagnostics.record("FALLBACK", "UTF-8 guard left a token mask as xgrammar made it (it would empty it)",
+                               last_byte=last_byte)
+
+
+def _valid_inside(b: bytes) -> bool:
+    """Whether ``b``'s bytes, after any leading continuation bytes (their lead came in an earlier token),
+    are valid UTF-8 up to a sequence the next token may complete."""
+    i = 0
+    while i < len(b) and 0x80 <= b[i] < 0xC0:
+        i += 1
+    while i < len(b):
+        c = b[i]
+        if c < 0x80:
+            i += 1
+            continue
+        if c < 0xC2 or c > 0xF4:
+            return False
+        need = 1 if c < 0xE0 else 2 if c < 0xF0 else 3
+        lo, hi = {0xE0: (0xA0, 0xBF), 0xED: (0x80, 0x9F), 0xF0: (0x90, 0xBF), 0xF4: (0x80, 0x8F)}.get(c, (0x80, 0xBF))
+        for k in range(1, need + 1):
+            if i + k >= len(b):
+                return True                        # incomplete: the next token goes on
+            if not (lo if k == 1 else 0x80) <= b[i + k] <= (hi if k == 1 else 0xBF):
+                return False
+        i += need + 1
+    return True
+
+
+class Grammars:
+    """Compiled grammars for one tokenizer, model vocabulary and stop set; thread-safe (requests compile
+    their constraint on the caller's thread, so a bad schema raises at submit)."""
+
+    def __init__(self, tokenizer: Tokenizer, vocab_size: int, stop_ids: tuple[int, ...], max_entries: int = 512) -> None:
+        self.tokenizer, self.vocab_size, self.stop_ids = tokenizer, vocab_size, stop_ids
+        self.max_entries = max_entries
+        self._lock = threading.Lock()
+        self._compiled: OrderedDict[Constraint, Any] = OrderedDict()
+        self._compiler: Any = None
+        self.hits = self.misses = 0
+        self.jump_tokens = False
+        self.utf8: Utf8Guard = None  # type: ignore[assignment]
+
+    @property
+    def compiler(self) -> Any:
+        if self._compiler is None:
+            with self._lock:
+                if self._compiler is None:
+                    xgr = xgrammar()
+                    info = tokenizer_info(self.tokenizer, self.vocab_size, self.stop_ids)
+                    self.utf8 = Utf8Guard(_raw_vocab(info, self.stop_ids), self.vocab_size)
+                    self.jump_tokens = hasattr(xgr.GrammarMatcher, "find_jump_forward_tokens")
+                    self._compiler = xgr.GrammarCompiler(info)
+        return self._compiler
+
+    def compile(self, c: Constraint) -> Any:
+        with self._lock:
+            got = self._compiled.get(c)
+            if got is not None:
+                self._compiled.move_to_end(c)
+                self.hits += 1
+                return got
+        compiler = self.compiler
+        try:
+            got = _compile(compiler, c)
+        except ConstraintError:
+            raise
+        except Exception as e:  # noqa: BLE001 - xgrammar raises RuntimeError/ValueError with the reason
+            msg = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+            raise ConstraintError(f"{c.kind}: xgrammar cannot compile it: {_clean(msg)}") from None
+        with self._lock:
+            self.misses += 1
+            self._compiled[c] = got
+            while len(self._compiled) > self.max_entries:
+                self._compiled.popitem(last=False)
+        return got
+
+    def start(self, c: Constraint) -> GrammarState:
+        return GrammarState(xgrammar().GrammarMatcher(self.compile(c)), c, self)
+
+
+_BY_TOKENIZER: "weakref.WeakKeyDictionary[Tokenizer, dict[tuple, Grammars]]" = weakref.WeakKeyDictionary()
+_BY_LOCK = threading.Lock()
+
+
+def grammars_for(tokenizer: Tokenizer, vocab_size: int, stop_ids: tuple[int, ...]) -> Grammars:
+    """The shared ``Grammars`` of (tokenizer, vocabulary size, stop ids)."""
+    with _BY_LOCK:
+        per = _BY_TOKENIZER.setdefault(tokenizer, {})
+        key = (vocab_size, tuple(sorted(stop_ids)))
+        if key not in per:
+            per[key] = Grammars(tokenizer, vocab_size, key[1])
+        return per[key]
+
+
+def tokenizer_info(tokenizer: Tokenizer, vocab_size: int, stop_ids: tuple[int, ...]) -> Any:
+    """xgrammar's TokenizerInfo from our tokenizer (its ``tokenizers`` object wrapped as a fast HF
+    tokenizer, so xgrammar detects byte-level / byte-fallback vocabularies as it does for HF models)."""
+    xgr = xgrammar()
+    from transformers import PreTrainedTokenizerFast
+    hf = PreTrainedTokenizerFast(tokenizer_object=tokenizer._tok)
+    stops = list(stop_ids) or ([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else None)
+    return xgr.TokenizerInfo.from_huggingface(hf, vocab_size=vocab_size, stop_token_ids=stops)
+
+
+def _raw_vocab(info: Any, stop_ids: tuple[int, ...]) -> list[bytes]:
+    """Each token's bytes as xgrammar reads them (special tokens: none)."""
+    vocab = list(info.decoded_vocab)
+    for t in set(info.special_token_ids) | set(stop_ids):
+        if 0 <= t < len(vocab):
+            vocab[t] = b""
+    return vocab
+
+
+def _compile(compiler: Any, c: Constraint) -> Any:
+    ws = dict(any_whitespace=False) if c.whitespace == "compact" else \
+        dict(any_whitespace=True, max_whitespace_cnt=c.max_whitespace)
+    if c.kind == "json_object":
+        return compiler.compile_json_schema({"type": "object"}, strict_mode=False, **ws)
+    if c.kind == "json_schema":
+        return compiler.compile_json_schema(json.dumps(json_strings_fix(c.schema)), **ws)
+    if c.kind == "regex":
+        return compiler.compile_regex(c.spec)
+    if c.kind == "grammar":
+        return compiler.compile_grammar(c.spec)
+    if c.kind == "choice":
+        return compiler.compile_grammar("root ::= " + " | ".join(json.dumps(o, ensure_ascii=False) for o in c.choices))
+    return compiler.compile_structural_tag(tool_call_tag(c))
+
+
+def tool_call_tag(c: Constraint) -> dict[str, Any]:
+    """The structural tag of a tool_call constraint: one tag per tool, ``<tool_call>\\n{"name": "NAME",
+    "arguments": `` + its parameters as compact JSON + ``}\\n</tool_call>``; "auto" lets free text
+    around calls (the tag starts at the trigger ``<tool_call>``), "required" / a name allow calls only."""
+    xgr = xgrammar()
+    tools = c.tools if c.tool_choice in ("auto", "required") else [t for t in c.tools if t["name"] == c.tool_choice]
+    ws = dict(any_whitespace=False) if c.whitespace == "compact" else \
+        dict(any_whitespace=True, max_whitespace_cnt=c.max_whitespace)
+    tags = []
+    for t in tools:
+        args = str(xgr.Grammar.from_json_schema(json.dumps(json_strings_fix(t["parameters"])), **ws))
+        tags.append({"type": "tag", "begin": TOOL_OPEN + '{"name": ' + json.dumps(t["name"]) + ', "arguments": ',
+                     "content": {"type": "grammar", "grammar": args}, "end": "}" + TOOL_CLOSE})
+    one = not c.parallel or c.tool_choice not in ("auto", "required")
+    if c.tool_choice == "auto":
+        fmt = {"type": "triggered_tags", "triggers": [TOOL_OPEN.strip()], "tags": tags, "stop_after_first": one}
+    else:
+        fmt = {"type": "tags_with_separator", "tags": tags, "separator": "\n", "at_least_one": True,
+               "stop_after_first": one}
+    return {"type": "structural_tag", "format": fmt}
+
+
+#: a JSON string's characters without escapes: anything but '"', '\\' and the control characters
+_PLAIN_CHARS = r'[^"\\\x00-\x1f]'
+_DATA_KEYS = ("enum", "const", "default", "examples")
+
+
+def json_strings_fix(schema: Any) -> Any:
+    """``schema`` with every string of bounded length (minLength / maxLength, no pattern, format, enum
+    or const) given the equivalent ``pattern``: xgrammar 0.2.9 compiles a bounded string to the character
+    class ``[^"\\\r\n]``, which lets raw control characters into the string, and JSON forbids them
+    (``json.loads`` rejects the text). The pattern keeps the bounds and leaves them out."""
+    if isinstance(schema, list):
+        return [json_strings_fix(x) for x in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: (v if k in _DATA_KEYS else json_strings_fix(v)) for k, v in schema.items()}
+    if out.get("type") == "string" and ("minLength" in out or "maxLength" in out) and \
+            not any(k in out for k in ("pattern", "format", "enum", "const")):
+        lo, hi = int(out.pop("minLength", 0)), out.pop("maxLength", None)
+        out["pattern"] = f"^{_PLAIN_CHARS}{{{lo},{'' if hi is None else int(hi)}}}$"
+    return out
+
+
+def _clean(msg: str) -> str:
+    """xgrammar's message without its C++ source location prefix ("[time] file.cc:123: ")."""
+    import re
+    return re.sub(r"^\[[^\]]*\]\s*\S+:\d+:\s*", "", msg)
