@@ -341,10 +341,14 @@ class GenerationPipeline:
                 self.blocks.release(blocks)
         return self.batch.call(run)
 
-    def warmup(self, sampled: bool = True) -> None:
+    def warmup(self, sampled: bool = True, structured: bool = False) -> None:
         """Capture every decode bucket's plan (and the sampled variant) and every prefill bucket's now,
-        so no request waits for a capture (``shapeplan serve`` calls this before it listens)."""
+        so no request waits for a capture (``shapeplan serve`` calls this before it listens);
+        ``structured``: also the plans of constrained requests (the forward's ``logits`` variants and the
+        masked sampler: batch/constrained.py)."""
         self.batch.call(lambda: self.runner.warmup(sampled))
+        if structured:
+            self.batch.call(self.structured.warmup)
 
     def prefix_cache_stats(self) -> dict:
         """block_size, max_byte_budget, resident_blocks, current_bytes, total_lookups, total_hits, hit_rate,

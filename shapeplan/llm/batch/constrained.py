@@ -17,9 +17,9 @@ runs forward k (``overlap=False`` does it before queuing the forward: the benchm
 
 Forced runs (the grammar allows one continuation, e.g. ``", "name": "`` between JSON fields) are not
 decoded token by token: a request whose grammar forces at least ``JUMP_MIN`` tokens at the end of a
-round takes them at once and prefills them in the next step (``BatchEngine._jump_forward``); a round
-ends early when a row's forced run is ``JUMP_BREAK`` tokens or more (that costs the forward already
-queued, so shorter runs wait for the round's end).
+round takes them at once and prefills them in the next step (``BatchEngine._jump_forward``); with at
+most ``JUMP_CHECK_ROWS`` constrained rows, a round ends early when a row's forced run is ``JUMP_BREAK``
+tokens or more (that costs the forward already queued, so shorter runs wait for the round's end).
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ from shapeplan.errors import ConstraintError
 from shapeplan.ir.graph import Graph
 from shapeplan.llm.batch.runner import Readback
 from shapeplan.llm.constraint import Constraint
-from shapeplan.llm.grammar import GrammarState, grammars_for
+from shapeplan.llm.grammar import GrammarState, fill_rows, grammars_for
 
 if TYPE_CHECKING:
     from shapeplan.llm.batch.runner import ModelRunner
@@ -47,6 +47,9 @@ SAMPLING_STATE = ("sampling_params", "sampling_seed", "seen_tokens")
 JUMP_MIN = 2
 #: forced tokens that end a round early (the forward already queued for every row is wasted)
 JUMP_BREAK = 4
+#: the most constrained rows for which each step looks for forced runs (~25-50 us a row on the host, paid
+#: while the device runs the forward; with more rows only a round's end looks)
+JUMP_CHECK_ROWS = 4
 
 
 def sampler_graph(vocab: int, dtype: str, state: dict[str, torch.Tensor]) -> Graph:
@@ -160,13 +163,18 @@ class Structured:
             if eng.phase in (Phase.REPLAYING, Phase.REPLAY_BLOCKED):
                 break
 
-    @staticmethod
-    def _fill(st: GrammarState | None, host: torch.Tensor, i: int) -> None:
-        """Row ``i`` of ``host``: the next-token mask of ``st`` (all ones for a row without one)."""
-        if st is None:
-            host[i].fill_(-1)
-        else:
-            st.fill(host, i)
+    def warmup(self) -> None:
+        """Settle every plan a constrained request may use: each decode bucket's forward with the
+        ``logits`` output and its sampler plans, each prefill bucket's ``logits`` plan (first tokens)."""
+        r = self.runner
+        for b in r.decode_buckets:
+            r.settle("logits", b, 1)
+            for out in ("next_token", "next_token_sampled"):
+                self._settle(out, b)
+        for s in r.prefill_buckets:
+            r.settle("logits", 1, s)
+        for out in ("next_token", "next_token_sampled"):
+            self._settle(out, 1)
 
     # ------------------------------------------------------------------ engine calls (engine thread)
     def sample_first(self, seq: "Sequence", logits: torch.Tensor, next_position: torch.Tensor) -> torch.Tensor:
@@ -177,7 +185,7 @@ class Structured:
         self._settle(out, 1)
         t0 = time.perf_counter()
         mask = torch.empty(1, self.width, dtype=torch.int32)
-        self._fill(st, mask, 0)
+        st.fill(mask, 0)
         self.stats.host_s += time.perf_counter() - t0
         self.stats.first_tokens += 1
         dev = self.runner.device
@@ -245,18 +253,20 @@ class Structured:
             t1 = time.perf_counter()
             self.stats.wait_s += t1 - t0
             got.append(toks)
+            live = [st for st in states if st is not None and st.end < 0]
             for st, t in zip(states, toks):
                 if st is not None and st.end < 0:
                     st.accept(t)
-            if host is not None and any(st is not None and len(st.forced()) >= JUMP_BREAK for st in states):
+            if host is not None and len(live) <= JUMP_CHECK_ROWS and \
+                    any(len(st.forced()) >= JUMP_BREAK for st in live):
                 self.stats.host_s += time.perf_counter() - t1
                 return True
             t0 = t1
         else:
             t0 = time.perf_counter()
+            if host is not None:
+                host.fill_(-1)                        # rows without a constraint, padding rows
         if host is not None:
-            for i, st in enumerate(states):
-                if st is not None or pending is None:
-                    self._fill(st, host, i)
+            fill_rows([(i, st) for i, st in enumerate(states) if st is not None], host)
         self.stats.host_s += time.perf_counter() - t0
         return False
