@@ -11,7 +11,7 @@ import json
 import threading
 import weakref
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from shapeplan.errors import ConstraintError
@@ -28,24 +28,37 @@ def xgrammar() -> Any:
     return xgr
 
 
+#: a next-token mask allowing at most this many tokens is where the grammar may force a run (below)
+NARROW = 32
+
+
 @dataclass(slots=True, eq=False)
 class GrammarState:
     """One request's matcher. ``accepted``: generated tokens it has taken (sampled or forced, in order);
     ``end``: the generated-token count at which the grammar ended (its stop token taken, or complete with
-    nothing more allowed), -1 while it goes on; ``last_byte``: the last byte of the text so far."""
+    nothing more allowed), -1 while it goes on; ``last_byte``: the last byte of the text so far.
+
+    Forced runs: where the next mask is narrow (at most NARROW tokens) and the grammar forces a
+    continuation, the request commits to xgrammar's tokens of it (``run``) and each next mask allows
+    only the run's next token. The serving core may take the whole run at once (a prefill) or decode it
+    in lockstep with the batch: the tokens are the same, and they depend on the request's own tokens only,
+    so a seeded constrained request gives the same text in any batch."""
     matcher: Any
     constraint: Constraint
     grammars: "Grammars"
     accepted: int = 0
     end: int = -1
     last_byte: int = -1
-    _forced: tuple[int, list[int]] = (-1, [])        # (accepted, the forced tokens then)
+    run: list[int] = field(default_factory=list)     # committed forced tokens, not yet taken
+    _ruled: int = -1                                # ``accepted`` when the forced-run rule last ran
 
     def ended(self, generated: int) -> bool:
         return 0 <= self.end <= generated
 
     def _took(self, token: int) -> None:
         self.accepted += 1
+        if self.run:
+            self.run = self.run[1:] if self.run[0] == token else []
         b = self.grammars.utf8.token_bytes(token)
         if b:
             self.last_byte = b[-1]
@@ -79,28 +92,48 @@ class GrammarState:
         """Row ``i`` of ``bitmask`` (int32, CPU): the tokens allowed next (all, once the grammar ended)."""
         fill_rows([(i, self)], bitmask)
 
+    def forced_run(self) -> list[int]:
+        """The committed forced tokens (the rule run now if it has not for this state; see the class)."""
+        if self.end < 0 and not self.run and self._ruled != self.accepted:
+            import torch
+            scratch = torch.empty(1, self.grammars.utf8.width, dtype=torch.int32)
+            self.fill(scratch, 0)
+        return self.run
+
     def _filled(self, row: Any) -> None:
-        """After the matcher filled ``row``: the end of a grammar without a stop token; the UTF-8 guard."""
+        """After the matcher filled ``row``: the end of a grammar without a stop token, the UTF-8 guard,
+        the forced-run rule."""
         if self.matcher.is_completed() and not bool(row.any()):    # complete, and no stop token to allow
             self.end = self.accepted
             row.fill_(-1)
             return
         self.grammars.utf8.restrict(row, self.last_byte)
+        self._ruled = self.accepted
+        a = row.numpy()
+        if _allows_at_most(a, NARROW):
+            ids = self._forced()
+            if ids and (int(a[ids[0] // 32]) >> (ids[0] % 32)) & 1:
+                self.run = ids
+                _one_hot(row, ids[0])
 
-    def forced(self) -> list[int]:
-        """Tokens the grammar forces next (jump-forward), not yet accepted; [] when there is a choice."""
-        if self.end >= 0:
-            return []
-        at, ids = self._forced
-        if at != self.accepted:
-            m = self.matcher
-            if self.grammars.jump_tokens:
-                ids = list(m.find_jump_forward_tokens())
-            else:
-                s = m.find_jump_forward_string()
-                ids = self.grammars.tokenizer.encode(s, add_special_tokens=False) if s else []
-            self._forced = (self.accepted, ids)
-        return ids
+    def _forced(self) -> list[int]:
+        m = self.matcher
+        if self.grammars.jump_tokens:
+            return list(m.find_jump_forward_tokens())
+        s = m.find_jump_forward_string()
+        return self.grammars.tokenizer.encode(s, add_special_tokens=False) if s else []
+
+
+def _allows_at_most(words: Any, most: int) -> bool:
+    import numpy as np
+    nz = np.flatnonzero(words)
+    return len(nz) <= most and sum((w & 0xFFFFFFFF).bit_count() for w in words[nz].tolist()) <= most
+
+
+def _one_hot(row: Any, token: int) -> None:
+    row.fill_(0)
+    bit = 1 << (token % 32)
+    row[token // 32] = bit - (1 << 32) if bit >= 1 << 31 else bit
 
 
 #: constrained rows from which a step's masks are filled by xgrammar's thread pool (BatchGrammarMatcher),
@@ -128,6 +161,8 @@ def fill_rows(rows: list[tuple[int, GrammarState]], bitmask: Any, pool: Any = No
     for i, st in rows:
         if st.end >= 0:
             bitmask[i].fill_(-1)
+        elif st.run:                                  # inside a committed forced run
+            _one_hot(bitmask[i], st.run[0])
         else:
             live.append((i, st))
     if pool is None and len(live) >= BATCH_FILL_ROWS:
@@ -166,6 +201,7 @@ class Utf8Guard:
             return (bits.reshape(width, 32) << np.arange(32, dtype=np.uint64)).sum(1).astype(np.uint32).view(np.int32)
 
         always = pack(ok)
+        self.width = width
         self.words = np.flatnonzero(always != -1)            # the few words holding an always-invalid token
         self.always = always[self.words]
         self.after = {lead: pack(ok & ~((first >= lo) & (first <= hi)))

@@ -15,11 +15,14 @@ queued right after sampler k-1, so it waits for the sampler only), lets each row
 fills the masks of step k, and queues the mask copy and sampler k. The host work runs while the device
 runs forward k (``overlap=False`` does it before queuing the forward: the benchmark's comparison).
 
-Forced runs (the grammar allows one continuation, e.g. ``", "name": "`` between JSON fields) are not
-decoded token by token: a request whose grammar forces at least ``JUMP_MIN`` tokens at the end of a
-round takes them at once and prefills them in the next step (``BatchEngine._jump_forward``); with at
-most ``JUMP_CHECK_ROWS`` constrained rows, a round ends early when a row's forced run is ``JUMP_BREAK``
-tokens or more (that costs the forward already queued, so shorter runs wait for the round's end).
+Forced runs (the grammar allows one continuation, e.g. ``", "name": "`` between JSON fields): a request
+commits to xgrammar's tokens of the run (shapeplan/llm/grammar.py ``GrammarState``) and then either
+takes them at once, prefilled in the next step (``BatchEngine._jump_forward``), or decodes them in
+lockstep with its batch under one-token masks; the tokens are the same either way. It takes them at
+once before its prompt's prefill (free: they join it) and, when the round had at most ``JUMP_ROWS``
+constrained rows, from ``JUMP_MIN`` tokens on at a round's end (a batch-1 prefill per jump costs more
+than decoding the run with a large batch); such a round ends early for a run of ``JUMP_BREAK`` tokens
+or more (that costs the forward already queued, so shorter runs wait for the round's end).
 """
 from __future__ import annotations
 
@@ -33,12 +36,12 @@ from shapeplan import diagnostics
 from shapeplan.errors import ConstraintError
 from shapeplan.ir.graph import Graph
 from shapeplan.llm.batch.runner import Readback
+from shapeplan.llm.batch.sequence import Sequence, Status
 from shapeplan.llm.constraint import Constraint
 from shapeplan.llm.grammar import GrammarState, fill_rows, grammars_for
 
 if TYPE_CHECKING:
     from shapeplan.llm.batch.runner import ModelRunner
-    from shapeplan.llm.batch.sequence import Sequence
     from shapeplan.llm.tokenizer import Tokenizer
 
 SP = "shapeplan"
@@ -47,9 +50,8 @@ SAMPLING_STATE = ("sampling_params", "sampling_seed", "seen_tokens")
 JUMP_MIN = 2
 #: forced tokens that end a round early (the forward already queued for every row is wasted)
 JUMP_BREAK = 4
-#: the most constrained rows for which each step looks for forced runs (~25-50 us a row on the host, paid
-#: while the device runs the forward; with more rows only a round's end looks)
-JUMP_CHECK_ROWS = 4
+#: the most constrained rows in a round for which forced runs are prefilled rather than decoded
+JUMP_ROWS = 4
 
 
 def sampler_graph(vocab: int, dtype: str, state: dict[str, torch.Tensor]) -> Graph:
@@ -98,6 +100,7 @@ class Structured:
         self.runner, self.tokenizer, self.vocab_size, self.mode = runner, tokenizer, vocab_size, mode
         self.width = -(-vocab_size // 32)
         self.overlap = True
+        self.jump_ok = True                              # the last round had at most JUMP_ROWS constrained rows
         self.stats = StructuredStats()
         self._engine: Any = None
         self._host: torch.Tensor | None = None          # [max rows, W] int32 (pinned on CUDA)
@@ -116,12 +119,15 @@ class Structured:
             raise ConstraintError("structured output runs on single-device pipelines (not with tp / placement)")
         return grammars_for(self.tokenizer, self.vocab_size, tuple(stop_ids)).start(constraint)
 
-    def forced(self, seq: "Sequence", least: int = JUMP_MIN) -> list[int]:
-        """The tokens ``seq``'s grammar forces next when there are at least ``least`` (not accepted yet)."""
+    def forced(self, seq: Sequence) -> list[int]:
+        """The forced run ``seq`` takes at once (not accepted yet; [] for none): its committed run when it
+        has JUMP_MIN tokens or more and taking it pays (see the module doc). Either way, same tokens."""
         st = seq.constraint
         st.catch_up(seq.tokens[seq.prompt_len:])
-        ids = st.forced()
-        return ids if len(ids) >= least else []
+        if seq.status is not Status.WAITING and not self.jump_ok:
+            return []
+        run = st.forced_run()
+        return list(run) if len(run) >= JUMP_MIN else []
 
     # ------------------------------------------------------------------ the sampler plan
     def _sampler(self) -> Any:
@@ -177,7 +183,7 @@ class Structured:
             self._settle(out, 1)
 
     # ------------------------------------------------------------------ engine calls (engine thread)
-    def sample_first(self, seq: "Sequence", logits: torch.Tensor, next_position: torch.Tensor) -> torch.Tensor:
+    def sample_first(self, seq: Sequence, logits: torch.Tensor, next_position: torch.Tensor) -> torch.Tensor:
         """The first token of a constrained request, from its prefill's logits ([1, V]): [1, 1]."""
         st = seq.constraint
         st.catch_up(seq.tokens[seq.prompt_len:])
@@ -193,7 +199,7 @@ class Structured:
                                 "state_slots": torch.tensor([seq.slot], dtype=torch.int64).to(dev)}, outputs=[out])
         return res[out]
 
-    def decode(self, seqs: list["Sequence"], steps: int) -> torch.Tensor:
+    def decode(self, seqs: list[Sequence], steps: int) -> torch.Tensor:
         """Up to ``steps`` decode steps of every row, masked; returns the tokens, [steps run, len(seqs)],
         on the host (fewer steps when a forced run ends the round early)."""
         r, n = self.runner, len(seqs)
@@ -202,6 +208,7 @@ class Structured:
         for s in seqs:
             if s.constraint is not None:
                 s.constraint.catch_up(s.tokens[s.prompt_len:])
+        self.jump_ok = sum(st is not None for st in states) <= JUMP_ROWS
         out = "next_token" if all(s.sampling.is_plain_greedy for s in seqs) else "next_token_sampled"
         r.settle("logits", rows, 1)
         self._settle(out, rows)
@@ -246,21 +253,16 @@ class Structured:
                    host: torch.Tensor | None) -> bool:
         """Read the last step's tokens back (if any), let each live row's matcher accept its token, and fill
         the next step's masks into ``host`` (None: the round is over). True: end the round now (a row's
-        grammar forces a run of JUMP_BREAK tokens or more)."""
+        committed forced run of JUMP_BREAK tokens or more, which it will take at once)."""
         if pending is not None:
             t0 = time.perf_counter()
             toks = Readback.get(pending)
             t1 = time.perf_counter()
             self.stats.wait_s += t1 - t0
             got.append(toks)
-            live = [st for st in states if st is not None and st.end < 0]
             for st, t in zip(states, toks):
                 if st is not None and st.end < 0:
                     st.accept(t)
-            if host is not None and len(live) <= JUMP_CHECK_ROWS and \
-                    any(len(st.forced()) >= JUMP_BREAK for st in live):
-                self.stats.host_s += time.perf_counter() - t1
-                return True
             t0 = t1
         else:
             t0 = time.perf_counter()
@@ -269,4 +271,5 @@ class Structured:
         if host is not None:
             fill_rows([(i, st) for i, st in enumerate(states) if st is not None], host)
         self.stats.host_s += time.perf_counter() - t0
-        return False
+        return pending is not None and host is not None and self.jump_ok and \
+            any(st is not None and len(st.run) >= JUMP_BREAK for st in states)

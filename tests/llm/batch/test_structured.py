@@ -155,6 +155,20 @@ def test_overlap_off_gives_the_same_tokens(pipe):
     assert on == off
 
 
+def test_constrained_requests_get_the_same_tokens_alone_and_batched(pipe):
+    """Alone, a request takes its forced runs at once (prefills); in a batch of more than JUMP_ROWS
+    constrained rows it decodes them in lockstep: the tokens are the same."""
+    from shapeplan.llm.batch.constrained import JUMP_ROWS
+    c = Constraint.json_schema(BOUNDED)
+    ss = [Sampling(temperature=1.0, seed=50 + i, constraint=c) for i in range(JUMP_ROWS + 2)]
+    before = pipe.structured.stats.jumps
+    alone = [pipe.generate(f"r{i}", 64, s).token_ids for i, s in enumerate(ss)]
+    mid = pipe.structured.stats.jumps - before - len(ss)            # beyond the free one before each prefill
+    batched = pipe.generate_batch([f"r{i}" for i in range(len(ss))], 64, ss)
+    assert [r.token_ids for r in batched] == alone
+    assert mid > 0
+
+
 def test_generate_stream_and_sessions_follow_the_constraint(pipe):
     c = Constraint.json_schema(BOUNDED)
     s = Sampling(temperature=1.0, seed=3, constraint=c)
