@@ -377,11 +377,11 @@ def _paged_kernels():
 
 
 # ------------------------------------------------------------------------------- structured output
-def _bitmask_bits(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
-    """[B, W] int32 words -> [B, V] bool: bit ``v % 32`` of word ``v // 32`` (xgrammar's layout)."""
-    shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
-    bits = (bitmask.to(torch.int32).unsqueeze(-1) >> shifts) & 1                    # [B, W, 32]
-    return bits.reshape(bitmask.shape[0], -1)[:, :vocab].to(torch.bool)
+def _bitmask_keep(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
+    """[B, W] int32 words -> [B, V] int32, nonzero where bit ``v % 32`` of word ``v // 32`` is set
+    (xgrammar's layout)."""
+    bits = torch.tensor([1 << i for i in range(31)] + [-(1 << 31)], dtype=torch.int32, device=bitmask.device)
+    return (bitmask.to(torch.int32).unsqueeze(-1) & bits).reshape(bitmask.shape[0], -1)[:, :vocab]
 
 
 @register("ApplyTokenBitmask", domain="shapeplan", shape=same_as(0))
@@ -390,11 +390,18 @@ def apply_token_bitmask(logits, bitmask):
     ``bitmask`` (int32 [B, ceil(V / 32)], xgrammar's layout: token v is bit ``v % 32`` of word
     ``v // 32``) set to -inf; returns a new tensor. A row of all ones (-1 words) passes unchanged, so
     rows without a constraint share the call. On CUDA one Triton kernel
-    (shapeplan/runtime/backends/triton/kernels/bitmask.py); elsewhere torch."""
+    (shapeplan/runtime/backends/triton/kernels/bitmask.py); elsewhere torch, on the rows that forbid
+    anything (on the host a read is free)."""
     if logits.is_cuda and _bitmask_kernel() is not None:
         return _bitmask_kernel().apply_token_bitmask(logits, bitmask)
-    keep = _bitmask_bits(bitmask, logits.shape[-1])
-    return logits.masked_fill(~keep, float("-inf"))
+    neg = torch.full((), float("-inf"), dtype=logits.dtype, device=logits.device)
+    if logits.is_cuda:                                          # no host read: capturable
+        return torch.where(_bitmask_keep(bitmask, logits.shape[-1]) != 0, logits, neg)
+    out = logits.clone()
+    rows = (bitmask != -1).any(1).nonzero().flatten()
+    if rows.numel():
+        out[rows] = torch.where(_bitmask_keep(bitmask[rows], logits.shape[-1]) != 0, logits[rows], neg)
+    return out
 
 
 _bitmask_kernel_state: list = []
