@@ -348,7 +348,7 @@ class GenerationPipeline:
         masked sampler: batch/constrained.py)."""
         self.batch.call(lambda: self.runner.warmup(sampled))
         if structured:
-            self.batch.call(self.structured.warmup)
+            self.batch.call(lambda: self.structured.warmup(self.batch.eos))
 
     def prefix_cache_stats(self) -> dict:
         """block_size, max_byte_budget, resident_blocks, current_bytes, total_lookups, total_hits, hit_rate,

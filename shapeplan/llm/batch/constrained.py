@@ -169,9 +169,12 @@ class Structured:
             if eng.phase in (Phase.REPLAYING, Phase.REPLAY_BLOCKED):
                 break
 
-    def warmup(self) -> None:
+    def warmup(self, stop_ids: frozenset[int]) -> None:
         """Settle every plan a constrained request may use: each decode bucket's forward with the
-        ``logits`` output and its sampler plans, each prefill bucket's ``logits`` plan (first tokens)."""
+        ``logits`` output and its sampler plans, each prefill bucket's ``logits`` plan (first tokens);
+        and build xgrammar's view of the tokenizer (~3 s for a 128k vocabulary on a slow host)."""
+        if self.tokenizer is not None:
+            _ = grammars_for(self.tokenizer, self.vocab_size, tuple(stop_ids)).compiler
         r = self.runner
         for b in r.decode_buckets:
             r.settle("logits", b, 1)

@@ -169,6 +169,23 @@ def test_constrained_requests_get_the_same_tokens_alone_and_batched(pipe):
     assert mid > 0
 
 
+def test_preempted_constrained_requests_lose_nothing(pipe, checkpoints):
+    """A KV pool too small for everyone: constrained requests are preempted and recomputed, and still
+    give the tokens they give alone."""
+    c = Constraint.json_schema(BOUNDED)
+    ss = [Sampling(temperature=1.0, seed=70 + i, constraint=c) for i in range(8)]
+    prompts = [[5 + i] * 20 for i in range(8)]
+    alone = [pipe.generate(p, 60, s).token_ids for p, s in zip(prompts, ss)]
+    per_block = pipe.kv_cache_bytes // pipe.paged.num_blocks
+    small = GenerationPipeline.from_pretrained(checkpoints("llama"), **{**KW, "kv_cache_bytes": 18 * per_block})
+    try:
+        got = [r.token_ids for r in small.generate_batch(prompts, 60, ss)]
+        assert small.kv_stats()["preemptions"] > 0
+    finally:
+        small.close()
+    assert got == alone
+
+
 def test_generate_stream_and_sessions_follow_the_constraint(pipe):
     c = Constraint.json_schema(BOUNDED)
     s = Sampling(temperature=1.0, seed=3, constraint=c)
