@@ -76,6 +76,7 @@ class GrammarState:
         out = []
         for t in tokens:
             if self.end >= 0 or not self.matcher.accept_token(t):
+                self.run = []
                 break
             self._took(t)
             out.append(t)
@@ -108,8 +109,13 @@ class GrammarState:
             row.fill_(-1)
             return
         self.grammars.utf8.restrict(row, self.last_byte)
-        self._ruled = self.accepted
         a = row.numpy()
+        if self.run:                  # a run from our own tokenizer (older xgrammar): checked token by token
+            if (int(a[self.run[0] // 32]) >> (self.run[0] % 32)) & 1:
+                _one_hot(row, self.run[0])
+                return
+            self.run = []
+        self._ruled = self.accepted
         if _allows_at_most(a, NARROW):
             ids = self._forced()
             if ids and (int(a[ids[0] // 32]) >> (ids[0] % 32)) & 1:
@@ -161,7 +167,7 @@ def fill_rows(rows: list[tuple[int, GrammarState]], bitmask: Any, pool: Any = No
     for i, st in rows:
         if st.end >= 0:
             bitmask[i].fill_(-1)
-        elif st.run:                                  # inside a committed forced run
+        elif st.run and st.grammars.jump_tokens:     # inside a committed run of xgrammar's tokens
             _one_hot(bitmask[i], st.run[0])
         else:
             live.append((i, st))

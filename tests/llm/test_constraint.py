@@ -177,3 +177,31 @@ def test_batched_mask_filling_gives_the_serial_masks(checkpoints):
     batched = torch.zeros_like(serial)
     fill_rows(list(enumerate(states)), batched, pool=xgr.BatchGrammarMatcher(2))
     assert torch.equal(serial, batched) and (serial != 0).any(1).all()
+
+
+@pytest.mark.parametrize("xgrammar_tokens", [True, False])
+def test_forced_runs_are_committed_and_followed(checkpoints, xgrammar_tokens):
+    """Decoding by hand (the first allowed token each step): where the grammar forces a run the mask
+    allows only the run's next token, with xgrammar's run tokens or (older xgrammar) our tokenizer's."""
+    pytest.importorskip("xgrammar")
+    from shapeplan.llm.grammar import Grammars
+    from shapeplan.llm.tokenizer import Tokenizer
+    tok = Tokenizer(checkpoints("llama"))
+    g = Grammars(tok, tok.vocab_size, (1,))
+    g.compiler
+    g.jump_tokens = g.jump_tokens and xgrammar_tokens
+    st = g.start(Constraint.json_schema({"type": "object", "properties": {
+        "city": {"type": "string", "maxLength": 5}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+        "required": ["city", "unit"]}))
+    mask = torch.zeros(1, -(-tok.vocab_size // 32), dtype=torch.int32)
+    ids, one_hot_steps = [], 0
+    while st.end < 0 and len(ids) < 80:
+        st.fill(mask, 0)
+        bits = [t for t in range(tok.vocab_size) if (int(mask[0, t // 32]) >> (t % 32)) & 1]
+        one_hot_steps += len(bits) == 1 and bool(st.run)
+        t = bits[-1] if bits[-1] != 1 or len(bits) == 1 else bits[-2]      # the last allowed, EOS if alone
+        st.accept(t)
+        ids.append(t)
+    assert st.end == len(ids) and ids[-1] == 1
+    assert json.loads(tok.decode(ids[:-1]))["city"] is not None
+    assert one_hot_steps >= 5

@@ -244,5 +244,18 @@ def test_a_pipeline_without_tokenizer_refuses_constraints():
     try:
         with pytest.raises(ConstraintError, match="tokenizer"):
             p.submit([1, 2, 3], 4, Sampling(constraint=Constraint.json_object()))
+        p.generate_batch([[1, 2, 3], [4, 5]], 8, [Sampling.greedy(), Sampling(temperature=1.0, seed=1)])
+        # unconstrained requests pay nothing: no masked sampler, no logits plan, the plans of before
+        assert p.structured._engine is None
+        assert not any(out == "logits" for out, _, _ in p.runner.settled)
     finally:
         p.close()
+
+
+def test_missing_xgrammar_names_the_extra(monkeypatch):
+    import sys
+
+    from shapeplan.llm.grammar import xgrammar
+    monkeypatch.setitem(sys.modules, "xgrammar", None)            # import xgrammar -> ImportError
+    with pytest.raises(ConstraintError, match=r"shapeplan\[structured\]"):
+        xgrammar()
