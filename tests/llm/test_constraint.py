@@ -10,7 +10,7 @@ import torch
 
 from shapeplan.errors import ConstraintError, InputError
 from shapeplan.llm import Constraint, Sampling, parse_tool_calls
-from shapeplan.llm.grammar import Utf8Guard, _valid_inside, json_strings_fix
+from shapeplan.llm.xgrammar_gaps import Utf8Guard, _valid_inside, json_strings_fix
 from shapeplan.ops.llm import apply_token_bitmask
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
