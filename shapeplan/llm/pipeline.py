@@ -341,6 +341,12 @@ class GenerationPipeline:
                 self.blocks.release(blocks)
         return self.batch.call(run)
 
+    def compile_constraint(self, constraint: Any) -> None:
+        """Compile ``constraint`` for this pipeline's tokenizer now (cached: a later request with it starts
+        at once); raises ``ConstraintError`` naming the problem. ``submit`` compiles on the caller's
+        thread; a server calls this from a worker thread first to keep its event loop free."""
+        self.structured.start(constraint, self.batch.eos)
+
     def warmup(self, sampled: bool = True, structured: bool = False) -> None:
         """Capture every decode bucket's plan (and the sampled variant) and every prefill bucket's now,
         so no request waits for a capture (``shapeplan serve`` calls this before it listens);

@@ -229,6 +229,9 @@ def test_grammars_are_compiled_once_per_constraint(pipe):
 
 
 def test_bad_constraints_fail_at_submit(pipe):
+    with pytest.raises(ConstraintError, match="EBNF parser error"):
+        pipe.compile_constraint(Constraint.grammar("root ::= nothing"))
+    pipe.compile_constraint(Constraint.choice(["a", "b"]))
     with pytest.raises(ConstraintError, match="Regex parsing error"):
         pipe.submit("x", 8, Sampling(constraint=Constraint.regex("a(")))
     with pytest.raises(ConstraintError, match="json_schema: xgrammar cannot compile it"):
