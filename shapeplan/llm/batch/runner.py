@@ -31,6 +31,11 @@ def _pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
+def _masked(c: Chunk) -> bool:
+    """A constrained request's final prompt chunk: its first token is drawn by the masked sampler."""
+    return c.final and c.seq.generated == 0 and c.seq.constraint is not None
+
+
 def decode_buckets(max_num_seqs: int, smallest: int = 1) -> list[int]:
     """1, 2, 4, 8, 16, then every multiple of 8 up to ``max_num_seqs`` (always included); buckets
     below ``smallest`` are left out (the CPU starts at 16: see ``GenerationPipeline``)."""
@@ -58,6 +63,7 @@ class ModelRunner:
         self.cuda = device.type == "cuda"
         self.calls = 0
         self._before_first_call = before_first_call
+        self.structured = None                   # constrained decoding (batch/constrained.py), set by the pipeline
 
     def _first_call(self) -> None:
         if self._before_first_call is not None:
@@ -160,8 +166,9 @@ class ModelRunner:
         """Pack prompt chunks into prefill calls: (chunks, rows, tokens) per call. Chunks of similar
         length share a call, ``rows`` (a power of two up to PREFILL_ROWS, padding rows write nothing) x
         ``tokens`` (a prompt bucket) at most ``budget`` entries: one weight read for many requests."""
-        order = sorted(chunks, key=lambda c: c.n)
-        groups: list[tuple[list[Chunk], int, int]] = []
+        groups: list[tuple[list[Chunk], int, int]] = [([c], 1, self.prefill_bucket(c.n, c.start, limit))
+                                                      for c in chunks if _masked(c)]   # alone: a sampler plan
+        order = sorted((c for c in chunks if not _masked(c)), key=lambda c: c.n)
         cur: list[Chunk] = []
         for c in order + [None]:
             if c is not None:
@@ -187,7 +194,8 @@ class ModelRunner:
         seqs = [c.seq for c in chunks]
         for s in seqs:
             s.prefill_bucket = bucket
-        out = self._out(seqs)
+        masked = len(chunks) == 1 and _masked(chunks[0])
+        out = "logits" if masked else self._out(seqs)    # masked: the first token is drawn by the sampler plan
         self.settle(out, rows, bucket)
         n = len(chunks)
         ids = torch.zeros(rows, bucket, dtype=torch.int64)
@@ -203,7 +211,8 @@ class ModelRunner:
                                              dtype=torch.int64).to(dev)}
         res = self.engine.run(feeds, outputs=[out, "next_position"])
         self.calls += 1
-        tok, nxt = res[out], res["next_position"]
+        nxt = res["next_position"]
+        tok = self.structured.sample_first(seqs[0], res[out], nxt) if masked else res[out]
         fresh = [i for i, c in enumerate(chunks) if c.final and c.seq.generated == 0]
         known = [i for i, c in enumerate(chunks) if c.final and c.seq.generated > 0]
         if fresh:                                 # the first token: the next decode step's input
@@ -241,7 +250,10 @@ class ModelRunner:
                                                                                         device=self.device))
 
     def decode(self, seqs: list[Sequence], steps: int) -> torch.Tensor:
-        """``steps`` decode steps of every row; returns the tokens, [steps, len(seqs)], on the device."""
+        """``steps`` decode steps of every row; returns the tokens, [steps, len(seqs)], on the device (a
+        batch with a constrained row: masked, on the host, maybe fewer steps; see batch/constrained.py)."""
+        if self.structured is not None and any(s.constraint is not None for s in seqs):
+            return self.structured.decode(seqs, steps)
         n = len(seqs)
         rows = self.decode_bucket(n)
         out = self._out(seqs)

@@ -60,6 +60,7 @@ class Sequence:
     keep_blocks: bool = False               # a session keeps the blocks when the request ends
     prefill_bucket: int = 0
     host_syncs: int = 0
+    constraint: Any = None                  # structured output: its GrammarState (shapeplan/llm/grammar.py)
 
     @property
     def generated(self) -> int:
