@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from shapeplan.runtime.backends.triton_env import triton   # before the kernel: cache dir, compile workers
+from shapeplan.runtime.backends.triton.env import triton   # before the kernel: cache dir, compile workers
 from shapeplan.runtime.backends.triton.kernels.bitmask_jit import _apply_bitmask
 
 BLOCK = 4096
