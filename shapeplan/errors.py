@@ -63,3 +63,8 @@ class InjectedFault(ShapeplanError):
     def __init__(self, step: str, message: str) -> None:
         super().__init__(message)
         self.step = step
+
+
+class ConstraintError(InputError):
+    """A structured-output constraint that cannot be used: a malformed schema, regex or grammar (the
+    message names the problem, as xgrammar reports it), an unknown tool, or xgrammar missing."""

@@ -28,6 +28,7 @@ import torch
 from shapeplan import diagnostics, env
 from shapeplan.errors import InputError, LifecycleError
 from shapeplan.llm.batch import BatchEngine, BlockManager, ModelRunner, RequestHandle, Scheduler, decode_buckets
+from shapeplan.llm.batch.constrained import Structured
 from shapeplan.llm.config import LlamaConfig, preset_config
 from shapeplan.llm.metrics import Metrics
 from shapeplan.llm.model import PagedKV, build_graph, initial_state
@@ -160,6 +161,8 @@ class GenerationPipeline:
         self.runner = ModelRunner(self.engine, self.paged, self.device, decode_buckets=self.decode_buckets,
                                   prefill_buckets=self.buckets, kv_blocks=kv_blocks,
                                   before_first_call=_weak_call(self._join_warmup))
+        # constrained decoding (Sampling(constraint=...)): xgrammar and the masked sampler load at first use
+        self.structured = self.runner.structured = Structured(self.runner, tokenizer, cfg.vocab_size, mode)
         self.blocks = BlockManager(num_blocks, block_size, per_block, prefix_cache=prefix_cache,
                                    cache_budget_bytes=self.prefix_cache_bytes)
         batched = max_num_batched_tokens or max(max_prefill_length, 2048)
@@ -169,7 +172,7 @@ class GenerationPipeline:
         self.batch = BatchEngine(self.runner, self.scheduler, self.blocks, vocab_size=cfg.vocab_size,
                                  max_model_len=max_kv_cache_length, eos_token_ids=sorted(self._eos),
                                  decode_text=tokenizer.decode if tokenizer is not None else None,
-                                 max_waiting=max_waiting)
+                                 max_waiting=max_waiting, structured=self.structured)
         weakref.finalize(self, self.batch.close)
         if self._warm_thread is not None and replay_only:
             self.batch.post(_weak_call(self._prepare_from_records, warm_seq))
@@ -348,11 +351,21 @@ class GenerationPipeline:
                 self.blocks.release(blocks)
         return self.batch.call(run)
 
-    def warmup(self, sampled: bool = True) -> None:
+    def compile_constraint(self, constraint: Any) -> None:
+        """Compile ``constraint`` for this pipeline's tokenizer now (cached: a later request with it starts
+        at once); raises ``ConstraintError`` naming the problem. ``submit`` compiles on the caller's
+        thread; a server calls this from a worker thread first to keep its event loop free."""
+        self.structured.start(constraint, self.batch.eos)
+
+    def warmup(self, sampled: bool = True, structured: bool = False) -> None:
         """Capture every decode bucket's plan (and the sampled variant) and every prefill bucket's now,
-        so no request waits for a capture (``shapeplan serve`` calls this before it listens)."""
+        so no request waits for a capture (``shapeplan serve`` calls this before it listens);
+        ``structured``: also the plans of constrained requests (the forward's ``logits`` variants and the
+        masked sampler: batch/constrained.py)."""
         budget = self.scheduler.max_num_batched_tokens
         self.batch.call(lambda: self.runner.warmup(sampled, budget))
+        if structured:
+            self.batch.call(lambda: self.structured.warmup(self.batch.eos))
 
     def prefix_cache_stats(self) -> dict:
         """block_size, max_byte_budget, resident_blocks, current_bytes, total_lookups, total_hits, hit_rate,

@@ -3,8 +3,12 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from shapeplan.errors import InputError
+
+if TYPE_CHECKING:
+    from shapeplan.llm.constraint import Constraint
 
 
 @dataclass(slots=True, frozen=True)
@@ -15,6 +19,7 @@ class Sampling:
     repetition_penalty: float = 1.0   # 1 = off
     seed: int | None = None           # None = a fresh random seed per request
     stop: tuple[str, ...] = field(default=())   # stop strings (checked at host syncs)
+    constraint: "Constraint | None" = None      # structured output (shapeplan/llm/constraint.py)
 
     def __post_init__(self) -> None:
         if self.temperature < 0:

@@ -373,3 +373,48 @@ def _paged_kernels():
             diagnostics.record("FALLBACK", "paged KV ops: Triton kernels unavailable, using torch",
                                reason=f"{type(e).__name__}: {e}"[:300])
     return _paged_kernel_state[0]
+
+
+# ------------------------------------------------------------------------------- structured output
+def _bitmask_keep(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
+    """[B, W] int32 words -> [B, V] int32, nonzero where bit ``v % 32`` of word ``v // 32`` is set
+    (xgrammar's layout)."""
+    bits = torch.tensor([1 << i for i in range(31)] + [-(1 << 31)], dtype=torch.int32, device=bitmask.device)
+    return (bitmask.to(torch.int32).unsqueeze(-1) & bits).reshape(bitmask.shape[0], -1)[:, :vocab]
+
+
+@register("ApplyTokenBitmask", domain="shapeplan", shape=same_as(0))
+def apply_token_bitmask(logits, bitmask):
+    """Mask out the tokens a grammar forbids: ``logits`` [B, V] with every token whose bit is 0 in
+    ``bitmask`` (int32 [B, ceil(V / 32)], xgrammar's layout: token v is bit ``v % 32`` of word
+    ``v // 32``) set to -inf; returns a new tensor. A row of all ones (-1 words) passes unchanged, so
+    rows without a constraint share the call. On CUDA one Triton kernel
+    (shapeplan/runtime/backends/triton/kernels/bitmask.py); elsewhere torch, on the rows that forbid
+    anything (on the host a read is free)."""
+    if logits.is_cuda and _bitmask_kernel() is not None:
+        return _bitmask_kernel().apply_token_bitmask(logits, bitmask)
+    neg = torch.full((), float("-inf"), dtype=logits.dtype, device=logits.device)
+    if logits.is_cuda:                                          # no host read: capturable
+        return torch.where(_bitmask_keep(bitmask, logits.shape[-1]) != 0, logits, neg)
+    out = logits.clone()
+    rows = (bitmask != -1).any(1).nonzero().flatten()
+    if rows.numel():
+        out[rows] = torch.where(_bitmask_keep(bitmask[rows], logits.shape[-1]) != 0, logits[rows], neg)
+    return out
+
+
+_bitmask_kernel_state: list = []
+
+
+def _bitmask_kernel():
+    """The Triton bitmask kernel, or None when Triton cannot run it here (a FALLBACK event says why)."""
+    if not _bitmask_kernel_state:
+        try:
+            from shapeplan.runtime.backends.triton.kernels import bitmask
+            _bitmask_kernel_state.append(bitmask)
+        except Exception as e:  # noqa: BLE001 - no triton / unsupported GPU
+            _bitmask_kernel_state.append(None)
+            from shapeplan import diagnostics
+            diagnostics.record("FALLBACK", "ApplyTokenBitmask: Triton kernel unavailable, using torch",
+                               reason=f"{type(e).__name__}: {e}"[:300])
+    return _bitmask_kernel_state[0]

@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence as Seq
 import torch
 
 from shapeplan import diagnostics
-from shapeplan.errors import CapacityError, InputError, QueueFullError
+from shapeplan.errors import CapacityError, ConstraintError, InputError, QueueFullError
 from shapeplan.llm.batch.blocks import BlockManager
 from shapeplan.llm.batch.runner import ModelRunner, Readback, unpack
 from shapeplan.llm.batch.scheduler import Scheduler, StepPlan
@@ -33,13 +33,14 @@ from shapeplan.llm.sampling import Sampling
 class BatchEngine:
     def __init__(self, runner: ModelRunner, scheduler: Scheduler, blocks: BlockManager, *, vocab_size: int,
                  max_model_len: int, eos_token_ids: Seq[int] = (), decode_text: Callable[[list[int]], str] | None = None,
-                 max_waiting: int = 4096, on_start: Callable[[], None] | None = None) -> None:
+                 max_waiting: int = 4096, on_start: Callable[[], None] | None = None, structured: Any = None) -> None:
         self.runner, self.scheduler, self.blocks = runner, scheduler, blocks
         self.vocab_size, self.max_model_len = vocab_size, max_model_len
         self.eos = frozenset(eos_token_ids)
         self.decode_text = decode_text
         self.max_waiting = max_waiting
         self._on_start = on_start
+        self.structured = structured            # constrained decoding (batch/constrained.py) or None
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._ids = itertools.count()
         self._thread: threading.Thread | None = None
@@ -82,11 +83,19 @@ class BatchEngine:
                                 f"(raise kv_cache_bytes)")
         if self._inbox.qsize() + len(self.scheduler.waiting) >= self.max_waiting:
             raise QueueFullError(f"{self.max_waiting} requests are already waiting")
+        grammar = None
+        if sampling.constraint is not None and logprobs is not None:
+            raise InputError("logprobs are not available for a request with a constraint (structured output) yet")
+        if sampling.constraint is not None:             # compiled here: a bad schema raises at submit
+            if self.structured is None:
+                raise ConstraintError("structured output needs a pipeline with a tokenizer")
+            grammar = self.structured.start(sampling.constraint, self.eos)
         rid = next(self._ids)
         handle = RequestHandle(rid, ids, self.abort)
         seed = sampling.resolved_seed()
         seq = Sequence(rid, list(ids), len(ids), max_new_tokens, sampling, seed,
-                       frozenset() if ignore_eos else self.eos, handle, keep_blocks=keep_blocks, logprobs=logprobs)
+                       frozenset() if ignore_eos else self.eos, handle, keep_blocks=keep_blocks, constraint=grammar,
+                       logprobs=logprobs)
         if reuse is not None and reuse.blocks:
             seq.blocks, seq.computed = reuse.blocks, min(reuse_tokens, reuse.computed)
             seq.registered, seq.chain = min(reuse.registered, seq.computed // self.blocks.block_size), reuse.chain
@@ -164,6 +173,8 @@ class BatchEngine:
                 seq = msg[1]
                 self._live[seq.rid] = seq
                 self.scheduler.add(seq)
+                if seq.constraint is not None:
+                    self._jump_forward(seq, time.perf_counter())
             elif kind == "abort":
                 seq = self._live.get(msg[1])
                 if seq is not None:
@@ -244,7 +255,8 @@ class BatchEngine:
             now = time.perf_counter()
             for (seq, _), row in zip(firsts, got):
                 seq.host_syncs += 1
-                self._accept(seq, *self._picks(seq, [row if width > 1 else row[0]]), now)
+                ids, lps = self._picks(seq, [row if width > 1 else row[0]])
+                self._accept(seq, ids, now, logprobs=lps)
 
     def _decode(self, plan: StepPlan) -> None:
         toks = self.runner.decode(plan.decode, plan.steps)
@@ -262,7 +274,7 @@ class BatchEngine:
         try:
             sched = self.scheduler
             quiet = not self._inbox.qsize() and not sched.waiting and not sched.prefilling
-            if quiet and all(s.status is Status.RUNNING for s in rows):
+            if quiet and all(s.status is Status.RUNNING and s.constraint is None for s in rows):
                 k = sched.reserve_ahead(rows, steps)
                 if k:
                     nxt = (rows, self._readback.request(self.runner.decode(rows, k)), k)
@@ -284,7 +296,8 @@ class BatchEngine:
             if seq.status is not Status.RUNNING:
                 continue
             seq.host_syncs += 1
-            self._accept(seq, *self._picks(seq, [step[i] for step in got]), now, decoded=True)
+            ids, lps = self._picks(seq, [step[i] for step in got])
+            self._accept(seq, ids, now, decoded=True, logprobs=lps)
 
     @staticmethod
     def _picks(seq: Sequence, picks: list) -> tuple[list[int], list[TokenLogprob] | None]:
@@ -293,19 +306,24 @@ class BatchEngine:
             return unpack(picks, seq.logprobs)
         return picks, None
 
-    def _accept(self, seq: Sequence, new: list[int], logprobs: list[TokenLogprob] | None, now: float,
-                decoded: bool = False) -> None:
-        """Append ``new`` tokens to ``seq`` up to its end (EOS, stop string, length), stream them, and
-        finish it there. ``decoded``: each token also put its input's K/V into the cache."""
+    def _accept(self, seq: Sequence, new: list[int], now: float, decoded: bool = False, jump: bool = True,
+                logprobs: list[TokenLogprob] | None = None) -> None:
+        """Append ``new`` tokens to ``seq`` up to its end (EOS, stop string, length, its grammar's end),
+        stream them, and finish it there. ``decoded``: each token also put its input's K/V into the
+        cache. ``jump``: then take the tokens its grammar forces (``_jump_forward``). ``logprobs``: the
+        tokens' logprobs (a request that asked for them)."""
         kept: list[int] = []
         finish = None
         for t in new:
+            if seq.constraint is not None and seq.constraint.ended(seq.generated):
+                finish = "stop"                         # the grammar ended without a stop token
+                break
             seq.tokens.append(t)
             if decoded:
                 seq.computed += 1
             kept.append(t)
             seq.token_times[seq.generated - 1] = now
-            if t in seq.eos:
+            if t in seq.eos or (seq.constraint is not None and seq.constraint.ended(seq.generated)):
                 finish = "stop"
             elif seq.generated >= seq.max_new_tokens or len(seq.tokens) >= self.max_model_len:
                 finish = "length"
@@ -321,3 +339,15 @@ class BatchEngine:
         self.scheduler.register_full_blocks(seq)
         if finish is not None:
             self._end(seq, finish)
+        elif seq.constraint is not None and jump:
+            self._jump_forward(seq, now)
+
+    def _jump_forward(self, seq: Sequence, now: float) -> None:
+        """A constrained request whose grammar forces its next tokens takes them without decoding: they
+        are prefilled in the next step, one call instead of a decode step each (batch/constrained.py)."""
+        forced = self.structured.forced(seq)
+        if forced and self.scheduler.grow(seq, len(forced)):
+            forced = seq.constraint.take(forced)
+            self.structured.stats.jumps += 1
+            self.structured.stats.jump_tokens += len(forced)
+            self._accept(seq, forced, now, jump=False)

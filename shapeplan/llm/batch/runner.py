@@ -36,6 +36,11 @@ def _pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
+def _masked(c: Chunk) -> bool:
+    """A constrained request's final prompt chunk: its first token is drawn by the masked sampler."""
+    return c.final and c.seq.generated == 0 and c.seq.constraint is not None
+
+
 def decode_buckets(max_num_seqs: int, smallest: int = 1) -> list[int]:
     """1, 2, 4, 8, 16, then every multiple of 8 up to ``max_num_seqs`` (always included); buckets
     below ``smallest`` are left out (the CPU starts at 16: see ``GenerationPipeline``)."""
@@ -64,6 +69,7 @@ class ModelRunner:
         self.cuda = device.type == "cuda"
         self.calls = 0
         self._before_first_call = before_first_call
+        self.structured = None                   # constrained decoding (batch/constrained.py), set by the pipeline
 
     def _first_call(self) -> None:
         if self._before_first_call is not None:
@@ -166,8 +172,9 @@ class ModelRunner:
         """Pack prompt chunks into prefill calls: (chunks, rows, tokens) per call. Chunks of similar
         length share a call, ``rows`` (a power of two up to PREFILL_ROWS, padding rows write nothing) x
         ``tokens`` (a prompt bucket) at most ``budget`` entries: one weight read for many requests."""
-        order = sorted(chunks, key=lambda c: c.n)
-        groups: list[tuple[list[Chunk], int, int]] = []
+        groups: list[tuple[list[Chunk], int, int]] = [([c], 1, self.prefill_bucket(c.n, c.start, limit))
+                                                      for c in chunks if _masked(c)]   # alone: a sampler plan
+        order = sorted((c for c in chunks if not _masked(c)), key=lambda c: c.n)
         cur: list[Chunk] = []
         for c in order + [None]:
             if c is not None:
@@ -194,8 +201,9 @@ class ModelRunner:
         seqs = [c.seq for c in chunks]
         for s in seqs:
             s.prefill_bucket = bucket
-        out = self._out(seqs)
-        lp = any(s.logprobs is not None for s in seqs)
+        masked = len(chunks) == 1 and _masked(chunks[0])
+        out = "logits" if masked else self._out(seqs)    # masked: the first token is drawn by the sampler plan
+        lp = not masked and any(s.logprobs is not None for s in seqs)    # (a constrained request has none)
         self.settle(out, rows, bucket, logprobs=lp)
         n = len(chunks)
         ids = torch.zeros(rows, bucket, dtype=torch.int64)
@@ -211,7 +219,8 @@ class ModelRunner:
                                              dtype=torch.int64).to(dev)}
         res = self.engine.run(feeds, outputs=_outputs(out, lp))
         self.calls += 1
-        tok, nxt = res[out], res["next_position"]
+        nxt = res["next_position"]
+        tok = self.structured.sample_first(seqs[0], res[out], nxt) if masked else res[out]
         fresh = [i for i, c in enumerate(chunks) if c.final and c.seq.generated == 0]
         known = [i for i, c in enumerate(chunks) if c.final and c.seq.generated > 0]
         if fresh:                                 # the first token: the next decode step's input
@@ -254,7 +263,10 @@ class ModelRunner:
 
     def decode(self, seqs: list[Sequence], steps: int) -> torch.Tensor:
         """``steps`` decode steps of every row; returns the tokens, [steps, len(seqs)], on the device
-        (when a row wants logprobs: the packed rows, [steps, len(seqs), W] float64, see ``pack``)."""
+        (when a row wants logprobs: the packed rows, [steps, len(seqs), W] float64, see ``pack``; a batch
+        with a constrained row: masked, on the host, maybe fewer steps; see batch/constrained.py)."""
+        if self.structured is not None and any(s.constraint is not None for s in seqs):
+            return self.structured.decode(seqs, steps)
         n = len(seqs)
         rows = self.decode_bucket(n)
         out = self._out(seqs)
@@ -306,6 +318,14 @@ def pack(dst: torch.Tensor, res: dict[str, torch.Tensor], out: str) -> None:
     dst[:, 1] = res[out + "_logprob"][:, 0]
     dst[:, 2:2 + k] = res["top_logprobs"]
     dst[:, 2 + k:] = res["top_token_ids"]
+
+
+def logprob_rows(logits: torch.Tensor, tok: torch.Tensor, k: int) -> torch.Tensor:
+    """``pack``'s rows computed eagerly from a step's logits [B, V] and picks [B, 1] (the masked
+    sampler's batches, whose decoder plan outputs the logits): [B, 2 + 2K] float64."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    top_lp, top_ids = torch.topk(logp, k, dim=-1)
+    return torch.cat([tok.double(), logp.gather(1, tok).double(), top_lp.double(), top_ids.double()], dim=1)
 
 
 def unpack(picks: list, top: int | None) -> tuple[list[int], list[TokenLogprob] | None]:

@@ -233,6 +233,24 @@ class Scheduler:
         if chunk.final and seq.status is Status.PREFILLING:
             self._start_decoding(seq)
 
+    def grow(self, seq: Sequence, n: int) -> bool:
+        """Room for ``n`` tokens that ``seq`` takes without decoding them (a constrained request's forced
+        tokens): a waiting request needs nothing (its prefill covers them); a running one gets the blocks
+        they fill and prefills them in the next step. False, with nothing changed, when blocks are short."""
+        if seq.status is Status.WAITING:
+            return True
+        if seq.status is not Status.RUNNING:
+            return False
+        need = self.blocks.blocks_for(len(seq.tokens) + n) - len(seq.blocks)
+        if need > self.blocks.available:
+            return False
+        if need > 0:
+            seq.blocks += self.blocks.allocate(need)
+        self.running.remove(seq)
+        seq.status = Status.PREFILLING
+        self.prefilling.append(seq)
+        return True
+
     def register_full_blocks(self, seq: Sequence) -> None:
         """Enter ``seq``'s newly filled blocks into the prefix cache."""
         bm, bs = self.blocks, self.blocks.block_size

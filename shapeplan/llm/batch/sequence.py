@@ -70,6 +70,7 @@ class Sequence:
     keep_blocks: bool = False               # a session keeps the blocks when the request ends
     prefill_bucket: int = 0
     host_syncs: int = 0
+    constraint: Any = None                  # structured output: its GrammarState (shapeplan/llm/grammar.py)
     logprobs: int | None = None             # top log-probabilities wanted per token (None: no logprobs)
     admitted: float = 0.0                   # host time of the first admission (0: still waiting)
 
