@@ -61,8 +61,10 @@ class Tokenizer:
     def decode(self, ids: list[int], *, skip_special_tokens: bool = True) -> str:
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
 
-    def apply_chat_template(self, messages: list[dict[str, str]], *, add_generation_prompt: bool = True) -> str:
-        """Render ``messages`` with the checkpoint's jinja2 chat template (sandboxed)."""
+    def apply_chat_template(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True,
+                            tools: list[dict[str, Any]] | None = None) -> str:
+        """Render ``messages`` with the checkpoint's jinja2 chat template (sandboxed); ``tools``: OpenAI
+        tool definitions, for templates that describe them to the model (as transformers passes them)."""
         if not self.chat_template:
             # no template: a plain transcript, the least surprising fallback
             text = "".join(f"{m['role']}: {m['content']}\n" for m in messages)
@@ -78,7 +80,7 @@ class Tokenizer:
         env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
         env.filters["tojson"] = lambda x, indent=None, **_: json.dumps(x, indent=indent, ensure_ascii=False)
         return env.from_string(self.chat_template).render(
-            messages=messages, add_generation_prompt=add_generation_prompt,
+            messages=messages, add_generation_prompt=add_generation_prompt, tools=tools,
             bos_token=self.bos_token or "", eos_token=self.eos_token or "")
 
 

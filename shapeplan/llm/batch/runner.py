@@ -98,7 +98,7 @@ class ModelRunner:
     def settle(self, out: str, rows: int, seq: int, max_calls: int = 8, logprobs: bool = False) -> None:
         """Drive the plan of (``out``, ``rows`` x ``seq``) through its lifecycle on padding rows (which
         write nothing), so the next call replays it. Modes without capture return at once."""
-        key = (out, rows, seq, logprobs)
+        key = (out + "+logprobs" if logprobs else out, rows, seq)
         if key in self.settled:
             return
         self._first_call()

@@ -17,8 +17,9 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Awaitable, Callable
 
-from shapeplan.errors import ModelError
+from shapeplan.errors import ConstraintError, ModelError
 from shapeplan.llm.batch import RequestHandle, TokenEvent, TokenLogprob
+from shapeplan.llm.constraint import Constraint, parse_tool_calls
 from shapeplan.llm.sampling import Sampling
 from shapeplan.llm.session import StopText
 from shapeplan.serve.openai import errors
@@ -70,6 +71,8 @@ class Job:
     token_ids: bool                          # return_token_ids
     id: str = ""
     created: int = 0
+    constraint: Constraint | None = None     # response_format / tools (structured output)
+    tools: bool = False                      # answers are parsed for tool calls
 
     @property
     def n(self) -> int:
@@ -163,20 +166,23 @@ class OpenAIModel:
 
     def chat_job(self, req: ChatRequest) -> Job:
         self._check_common(req)
-        if req.tools:
-            raise Unsupported("tools are not supported", "tools")
-        if req.tool_choice not in (None, "none"):
-            raise Unsupported("tool_choice is not supported", "tool_choice")
-        if req.response_format not in (None, {"type": "text"}):
-            raise Unsupported("response_format other than {\"type\": \"text\"} is not supported", "response_format")
         if req.top_logprobs is not None and not req.logprobs:
             raise BadRequest("top_logprobs needs logprobs: true", "top_logprobs")
         if self.tok is None:
             raise BadRequest(f"the model '{self.name}' has no tokenizer, so no chat template: use /v1/completions "
                              "with token ids", "messages")
-        messages = [{"role": m.role, "content": m.text(), **({"name": m.name} if m.name else {})} for m in req.messages]
         try:
-            ids = self.tok.encode(self.tok.apply_chat_template(messages), add_special_tokens=False)
+            constraint = Constraint.from_openai(req.response_format, req.tools, req.tool_choice,
+                                                req.parallel_tool_calls is not False)
+        except ConstraintError as e:
+            raise BadRequest(str(e), "tools" if req.tools or req.tool_choice else "response_format") from None
+        if constraint is not None and req.logprobs:
+            raise Unsupported("logprobs are not available with response_format or tools (structured output)",
+                              "logprobs")
+        messages = [m.for_template() for m in req.messages]
+        try:
+            ids = self.tok.encode(self.tok.apply_chat_template(messages, tools=req.tools or None),
+                                  add_special_tokens=False)
         except ModelError as e:
             raise BadRequest(str(e), "messages") from None
         except Exception as e:  # noqa: BLE001 - a jinja2 error of the checkpoint's template on these messages
@@ -184,7 +190,9 @@ class OpenAIModel:
         most = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
         lp = (req.top_logprobs or 0) if req.logprobs else None
-        return self._job(req, True, [ids], most, most is not None, lp, "messages", param)
+        job = self._job(req, True, [ids], most, most is not None, lp, "messages", param, constraint)
+        job.tools = constraint is not None and constraint.kind == "tool_call"
+        return job
 
     def _check_common(self, req: Any) -> None:
         if req.model != self.name:
@@ -219,7 +227,8 @@ class OpenAIModel:
         return out
 
     def _job(self, req: Any, chat: bool, prompts: list[list[int]], most: int | None, explicit: bool,
-             logprobs: int | None, prompt_param: str, most_param: str = "max_tokens") -> Job:
+             logprobs: int | None, prompt_param: str, most_param: str = "max_tokens",
+             constraint: Constraint | None = None) -> Job:
         ctx, d = self.context, self.defaults
         budgets = []
         for p in prompts:
@@ -248,10 +257,11 @@ class OpenAIModel:
         penalty = _first(req.repetition_penalty, d.repetition_penalty, 1.0)
         seeds = [None] * req.n if req.seed is None else [(req.seed + j + _I64) % (2 * _I64) - _I64 for j in range(req.n)]
         samplings = [Sampling(temperature=temp, top_k=top_k, top_p=top_p, repetition_penalty=penalty, seed=seed,
-                              stop=stops) for seed in seeds]
+                              stop=stops, constraint=constraint) for seed in seeds]
         include = bool(req.stream_options and req.stream_options.include_usage)
         return Job(chat, prompts, budgets, samplings, logprobs, req.ignore_eos, req.stream, include,
-                   req.return_token_ids, f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time()))
+                   req.return_token_ids, f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time()),
+                   constraint)
 
     # ------------------------------------------------------------------ jobs -> engine requests
     def submit(self, job: Job) -> list[Choice]:
@@ -296,6 +306,8 @@ class OpenAIModel:
                                     "logprobs": self._logprobs(job, c, c.ids, c.lps, 0)}
             if job.chat:
                 item["message"] = {"role": "assistant", "content": c.text.sent}
+                if job.tools:
+                    item["message"], item["finish_reason"] = _tool_message(c.text.sent, c.finish)
             else:
                 item["text"] = c.text.sent
             if job.token_ids:
@@ -323,11 +335,18 @@ class OpenAIModel:
                 if c.finish == "error":
                     yield _sse(errors.body(c.error or RuntimeError("the engine failed this request")))
                     break
+                if job.tools:                                # tool calls: the answer is parsed at its end
+                    delta = ""
                 if not (delta or c.finish or (ids and (job.token_ids or job.logprobs is not None))):
                     continue
                 item: dict[str, Any] = {"index": c.index, "logprobs": self._logprobs(job, c, ids, lps, c.offset),
                                         "finish_reason": c.finish}
-                if job.chat:
+                if job.tools and c.finish:
+                    message, item["finish_reason"] = _tool_message(c.text.sent, c.finish)
+                    item["delta"] = {k: v for k, v in message.items() if k != "role" and v is not None}
+                    for i, call in enumerate(item["delta"].get("tool_calls", ())):
+                        call["index"] = i
+                elif job.chat:
                     item["delta"] = {"content": delta} if delta or not c.finish else {}
                 else:
                     item["text"] = delta
@@ -363,6 +382,15 @@ class OpenAIModel:
     def model_card(self) -> dict:
         return {"id": self.name, "object": "model", "created": self.created, "owned_by": "shapeplan",
                 "max_model_len": self.context}
+
+
+def _tool_message(text: str, finish: str | None) -> tuple[dict, str | None]:
+    """An answer that may hold tool calls: the assistant message and its finish reason ("tool_calls"
+    when it called any)."""
+    content, calls = parse_tool_calls(text)
+    if not calls:
+        return {"role": "assistant", "content": text}, finish
+    return {"role": "assistant", "content": content or None, "tool_calls": [c.to_openai() for c in calls]}, "tool_calls"
 
 
 def _first(*xs: Any) -> Any:

@@ -68,6 +68,15 @@ class Message(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None        # an assistant turn that called tools
+    tool_call_id: str | None = None                       # a tool's answer
+
+    def for_template(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"role": self.role, "content": self.text()}
+        for k in ("name", "tool_calls", "tool_call_id"):
+            if getattr(self, k) is not None:
+                out[k] = getattr(self, k)
+        return out
 
     def text(self) -> str:
         if isinstance(self.content, list):

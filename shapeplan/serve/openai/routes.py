@@ -6,6 +6,7 @@ the strict models of protocol.py, so every bad request gets OpenAI's error JSON 
 an unexpected failure is a 500 in the same shape, logged, and the server goes on serving."""
 from __future__ import annotations
 
+import asyncio
 import functools
 import hmac
 import json
@@ -81,6 +82,8 @@ def openai_router(model: OpenAIModel, *, api_key: str | None = None,
     r = APIRouter()
 
     async def answer(job: Job, request: Request) -> Response:
+        if job.constraint is not None:       # compile the schema / grammar off the event loop (cached)
+            await asyncio.to_thread(model.pipe.compile_constraint, job.constraint)
         choices = model.submit(job)
         if job.stream:
             return StreamingResponse(model.stream(job, choices, request.receive), media_type="text/event-stream",

@@ -85,7 +85,7 @@ def test_default_plans_do_not_compute_logprobs(checkpoints):
     try:
         p.warmup()
         p.generate("Hello", 8)
-        assert p.runner.settled and not any(lp for *_, lp in p.runner.settled)
+        assert p.runner.settled and not any(out.endswith("+logprobs") for out, _, _ in p.runner.settled)
         names = {n for key in p.engine._plans if key for n in key}
         assert not names & {"next_token_logprob", "top_logprobs", "top_token_ids"}
     finally:
@@ -102,3 +102,20 @@ def test_queue_time_is_known_after_admission(pipe):
     h = pipe.submit("Hello", 4)
     h.wait()
     assert h.queue_time is not None and 0 <= h.queue_time < 10
+
+
+def test_logprobs_beside_a_constrained_request(pipe):
+    """A batch with a constrained row runs the masked sampler path; a row there that asked for logprobs
+    still gets its tokens (those it gets alone) and their logprobs. A constrained request cannot ask."""
+    pytest.importorskip("xgrammar")
+    from shapeplan.llm import Constraint
+    prompt = pipe.encode("Explain KV caching")
+    alone = pipe.generate(prompt, 12).token_ids
+    con = pipe.submit("Hello", 12, Sampling(temperature=1.0, seed=3, constraint=Constraint.json_object()))
+    h = pipe.submit(prompt, 12, Sampling.greedy(), logprobs=2)
+    ids, lps = _events(h)
+    con.wait()
+    assert ids == alone and con.finish_reason in ("stop", "length")
+    _check(pipe, prompt, ids, lps, 2)
+    with pytest.raises(InputError, match="constraint"):
+        pipe.submit("Hello", 4, Sampling(constraint=Constraint.json_object()), logprobs=1)
