@@ -50,6 +50,9 @@ class BatchEngine:
         self._stopping = False
         self._inflight: tuple[list[Sequence], tuple, int] | None = None    # a launched, unread decode round
         self.async_rounds = 0                   # rounds launched before the previous one was read back
+        # on by default where a launch returns before the device has run it (CUDA): on the CPU a round
+        # runs inside its launch, so launching ahead overlaps nothing and only delays the read-back
+        self.launch_ahead = runner.device.type == "cuda"
         self.steps = 0
         self.finished_by_reason: dict[str, int] = {}
         self.prefill_tokens = 0                 # tokens computed by prefill calls (lifetime)
@@ -273,7 +276,7 @@ class BatchEngine:
         nxt = None
         try:
             sched = self.scheduler
-            quiet = not self._inbox.qsize() and not sched.waiting and not sched.prefilling
+            quiet = self.launch_ahead and not self._inbox.qsize() and not sched.waiting and not sched.prefilling
             if quiet and all(s.status is Status.RUNNING and s.constraint is None for s in rows):
                 k = sched.reserve_ahead(rows, steps)
                 if k:
