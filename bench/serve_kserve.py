@@ -76,10 +76,26 @@ def dynamic_batch(src: str, dst: str) -> bool:
     return True
 
 
+def io224(path: str) -> None:
+    """ResNet-50's input and output sizes (x: [N, 3, 224, 224] float, 602 KB a row; y: [N, 1000]) at almost
+    no compute (GlobalAveragePool, 1x1 Conv 3 -> 1000, Flatten): what is left is the server's own cost."""
+    w = np.random.RandomState(0).rand(1000, 3, 1, 1).astype(np.float32) - 0.5
+    nodes = [helper.make_node("GlobalAveragePool", ["x"], ["p"]), helper.make_node("Conv", ["p", "w"], ["c"]),
+             helper.make_node("Flatten", ["c"], ["y"])]
+    g = helper.make_graph(nodes, "io224",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3, 224, 224])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 1000])],
+                          [numpy_helper.from_array(w, "w")])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
+BUILT = {"mlp768": mlp768, "io224": io224}       # models made here (--model NAME)
+
+
 def resolve_model(name: str | None, tmp: str) -> str:
-    if name is None:
-        path = os.path.join(tmp, "mlp.onnx")
-        mlp768(path)
+    if name is None or name in BUILT:
+        path = os.path.join(tmp, f"{name or 'mlp768'}.onnx")
+        BUILT[name or "mlp768"](path)
         return path
     if not os.path.exists(name) and os.path.exists(os.path.join(LIGHT, f"light_{name}.onnx")):
         return os.path.join(LIGHT, f"light_{name}.onnx")
@@ -175,7 +191,37 @@ def _client_proc(addr: str, requests: list[bytes], warmup: float, seconds: float
     q.put(([x for ls in lat for x in ls], errors[0]))
 
 
-def load_test(addr: str, model: str, spec: list, args: argparse.Namespace) -> dict[str, float]:
+def server_cpu_s(pid: int | None) -> float | None:
+    """CPU seconds (user + system) the server process has used so far (Linux), else None."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, TypeError, ValueError, IndexError):
+        return None
+
+
+def model_counters(http_addr: str | None, model: str) -> tuple[int, int] | None:
+    """(requests succeeded, engine calls) of ``model`` from the server's statistics endpoint."""
+    if not http_addr:
+        return None
+    host, port = http_addr.rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    try:
+        conn.request("GET", f"/v2/models/{model}/stats")
+        s = json.loads(conn.getresponse().read())["model_stats"][0]
+    except (OSError, ValueError, KeyError, IndexError):
+        return None
+    finally:
+        conn.close()
+    return s["inference_stats"]["success"]["count"], s["execution_count"]
+
+
+def load_test(addr: str, model: str, spec: list, args: argparse.Namespace, http_addr: str | None = None,
+              server_pid: int | None = None) -> dict[str, float]:
+    """Throughput and latency of ``args.clients`` clients; with the server's pid and HTTP address also its CPU
+    time per request and the mean rows per engine call (over the whole test, warm-up included)."""
+    cpu0, n0 = server_cpu_s(server_pid), model_counters(http_addr, model)
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     procs = max(1, min(args.client_procs, args.clients))
@@ -194,8 +240,14 @@ def load_test(addr: str, model: str, spec: list, args: argparse.Namespace) -> di
     for p in ps:
         p.join()
     lat_ms = np.array(lat) * 1e3
-    return {"req_s": len(lat) / args.seconds, "p50_ms": float(np.percentile(lat_ms, 50)) if len(lat) else 0.0,
-            "p99_ms": float(np.percentile(lat_ms, 99)) if len(lat) else 0.0, "errors": errors}
+    res = {"req_s": len(lat) / args.seconds, "p50_ms": float(np.percentile(lat_ms, 50)) if len(lat) else 0.0,
+           "p99_ms": float(np.percentile(lat_ms, 99)) if len(lat) else 0.0, "errors": errors}
+    cpu1, n1 = server_cpu_s(server_pid), model_counters(http_addr, model)
+    if n0 and n1 and n1[0] > n0[0]:
+        res["rows_per_call"] = (n1[0] - n0[0]) / max(n1[1] - n0[1], 1)
+        if cpu0 is not None and cpu1 is not None:
+            res["server_cpu_ms"] = (cpu1 - cpu0) * 1e3 / (n1[0] - n0[0])
+    return res
 
 
 def sequential(fn: Any, n: int) -> float:
@@ -312,7 +364,7 @@ def main() -> int:
     try:
         if not args.skip_load:
             for name in ("batched", "unbatched"):
-                results[name] = load_test(grpc_addr, name, spec, args)
+                results[name] = load_test(grpc_addr, name, spec, args, http_addr, server.pid if server else None)
             results["engine_rows_s"] = in_process(model, spec, args.max_batch_size, args)
         if not args.skip_overhead:
             results["overhead"] = overhead(grpc_addr, http_addr, args.overhead_iters, args.device, args.mode)
@@ -333,10 +385,13 @@ def report(r: dict[str, Any], args: argparse.Namespace) -> None:
     if "batched" in r:
         b, u, e = r["batched"], r["unbatched"], r["engine_rows_s"]
         print(f"\n{r['clients']} concurrent batch-1 gRPC clients, {args.seconds:g} s each")
-        print(f"{'server':<34}{'req/s':>10}{'p50 ms':>10}{'p99 ms':>10}{'errors':>8}")
+        print(f"{'server':<34}{'req/s':>10}{'p50 ms':>10}{'p99 ms':>10}{'errors':>8}{'rows/call':>11}"
+              f"{'server CPU ms/req':>19}")
         for label, x in ((f"dynamic batching (<= {args.max_batch_size}, {args.delay_us} us)", b),
                          ("batching off", u)):
-            print(f"{label:<34}{x['req_s']:>10.1f}{x['p50_ms']:>10.2f}{x['p99_ms']:>10.2f}{x['errors']:>8}")
+            extra = (f"{x['rows_per_call']:>11.1f}" if "rows_per_call" in x else f"{'':>11}") + \
+                (f"{x['server_cpu_ms']:>19.3f}" if "server_cpu_ms" in x else "")
+            print(f"{label:<34}{x['req_s']:>10.1f}{x['p50_ms']:>10.2f}{x['p99_ms']:>10.2f}{x['errors']:>8}{extra}")
         print(f"{f'in-process engine.run, batch {args.max_batch_size}':<34}{e:>10.1f}")
         print(f"batching on / off: {b['req_s'] / max(u['req_s'], 1e-9):.2f}x; "
               f"on / in-process: {100 * b['req_s'] / e:.0f} %")

@@ -35,7 +35,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--mode", default="auto", help="default execution mode (a config.json may override)")
     p.add_argument("--max-request-bytes", type=int, default=None,
                    help="largest request accepted, HTTP body or gRPC message (default 8 MiB)")
-    p.add_argument("--grpc-workers", type=int, default=64, help="gRPC handler threads (default 64)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=_run)
 
@@ -72,8 +71,7 @@ def _serve_kserve(args: argparse.Namespace) -> int:
     sources = discover(args.model_repository) if args.model_repository else single(args.model_file)
     repo = ModelRepository(sources, device=args.device, mode=args.mode)
     server = KServeServer(repo, args.host, args.port, args.grpc_port,
-                          max_request_bytes=args.max_request_bytes or DEFAULT_MAX_REQUEST_BYTES,
-                          grpc_workers=args.grpc_workers, log_level="warning")
+                          max_request_bytes=args.max_request_bytes or DEFAULT_MAX_REQUEST_BYTES, log_level="warning")
     stop = threading.Event()
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, lambda *_: stop.set())

@@ -132,3 +132,26 @@ def test_batching_off_and_two_instances(tmp_path) -> None:
         assert st["execution_count"] == 12 and st["inference_count"] == sum(len(x) for x in xs)
         assert {p["instance"] for p in m.plan_stats()} == {0, 1}
     assert not [t for t in threading.enumerate() if t.name.startswith("shapeplan-serve-solo")]
+
+
+def test_outputs_that_pass_an_input_through_survive_the_next_batch(tmp_path) -> None:
+    """Batches are copied into staging buffers that the next batch overwrites; an output that is the input
+    (Identity, run slot by slot: the engine returns its register) must not change under an earlier caller."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from shapeplan.serve.kserve import KServeServer, ModelRepository, discover
+    from shapeplan.serve.kserve.protocol import InferRequest
+    os.makedirs(tmp_path / "ident")
+    g = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "ident",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path / "ident" / "model.onnx"))
+    (tmp_path / "ident" / "config.json").write_text(json.dumps({"mode": "slot_by_slot", "max_batch_size": 4}))
+    with KServeServer(ModelRepository(discover(str(tmp_path))), http_port=None, grpc_port=None) as s:
+        m = s.repo.models["ident"]
+        a, b = np.ones((3, 4), np.float32), np.full((3, 4), 2, np.float32)
+        ya = m.submit(InferRequest({"x": a})).result(timeout=30)["y"]
+        yb = m.submit(InferRequest({"x": b})).result(timeout=30)["y"]
+        np.testing.assert_array_equal(ya, a)
+        np.testing.assert_array_equal(yb, b)

@@ -84,6 +84,6 @@ def test_grpc_contents_and_raw() -> None:
     req.inputs.add(name="h", datatype="FP16", shape=[1]).contents.fp32_contents.append(1.0)
     with pytest.raises(BadRequestError, match="FP16 must come in raw_input_contents"):
         protocol.decode_grpc(req)
-    res = protocol.encode_grpc(pb.ModelInferResponse(), "m", "1", d, {"y": np.array([[1, 2]], np.int64)})
+    res = pb.ModelInferResponse.FromString(protocol.encode_grpc("m", "1", d, {"y": np.array([[1, 2]], np.int64)}))
     assert res.outputs[0].datatype == "INT64" and list(res.outputs[0].shape) == [1, 2]
     assert np.frombuffer(res.raw_output_contents[0], np.int64).tolist() == [1, 2]

@@ -3,30 +3,37 @@
 DESIGN invariant 10: plan keys include the calling thread, so only this thread calls the engine; the
 HTTP / gRPC handlers hand requests over the model's queue and wait on a future.
 
-Dynamic batching: the worker takes the first queued request, waits up to ``max_queue_delay_us`` for
-more (stopping early once the batch is full), groups what it has by compatibility (the same
-non-batch dimensions), concatenates each group along the first dimension, pads it up to the next
-size in a small ladder of buckets (1, 2, 4, ... max_batch_size) by repeating its last row, runs one
-engine call (always for every output: a request's subset is picked from the result, so requested
-outputs do not multiply the plans), and hands each request its own rows. Only the bucket sizes ever
-get a plan; they are compiled, captured and pinned in the engine's plan cache at start-up (warm-up), so
-no request pays for a capture and no bucket is evicted. When a batched call fails, its requests are
-re-run one by one, so an error reaches only the request that caused it.
+Dynamic batching: when the worker gets free it takes every request already queued (up to the largest
+batch); only when it was idle, with nothing queued, does it wait up to ``max_queue_delay_us`` after the
+first request for more (stopping early once the batch is full). It groups what it has by compatibility
+(the same non-batch dimensions), copies each group into the instance's staging buffers (one per
+input: ``[max_batch_size, ...]``, pinned for a CUDA engine, so the host-to-device copy is one DMA),
+pads it up to the next size in a small ladder of buckets (1, 2, 4, ... max_batch_size) by repeating
+its last row, runs one engine call (always for every output: a request's subset is picked from the
+result, so requested outputs do not multiply the plans), and hands each request its own rows:
+results for asyncio callers (the gRPC and HTTP handlers) go to their event loop in one hand-off per
+batch, not one wake-up per request. Only the bucket sizes ever get a plan; they are compiled,
+captured and pinned in the engine's plan cache at start-up (warm-up), so no request pays for a
+capture and no bucket is evicted. When a batched call fails, its requests are re-run one by one, so
+an error reaches only the request that caused it.
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import queue
 import threading
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
 
 from shapeplan import diagnostics
+from shapeplan.ir.tensors import runtime_to_numpy
 
 log = logging.getLogger("shapeplan.serve")
 
@@ -36,6 +43,7 @@ log = logging.getLogger("shapeplan.serve")
 _LOAD_LOCK = threading.Lock()
 
 WARMUP_CALLS = 5           # upper bound on warm-up calls per bucket (REPLAYING after 3 on CPU and CUDA today)
+STAGING_SHAPES = 8         # staging buffer sets kept per instance (one per distinct non-batch shape)
 
 
 def bucket_ladder(max_batch_size: int) -> tuple[int, ...]:
@@ -54,8 +62,42 @@ class Work:
     outputs: tuple[str, ...] | None         # the outputs to return (None: every output)
     rows: int                               # batch rows (0: the model has no batch dimension)
     key: tuple                              # requests with equal keys can share an engine call
-    future: "Future[dict[str, np.ndarray]]"
+    future: Any                             # concurrent Future, or an asyncio Future of ``loop``
     t_queued: int                           # perf_counter_ns at submit
+    loop: asyncio.AbstractEventLoop | None = None
+
+
+Done = tuple[Work, Any, "BaseException | None"]     # a request, its result, its error
+
+
+def deliver(done: list[Done]) -> None:
+    """Settle each request's future: a concurrent one here, asyncio ones on their event loop, one
+    ``call_soon_threadsafe`` per loop for the whole list (one wake-up of the loop per batch)."""
+    by_loop: dict[Any, list[Done]] = {}
+    for d in done:
+        if d[0].loop is None:
+            _settle([d])
+        else:
+            by_loop.setdefault(d[0].loop, []).append(d)
+    for loop, items in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(_settle, items)
+        except RuntimeError:                # the loop is closed: its server is gone, and so is the caller
+            pass
+
+
+def _settle(done: list[Done]) -> None:
+    for w, result, error in done:
+        f = w.future
+        if f.done():                        # cancelled (the client went away)
+            continue
+        try:
+            if error is not None:
+                f.set_exception(error)
+            else:
+                f.set_result(result)
+        except (InvalidStateError, asyncio.InvalidStateError):
+            pass                            # cancelled meanwhile
 
 
 def _stack(arrays: list[np.ndarray], size: int) -> np.ndarray:
@@ -74,6 +116,7 @@ class Batcher:
         self.error: BaseException | None = None
         self._ready = threading.Event()
         self._pins = contextlib.ExitStack()
+        self._staging: dict[tuple, dict[str, torch.Tensor] | None] = {}    # key -> input name -> buffer
         self._thread = threading.Thread(target=self._main, name=f"shapeplan-serve-{model.name}-{index}",
                                         daemon=True)
 
@@ -178,7 +221,10 @@ class Batcher:
                 return
 
     def _gather(self) -> tuple[list[Work], bool]:
+        """The next requests: every one already queued (up to a full batch); when nothing was queued,
+        the first to come and those that come within the batching window."""
         q = self.model.queue
+        idle = q.empty()
         first = q.get()
         if first is None:
             return [], True
@@ -187,7 +233,7 @@ class Batcher:
         if not spec.batching:
             return works, False
         rows, limit = first.rows, spec.max_batch_size
-        deadline = time.perf_counter() + self.model.config.max_queue_delay_us * 1e-6
+        deadline = time.perf_counter() + self.model.config.max_queue_delay_us * 1e-6 if idle else 0.0
         while rows < limit:
             try:
                 w = q.get_nowait()
@@ -217,12 +263,17 @@ class Batcher:
         batched = spec.batching and rows > 0
         size = next((b for b in spec.buckets if b >= rows), rows) if batched else rows
         try:
-            if batched:
+            staged = self._stage(works, size) if batched else None
+            if staged is not None:
+                feeds: dict[str, Any] = staged
+            elif batched:
                 feeds = {t.name: _stack([w.feeds[t.name] for w in works], size) for t in spec.inputs}
             else:
                 feeds = works[0].feeds
             t1 = time.perf_counter_ns()
             out = self.engine.run(feeds)      # every output: one plan per bucket, whatever was requested
+            if staged is not None:            # torch in, torch out
+                out = self._to_numpy(out, staged)
             t2 = time.perf_counter_ns()
             if batched and not self._splits(out, size):
                 raise _Rerun()
@@ -236,23 +287,66 @@ class Batcher:
                 for w in works:
                     self._run([w])
                 return
-            self._finish(works[0], error=e)
+            self._finish([(works[0], None, e)])
             return
         t3 = time.perf_counter_ns()
         served = sum(max(w.rows, 1) for w in works)
         self.model.stats.executed(max(size, 1), served, [t0 - w.t_queued for w in works], t1 - t0, t2 - t1,
                                   t3 - t2)
-        for w, r in zip(works, results):
-            self._finish(w, result=r if w.outputs is None else {k: r[k] for k in w.outputs})
+        self._finish([(w, r if w.outputs is None else {k: r[k] for k in w.outputs}, None)
+                      for w, r in zip(works, results)])
 
-    def _finish(self, w: Work, result: Any = None, error: BaseException | None = None) -> None:
-        self.model.stats.request_done(error is None, time.perf_counter_ns() - w.t_queued)
-        if w.future.done():
-            return
-        if error is not None:
-            w.future.set_exception(error)
-        else:
-            w.future.set_result(result)
+    def _stage(self, works: list[Work], size: int) -> dict[str, torch.Tensor] | None:
+        """The group's inputs copied into this instance's staging buffers and padded to ``size`` rows with
+        copies of the last row: {input name: the first ``size`` rows}. None when an input has a dtype
+        without a torch twin (BYTES, bfloat16): those batches are concatenated in numpy."""
+        key = works[0].key
+        if key not in self._staging:
+            if len(self._staging) >= STAGING_SHAPES:
+                del self._staging[next(iter(self._staging))]
+            self._staging[key] = self._new_staging(works[0])
+        bufs = self._staging[key]
+        if bufs is None:
+            return None
+        rows = sum(w.rows for w in works)
+        for name, buf in bufs.items():
+            host = buf.numpy()                                         # [max_batch_size, ...], same memory
+            np.concatenate([w.feeds[name] for w in works], axis=0, out=host[:rows])
+            if size > rows:
+                host[rows:size] = host[rows - 1]
+        return {name: buf[:size] for name, buf in bufs.items()}
+
+    def _new_staging(self, w: Work) -> dict[str, torch.Tensor] | None:
+        pin = self.engine.device.type == "cuda"
+        bufs = {}
+        for name, a in w.feeds.items():
+            try:
+                dtype = torch.from_numpy(np.empty(0, a.dtype)).dtype
+            except TypeError:
+                return None
+            bufs[name] = torch.empty((self.model.spec.max_batch_size, *a.shape[1:]), dtype=dtype, pin_memory=pin)
+        return bufs
+
+    def _to_numpy(self, out: dict[str, Any], staged: dict[str, torch.Tensor]) -> dict[str, Any]:
+        """Outputs of a staged call as the numpy path gives them (declared dtypes restored); an output that
+        shares memory with a staging buffer (an input passed through) is copied: the next batch
+        overwrites the buffer while this one's responses are still being written."""
+        ptrs = {b.untyped_storage().data_ptr() for b in staged.values()}
+        vals = self.engine.graph.values
+        res = {}
+        for name, v in out.items():
+            if isinstance(v, torch.Tensor) and v.device.type == "cpu" and v.untyped_storage().data_ptr() in ptrs:
+                v = v.clone()
+            res[name] = runtime_to_numpy(v, getattr(vals.get(name), "dtype", None))
+        return res
+
+    def _finish(self, done: list[Done]) -> None:
+        now = time.perf_counter_ns()
+        for ok in (True, False):
+            ns = [now - w.t_queued for w, _, e in done if (e is None) == ok]
+            if ns:
+                self.model.stats.request_done(ok, sum(ns), len(ns))
+        deliver(done)
 
     # ------------------------------------------------------------------ statistics
     def plan_stats(self) -> list[dict[str, Any]]:

@@ -1,14 +1,23 @@
-"""KServe v2 gRPC server: ``inference.GRPCInferenceService`` over grpcio.
+"""KServe v2 gRPC server: ``inference.GRPCInferenceService`` over grpcio's asyncio server.
 
 The service is registered by hand (one table, rpc name -> handler) with raw-bytes (de)serialization,
 so that a request that is not valid protobuf is this server's INVALID_ARGUMENT, not grpcio's
-INTERNAL. Messages come from ``shapeplan.serve.kserve.proto`` (no generated ``_pb2_grpc`` module).
-A message over ``max_request_bytes`` is refused by grpcio itself with RESOURCE_EXHAUSTED. Handlers
-run on grpcio's thread pool and wait on the model's future; the engines run on their own threads.
+INTERNAL. Messages come from ``shapeplan.serve.kserve.proto`` (no generated ``_pb2_grpc`` module);
+``ModelInfer`` reads and writes its messages with ``wire`` (zero-copy inputs) and falls back to upb
+for what ``wire`` does not read. A message over ``max_request_bytes`` is refused by grpcio itself
+with RESOURCE_EXHAUSTED.
+
+Why asyncio: every rpc is handled on one event-loop thread, which hands requests to the models'
+worker threads and gets each batch's results back in one hand-off. The thread-pool server ran each
+rpc on its own thread: under load 32+ threads fought the workers for the GIL, and a worker that
+released it (a device copy, a CUDA sync) waited for it again behind all of them (docs/serve.md,
+"Performance"). Every server of the process shares one loop thread: grpcio binds its asyncio
+completion queue to the first loop that uses it, so a loop may not go away while grpcio lives.
 """
 from __future__ import annotations
 
-from concurrent import futures
+import asyncio
+import threading
 from typing import Any, Callable
 
 import grpc
@@ -18,11 +27,11 @@ from google.protobuf.message import DecodeError
 import shapeplan
 from shapeplan.serve.errors import BadRequestError, describe, status_of
 from shapeplan.serve.kserve import proto as pb
-from shapeplan.serve.kserve import protocol
+from shapeplan.serve.kserve import protocol, wire
 
 
 class Service:
-    """The rpc handlers: each takes the request message and returns the response message."""
+    """The rpc handlers but ModelInfer: each takes the request message and returns the response message."""
 
     def __init__(self, repo: Any) -> None:
         self.repo = repo
@@ -42,53 +51,88 @@ class Service:
     def ModelMetadata(self, req: Any) -> Any:
         return json_format.ParseDict(self.repo.get(req.name, req.version).metadata(), pb.ModelMetadataResponse())
 
-    def ModelInfer(self, req: Any) -> Any:
-        model = self.repo.get(req.model_name, req.model_version)
-        decoded = protocol.decode_grpc(req)
-        outputs = model.submit(decoded).result()
-        return protocol.encode_grpc(pb.ModelInferResponse(), req.model_name, model.version, decoded, outputs)
-
     def ModelStatistics(self, req: Any) -> Any:
         models = [self.repo.get(req.name, req.version)] if req.name else list(self.repo)
         return json_format.ParseDict({"model_stats": [m.statistics() for m in models]},
                                      pb.ModelStatisticsResponse())
 
 
+def _parse(name: str, request_cls: Any, raw: bytes) -> Any:
+    try:
+        return request_cls.FromString(raw)
+    except DecodeError as e:
+        raise BadRequestError(f"{name}: the request is not a valid {request_cls.__name__} "
+                              f"protobuf message: {e}") from None
+
+
+async def _abort(context: Any, e: Exception) -> None:
+    await context.abort(getattr(grpc.StatusCode, status_of(e).grpc), describe(e))
+
+
 def _handler(name: str, fn: Callable[[Any], Any], request_cls: Any) -> grpc.RpcMethodHandler:
-    def call(raw: bytes, context: grpc.ServicerContext) -> bytes:
+    async def call(raw: bytes, context: Any) -> bytes:
         try:
-            try:
-                req = request_cls.FromString(raw)
-            except DecodeError as e:
-                raise BadRequestError(f"{name}: the request is not a valid {request_cls.__name__} "
-                                      f"protobuf message: {e}") from None
-            return fn(req).SerializeToString()
+            return fn(_parse(name, request_cls, raw)).SerializeToString()
         except Exception as e:  # noqa: BLE001 - every failure is this call's own status
-            context.abort(getattr(grpc.StatusCode, status_of(e).grpc), describe(e))
+            await _abort(context, e)
             raise   # unreachable: abort raises
     return grpc.unary_unary_rpc_method_handler(call)       # no (de)serializers: bytes in, bytes out
 
 
+def _infer_handler(repo: Any) -> grpc.RpcMethodHandler:
+    async def call(raw: bytes, context: Any) -> bytes:
+        try:
+            req = wire.read_infer_request(raw) or _parse("ModelInfer", pb.ModelInferRequest, raw)
+            model = repo.get(req.model_name, req.model_version)
+            decoded = protocol.decode_grpc(req)
+            outputs = await model.infer(decoded)
+            return protocol.encode_grpc(req.model_name, model.version, decoded, outputs)
+        except Exception as e:  # noqa: BLE001 - every failure is this call's own status
+            await _abort(context, e)
+            raise
+    return grpc.unary_unary_rpc_method_handler(call)
+
+
+class _Loop:
+    """The process's one event-loop thread for gRPC, started on first use and kept (it idles in epoll)."""
+    _lock = threading.Lock()
+    _loop: asyncio.AbstractEventLoop | None = None
+
+    @classmethod
+    def run(cls, coro: Any) -> Any:
+        """Run ``coro`` on the loop and wait for its result."""
+        with cls._lock:
+            if cls._loop is None:
+                loop = asyncio.new_event_loop()
+                threading.Thread(target=loop.run_forever, name="grpc-aio-loop", daemon=True).start()
+                cls._loop = loop
+        return asyncio.run_coroutine_threadsafe(coro, cls._loop).result()
+
+
 class GrpcServer:
-    def __init__(self, repo: Any, host: str, port: int, *, max_request_bytes: int, workers: int = 64) -> None:
+    def __init__(self, repo: Any, host: str, port: int, *, max_request_bytes: int) -> None:
         service = Service(repo)
-        handlers = {name: _handler(name, getattr(service, name), req_cls) for name, (req_cls, _) in pb.METHODS.items()}
-        self._pool = futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="shapeplan-grpc")
-        self._server = grpc.server(
-            self._pool,
-            handlers=[grpc.method_handlers_generic_handler(pb.SERVICE, handlers)],
-            options=[("grpc.max_receive_message_length", max_request_bytes),
-                     ("grpc.max_send_message_length", -1),
-                     ("grpc.so_reuseport", 0)])
+        handlers = {name: _handler(name, getattr(service, name), req_cls)
+                    for name, (req_cls, _) in pb.METHODS.items() if name != "ModelInfer"}
+        handlers["ModelInfer"] = _infer_handler(repo)
+        address = f"{'[' + host + ']' if ':' in host else host}:{port}"
+
+        async def make() -> tuple[Any, int]:
+            server = grpc.aio.server(
+                handlers=[grpc.method_handlers_generic_handler(pb.SERVICE, handlers)],
+                options=[("grpc.max_receive_message_length", max_request_bytes),
+                         ("grpc.max_send_message_length", -1),
+                         ("grpc.so_reuseport", 0)])
+            return server, server.add_insecure_port(address)
+
+        self._server, self.port = _Loop.run(make())
         self.host = host
-        self.port = self._server.add_insecure_port(f"{'[' + host + ']' if ':' in host else host}:{port}")
         if self.port == 0:
             raise OSError(f"gRPC: cannot listen on {host}:{port}")
 
     def start(self) -> "GrpcServer":
-        self._server.start()
+        _Loop.run(self._server.start())
         return self
 
     def stop(self, grace: float | None = 1.0) -> None:
-        self._server.stop(grace).wait()
-        self._pool.shutdown(wait=True)          # grpcio leaves the handler threads to us
+        _Loop.run(self._server.stop(grace))

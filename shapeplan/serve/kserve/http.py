@@ -5,7 +5,6 @@ exception's class (400 bad input, 404 unknown model, 413 over the size limit, 50
 """
 from __future__ import annotations
 
-import asyncio
 import zlib
 from typing import Any
 
@@ -126,7 +125,7 @@ def router(repo: Any, max_request_bytes: int) -> APIRouter:
                 req = await run_in_threadpool(protocol.decode_http, body, header_length)
             else:
                 req = protocol.decode_http(body, header_length)
-            outputs = await asyncio.wrap_future(model.submit(req))
+            outputs = await model.infer(req)
             content, n = protocol.encode_http(name, model.version, req, outputs)
         except Exception as e:  # noqa: BLE001 - every failure is this request's own response
             return error_response(e)

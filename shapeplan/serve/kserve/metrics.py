@@ -37,9 +37,10 @@ class ModelStats:
         self.last_inference_ms = 0
         self.batches: dict[int, tuple[Duration, Duration, Duration]] = {}
 
-    def request_done(self, ok: bool, ns: int) -> None:
+    def request_done(self, ok: bool, ns: int, count: int = 1) -> None:
+        """``count`` requests finished, ``ns`` their summed time from submit to result."""
         with self._lock:
-            self.durations["success" if ok else "fail"].add(ns)
+            self.durations["success" if ok else "fail"].add(ns, count)
 
     def executed(self, size: int, rows: int, queue_ns: list[int], input_ns: int, infer_ns: int,
                  output_ns: int) -> None:

@@ -2,10 +2,12 @@
 
 A request is checked here, on the caller's thread (names, datatypes, shapes, batch size), so a bad
 request never reaches a worker nor another client's batch; it then goes on the model's queue and the
-caller waits on its future. Each instance (``batcher.Batcher``) is one thread owning one engine.
+caller waits on its future (``submit``: a concurrent future; ``infer``: awaited on the caller's event
+loop). Each instance (``batcher.Batcher``) is one thread owning one engine.
 """
 from __future__ import annotations
 
+import asyncio
 import queue
 import threading
 import time
@@ -18,7 +20,7 @@ import numpy as np
 from shapeplan.errors import InputError, ModelError
 from shapeplan.runtime.feeds import validate_feeds
 from shapeplan.serve.errors import UnavailableError
-from shapeplan.serve.kserve.batcher import Batcher, Work, bucket_ladder
+from shapeplan.serve.kserve.batcher import Batcher, Work, bucket_ladder, deliver
 from shapeplan.serve.kserve.metrics import ModelStats
 from shapeplan.serve.kserve.protocol import InferRequest, datatype_of, datatype_of_array
 from shapeplan.serve.kserve.repository import ModelConfig
@@ -106,13 +108,15 @@ class ServedModel:
             self.queue.put(None)
         for b in self.instances:
             b.join()
-        while True:                         # anything still queued: the server is going away
+        left = []                           # anything still queued: the server is going away
+        while True:
             try:
                 w = self.queue.get_nowait()
             except queue.Empty:
                 break
-            if w is not None and not w.future.done():
-                w.future.set_exception(UnavailableError(f"model {self.name!r} stopped before running the request"))
+            if w is not None:
+                left.append((w, None, UnavailableError(f"model {self.name!r} stopped before running the request")))
+        deliver(left)
 
     def describe(self, graph: Any) -> ModelSpec:
         """Called by each instance once its engine is compiled; the first one sets the spec."""
@@ -129,18 +133,27 @@ class ServedModel:
     # ------------------------------------------------------------------ requests
     def submit(self, req: InferRequest) -> "Future[dict[str, np.ndarray]]":
         """Check ``req`` against the model and queue it; the future gives {output name: array}."""
+        return self._queue(req, Future(), None)
+
+    async def infer(self, req: InferRequest) -> dict[str, np.ndarray]:
+        """``submit`` for a coroutine: the result comes to this event loop together with the rest of its
+        batch (one hand-off per batch, not a wake-up per request)."""
+        loop = asyncio.get_running_loop()
+        return await self._queue(req, loop.create_future(), loop)
+
+    def _queue(self, req: InferRequest, future: Any, loop: Any) -> Any:
         t0 = time.perf_counter_ns()
         if not self.ready or self.spec is None:
             raise UnavailableError(f"model {self.name!r} is not ready")
         try:
-            work = self._work(req, t0)
+            work = self._work(req, t0, future, loop)
         except InputError:
             self.stats.request_done(False, time.perf_counter_ns() - t0)
             raise
         self.queue.put(work)
-        return work.future
+        return future
 
-    def _work(self, req: InferRequest, t0: int) -> Work:
+    def _work(self, req: InferRequest, t0: int, future: Any, loop: Any) -> Work:
         spec = self.spec
         assert spec is not None
         feeds = req.feeds
@@ -183,7 +196,7 @@ class ServedModel:
                 raise InputError(f"a batch of {rows} rows: model {self.name!r} takes 1 to "
                                  f"{spec.max_batch_size} rows per request (max_batch_size)")
         key = tuple(feeds[t.name].shape[1:] for t in spec.inputs)
-        return Work(feeds, outputs, rows, key, Future(), t0)
+        return Work(feeds, outputs, rows, key, future, t0, loop)
 
     # ------------------------------------------------------------------ statistics
     def plan_stats(self) -> list[dict[str, Any]]:

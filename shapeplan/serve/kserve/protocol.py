@@ -17,6 +17,7 @@ import numpy as np
 
 from shapeplan.errors import ModelError
 from shapeplan.serve.errors import BadRequestError
+from shapeplan.serve.kserve import wire
 
 try:
     import ml_dtypes
@@ -284,7 +285,8 @@ def encode_http(model: str, version: str, req: InferRequest, outputs: dict[str, 
 
 
 def decode_grpc(msg: Any) -> InferRequest:
-    """A ``ModelInferRequest``: typed ``contents`` per input, or ``raw_input_contents`` for all of them."""
+    """A ``ModelInferRequest`` (upb's message or ``wire.InferRequestView``): typed ``contents`` per input, or
+    ``raw_input_contents`` for all of them (arrays over the message's memory: nothing is copied)."""
     raw = msg.raw_input_contents
     if raw and len(raw) != len(msg.inputs):
         raise BadRequestError(f"raw_input_contents has {len(raw)} entries for {len(msg.inputs)} inputs "
@@ -319,12 +321,12 @@ def decode_grpc(msg: Any) -> InferRequest:
     return InferRequest(feeds, outputs=[o.name for o in msg.outputs] or None, id=msg.id)
 
 
-def encode_grpc(response: Any, model: str, version: str, req: InferRequest, outputs: dict[str, np.ndarray]) -> Any:
-    """Fill a ``ModelInferResponse`` (raw contents, one per output, as Triton sends them)."""
-    response.model_name, response.model_version, response.id = model, version, req.id
-    for name, a in outputs.items():
-        t = response.outputs.add()
-        t.name, t.datatype = name, datatype_of_array(a)
-        t.shape.extend(a.shape)
-        response.raw_output_contents.append(array_to_bytes(a))
-    return response
+def encode_grpc(model: str, version: str, req: InferRequest, outputs: dict[str, np.ndarray]) -> bytes:
+    """A serialized ``ModelInferResponse``: raw contents, one per output, as Triton sends them (the arrays
+    are written in place, not copied first)."""
+    return wire.infer_response(model, version, req.id, [(name, datatype_of_array(a), a.shape, _raw(a))
+                                                        for name, a in outputs.items()])
+
+
+def _raw(a: np.ndarray) -> Any:
+    return array_to_bytes(a) if a.dtype.kind in "OSU" else np.ascontiguousarray(a)

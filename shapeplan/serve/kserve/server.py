@@ -22,11 +22,11 @@ DEFAULT_MAX_REQUEST_BYTES = 8 << 20
 class KServeServer:
     def __init__(self, repo: ModelRepository, host: str = "127.0.0.1", http_port: int | None = 8000,
                  grpc_port: int | None = 8001, *, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
-                 grpc_workers: int = 64, routers: Sequence[Any] = (), log_level: str = "warning") -> None:
+                 routers: Sequence[Any] = (), log_level: str = "warning") -> None:
         """``None`` for a port: that transport is off. ``routers``: more FastAPI routers for the same app."""
         self.repo, self.host = repo, host
         self._ports = (http_port, grpc_port)
-        self.max_request_bytes, self.grpc_workers = max_request_bytes, grpc_workers
+        self.max_request_bytes = max_request_bytes
         self._routers, self._log_level = list(routers), log_level
         self.http: Any = None
         self.grpc: Any = None
@@ -62,8 +62,7 @@ class KServeServer:
             self.http = HttpServer(app, self.host, http_port, log_level=self._log_level).start()
         if grpc_port is not None:
             from shapeplan.serve.kserve.grpc_server import GrpcServer
-            self.grpc = GrpcServer(self.repo, self.host, grpc_port, max_request_bytes=self.max_request_bytes,
-                                   workers=self.grpc_workers).start()
+            self.grpc = GrpcServer(self.repo, self.host, grpc_port, max_request_bytes=self.max_request_bytes).start()
 
     def stop(self) -> None:
         if self.grpc is not None:
