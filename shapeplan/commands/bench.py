@@ -46,8 +46,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     srv.add_argument("--no-prefix-cache", action="store_true", help="turn the block prefix cache off")
     srv.add_argument("--sweep", default="", help="concurrencies to sweep, e.g. 1,8,32,64,128 (writes a plot)")
     srv.add_argument("--plot", default=None, help="PNG of the sweep (default: next to --json, or sweep.png)")
-    srv.add_argument("--no-launch-ahead", action="store_true",
-                     help="read every decode round back before launching the next (A/B of the async rounds)")
+    srv.add_argument("--launch-ahead", action="store_true",
+                     help="async rounds: launch each decode round before the previous one is read back (A/B)")
     srv.add_argument("--vs-hf", action="store_true",
                      help="also run transformers' continuous batching (generate_batch) on the same weights")
     http = p.add_argument_group("HTTP load (streaming clients against a running shapeplan serve; docs/serve.md)")
@@ -109,8 +109,7 @@ def _serving(args: argparse.Namespace, cfg, weights, name: str) -> int:  # noqa:
     pipe = GenerationPipeline(cfg, weights, None, device=args.device, mode=mode, dtype=dtype, max_num_seqs=most,
                               max_prefill_length=prefill, max_kv_cache_length=length, eos_token_ids=[],
                               prefix_cache=not args.no_prefix_cache, optimize=not args.no_optimize)
-    if args.no_launch_ahead:
-        pipe.batch.launch_ahead = False
+    pipe.batch.launch_ahead = args.launch_ahead
     cuda = pipe.device.type == "cuda"
     reserved = (lambda: torch.cuda.memory_reserved(pipe.device)) if cuda else (lambda: 0)
     before = reserved()

@@ -61,7 +61,7 @@ def family(request, checkpoints):
 def test_batched_tokens_equal_each_request_alone(family):
     _, pipe, reqs, alone = family
     rounds = pipe.batch.async_rounds
-    pipe.batch.launch_ahead = True                    # the CUDA default: rounds launched ahead of the read-back
+    pipe.batch.launch_ahead = True                    # opt-in: rounds launched ahead of the read-back
     try:
         assert _staggered(pipe, reqs) == alone
     finally:
