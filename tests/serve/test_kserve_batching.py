@@ -155,3 +155,26 @@ def test_outputs_that_pass_an_input_through_survive_the_next_batch(tmp_path) -> 
         yb = m.submit(InferRequest({"x": b})).result(timeout=30)["y"]
         np.testing.assert_array_equal(ya, a)
         np.testing.assert_array_equal(yb, b)
+
+
+def test_servers_start_and_stop_in_any_order(tmp_path) -> None:
+    """gRPC servers share one event loop (grpcio binds its asyncio completion queue to the first loop):
+    stopping the first of two must leave the second serving. While any server runs the GIL switch
+    interval is lowered; the last one to stop restores it."""
+    import sys
+
+    import grpc
+
+    from shapeplan.serve.kserve import KServeServer, ModelRepository, discover
+    from shapeplan.serve.kserve.server import GIL_SWITCH_INTERVAL_S
+    mlp_onnx(str(tmp_path / "m.onnx"))
+    before = sys.getswitchinterval()
+    a = KServeServer(ModelRepository(discover(str(tmp_path))), http_port=None, grpc_port=0).start()
+    b = KServeServer(ModelRepository(discover(str(tmp_path))), http_port=None, grpc_port=0).start()
+    assert sys.getswitchinterval() <= GIL_SWITCH_INTERVAL_S
+    a.stop()
+    with grpc.insecure_channel(f"127.0.0.1:{b.grpc_port}") as ch:
+        live = ch.unary_unary("/inference.GRPCInferenceService/ServerLive")
+        assert live(b"", timeout=30) == b"\x08\x01"           # ServerLiveResponse(live=True)
+    b.stop()
+    assert sys.getswitchinterval() == before

@@ -25,6 +25,7 @@ import logging
 import queue
 import threading
 import time
+import warnings
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +37,10 @@ from shapeplan import diagnostics
 from shapeplan.ir.tensors import runtime_to_numpy
 
 log = logging.getLogger("shapeplan.serve")
+
+# requests' arrays are read-only views of the received messages; torch only reads them (into staging)
+warnings.filterwarnings("ignore", message="The given NumPy array is not writable", category=UserWarning,
+                        module=__name__)
 
 #: instances compile and warm up one at a time: engine creation has process-wide lazy set-up that is not
 #: thread-safe (two engines created at once on two threads could get no capture backend: backends/
@@ -310,10 +315,12 @@ class Batcher:
             return None
         rows = sum(w.rows for w in works)
         for name, buf in bufs.items():
-            host = buf.numpy()                                         # [max_batch_size, ...], same memory
-            np.concatenate([w.feeds[name] for w in works], axis=0, out=host[:rows])
-            if size > rows:
-                host[rows:size] = host[rows - 1]
+            # one torch call per input: it lets the GIL go once for all the copies, where np.concatenate
+            # lets it go once per request and waits each time to get it back (docs/serve.md, Performance)
+            parts = [torch.from_numpy(w.feeds[name]) for w in works]
+            if size > rows:                                            # padding: the last row again
+                parts.append(parts[-1][-1:].expand(size - rows, *parts[-1].shape[1:]))
+            torch.cat(parts, out=buf[:size])
         return {name: buf[:size] for name, buf in bufs.items()}
 
     def _new_staging(self, w: Work) -> dict[str, torch.Tensor] | None:
