@@ -4,14 +4,19 @@ the per-request protocol overhead (one client, one request at a time: gRPC and H
 in-process ``engine.run``) for a 1x768 float input.
 
 The server runs in its own process (``python -m shapeplan serve --model-repository TMP``) serving the
-model twice, "batched" (dynamic batching, max_batch_size, window) and "unbatched" (dynamic_batching
-false), plus "mlp768" (768 -> 768 MatMul + Relu, batching off) for the overhead rows. Clients are
-plain grpcio / http.client with pre-serialized requests (the lightest clients, so the figures are the
-server's and the transport's), spread over ``--client-procs`` processes so the clients' own GIL is not
-the limit. A model whose inputs have a fixed batch of 1 (the ONNX "light" ResNet-50) is rewritten with
-a dynamic first dimension (inputs, outputs, constant Reshape targets [1, ...] -> [-1, ...]).
+model twice, "batched" (dynamic batching, max_batch_size, window, ``--instances``) and "unbatched"
+(dynamic_batching false), plus "mlp768" (768 -> 768 MatMul + Relu, batching off) for the overhead rows.
+Clients are plain grpcio / http.client with pre-serialized requests (the lightest clients, so the
+figures are the server's and the transport's), spread over ``--client-procs`` processes so the clients'
+own GIL is not the limit. Next to each load row: the mean request rows per engine call and the server
+process's CPU time per request (Linux /proc; the whole test, warm-up included). A model whose inputs
+have a fixed batch of 1 (the ONNX "light" ResNet-50) is rewritten with a dynamic first dimension
+(inputs, outputs, constant Reshape targets [1, ...] -> [-1, ...]).
 
     python bench/serve_kserve.py                                   # CPU: a 768-wide MLP made here
+    python bench/serve_kserve.py --model io224                     # CPU: ResNet-50's request and response
+                                                                   # sizes at almost no compute: the server's
+                                                                   # own cost per request
     python bench/serve_kserve.py --model resnet50 --device cuda    # onnx/backend/test/data/light ResNet-50
     python bench/serve_kserve.py --grpc HOST:PORT --http HOST:PORT # a running server (its models
                                                                    # "batched", "unbatched", "mlp768")
@@ -118,7 +123,8 @@ def input_spec(path: str) -> list[tuple[str, str, tuple]]:
 # ------------------------------------------------------------------------------------- server
 def write_repository(model: str, root: str, args: argparse.Namespace) -> None:
     common = {"device": args.device, "mode": args.mode}
-    for name, cfg in (("batched", {"max_batch_size": args.max_batch_size, "max_queue_delay_us": args.delay_us}),
+    for name, cfg in (("batched", {"max_batch_size": args.max_batch_size, "max_queue_delay_us": args.delay_us,
+                                   "instance_count": args.instances}),
                       ("unbatched", {"max_batch_size": args.max_batch_size, "dynamic_batching": False})):
         os.makedirs(os.path.join(root, name))
         os.symlink(os.path.abspath(model), os.path.join(root, name, "model.onnx"))
@@ -319,7 +325,8 @@ def in_process(model: str, spec: list, batch: int, args: argparse.Namespace) -> 
     engine = sp.compile(model, device=args.device, mode=args.mode, disk_cache=False)
     rng = np.random.RandomState(0)
     feeds = {name: rng.rand(batch, *rest).astype(dt) for name, dt, rest in spec}
-    # numpy in, numpy out (host <-> device copies included), as the server runs it
+    # numpy in, numpy out (host <-> device copies included), as a user calls it; the server copies a batch into
+    # pinned staging buffers and passes torch views, which is not slower
     return batch / sequential(lambda: engine.run(feeds), args.engine_iters)
 
 
@@ -336,6 +343,8 @@ def main() -> int:
     ap.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds before each (default 1)")
     ap.add_argument("--max-batch-size", type=int, default=32)
     ap.add_argument("--delay-us", type=int, default=100, help="batching window of the batched model (default 100)")
+    ap.add_argument("--instances", type=int, default=1,
+                    help="engines (worker threads) of the batched model (default 1)")
     ap.add_argument("--overhead-iters", type=int, default=2000, help="sequential requests per overhead row")
     ap.add_argument("--engine-iters", type=int, default=50, help="in-process engine.run calls at max batch")
     ap.add_argument("--grpc", default=None, metavar="HOST:PORT", help="a running server (with --http)")
@@ -360,7 +369,8 @@ def main() -> int:
         server, grpc_addr, http_addr = start_server(root, args)
         print(f"server ready in {time.perf_counter() - t0:.1f} s (gRPC {grpc_addr}, HTTP {http_addr})", flush=True)
     results: dict[str, Any] = {"model": os.path.basename(src), "device": args.device, "mode": args.mode,
-                               "clients": args.clients, "dynamic_batch_rewrite": rewrote}
+                               "clients": args.clients, "instances": args.instances, "delay_us": args.delay_us,
+                               "dynamic_batch_rewrite": rewrote}
     try:
         if not args.skip_load:
             for name in ("batched", "unbatched"):
@@ -387,7 +397,8 @@ def report(r: dict[str, Any], args: argparse.Namespace) -> None:
         print(f"\n{r['clients']} concurrent batch-1 gRPC clients, {args.seconds:g} s each")
         print(f"{'server':<34}{'req/s':>10}{'p50 ms':>10}{'p99 ms':>10}{'errors':>8}{'rows/call':>11}"
               f"{'server CPU ms/req':>19}")
-        for label, x in ((f"dynamic batching (<= {args.max_batch_size}, {args.delay_us} us)", b),
+        inst = f", {args.instances} inst." if args.instances > 1 else ""
+        for label, x in ((f"dynamic batching (<= {args.max_batch_size}, {args.delay_us} us{inst})", b),
                          ("batching off", u)):
             extra = (f"{x['rows_per_call']:>11.1f}" if "rows_per_call" in x else f"{'':>11}") + \
                 (f"{x['server_cpu_ms']:>19.3f}" if "server_cpu_ms" in x else "")

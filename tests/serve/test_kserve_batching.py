@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import shapeplan as sp
-from shapeplan.serve.kserve.batcher import Work, _groups_of, _split, _stack, bucket_ladder
+from shapeplan.serve.kserve.batching import Costs, Work, bucket_ladder, fit, groups_of, split, stack
 from tests.serve.conftest import mlp_onnx, mlp_ref
 
 
@@ -27,16 +27,34 @@ def _w(rows: int, key=((8,),)) -> Work:
 
 def test_groups_keep_arrival_order_and_the_row_limit() -> None:
     a, b, c, d, e = _w(3), _w(2, key=((9,),)), _w(4), _w(2), _w(1, key=((9,),))
-    groups = _groups_of([a, b, c, d, e], limit=8)
+    groups = groups_of([a, b, c, d, e], limit=8)
     assert groups == [[a, c], [b, e], [d]]         # a+c = 7 rows; d would make 9 > 8: a new group
+
+
+def test_fit_splits_only_when_that_serves_more_rows_per_second() -> None:
+    ladder = bucket_ladder(32)
+    group = [_w(1) for _ in range(20)]
+    key = group[0].key
+    gpu, cpu = Costs(), Costs()
+    for b in ladder:
+        gpu.add(key, b, 1.5e-3 + 0.5e-3 * b)      # time grows with the batch: 16 rows now, 4 next time
+        cpu.add(key, b, 0.2e-3)                    # the same at any size: pad 20 up to 32
+    now, later = fit(group, ladder, gpu)
+    assert now == group[:16] and later == group[16:]
+    assert fit(group, ladder, cpu) == (group, [])
+    assert fit(group, ladder, Costs()) == (group, [])                  # nothing measured: pad
+    assert fit(group[:16], ladder, gpu) == (group[:16], [])            # a bucket exactly
+    multi = [_w(3), _w(3), _w(3), _w(3), _w(3), _w(3)]                 # 18 rows: the head holds 15 (5 requests)
+    now, later = fit(multi, ladder, gpu)
+    assert len(now) == 5 and later == multi[5:]
 
 
 def test_stack_pads_with_the_last_row_and_split_drops_it() -> None:
     x1, x2 = np.arange(8, dtype=np.float32).reshape(1, 8), np.ones((2, 8), np.float32) * 5
-    s = _stack([x1, x2], 4)
+    s = stack([x1, x2], 4)
     assert s.shape == (4, 8) and (s[3] == x2[-1]).all()
-    assert _stack([x2], 2) is x2                   # nothing to copy
-    parts = _split({"y": s * 2}, [1, 2])
+    assert stack([x2], 2) is x2                   # nothing to copy
+    parts = split({"y": s * 2}, [1, 2])
     np.testing.assert_array_equal(parts[0]["y"], x1 * 2)
     np.testing.assert_array_equal(parts[1]["y"], x2 * 2)
 
@@ -155,3 +173,26 @@ def test_outputs_that_pass_an_input_through_survive_the_next_batch(tmp_path) -> 
         yb = m.submit(InferRequest({"x": b})).result(timeout=30)["y"]
         np.testing.assert_array_equal(ya, a)
         np.testing.assert_array_equal(yb, b)
+
+
+def test_servers_start_and_stop_in_any_order(tmp_path) -> None:
+    """gRPC servers share one event loop (grpcio binds its asyncio completion queue to the first loop):
+    stopping the first of two must leave the second serving. While any server runs the GIL switch
+    interval is lowered; the last one to stop restores it."""
+    import sys
+
+    import grpc
+
+    from shapeplan.serve.kserve import KServeServer, ModelRepository, discover
+    from shapeplan.serve.kserve.server import GIL_SWITCH_INTERVAL_S
+    mlp_onnx(str(tmp_path / "m.onnx"))
+    before = sys.getswitchinterval()
+    a = KServeServer(ModelRepository(discover(str(tmp_path))), http_port=None, grpc_port=0).start()
+    b = KServeServer(ModelRepository(discover(str(tmp_path))), http_port=None, grpc_port=0).start()
+    assert sys.getswitchinterval() <= GIL_SWITCH_INTERVAL_S
+    a.stop()
+    with grpc.insecure_channel(f"127.0.0.1:{b.grpc_port}") as ch:
+        live = ch.unary_unary("/inference.GRPCInferenceService/ServerLive")
+        assert live(b"", timeout=30) == b"\x08\x01"           # ServerLiveResponse(live=True)
+    b.stop()
+    assert sys.getswitchinterval() == before

@@ -6,27 +6,26 @@ HTTP / gRPC handlers hand requests over the model's queue and wait on a future.
 Dynamic batching: when the worker gets free it takes every request already queued (up to the largest
 batch); only when it was idle, with nothing queued, does it wait up to ``max_queue_delay_us`` after the
 first request for more (stopping early once the batch is full). It groups what it has by compatibility
-(the same non-batch dimensions), copies each group into the instance's staging buffers (one per
-input: ``[max_batch_size, ...]``, pinned for a CUDA engine, so the host-to-device copy is one DMA),
-pads it up to the next size in a small ladder of buckets (1, 2, 4, ... max_batch_size) by repeating
-its last row, runs one engine call (always for every output: a request's subset is picked from the
-result, so requested outputs do not multiply the plans), and hands each request its own rows:
-results for asyncio callers (the gRPC and HTTP handlers) go to their event loop in one hand-off per
-batch, not one wake-up per request. Only the bucket sizes ever get a plan; they are compiled,
-captured and pinned in the engine's plan cache at start-up (warm-up), so no request pays for a
-capture and no bucket is evicted. When a batched call fails, its requests are re-run one by one, so
-an error reaches only the request that caused it.
+(the same non-batch dimensions), decides per group whether to run it whole or only the head that
+fills a smaller bucket (``batching.fit``; the rest goes first into the next call), copies the rows
+into the instance's staging buffers (one per input: ``[max_batch_size, ...]``, pinned for a CUDA
+engine, so the host-to-device copy is one DMA), pads them up to the next size in a small ladder of
+buckets (1, 2, 4, ... max_batch_size) by repeating the last row, runs one engine call (always for every
+output: a request's subset is picked from the result, so requested outputs do not multiply the plans),
+and hands each request its own rows: results for asyncio callers (the gRPC and HTTP handlers) go to
+their event loop in one hand-off per batch, not one wake-up per request. Only the bucket sizes ever
+get a plan; they are compiled, captured and pinned in the engine's plan cache at start-up (warm-up), so
+no request pays for a capture and no bucket is evicted. When a batched call fails, its requests are
+re-run one by one, so an error reaches only the request that caused it.
 """
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import queue
 import threading
 import time
-from concurrent.futures import Future, InvalidStateError
-from dataclasses import dataclass
+import warnings
 from typing import Any
 
 import numpy as np
@@ -34,8 +33,14 @@ import torch
 
 from shapeplan import diagnostics
 from shapeplan.ir.tensors import runtime_to_numpy
+from shapeplan.serve.kserve.batching import (Costs, Done, Work, bucket_of, deliver, fit, groups_of, split,
+                                             stack)
 
 log = logging.getLogger("shapeplan.serve")
+
+# requests' arrays are read-only views of the received messages; torch only reads them (into staging)
+warnings.filterwarnings("ignore", message="The given NumPy array is not writable", category=UserWarning,
+                        module=__name__)
 
 #: instances compile and warm up one at a time: engine creation has process-wide lazy set-up that is not
 #: thread-safe (two engines created at once on two threads could get no capture backend: backends/
@@ -46,69 +51,6 @@ WARMUP_CALLS = 5           # upper bound on warm-up calls per bucket (REPLAYING 
 STAGING_SHAPES = 8         # staging buffer sets kept per instance (one per distinct non-batch shape)
 
 
-def bucket_ladder(max_batch_size: int) -> tuple[int, ...]:
-    """1, 2, 4, ... below ``max_batch_size``, then ``max_batch_size``."""
-    sizes, b = [], 1
-    while b < max_batch_size:
-        sizes.append(b)
-        b *= 2
-    return tuple(sizes) + (max_batch_size,) if max_batch_size > 0 else ()
-
-
-@dataclass(slots=True)
-class Work:
-    """One request in the queue."""
-    feeds: dict[str, np.ndarray]
-    outputs: tuple[str, ...] | None         # the outputs to return (None: every output)
-    rows: int                               # batch rows (0: the model has no batch dimension)
-    key: tuple                              # requests with equal keys can share an engine call
-    future: Any                             # concurrent Future, or an asyncio Future of ``loop``
-    t_queued: int                           # perf_counter_ns at submit
-    loop: asyncio.AbstractEventLoop | None = None
-
-
-Done = tuple[Work, Any, "BaseException | None"]     # a request, its result, its error
-
-
-def deliver(done: list[Done]) -> None:
-    """Settle each request's future: a concurrent one here, asyncio ones on their event loop, one
-    ``call_soon_threadsafe`` per loop for the whole list (one wake-up of the loop per batch)."""
-    by_loop: dict[Any, list[Done]] = {}
-    for d in done:
-        if d[0].loop is None:
-            _settle([d])
-        else:
-            by_loop.setdefault(d[0].loop, []).append(d)
-    for loop, items in by_loop.items():
-        try:
-            loop.call_soon_threadsafe(_settle, items)
-        except RuntimeError:                # the loop is closed: its server is gone, and so is the caller
-            pass
-
-
-def _settle(done: list[Done]) -> None:
-    for w, result, error in done:
-        f = w.future
-        if f.done():                        # cancelled (the client went away)
-            continue
-        try:
-            if error is not None:
-                f.set_exception(error)
-            else:
-                f.set_result(result)
-        except (InvalidStateError, asyncio.InvalidStateError):
-            pass                            # cancelled meanwhile
-
-
-def _stack(arrays: list[np.ndarray], size: int) -> np.ndarray:
-    """[rows_i, ...] x n -> [size, ...]: concatenated, padded with copies of the last row."""
-    rows = sum(a.shape[0] for a in arrays)
-    if len(arrays) == 1 and rows == size:
-        return arrays[0]
-    pad = [np.repeat(arrays[-1][-1:], size - rows, axis=0)] if size > rows else []
-    return np.concatenate(arrays + pad, axis=0)
-
-
 class Batcher:
     def __init__(self, model: Any, index: int) -> None:
         self.model, self.index = model, index
@@ -117,6 +59,8 @@ class Batcher:
         self._ready = threading.Event()
         self._pins = contextlib.ExitStack()
         self._staging: dict[tuple, dict[str, torch.Tensor] | None] = {}    # key -> input name -> buffer
+        self._carry: list[Work] = []        # requests ``fit`` left for the next call (they go first)
+        self.costs = Costs()
         self._thread = threading.Thread(target=self._main, name=f"shapeplan-serve-{model.name}-{index}",
                                         daemon=True)
 
@@ -176,12 +120,20 @@ class Batcher:
         from shapeplan.runtime.runner import Phase
         sizes = spec.buckets or ((1,) if spec.max_batch_size else (None,))
         for size in sizes:
-            feeds = {t.name: np.zeros(((size,) if size else ()) + tuple(t.shape[first:]), DATATYPES[t.datatype][0])
+            zeros = {t.name: np.zeros(((size,) if size else ()) + tuple(t.shape[first:]), DATATYPES[t.datatype][0])
                      for t in spec.inputs}
+            key = tuple(a.shape[1:] for a in zeros.values())
             try:
+                # batches take the serving path (staging buffers, torch in): its first-time work is done here too
+                staged = self._stage([Work(zeros, None, size, key, None, 0)], size) if size and spec.batching else None
+                feeds: dict[str, Any] = staged if staged is not None else zeros
                 replayed = False
                 for _ in range(WARMUP_CALLS):          # until the plan replays (or cannot), plus one replay
+                    t0 = time.perf_counter()
                     out = self.engine.run(feeds)
+                    if staged is not None:
+                        out = self._to_numpy(out, staged)
+                    took = time.perf_counter() - t0
                     phase = self.engine.inspect().phase
                     if phase == Phase.REPLAY_BLOCKED.value or (phase == Phase.REPLAYING.value and replayed):
                         break
@@ -194,6 +146,8 @@ class Batcher:
                 break
             if size and spec.batching and not self._splits(out, size):
                 break
+            if size:
+                self.costs.add(key, size, took)
         for key in self.engine.cache.keys():
             self._pins.enter_context(self.engine.cache.pinned(key))
 
@@ -216,6 +170,9 @@ class Batcher:
         while True:
             works, stop = self._gather()
             for group in self._groups(works):
+                if self.model.spec.batching and not stop:
+                    group, later = fit(group, self.model.spec.buckets, self.costs)
+                    self._carry += later
                 self._run(group)
             if stop:
                 return
@@ -224,15 +181,18 @@ class Batcher:
         """The next requests: every one already queued (up to a full batch); when nothing was queued,
         the first to come and those that come within the batching window."""
         q = self.model.queue
-        idle = q.empty()
-        first = q.get()
-        if first is None:
-            return [], True
-        works = [first]
+        works, self._carry = self._carry, []
+        idle = not works and q.empty()
+        if not works:
+            first = q.get()
+            if first is None:
+                return [], True
+            works = [first]
         spec = self.model.spec
         if not spec.batching:
             return works, False
-        rows, limit = first.rows, spec.max_batch_size
+        first, limit = works[0], spec.max_batch_size
+        rows = sum(w.rows for w in works if w.key == first.key)
         deadline = time.perf_counter() + self.model.config.max_queue_delay_us * 1e-6 if idle else 0.0
         while rows < limit:
             try:
@@ -254,20 +214,20 @@ class Batcher:
 
     def _groups(self, works: list[Work]) -> list[list[Work]]:
         spec = self.model.spec
-        return _groups_of(works, spec.max_batch_size) if spec.batching else [[w] for w in works]
+        return groups_of(works, spec.max_batch_size) if spec.batching else [[w] for w in works]
 
     def _run(self, works: list[Work]) -> None:
         spec = self.model.spec
         t0 = time.perf_counter_ns()
         rows = sum(w.rows for w in works)
         batched = spec.batching and rows > 0
-        size = next((b for b in spec.buckets if b >= rows), rows) if batched else rows
+        size = bucket_of(rows, spec.buckets) if batched else rows
         try:
             staged = self._stage(works, size) if batched else None
             if staged is not None:
                 feeds: dict[str, Any] = staged
             elif batched:
-                feeds = {t.name: _stack([w.feeds[t.name] for w in works], size) for t in spec.inputs}
+                feeds = {t.name: stack([w.feeds[t.name] for w in works], size) for t in spec.inputs}
             else:
                 feeds = works[0].feeds
             t1 = time.perf_counter_ns()
@@ -277,7 +237,7 @@ class Batcher:
             t2 = time.perf_counter_ns()
             if batched and not self._splits(out, size):
                 raise _Rerun()
-            results = _split(out, [w.rows for w in works]) if batched else [out]
+            results = split(out, [w.rows for w in works]) if batched else [out]
         except _Rerun:
             for w in works:
                 self._run([w])
@@ -290,6 +250,8 @@ class Batcher:
             self._finish([(works[0], None, e)])
             return
         t3 = time.perf_counter_ns()
+        if batched:
+            self.costs.add(works[0].key, size, (t2 - t1) * 1e-9)
         served = sum(max(w.rows, 1) for w in works)
         self.model.stats.executed(max(size, 1), served, [t0 - w.t_queued for w in works], t1 - t0, t2 - t1,
                                   t3 - t2)
@@ -310,10 +272,12 @@ class Batcher:
             return None
         rows = sum(w.rows for w in works)
         for name, buf in bufs.items():
-            host = buf.numpy()                                         # [max_batch_size, ...], same memory
-            np.concatenate([w.feeds[name] for w in works], axis=0, out=host[:rows])
-            if size > rows:
-                host[rows:size] = host[rows - 1]
+            # one torch call per input: it lets the GIL go once for all the copies, where np.concatenate
+            # lets it go once per request and waits each time to get it back (docs/serve.md, Performance)
+            parts = [torch.from_numpy(w.feeds[name]) for w in works]
+            if size > rows:                                            # padding: the last row again
+                parts.append(parts[-1][-1:].expand(size - rows, *parts[-1].shape[1:]))
+            torch.cat(parts, out=buf[:size])
         return {name: buf[:size] for name, buf in bufs.items()}
 
     def _new_staging(self, w: Work) -> dict[str, torch.Tensor] | None:
@@ -364,28 +328,3 @@ class Batcher:
 
 class _Rerun(Exception):
     """The batched call's outputs cannot be split: run each request alone."""
-
-
-def _groups_of(works: list[Work], limit: int) -> list[list[Work]]:
-    """Compatible requests (equal keys) together, in arrival order, each group at most ``limit`` rows."""
-    open_group: dict[tuple, list[Work]] = {}
-    groups: list[list[Work]] = []
-    for w in works:
-        g = open_group.get(w.key)
-        if g is None or sum(x.rows for x in g) + w.rows > limit:
-            g = open_group[w.key] = []
-            groups.append(g)
-        g.append(w)
-    return groups
-
-
-def _split(out: dict[str, np.ndarray], rows: list[int]) -> list[dict[str, np.ndarray]]:
-    """One batched result -> each request's rows (views: every call's outputs are fresh arrays)."""
-    res: list[dict[str, np.ndarray]] = [{} for _ in rows]
-    for name, a in out.items():
-        start = 0
-        for i, n in enumerate(rows):
-            res[i][name] = a[start:start + n]
-            start += n
-    return res
-

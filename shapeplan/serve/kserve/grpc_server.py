@@ -104,7 +104,7 @@ class _Loop:
         with cls._lock:
             if cls._loop is None:
                 loop = asyncio.new_event_loop()
-                threading.Thread(target=loop.run_forever, name="grpc-aio-loop", daemon=True).start()
+                threading.Thread(target=loop.run_forever, name="shapeplan-grpc-loop", daemon=True).start()
                 cls._loop = loop
         return asyncio.run_coroutine_threadsafe(coro, cls._loop).result()
 

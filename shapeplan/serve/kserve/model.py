@@ -20,7 +20,8 @@ import numpy as np
 from shapeplan.errors import InputError, ModelError
 from shapeplan.runtime.feeds import validate_feeds
 from shapeplan.serve.errors import UnavailableError
-from shapeplan.serve.kserve.batcher import Batcher, Work, bucket_ladder, deliver
+from shapeplan.serve.kserve.batcher import Batcher
+from shapeplan.serve.kserve.batching import Work, bucket_ladder, deliver
 from shapeplan.serve.kserve.metrics import ModelStats
 from shapeplan.serve.kserve.protocol import InferRequest, datatype_of, datatype_of_array
 from shapeplan.serve.kserve.repository import ModelConfig

@@ -41,7 +41,8 @@ CONFIG_KEYS: tuple[ConfigKey, ...] = (
     ConfigKey("dynamic_batching", bool, True,
               "concatenate concurrent requests along the batch dimension (needs max_batch_size > 0)"),
     ConfigKey("max_queue_delay_us", int, 100,
-              "how long the first request of a batch waits for others to join it, in microseconds"),
+              "when the worker is idle, how long the first request waits for others to join it, in "
+              "microseconds (a busy worker takes what is queued and goes)"),
     ConfigKey("device", str, None, "cpu, cuda, cuda:1, ... (default: the server's --device)"),
     ConfigKey("mode", str, None, "execution mode, as in sp.compile (default: the server's --mode)"),
     ConfigKey("instance_count", int, 1, "engines (each with its own worker thread) serving this model"),

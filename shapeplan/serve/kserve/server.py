@@ -5,10 +5,17 @@
 
 Start order: listeners first (so health/live answers and ready says 503 while the models compile
 and warm up), then the models; stop in reverse.
+
+While a server runs, the interpreter's GIL switch interval is ``GIL_SWITCH_INTERVAL_S`` (Python's
+default is 5 ms): a model's worker thread lets the GIL go inside each copy, device transfer and CUDA
+synchronization of a batch, and each time it waits up to one interval to get it back from the busy
+gRPC / HTTP event loops (docs/serve.md, "Performance").
 """
 from __future__ import annotations
 
 import logging
+import sys
+import threading
 from typing import Any, Sequence
 
 from shapeplan.serve.kserve.repository import ModelRepository
@@ -17,6 +24,29 @@ log = logging.getLogger("shapeplan.serve")
 
 #: the default request size limit (HTTP body, gRPC message); gRPC's own default is 4 MiB
 DEFAULT_MAX_REQUEST_BYTES = 8 << 20
+GIL_SWITCH_INTERVAL_S = 0.0005
+
+
+class _SwitchInterval:
+    """Lowers ``sys.setswitchinterval`` while at least one server runs; the last one out restores it."""
+    _lock = threading.Lock()
+    _users = 0
+    _saved = 0.0
+
+    @classmethod
+    def enter(cls) -> None:
+        with cls._lock:
+            if cls._users == 0:
+                cls._saved = sys.getswitchinterval()
+                sys.setswitchinterval(min(cls._saved, GIL_SWITCH_INTERVAL_S))
+            cls._users += 1
+
+    @classmethod
+    def leave(cls) -> None:
+        with cls._lock:
+            cls._users -= 1
+            if cls._users == 0:
+                sys.setswitchinterval(cls._saved)
 
 
 class KServeServer:
@@ -30,6 +60,7 @@ class KServeServer:
         self._routers, self._log_level = list(routers), log_level
         self.http: Any = None
         self.grpc: Any = None
+        self._switch = False
 
     @property
     def http_port(self) -> int | None:
@@ -49,6 +80,9 @@ class KServeServer:
         return self
 
     def start_listeners(self) -> None:
+        if not self._switch:
+            _SwitchInterval.enter()
+            self._switch = True
         http_port, grpc_port = self._ports
         if http_port is not None:
             from prometheus_client import CollectorRegistry
@@ -72,6 +106,9 @@ class KServeServer:
             self.http.stop()
             self.http = None
         self.repo.stop()
+        if self._switch:
+            _SwitchInterval.leave()
+            self._switch = False
 
     def __enter__(self) -> "KServeServer":
         return self.start()
