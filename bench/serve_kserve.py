@@ -8,10 +8,11 @@ model twice, "batched" (dynamic batching, max_batch_size, window, ``--instances`
 (dynamic_batching false), plus "mlp768" (768 -> 768 MatMul + Relu, batching off) for the overhead rows.
 Clients are plain grpcio / http.client with pre-serialized requests (the lightest clients, so the
 figures are the server's and the transport's), spread over ``--client-procs`` processes so the clients'
-own GIL is not the limit. Next to each load row: the mean request rows per engine call and the server
-process's CPU time per request (Linux /proc; the whole test, warm-up included). A model whose inputs
-have a fixed batch of 1 (the ONNX "light" ResNet-50) is rewritten with a dynamic first dimension
-(inputs, outputs, constant Reshape targets [1, ...] -> [-1, ...]).
+own GIL is not the limit. Next to each load row: the mean request rows per engine call, the server
+process's CPU time per request (Linux /proc; the whole test, warm-up included) and how busy the
+busiest client process was (its share of one core: near 100 % the clients are the limit). A model
+whose inputs have a fixed batch of 1 (the ONNX "light" ResNet-50) is rewritten with a dynamic first
+dimension (inputs, outputs, constant Reshape targets [1, ...] -> [-1, ...]).
 
     python bench/serve_kserve.py                                   # CPU: a 768-wide MLP made here
     python bench/serve_kserve.py --model io224                     # CPU: ResNet-50's request and response
@@ -172,6 +173,7 @@ def _client_proc(addr: str, requests: list[bytes], warmup: float, seconds: float
     barrier.wait()                       # every process starts together
     start = time.monotonic() + warmup
     stop = start + seconds
+    cpu0 = time.process_time()
 
     def run(k: int) -> None:
         call, raw = chans[k].unary_unary(INFER), requests[k]
@@ -192,9 +194,11 @@ def _client_proc(addr: str, requests: list[bytes], warmup: float, seconds: float
         t.start()
     for t in ts:
         t.join()
+    # this process's CPU time over the test, as a share of one core: near 1, its GIL is the limit
+    busy = (time.process_time() - cpu0) / (warmup + seconds)
     for ch in chans:
         ch.close()
-    q.put(([x for ls in lat for x in ls], errors[0]))
+    q.put(([x for ls in lat for x in ls], errors[0], busy))
 
 
 def server_cpu_s(pid: int | None) -> float | None:
@@ -238,16 +242,18 @@ def load_test(addr: str, model: str, spec: list, args: argparse.Namespace, http_
           for part in parts]
     for p in ps:
         p.start()
-    lat, errors = [], 0
+    lat, errors, busy = [], 0, []
     for _ in ps:
-        ls, e = q.get()
+        ls, e, b = q.get()
         lat += ls
         errors += e
+        busy.append(b)
     for p in ps:
         p.join()
     lat_ms = np.array(lat) * 1e3
     res = {"req_s": len(lat) / args.seconds, "p50_ms": float(np.percentile(lat_ms, 50)) if len(lat) else 0.0,
-           "p99_ms": float(np.percentile(lat_ms, 99)) if len(lat) else 0.0, "errors": errors}
+           "p99_ms": float(np.percentile(lat_ms, 99)) if len(lat) else 0.0, "errors": errors,
+           "client_busy": max(busy)}
     cpu1, n1 = server_cpu_s(server_pid), model_counters(http_addr, model)
     if n0 and n1 and n1[0] > n0[0]:
         res["rows_per_call"] = (n1[0] - n0[0]) / max(n1[1] - n0[1], 1)
@@ -396,16 +402,18 @@ def report(r: dict[str, Any], args: argparse.Namespace) -> None:
         b, u, e = r["batched"], r["unbatched"], r["engine_rows_s"]
         print(f"\n{r['clients']} concurrent batch-1 gRPC clients, {args.seconds:g} s each")
         print(f"{'server':<34}{'req/s':>10}{'p50 ms':>10}{'p99 ms':>10}{'errors':>8}{'rows/call':>11}"
-              f"{'server CPU ms/req':>19}")
+              f"{'server CPU ms/req':>19}{'client proc busy':>18}")
         inst = f", {args.instances} inst." if args.instances > 1 else ""
         for label, x in ((f"dynamic batching (<= {args.max_batch_size}, {args.delay_us} us{inst})", b),
                          ("batching off", u)):
             extra = (f"{x['rows_per_call']:>11.1f}" if "rows_per_call" in x else f"{'':>11}") + \
-                (f"{x['server_cpu_ms']:>19.3f}" if "server_cpu_ms" in x else "")
+                (f"{x['server_cpu_ms']:>19.3f}" if "server_cpu_ms" in x else f"{'':>19}") + f"{x['client_busy']:>17.0%}"
             print(f"{label:<34}{x['req_s']:>10.1f}{x['p50_ms']:>10.2f}{x['p99_ms']:>10.2f}{x['errors']:>8}{extra}")
         print(f"{f'in-process engine.run, batch {args.max_batch_size}':<34}{e:>10.1f}")
         print(f"batching on / off: {b['req_s'] / max(u['req_s'], 1e-9):.2f}x; "
               f"on / in-process: {100 * b['req_s'] / e:.0f} %")
+        print("(client proc busy: the busiest client process's CPU time as a share of one core; near 100 % its GIL "
+              "limits the load: use more --client-procs)")
     if "overhead" in r:
         o = r["overhead"]
         print("\none client, one request at a time, 1x768 float32 in and out (median)")

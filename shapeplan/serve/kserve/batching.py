@@ -21,6 +21,10 @@ from typing import Any
 
 import numpy as np
 
+#: fit splits a group only when that serves this much more rows per second: the times are averages of
+#: noisy wall-clock measurements, and the requests left over wait one more call
+SPLIT_GAIN = 1.1
+
 
 def bucket_ladder(max_batch_size: int) -> tuple[int, ...]:
     """1, 2, 4, ... below ``max_batch_size``, then ``max_batch_size``."""
@@ -65,7 +69,8 @@ def groups_of(works: list[Work], limit: int) -> list[list[Work]]:
 
 
 class Costs:
-    """Seconds per engine call by (key, bucket): the warm-up's last call, then a moving average."""
+    """Seconds per batched call (copies in, engine, results out) by (key, bucket): the warm-up's last call,
+    then a moving average."""
 
     def __init__(self) -> None:
         self._s: dict[tuple[tuple, int], float] = {}
@@ -80,7 +85,8 @@ class Costs:
 
 def fit(group: list[Work], buckets: tuple[int, ...], costs: Costs) -> tuple[list[Work], list[Work]]:
     """(run now, run next time): the whole group padded up to its bucket, or its longest head that fits
-    the bucket below, whichever serves more rows per second of engine time (when both are measured)."""
+    the bucket below, whichever serves more rows per second (when both are measured; the head only by a
+    margin, ``SPLIT_GAIN``)."""
     rows = sum(w.rows for w in group)
     hi = bucket_of(rows, buckets)
     below = [b for b in buckets if b < rows]
@@ -92,7 +98,7 @@ def fit(group: list[Work], buckets: tuple[int, ...], costs: Costs) -> tuple[list
         head += 1
     key = group[0].key
     t_all, t_head = costs.get(key, hi), costs.get(key, bucket_of(n, buckets))
-    if head == 0 or t_all is None or t_head is None or n / t_head <= rows / t_all:
+    if head == 0 or t_all is None or t_head is None or n / t_head <= SPLIT_GAIN * rows / t_all:
         return group, []
     return group[:head], group[head:]
 

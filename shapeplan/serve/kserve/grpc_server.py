@@ -123,7 +123,10 @@ class GrpcServer:
                 options=[("grpc.max_receive_message_length", max_request_bytes),
                          ("grpc.max_send_message_length", -1),
                          ("grpc.so_reuseport", 0)])
-            return server, server.add_insecure_port(address)
+            try:
+                return server, server.add_insecure_port(address)
+            except RuntimeError:            # grpcio: "Failed to bind to address"
+                return server, 0
 
         self._server, self.port = _Loop.run(make())
         self.host = host
