@@ -100,6 +100,9 @@ SWITCHES: tuple[Switch, ...] = (
     Switch("SHAPEPLAN_LLM_PREFILL_ATTENTION", "auto|efficient|sdpa", "auto",
            "prefill attention on CUDA: the memory-efficient kernel for small score matrices, SDPA's choice (cuDNN "
            "on Hopper) above / always the first / always SDPA's choice"),
+    Switch("SHAPEPLAN_LLM_FUSED_GEMV", "bool", True,
+           "decode steps of at most 8 rows on CUDA run each norm + projection (+ SiLU gate or residual add) as one "
+           "Triton GEMV (0: the unfused kernels; shapeplan/ops/fused_linear.py)"),
     Switch("SHAPEPLAN_CUDA_WARM", "bool", True,
            "the LLM pipeline's CUDA warm-up (loads cuBLAS, attention, index, cache-write and elementwise kernels "
            "while the graph is built)"),

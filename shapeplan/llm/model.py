@@ -158,6 +158,23 @@ class _Builder:
             y = self.g.op.Add(y, self.stacked([n + ".bias" for n in names], prefix + fused + ".bias"))
         return self.g.op.Split(y, sizes, axis=-1, _outputs=len(names))
 
+    def norm_linear(self, h: Value, norm: str, prefix: str, projs: list[str], fused: str, bias: bool = False,
+                    glu: bool = False) -> Value | tuple:
+        """RMSNorm(h) with weight ``norm``, then the projections ``projs`` of ``prefix`` stacked into one
+        RMSNormMatMul: split back into one value per projection, or with ``glu`` (gate, up) the SiLU gate
+        (one value). ``projs == [""]``: the single weight ``prefix + ".weight"``."""
+        names = [prefix + p for p in projs] if projs != [""] else [prefix]
+        w_t = self.const(names[0] + ".weight", transpose=True) if len(names) == 1 else \
+            self.stacked([n + ".weight" for n in names], prefix + fused + ".weight", True)
+        y = self.g.op.RMSNormMatMul(h, self.const(norm), w_t, epsilon=self.cfg.rms_norm_eps,
+                                    activation="silu_mul" if glu else "", _domain=SP)
+        if glu or len(names) == 1:
+            return y
+        if bias:
+            y = self.g.op.Add(y, self.stacked([n + ".bias" for n in names], prefix + fused + ".bias"))
+        sizes = np.array([int(self.w[n + ".weight"].shape[0]) for n in names], np.int64)
+        return self.g.op.Split(y, sizes, axis=-1, _outputs=len(names))
+
     def linear(self, x: Value, prefix: str, bias: bool = False) -> Value:
         w = self.w[prefix + ".weight"]
         if isinstance(w, QuantWeight):
@@ -286,7 +303,7 @@ class _PagedKV:
 def build_graph(cfg: LlamaConfig, weights: dict[str, torch.Tensor], *, max_kv_cache_length: int,
                 batch: int = 1, dtype: torch.dtype | None = None, device: str | torch.device = "cpu",
                 tp: Any = None, fuse_projections: bool = True, state: dict[str, torch.Tensor] | None = None,
-                paged: PagedKV | None = None) -> Graph:
+                paged: PagedKV | None = None, fuse_norms: bool = True) -> Graph:
     """The decoder graph of ``cfg`` with ``weights`` (Hugging Face names, see weights.expected_shapes).
     ``fuse_projections``: stack the q/k/v and gate/up weights (``weights``' entries are rebound to
     views of the stacked tensors: same values, one copy in memory).
@@ -294,7 +311,10 @@ def build_graph(cfg: LlamaConfig, weights: dict[str, torch.Tensor], *, max_kv_ca
     ``state``: ``initial_state``'s tensors, used as the variables' initial values and the rotary tables
     (an engine compiled with ``adopt_variables=True`` then keeps them as its state, without a copy).
     ``paged``: the batched engine's paged KV cache (``PagedKV``; inputs in the module doc) instead of
-    one static cache of ``batch`` rows sharing a position."""
+    one static cache of ``batch`` rows sharing a position.
+    ``fuse_norms``: each norm + projection (+ SiLU gate or residual add) as one RMSNormMatMul / MatMulAdd
+    (shapeplan/ops/fused_linear.py: one Triton GEMV per projection in a decode step on CUDA); applies
+    with ``fuse_projections``, without ``tp`` and with unquantized weights, else the unfused ops."""
     dtype = dtype or cfg.torch_dtype
     vocab = cfg.vocab_size
     if tp is not None and any(isinstance(w, QuantWeight) for w in weights.values()):
@@ -323,11 +343,16 @@ def build_graph(cfg: LlamaConfig, weights: dict[str, torch.Tensor], *, max_kv_ca
     merged = np.array([0, 0, hq * d], np.int64)
 
     h = b.embed(ids) if tp is None else tp.embed(g, b.const("model.embed_tokens.weight"), ids)  # [B, S, H]
-    x = b.rms_norm(h, "model.layers.0.input_layernorm.weight")
+    fused = fuse_norms and fuse_projections and tp is None and \
+        not any(isinstance(w, QuantWeight) for w in weights.values())
+    x = None if fused else b.rms_norm(h, "model.layers.0.input_layernorm.weight")
 
     for i in range(cfg.num_layers):
         p = f"model.layers.{i}."
-        if fuse_projections:
+        if fused:
+            q, k, v = b.norm_linear(h, p + "input_layernorm.weight", p + "self_attn.",
+                                    ["q_proj", "k_proj", "v_proj"], "qkv_proj", cfg.attention_bias)
+        elif fuse_projections:
             q, k, v = b.fused_linear(x, p + "self_attn.", ["q_proj", "k_proj", "v_proj"], "qkv_proj",
                                      cfg.attention_bias)                              # [B, S, N_i]
         else:
@@ -343,6 +368,12 @@ def build_graph(cfg: LlamaConfig, weights: dict[str, torch.Tensor], *, max_kv_ca
         k, v = op.Transpose(k, perm=perm), op.Transpose(v, perm=perm)                # [B, Hkv, S, D]
         a = kv.layer(i, q, k, v, cos_s, sin_s, float(d) ** -0.5)                        # [B, Hq, S, D]
         a = op.Reshape(op.Transpose(a, perm=perm), merged)                               # [B, S, Hq*D]
+        if fused:                      # h += o; h += down(silu(gate) * up) of norm(h): two GEMVs each
+            h = op.MatMulAdd(a, b.const(p + "self_attn.o_proj.weight", transpose=True), h, _domain=SP)
+            act = b.norm_linear(h, p + "post_attention_layernorm.weight", p + "mlp.", ["gate_proj", "up_proj"],
+                                "gate_up_proj", glu=True)
+            h = op.MatMulAdd(act, b.const(p + "mlp.down_proj.weight", transpose=True), h, _domain=SP)
+            continue
         x, h = b.skip_rms_norm(_reduce(tp, g, b.linear(a, p + "self_attn.o_proj")), h,
                                p + "post_attention_layernorm.weight")                  # h += o; x = norm(h)
         if fuse_projections:
@@ -357,9 +388,13 @@ def build_graph(cfg: LlamaConfig, weights: dict[str, torch.Tensor], *, max_kv_ca
 
     head = "model.embed_tokens" if cfg.tie_word_embeddings else "lm_head"
     last = kv.last_tokens(h)                                                           # [B, 1, H]
-    logits = op.Reshape(b.linear(b.rms_norm(last, "model.norm.weight"), head),
-                        np.array([0, -1], np.int64))                                   # [B, V]
-    all_logits = b.linear(b.rms_norm(h, "model.norm.weight"), head)                   # [B, S, V]
+    if fused:
+        logits = op.Reshape(b.norm_linear(last, "model.norm.weight", head, [""], ""), np.array([0, -1], np.int64))
+        all_logits = b.norm_linear(h, "model.norm.weight", head, [""], "")
+    else:
+        logits = op.Reshape(b.linear(b.rms_norm(last, "model.norm.weight"), head),
+                            np.array([0, -1], np.int64))                               # [B, V]
+        all_logits = b.linear(b.rms_norm(h, "model.norm.weight"), head)               # [B, S, V]
     if tp is not None:
         logits, all_logits = tp.gather_vocab(g, logits, vocab), tp.gather_vocab(g, all_logits, vocab)
 

@@ -238,6 +238,12 @@ def parts(cfg: LlamaConfig, dtype: torch.dtype, device: torch.device, kv_length:
         matmul(zeros(1, seq, hq * d), w_o.t())
         gate, up = matmul(zeros(1, seq, h), w_gu.t()).split([f, f], dim=-1)
         matmul(zeros(1, seq, f), w_down.t())
+        nmm, mma, norm = k("RMSNormMatMul"), k("MatMulAdd"), zeros(h)
+        for s in sorted({seq, 1}):         # the fused norm/projection ops: prefill rows, then the decode GEMVs
+            x = nmm(zeros(1, s, h), norm, w_qkv.t(), epsilon=eps)[..., :h]
+            x = mma(zeros(1, s, hq * d), w_o.t(), zeros(1, s, h))
+            mma(nmm(x, norm, w_gu.t(), epsilon=eps, activation="silu_mul"), w_down.t(), x)
+        nmm(zeros(1, 1, h), norm, embed().t(), epsilon=eps)
         return matmul(zeros(1, 1, h), embed().t()).reshape(1, -1)
 
     def attention() -> torch.Tensor:

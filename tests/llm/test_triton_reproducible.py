@@ -105,7 +105,7 @@ def test_kernel_warmup_covers_every_distinct_triton_step(triton_on_cpu, monkeypa
                                           max_prefill_length=16, max_kv_cache_length=48)
     pipe.generate([3, 4, 5], max_new_tokens=2)
     (n_prefill, first), (n_decode, _) = calls[0], calls[1]          # prefill plan, then decode plan
-    assert {"RMSNormalization", "SkipRMSNormalization", "RotaryEmbedding", "SiluMul"} <= first
+    assert "RotaryEmbedding" in first        # the norms and the SiLU gate ride in RMSNormMatMul (not a Triton step)
     assert len(first) < n_prefill and n_decode > 0
 
 

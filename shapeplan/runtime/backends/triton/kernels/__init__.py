@@ -5,6 +5,7 @@ Triton and nothing else, so a compile worker (``../compile_worker.py``) can load
     rows.py / rows_jit.py                          RMSNorm (+ residual), LayerNorm, Softmax, SiLU*mul, RoPE,
                                                    one decode step's KV cache write
     decode_attention.py / decode_attention_jit.py  split-K attention of one decode step over a static cache
+    gemv.py / gemv_jit.py                          the fused decode GEMV (RMSNormMatMul / MatMulAdd, one row)
     gguf.py                                        GGUF quantized weights: decode GEMV, prefill GEMM, row
                                                    dequantization (QuantMatMul / QuantGather on CUDA)
     paged.py / paged_jit.py                        the paged KV cache: write (with RoPE of k), split-K decode

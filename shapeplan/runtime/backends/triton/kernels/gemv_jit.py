@@ -1,0 +1,64 @@
+"""The decode GEMV Triton kernel of ``gemv`` (its launcher is there).
+
+This module imports Triton and nothing else (no torch, no shapeplan), so a compile worker process
+(``../compile_worker.py``) can load it by path in the time of a Triton import.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _gemv_kernel(X, NW, W, R, Y, N, K, HALF, stride_wn, eps,
+                 BN: tl.constexpr, BK: tl.constexpr, NORM: tl.constexpr, RES: tl.constexpr, GLU: tl.constexpr,
+                 EVEN_K: tl.constexpr):
+    """Y[n] = epilogue(sum_k prologue(X)[k] * W[n, k]) for the BN outputs n of this program (one row x).
+
+    NORM: RMSNorm of x with weight NW, in one pass: rstd = rsqrt(mean(x^2) + eps) is a common factor of
+    the row, so the loop sums x^2 beside the products of x * NW and scales once at the end (x is read
+    once; the normalized x is not rounded to X's dtype, as the unfused RMSNormalization would).
+    GLU: silu(gate) * up with gate = row n, up = row n + HALF of W, each rounded to Y's dtype first (as
+    MatMul + SiluMul round). RES: + R[n], the product rounded first (as MatMul + Add). Products are
+    accumulated elementwise in float32 and summed once after the loop."""
+    pid = tl.program_id(0)
+    cols = pid * BN + tl.arange(0, BN)
+    col_ok = cols < N
+    ks = tl.arange(0, BK)
+    wp = W + cols[:, None].to(tl.int64) * stride_wn
+    acc = tl.zeros([BN, BK], dtype=tl.float32)
+    if GLU:
+        acc_u = tl.zeros([BN, BK], dtype=tl.float32)
+    if NORM:
+        ss = tl.zeros([BK], dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        kk = k0 + ks
+        if EVEN_K:
+            wmask = col_ok[:, None]
+            xk = tl.load(X + kk).to(tl.float32)
+        else:
+            wmask = col_ok[:, None] & (kk[None, :] < K)
+            xk = tl.load(X + kk, mask=kk < K, other=0.0).to(tl.float32)
+        w = tl.load(wp + kk[None, :], mask=wmask, other=0.0)                       # [BN, BK]
+        if GLU:
+            wu = tl.load(wp + HALF * stride_wn + kk[None, :], mask=wmask, other=0.0)
+        if NORM:
+            ss += xk * xk
+            xk = xk * tl.load(NW + kk, mask=kk < K, other=0.0).to(tl.float32)
+        acc += w.to(tl.float32) * xk[None, :]
+        if GLU:
+            acc_u += wu.to(tl.float32) * xk[None, :]
+    y = tl.sum(acc, axis=1)                                                         # [BN]
+    if GLU:
+        u = tl.sum(acc_u, axis=1)
+    if NORM:
+        rstd = tl.math.rsqrt(tl.sum(ss, axis=0) / K + eps)
+        y = y * rstd
+        if GLU:
+            u = u * rstd
+    y = y.to(Y.dtype.element_ty).to(tl.float32)
+    if GLU:
+        u = u.to(Y.dtype.element_ty).to(tl.float32)
+        y = (y * tl.sigmoid(y)).to(Y.dtype.element_ty).to(tl.float32) * u
+    if RES:
+        y += tl.load(R + cols, mask=col_ok, other=0.0).to(tl.float32)
+    tl.store(Y + cols, y.to(Y.dtype.element_ty), mask=col_ok)
