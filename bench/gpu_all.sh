@@ -23,7 +23,7 @@ step() {                                   # step NAME SET LIMIT_S COMMAND SUMMA
 # In COMMAND and SUMMARY: $W/NAME.json is the step's JSON (collected into results.json), $L its log.
 # SUMMARY prints one line for the table; '' (or no output) takes the log's last line instead.
 # Sets: quick (also in --quick), default (a plain run), extra (only by name or with --all).
-GPU_TESTS="tests/gpu tests/llm/test_gpu.py tests/llm/test_decode_attention.py tests/llm/test_triton_reproducible.py
+GPU_TESTS="tests/gpu tests/llm/test_gpu.py tests/llm/test_decode_attention.py tests/llm/test_triton_reproducible.py tests/ops/test_fused_linear.py
            tests/runtime/triton"
 step tests default 300 'python3 -m pytest -q -p no:cacheprovider $(existing $GPU_TESTS)' \
   'grep -E "[0-9]+ (passed|failed|error)" $L | tail -1'
