@@ -111,6 +111,8 @@ SWITCHES: tuple[Switch, ...] = (
            "CUDA checkpoint loads read the safetensors files into pinned buffers on several threads and copy "
            "them straight to the device (0: copy each tensor from the memory map; shapeplan/llm/stream_load.py)"),
     Switch("SHAPEPLAN_LOAD_THREADS", "int", None, "threads that read checkpoint files (default min(4, CPUs))"),
+    Switch("SHAPEPLAN_FAST_EXIT", "bool", True,
+           "`shapeplan generate` ends with os._exit after the atexit handlers (0: the interpreter's full teardown)"),
     Switch("SHAPEPLAN_WARM_DURING_LOAD", "bool", True,
            "a CUDA from_pretrained starts the CUDA warm-up before the weights load, so the two overlap (0: the "
            "warm-up starts with the pipeline's construction, after the load)"),

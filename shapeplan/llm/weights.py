@@ -238,18 +238,16 @@ def load_weights(path: str, cfg: LlamaConfig, *, device: str | torch.device = "c
     CUDA, unless ``SHAPEPLAN_WEIGHTS_STREAM=0``): read the files straight into device memory through
     pinned staging buffers on several threads (``stream_load``); otherwise each tensor is copied from
     the memory map."""
+    dev = torch.device(device)
+    if stream if stream is not None else streaming(dev):
+        return StreamedLoad(path, cfg, dev, dtype, progress).run()
     ckpt = CheckpointWeights(path)
     shapes = expected_shapes(cfg)
     for name, shape in shapes.items():                # validate everything before moving anything
         ckpt.get(name, shape)
-    dev = torch.device(device)
-    if stream is None:
-        stream = dev.type == "cuda" and env.get("SHAPEPLAN_WEIGHTS_STREAM")
     slots: dict[str, torch.Tensor] = {}
-    if (dev.type != "cpu" or stream) and dtype is not None:
+    if dev.type != "cpu" and dtype is not None:
         slots = stacked_slots(cfg, shapes, dev, dtype)
-    if stream:
-        return _load_streamed(ckpt, shapes, dev, dtype, slots, progress)
     out: dict[str, torch.Tensor] = {}
     bar = _Progress(progress, "loading weights", len(shapes))
     try:
@@ -263,34 +261,54 @@ def load_weights(path: str, cfg: LlamaConfig, *, device: str | torch.device = "c
     return out
 
 
-def _load_streamed(ckpt: CheckpointWeights, shapes: dict[str, tuple[int, ...]], device: torch.device,
-                   dtype: torch.dtype | None, slots: dict[str, torch.Tensor],
-                   progress: bool | None) -> dict[str, torch.Tensor]:
-    """``load_weights`` through ``stream_load``: every destination is allocated on the device first (a
-    stacked slot, or a new tensor), then the files are read into them; a tensor stored in another dtype
-    is read into a temporary of its own dtype on the device and converted there."""
-    out: dict[str, torch.Tensor] = {}
-    plan: list[stream_load.Piece] = []
-    convert: list[tuple[str, torch.Tensor, torch.Tensor | None]] = []
-    for name, shape in shapes.items():
-        sf = ckpt.file(name)
-        src_dt, offset, _ = sf.layout(name)
-        dt = dtype or src_dt
-        slot = slots.get(name)
-        if src_dt == dt:
-            fill = out[name] = slot if slot is not None else torch.empty(shape, dtype=dt, device=device)
-        else:
-            fill = torch.empty(shape, dtype=src_dt, device=device)
-            convert.append((name, fill, slot))
-        plan += stream_load.pieces(name, sf.path, offset, fill)
-    bar = _Progress(progress, "loading weights", sum(p.nbytes for p in plan))
-    try:
-        stream_load.load(plan, device, on_progress=bar.advance)
-    finally:
-        bar.close()
-    for name, tmp, slot in convert:
-        out[name] = slot.copy_(tmp) if slot is not None else tmp.to(dtype)
-    return {name: out[name] for name in shapes}
+class StreamedLoad:
+    """``load_weights`` through ``stream_load``, in two steps: construction validates the checkpoint and
+    allocates every destination on the device (a stacked slot, or a new tensor; a tensor stored in
+    another dtype gets a temporary of its own dtype, converted on the device after the read), ``run``
+    reads the files into them. Between the two, ``head`` is the LM head (or tied embedding) tensor the
+    load will fill: the CUDA warm-up may run its GEMM on it while it loads (values unused)."""
+
+    def __init__(self, path: str, cfg: LlamaConfig, device: torch.device, dtype: torch.dtype | None,
+                 progress: bool | None = None) -> None:
+        ckpt = CheckpointWeights(path)
+        self.shapes = shapes = expected_shapes(cfg)
+        for name, shape in shapes.items():                # validate everything before moving anything
+            ckpt.get(name, shape)
+        self.device, self.dtype, self.progress = device, dtype, progress
+        slots = stacked_slots(cfg, shapes, device, dtype) if dtype is not None else {}
+        self.out: dict[str, torch.Tensor] = {}
+        self.plan: list[stream_load.Piece] = []
+        self.convert: list[tuple[str, torch.Tensor, torch.Tensor | None]] = []
+        for name, shape in shapes.items():
+            sf = ckpt.file(name)
+            src_dt, offset, _ = sf.layout(name)
+            slot = slots.get(name)
+            if src_dt == (dtype or src_dt):
+                fill = self.out[name] = slot if slot is not None else torch.empty(shape, dtype=src_dt, device=device)
+            else:
+                fill = torch.empty(shape, dtype=src_dt, device=device)
+                self.convert.append((name, fill, slot))
+            self.plan += stream_load.pieces(name, sf.path, offset, fill)
+
+    @property
+    def head(self) -> torch.Tensor | None:
+        """The LM head (or the tied embedding) as it will be after ``run``, if it is read in place."""
+        return self.out.get("lm_head.weight", self.out.get("model.embed_tokens.weight"))
+
+    def run(self) -> dict[str, torch.Tensor]:
+        bar = _Progress(self.progress, "loading weights", sum(p.nbytes for p in self.plan))
+        try:
+            stream_load.load(self.plan, self.device, on_progress=bar.advance)
+        finally:
+            bar.close()
+        for name, tmp, slot in self.convert:
+            self.out[name] = slot.copy_(tmp) if slot is not None else tmp.to(self.dtype)
+        return {name: self.out[name] for name in self.shapes}
+
+
+def streaming(device: torch.device) -> bool:
+    """Whether ``load_weights`` streams to ``device`` by default (CUDA, ``SHAPEPLAN_WEIGHTS_STREAM``)."""
+    return device.type == "cuda" and env.get("SHAPEPLAN_WEIGHTS_STREAM")
 
 
 def random_weights(cfg: LlamaConfig, *, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
