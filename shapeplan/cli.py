@@ -42,11 +42,21 @@ def main(argv: list[str] | None = None) -> int:
 
 def exit_now(rc: int) -> None:
     """End a command's process without the interpreter's teardown: freeing every module and object of
-    torch took 0.4-0.5 s after ``shapeplan generate`` on the dev box. The atexit handlers still run (the
-    diagnostics file, Triton's compile workers, weakref finalizers such as a pipeline's engine thread),
-    and stdout and stderr are flushed; then ``os._exit``. Only for a command run as a program (``main``
-    without ``argv``), and only commands that ask for it (``fast_exit``)."""
+    torch took 0.4-0.5 s after ``shapeplan generate`` on the dev box. What an exit must do still happens,
+    in the interpreter's order: threads that are not daemons are joined (and thread pools' exit hooks
+    run: a Triton kernel still compiling lands in its cache), the atexit handlers run (the diagnostics
+    file, Triton's compile workers, weakref finalizers such as a pipeline's engine thread), stdout and
+    stderr are flushed; then ``os._exit``. Only for a command run as a program (``main`` without
+    ``argv``), and only commands that ask for it (``fast_exit``)."""
     import atexit
+    import threading
+    shutdown = getattr(threading, "_shutdown", None)       # CPython's own first step of an exit
+    if shutdown is not None:
+        shutdown()
+    else:
+        for t in threading.enumerate():
+            if t is not threading.main_thread() and not t.daemon:
+                t.join()
     atexit._run_exitfuncs()
     for f in (sys.stdout, sys.stderr):
         try:

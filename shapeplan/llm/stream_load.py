@@ -47,9 +47,10 @@ def threads() -> int:
     return max(1, n if n is not None else min(4, os.cpu_count() or 1))
 
 
-def pieces(name: str, path: str, offset: int, dest: torch.Tensor, chunk: int = CHUNK) -> list[Piece]:
-    """``dest``'s bytes (a contiguous tensor) as pieces of at most ``chunk`` bytes read from ``path`` at
-    ``offset``."""
+def pieces(name: str, path: str, offset: int, dest: torch.Tensor, chunk: int | None = None) -> list[Piece]:
+    """``dest``'s bytes (a contiguous tensor) as pieces of at most ``chunk`` (default ``CHUNK``) bytes read
+    from ``path`` at ``offset``."""
+    chunk = chunk or CHUNK
     if not dest.is_contiguous():
         raise ModelError(f"tensor {name!r}: load destination is not contiguous")
     flat = dest.reshape(-1).view(torch.uint8)
@@ -57,7 +58,7 @@ def pieces(name: str, path: str, offset: int, dest: torch.Tensor, chunk: int = C
     return [Piece(path, offset + a, min(chunk, n - a), flat[a:a + chunk], name) for a in range(0, n, chunk)]
 
 
-def load(plan: list[Piece], device: torch.device, *, num_threads: int | None = None, chunk: int = CHUNK,
+def load(plan: list[Piece], device: torch.device, *, num_threads: int | None = None,
          on_progress: Callable[[int], None] | None = None) -> None:
     """Fill every piece's ``dest`` from its file (see the module docstring); ``on_progress(nbytes)`` is
     called from the worker threads as pieces are read. Errors (a short read, an OSError) raise
@@ -66,7 +67,7 @@ def load(plan: list[Piece], device: torch.device, *, num_threads: int | None = N
         return
     cuda = device.type == "cuda"
     n_threads = max(1, min(num_threads or threads(), len(plan)))
-    biggest = min(chunk, max(p.nbytes for p in plan))
+    biggest = max(p.nbytes for p in plan)
     fds: dict[str, int] = {}
     try:
         for p in plan:
