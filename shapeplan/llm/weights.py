@@ -15,7 +15,7 @@ import struct
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, Iterator, Sequence, TypeVar
 
 import torch
 
@@ -227,6 +227,20 @@ class _Progress:
         if self._bar is not None:
             self._bar.stop()
             self._bar = None
+
+
+_T = TypeVar("_T")
+
+
+def _progress(items: Sequence[_T], enabled: bool | None, what: str) -> Iterator[_T]:
+    """``items``, with a ``_Progress`` bar over them."""
+    bar = _Progress(enabled, what, len(items))
+    try:
+        for it in items:
+            yield it
+            bar.advance()
+    finally:
+        bar.close()
 
 
 def load_weights(path: str, cfg: LlamaConfig, *, device: str | torch.device = "cpu",
