@@ -31,6 +31,8 @@ step decode quick 150 'python3 -m shapeplan bench --preset llama-1b --device cud
   'awk '\''$1=="triton" {print "llama-1b triton late_steady " $(NF-2) " tok/s, cold " $2 " s"}'\'' $L'
 step startup quick 150 'python3 -m bench.startup --preset llama-1b --mode triton --warm 3 --json $W/startup.json' \
   'awk '\''$1=="cold" || $1 ~ /^warm/ {s = s $1 " " $4 " s, "; mb = $5} END {if (s) print s "beyond weights " mb " MB"}'\'' $L'
+step generate_cmd default 120 'python3 -m bench.startup --generate-cmd --preset llama-1b --device cuda --json $W/generate_cmd.json' \
+  'awk '\''$1=="wall" {print "shapeplan generate llama-1b 256 tokens: first " $2 " s, second " $3 " s"}'\'' $L'
 step block_stack quick 150 'python3 -m bench.block_stack --shapes 1x1,8x512 --optimize --no-compile --json $W/block_stack.json' \
   'awk '\''$2=="cuda_graphs" || $2=="triton" {printf "%s %s %s ms (ready %s s); ", $1, $2, $3, $5}'\'' $L'
 SERVE='python3 -m shapeplan bench --device cuda --config triton --prompt-len 128 --new-tokens 256'

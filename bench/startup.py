@@ -1,10 +1,21 @@
 """Start-up time and memory of the LLM pipeline on the GPU, weights excluded: cold (empty plan and
 Triton caches) and warm (the disk cache an earlier process left: frozen-plan records, compiled
-kernels, check verdicts).
+kernels, check verdicts). With ``--generate-cmd``: the whole ``shapeplan generate`` command instead.
 
     python3 -m bench.startup                          # llama-1b triton: 1 cold + 3 warm starts, a table
     python3 -m bench.startup --warm 6 --json s.json
     SHAPEPLAN_CACHE_DIR=/tmp/c python3 -m bench.startup --once --timeline    # one start in this process
+    python3 -m bench.startup --generate-cmd --preset llama-1b --device cuda   # the command, twice
+    python3 -m bench.startup --generate-cmd --preset llama-tiny --dtype float32 --device cpu
+
+``--generate-cmd`` writes a random checkpoint of the preset to a temporary directory (safetensors as
+save_pretrained writes them, config.json, a synthetic byte-level BPE tokenizer of the preset's vocabulary;
+nothing downloads; the file is then in the page cache), byte-compiles shapeplan (as an install would),
+then runs ``python3 -m shapeplan generate --model DIR --prompt ... --max-new-tokens N --device D
+--timings`` ``--runs`` times (default 2), each a fresh process in one new empty ``SHAPEPLAN_CACHE_DIR``
+(so the first run is cold, the second warm), and prints the wall time of each run (measured outside)
+with the breakdown the command reports (``--timings``); "exit + unaccounted" is the wall time minus
+the command's own total (the interpreter's exit, the process start before ``/proc`` counts it).
 
 Each start is a fresh process (``--once``): random weights are made on the GPU first (not timed), then
 the clock runs over pipeline construction and a 32-token first request (so the prefill and decode
@@ -121,11 +132,93 @@ def series(a: argparse.Namespace) -> list[dict]:
     return rows
 
 
+def write_checkpoint(preset: str, dtype: str, path: str) -> int:
+    """A random checkpoint of ``preset`` in ``path`` (config.json, model.safetensors, tokenizer); returns
+    its weight bytes. Weights are made on the GPU when there is one (fast), written from the CPU."""
+    from safetensors.torch import save_file
+
+    from bench.structured import synthetic_tokenizer
+    from shapeplan.llm.config import PRESETS, preset_config
+    from shapeplan.llm.weights import random_weights
+    cfg = preset_config(preset, dtype)
+    v = cfg.vocab_size                     # the synthetic tokenizer's last two tokens: <s>, </s>
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "rms_norm_eps": 1e-5,
+              "max_position_embeddings": 131072, "bos_token_id": v - 2, "eos_token_id": v - 1,
+              "torch_dtype": dtype, **PRESETS[preset]}
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "config.json"), "w", encoding="utf-8") as f:
+        json.dump(config, f, indent=2)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    w = random_weights(cfg, device=dev, dtype=getattr(torch, dtype), seed=0)
+    w = {k: t.detach().to("cpu").contiguous() for k, t in w.items()}
+    if dev == "cuda":
+        torch.cuda.empty_cache()           # the runs' processes get the whole device
+    save_file(w, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+    synthetic_tokenizer(v, path)
+    return sum(t.numel() * t.element_size() for t in w.values())
+
+
+def generate_cmd(a: argparse.Namespace) -> int:
+    """Time the real ``shapeplan generate`` command (see the module docstring)."""
+    import compileall
+    if a.device.startswith("cuda") and not torch.cuda.is_available():
+        print("bench.startup --generate-cmd: CUDA is not available, nothing measured (--device cpu runs on the CPU)")
+        return 0
+    work = tempfile.mkdtemp(prefix="sp_startup_gen_")
+    ckpt = os.path.join(work, "ckpt")
+    t0 = time.perf_counter()
+    nbytes = write_checkpoint(a.preset, a.dtype, ckpt)
+    print(f"checkpoint: {a.preset} {a.dtype}, {nbytes / 1e9:.2f} GB in {ckpt} "
+          f"(written in {time.perf_counter() - t0:.1f} s, not timed)", flush=True)
+    compileall.compile_dir(os.path.join(ROOT, "shapeplan"), quiet=2)
+    cache = a.cache_dir or os.path.join(work, "cache")
+    cmd = [sys.executable, "-m", "shapeplan", "generate", "--model", ckpt, "--prompt", a.prompt,
+           "--max-new-tokens", str(a.new_tokens), "--device", a.device, "--timings"]
+    cmd += ["--mode", a.mode] if a.mode else []
+    env = dict(os.environ, SHAPEPLAN_CACHE_DIR=cache)
+    rows: list[dict] = []
+    for i in range(a.runs):
+        label = ["first", "second"][i] if i < 2 else f"run{i + 1}"
+        t = time.perf_counter()
+        try:
+            p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=a.timeout)
+            wall, rc, err = time.perf_counter() - t, p.returncode, p.stderr
+        except subprocess.TimeoutExpired:
+            wall, rc, err = time.perf_counter() - t, -1, f"timed out after {a.timeout} s"
+        line = next((ln for ln in reversed(err.splitlines()) if ln.startswith("timings {")), None)
+        if rc != 0 or line is None:
+            rows.append({"run": label, "error": f"exit status {rc}: {err.strip()[-600:]}"})
+            continue
+        phases = json.loads(line[len("timings "):])
+        rows.append({"run": label, "wall": round(wall, 4), **phases,
+                     "exit + unaccounted": round(wall - phases["in process"], 4)})
+    dev = torch.cuda.get_device_name() if a.device.startswith("cuda") and torch.cuda.is_available() else a.device
+    print(f"\n`shapeplan generate` on {dev}: {a.preset} {a.dtype} random checkpoint, {a.new_tokens} new tokens, "
+          f"each run a fresh process (one new SHAPEPLAN_CACHE_DIR: first cold, then warm)")
+    ok = [r for r in rows if "error" not in r]
+    names = ["wall"] + [k for k in (ok[0] if ok else {}) if k not in ("run", "wall")]
+    print(f"{'phase (s)':<24}" + "".join(f"{r['run']:>10}" for r in rows))
+    for n in names:
+        print(f"{n:<24}" + "".join(f"{r.get(n, float('nan')):>10.3f}" if "error" not in r else f"{'FAILED':>10}"
+                                   for r in rows))
+    for r in rows:
+        if "error" in r:
+            print(f"{r['run']}: {r['error']}")
+    if a.json_path:
+        with open(a.json_path, "w", encoding="utf-8") as f:
+            json.dump(rows, f, indent=2)
+    if not a.keep:
+        import shutil
+        shutil.rmtree(work, ignore_errors=True)
+    return 1 if len(ok) < len(rows) else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python3 -m bench.startup", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", default="llama-1b")
-    ap.add_argument("--mode", default="triton")
+    ap.add_argument("--mode", default=None, help="execution mode (default: triton; the command's own, auto, "
+                    "with --generate-cmd)")
     ap.add_argument("--max-prefill-length", type=int, default=128)
     ap.add_argument("--max-kv-cache-length", type=int, default=1024)
     ap.add_argument("--warm", type=int, default=3, help="warm starts after the cold one (default 3)")
@@ -141,7 +234,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--switch-interval", type=float, default=0.0,
                     help="set SHAPEPLAN_STARTUP_SWITCH_INTERVAL (0: the default)")
     ap.add_argument("--json", dest="json_path", default=None, help="write the series' rows as JSON to this file")
+    g = ap.add_argument_group("--generate-cmd: the whole `shapeplan generate` command")
+    g.add_argument("--generate-cmd", action="store_true",
+                   help="time `python3 -m shapeplan generate` on a random checkpoint of --preset (CPU or GPU)")
+    g.add_argument("--device", default="cuda", help="the command's --device (default cuda)")
+    g.add_argument("--dtype", default="bfloat16", help="the checkpoint's dtype (default bfloat16)")
+    g.add_argument("--new-tokens", type=int, default=256, help="the command's --max-new-tokens (default 256)")
+    g.add_argument("--prompt", default="Explain KV caching in two sentences.")
+    g.add_argument("--runs", type=int, default=2, help="runs of the command (default 2: first, second)")
+    g.add_argument("--keep", action="store_true", help="keep the temporary checkpoint and cache directory")
     a = ap.parse_args(argv)
+    if a.generate_cmd:
+        return generate_cmd(a)
+    a.mode = a.mode or "triton"
     if not torch.cuda.is_available():
         print("bench.startup: CUDA is not available, nothing measured (this benchmark needs a GPU)")
         return 0

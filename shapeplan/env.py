@@ -110,6 +110,15 @@ SWITCHES: tuple[Switch, ...] = (
            "1: the CUDA warm-up's parts one after another (any other value: each on its own thread)"),
     Switch("SHAPEPLAN_STARTUP_SWITCH_INTERVAL", "float", 0.0002,
            "GIL switch interval in seconds while a CUDA LLM pipeline starts (0: Python's 5 ms; docs/gpu.md)"),
+    Switch("SHAPEPLAN_WEIGHTS_STREAM", "bool", True,
+           "CUDA checkpoint loads read the safetensors files into pinned buffers on several threads and copy "
+           "them straight to the device (0: copy each tensor from the memory map; shapeplan/llm/stream_load.py)"),
+    Switch("SHAPEPLAN_LOAD_THREADS", "int", None, "threads that read checkpoint files (default min(4, CPUs))"),
+    Switch("SHAPEPLAN_FAST_EXIT", "bool", True,
+           "`shapeplan generate` ends with os._exit after the atexit handlers (0: the interpreter's full teardown)"),
+    Switch("SHAPEPLAN_WARM_DURING_LOAD", "bool", True,
+           "a CUDA from_pretrained starts the CUDA warm-up before the weights load, so the two overlap (0: the "
+           "warm-up starts with the pipeline's construction, after the load)"),
     # ---- tensor / pipeline parallel
     Switch("SHAPEPLAN_HANG_DUMP_S", "float", 0.0,
            "tensor-parallel workers print every thread's Python stack to stderr after N s and every N s after "

@@ -1,8 +1,19 @@
-"""``shapeplan generate --model DIR --prompt "..."``: stream a completion to stdout."""
+"""``shapeplan generate --model DIR --prompt "..."``: stream a completion to stdout.
+
+The command is one process start, so its own start-up counts (issue 22): it imports what generation
+needs and nothing else (tests/llm/test_startup.py checks that no ONNX, transformers, server or jinja2
+module is imported), creates the CUDA context on a thread while ``shapeplan.llm`` imports, lets
+``from_pretrained`` read the weights straight into device memory while the CUDA warm-up runs, and ends
+without the interpreter's teardown (``cli.exit_now``). ``--timings`` prints where the time went.
+"""
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
+import threading
+import time
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -18,8 +29,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     p.add_argument("--tp", type=int, default=1, help="tensor parallel: N processes, one per device (gloo on CPU, "
                    "NCCL on CUDA); see docs/parallel.md")
+    p.add_argument("--timings", action="store_true",
+                   help="print the wall-clock breakdown of the command to stderr (a table, then a 'timings {json}' line)")
     add_engine_args(p)
-    p.set_defaults(func=_generate)
+    p.set_defaults(func=_generate, fast_exit=True)
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -56,13 +69,80 @@ def _generate(args: argparse.Namespace) -> int:
     if args.tp > 1:
         from shapeplan.parallel.cli import generate
         return generate(args)
+    t0 = time.perf_counter()
+    before = since_process_start()
+    cuda_init = start_cuda_init(args.device)
+    from shapeplan.llm import GenerationPipeline  # noqa: F401 - timed apart from the pipeline's start
+    t_imports = time.perf_counter()
     pipe = load_pipeline(args)
+    if cuda_init is not None:
+        cuda_init.join()
+    t_loaded = time.perf_counter()
     stream = pipe.stream(args.prompt, max_new_tokens=args.max_new_tokens, sampling=sampling_from(args),
                          chat=args.chat)
     for delta in stream:
         sys.stdout.write(delta)
         sys.stdout.flush()
     sys.stdout.write("\n")
+    sys.stdout.flush()
+    pipe.close()
     if args.metrics and stream.result is not None:
         print_metrics(stream.result)
+    if args.timings:
+        t_end = time.perf_counter()
+        # the interpreter, `import shapeplan` (torch), the parser (which imports shapeplan.llm), the rest
+        phases = {"interpreter + imports": (before or 0.0) + t_imports - t0}
+        phases.update({k: v for k, v in pipe.timings.items() if k != "warm-up wait"})
+        phases["pipeline (other)"] = t_loaded - t_imports - sum(v for k, v in pipe.timings.items()
+                                                                  if k != "warm-up wait")
+        m = stream.result.metrics if stream.result is not None else None
+        wait = pipe.timings.get("warm-up wait", 0.0)
+        if m is not None:
+            phases["warm-up wait"] = wait
+            phases["prefill"] = max(0.0, m.ttft_s - wait)
+            phases["decode"] = m.total_s - m.ttft_s
+        phases["output + close"] = t_end - t_loaded - (m.total_s if m is not None else 0.0)
+        phases["in process"] = (before or 0.0) + t_end - t0
+        print_timings(phases)
     return 0
+
+
+def since_process_start() -> float | None:
+    """Seconds since this process started (Linux ``/proc``, 10 ms resolution; None elsewhere)."""
+    try:
+        with open("/proc/self/stat", encoding="ascii") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])        # field 22, starttime
+        return max(0.0, time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+
+
+def start_cuda_init(device: str) -> threading.Thread | None:
+    """On CUDA, create the device's context on a thread now: it then overlaps the rest of the command's
+    imports and the config and tokenizer reads instead of starting the weights load. Best effort: a
+    failure here is the load's to report."""
+    if not device.startswith("cuda"):
+        return None
+
+    def init() -> None:
+        import torch
+        try:
+            dev = torch.device(device)
+            if dev.index is not None:
+                torch.cuda.set_device(dev.index)
+            torch.empty(1, device=dev)
+        except Exception:  # noqa: BLE001, S110 - the weights load raises the real error
+            pass
+    t = threading.Thread(target=init, name="shapeplan-cuda-init", daemon=True)
+    t.start()
+    return t
+
+
+def print_timings(phases: dict[str, float], file=None) -> None:
+    """The breakdown as a table, then one ``timings {json}`` line (bench/startup.py reads it)."""
+    file = file if file is not None else sys.stderr
+    width = max(len(k) for k in phases)
+    print("timings (s):", file=file)
+    for k, v in phases.items():
+        print(f"  {k:<{width}} {v:8.3f}", file=file)
+    print("timings " + json.dumps({k: round(v, 4) for k, v in phases.items()}), file=file)

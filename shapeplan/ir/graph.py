@@ -248,7 +248,6 @@ class Graph:
         verify(self)
 
     def copy(self) -> "Graph":
-        from shapeplan.ir.onnx_io import clone_graph
         return clone_graph(self)
 
     def op_histogram(self) -> dict[str, int]:
@@ -300,3 +299,45 @@ def to_tensor(data: Any, dtype: Any = None) -> Any:
     if dtype is not None:
         t = t.to(as_dtype(dtype).torch)
     return t
+
+
+def clone_graph(g: Graph) -> Graph:
+    """A deep structural copy (tensor data is shared, not copied). Here, not in ``onnx_io``: copying a
+    graph must not import onnx (0.7 s with ml_dtypes on the dev box, on every LLM pipeline start)."""
+    mapping: dict[int, Value] = {}
+    return _clone(g, mapping)
+
+
+def _clone(g: Graph, mapping: dict[int, Value]) -> Graph:
+    new = Graph(g.name, opset=dict(g.opset_imports))
+    new.metadata = dict(g.metadata)
+
+    def cv(v: Value | None) -> Value | None:
+        if v is None:
+            return None
+        if id(v) in mapping:
+            return mapping[id(v)]
+        nv = Value(v.name, v.dtype, v.shape, v.kind, v.data, None, v.type_kind, v.elem_type)
+        mapping[id(v)] = nv
+        if v.name:
+            new.values[v.name] = nv
+        return nv
+
+    for v in g.values.values():
+        cv(v)
+    new.inputs = [cv(v) for v in g.inputs]  # type: ignore[misc]
+    new.captures = [cv(v) for v in g.captures]  # type: ignore[misc]
+    get = mapping.get                  # values are already mapped: cv() only for the rare unnamed one
+    for n in g.nodes:
+        attrs = {k: (_clone(v, mapping) if isinstance(v, Graph) else
+                     [_clone(x, mapping) for x in v] if isinstance(v, list) and v and isinstance(v[0], Graph)
+                     else v) for k, v in n.attrs.items()} if n.attrs else {}
+        nn = Node(n.op_type, [None if v is None else get(id(v)) or cv(v) for v in n.inputs],
+                  [get(id(o)) or cv(o) for o in n.outputs], attrs,  # type: ignore[misc]
+                  n.domain, n.name, [cv(v) for v in n.implicit_inputs] if n.implicit_inputs else [])  # type: ignore[misc]
+        for o in nn.outputs:
+            o.producer = nn
+        new.nodes.append(nn)
+    new.outputs = [cv(v) for v in g.outputs]  # type: ignore[misc]
+    new._counter = itertools.count(len(new.values))
+    return new

@@ -11,7 +11,7 @@ from onnx import numpy_helper
 
 from shapeplan.errors import ModelError
 from shapeplan.ir.dtypes import dtype as as_dtype, from_onnx
-from shapeplan.ir.graph import Graph, Node, TypeKind, Value, ValueKind
+from shapeplan.ir.graph import Graph, Node, TypeKind, Value, ValueKind, clone_graph  # noqa: F401 - re-exported
 from shapeplan.ir.tensors import numpy_to_runtime, runtime_to_numpy
 
 
@@ -314,47 +314,6 @@ def _walk_nodes(g: Graph):
         yield n
         for s in n.subgraphs():
             yield from _walk_nodes(s)
-
-
-def clone_graph(g: Graph) -> Graph:
-    """A deep structural copy (tensor data is shared, not copied)."""
-    mapping: dict[int, Value] = {}
-    return _clone(g, mapping)
-
-
-def _clone(g: Graph, mapping: dict[int, Value]) -> Graph:
-    new = Graph(g.name, opset=dict(g.opset_imports))
-    new.metadata = dict(g.metadata)
-
-    def cv(v: Value | None) -> Value | None:
-        if v is None:
-            return None
-        if id(v) in mapping:
-            return mapping[id(v)]
-        nv = Value(v.name, v.dtype, v.shape, v.kind, v.data, None, v.type_kind, v.elem_type)
-        mapping[id(v)] = nv
-        if v.name:
-            new.values[v.name] = nv
-        return nv
-
-    for v in g.values.values():
-        cv(v)
-    new.inputs = [cv(v) for v in g.inputs]  # type: ignore[misc]
-    new.captures = [cv(v) for v in g.captures]  # type: ignore[misc]
-    get = mapping.get                  # values are already mapped: cv() only for the rare unnamed one
-    for n in g.nodes:
-        attrs = {k: (_clone(v, mapping) if isinstance(v, Graph) else
-                     [_clone(x, mapping) for x in v] if isinstance(v, list) and v and isinstance(v[0], Graph)
-                     else v) for k, v in n.attrs.items()} if n.attrs else {}
-        nn = Node(n.op_type, [None if v is None else get(id(v)) or cv(v) for v in n.inputs],
-                  [get(id(o)) or cv(o) for o in n.outputs], attrs,  # type: ignore[misc]
-                  n.domain, n.name, [cv(v) for v in n.implicit_inputs] if n.implicit_inputs else [])  # type: ignore[misc]
-        for o in nn.outputs:
-            o.producer = nn
-        new.nodes.append(nn)
-    new.outputs = [cv(v) for v in g.outputs]  # type: ignore[misc]
-    new._counter = __import__("itertools").count(len(new.values))
-    return new
 
 
 def save_onnx(g: Graph, path: str, external_data: bool = False) -> None:

@@ -17,10 +17,13 @@ first request). Seeded sampling is reproducible: a row's noise depends only on i
 """
 from __future__ import annotations
 
+import inspect
 import json
 import os
+import threading
 import time
 import weakref
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
@@ -35,7 +38,7 @@ from shapeplan.llm.model import PagedKV, build_graph, initial_state
 from shapeplan.llm.sampling import Sampling
 from shapeplan.llm.session import GenerationResult, Session, TextStream, _until_stop  # noqa: F401
 from shapeplan.llm.tokenizer import Tokenizer
-from shapeplan.llm.weights import load_weights, random_weights
+from shapeplan.llm.weights import StreamedLoad, load_weights, random_weights, streaming
 
 _METRIC_SYNCS = (0, 2, 19)
 
@@ -56,6 +59,42 @@ def _import_triton() -> None:
 
 
 _import_triton()
+
+
+def prefill_buckets(max_prefill_length: int, buckets: Sequence[int] | None = None) -> list[int]:
+    """The prefill buckets: ``buckets`` (default ``bucket_ladder``) up to and always including
+    ``max_prefill_length``."""
+    out = sorted(b for b in (buckets or bucket_ladder(max_prefill_length)) if b <= max_prefill_length)
+    if not out or out[-1] != max_prefill_length:
+        out.append(max_prefill_length)
+    return out
+
+
+@dataclass(slots=True)
+class CudaWarmup:
+    """A started CUDA warm-up (``llm/warmup.py``): its thread, whether it warms only what a replay from
+    frozen-plan records runs, its prefill length, and the release of the short GIL switch interval."""
+    thread: threading.Thread | None
+    replay_only: bool
+    seq: int
+    release: Callable[[], None]
+
+
+def start_cuda_warmup(cfg: LlamaConfig, dtype: torch.dtype, device: torch.device, mode: str, buckets: list[int],
+                      max_kv_cache_length: int, block_size: int, head: torch.Tensor | None) -> CudaWarmup:
+    """Start the pipeline's CUDA warm-up: in ``__init__`` (while the graph is built), or earlier in
+    ``from_pretrained`` (while the weights load; ``head`` may then still be loading: the warm-up only
+    reads it, and its results are unused)."""
+    from shapeplan.llm import warmup
+    from shapeplan.runtime import frozen_records
+    release = warmup.short_switch_interval()
+    # plans frozen from records never run the torch kernels that Triton replaces: skip loading
+    # them when records exist (a plan without one loads them in its own slot-by-slot call)
+    replay_only = mode in ("triton", "auto") and frozen_records.enabled(device) and frozen_records.entries() > 0
+    seq = next(b for b in buckets if b >= min(128, buckets[-1]))
+    thread = warmup.start(cfg, dtype, device, max_kv_cache_length, seq=seq, replay_only=replay_only,
+                          block_size=block_size, head=head)
+    return CudaWarmup(thread, replay_only, seq, release)
 
 
 def bucket_ladder(max_prefill_length: int, smallest: int = 16) -> list[int]:
@@ -92,7 +131,10 @@ class GenerationPipeline:
                  prefix_cache: bool = True, optimize: bool = True, tp: Any = None, placement: Any = None,
                  max_num_seqs: int = 64, kv_cache_bytes: int | None = None, block_size: int = 16,
                  max_num_batched_tokens: int | None = None, prefix_cache_bytes: int | None = None,
-                 max_waiting: int = 4096) -> None:
+                 max_waiting: int = 4096, _warmup: CudaWarmup | None = None) -> None:
+        t_start = time.perf_counter()
+        #: seconds per start-up phase (``shapeplan generate --timings``); from_pretrained adds its own first
+        self.timings: dict[str, float] = {}
         if max_prefill_length >= max_kv_cache_length:
             raise InputError(f"max_prefill_length ({max_prefill_length}) must be smaller than "
                              f"max_kv_cache_length ({max_kv_cache_length}): a full-length prompt would "
@@ -106,9 +148,7 @@ class GenerationPipeline:
         self.max_prefill_length, self.max_kv_cache_length = max_prefill_length, max_kv_cache_length
         self.sync_every, self.max_num_seqs, self.block_size = sync_every, max_num_seqs, block_size
         self.prefix_cache = prefix_cache
-        self.buckets = sorted(b for b in (buckets or bucket_ladder(max_prefill_length)) if b <= max_prefill_length)
-        if not self.buckets or self.buckets[-1] != max_prefill_length:
-            self.buckets.append(max_prefill_length)
+        self.buckets = prefill_buckets(max_prefill_length, buckets)
         eos = list(eos_token_ids if eos_token_ids is not None else cfg.eos_token_ids)
         if not eos and tokenizer is not None and tokenizer.eos_token_id is not None:
             eos = [tokenizer.eos_token_id]
@@ -126,25 +166,22 @@ class GenerationPipeline:
         self._startup_done: Callable[[], None] = lambda: None
         state = initial_state(cfg, max_kv_cache_length=max_kv_cache_length, dtype=self.dtype, device=self.device,
                               paged=self.paged) if tp is None and placement is None else None
-        replay_only = warm_seq = 0
+        replay_only, warm_seq = False, 0
         if self.device.type == "cuda" and tp is None and placement is None:
-            from shapeplan.llm import warmup            # CUDA libraries load while the graph is built
-            from shapeplan.runtime import frozen_records
-            self._startup_done = warmup.short_switch_interval()
+            # CUDA libraries load while the graph is built (or already while the weights loaded)
+            warm = _warmup or start_cuda_warmup(
+                cfg, self.dtype, self.device, mode, self.buckets, max_kv_cache_length, block_size,
+                head=weights.get("lm_head.weight", weights.get("model.embed_tokens.weight")))
+            self._warm_thread, replay_only, warm_seq = warm.thread, warm.replay_only, warm.seq
+            self._startup_done = warm.release
             weakref.finalize(self, self._startup_done)
-            # plans frozen from records never run the torch kernels that Triton replaces: skip loading
-            # them when records exist (a plan without one loads them in its own slot-by-slot call)
-            replay_only = mode in ("triton", "auto") and frozen_records.enabled(self.device) \
-                and frozen_records.entries() > 0
-            warm_seq = next(b for b in self.buckets if b >= min(128, max_prefill_length))
-            self._warm_thread = warmup.start(cfg, self.dtype, self.device, max_kv_cache_length, seq=warm_seq,
-                                             replay_only=replay_only, block_size=block_size,
-                                             head=weights.get("lm_head.weight", weights.get("model.embed_tokens.weight")))
             if mode in ("triton", "auto"):
                 _prewarm_decode_kernels(cfg, self.dtype, self.device, self.paged)
         graph = build_graph(cfg, weights, max_kv_cache_length=max_kv_cache_length, dtype=self.dtype,
                             device=self.device, tp=tp, state=state, paged=self.paged)
         diagnostics.record("COMPILE", "graph built", nodes=len(graph.nodes))
+        t_graph = time.perf_counter()
+        self.timings["graph"] = t_graph - t_start
         if placement is not None:                          # shapeplan.parallel.Placement: stages over devices
             self.engine = placement.compile(graph, mode=mode, optimize=optimize)
         else:
@@ -154,6 +191,8 @@ class GenerationPipeline:
                                      weight_guard="sampled", outputs=["next_token", "next_position"],
                                      adopt_variables=state is not None)
         self.graph = self.engine.graph         # the optimized graph (the built one may now be freed)
+        t_compiled = time.perf_counter()
+        self.timings["compile"] = t_compiled - t_graph
         self.mode = mode
         smallest = CPU_MIN_DECODE_BUCKET if self.device.type == "cpu" else 1
         self.decode_buckets = decode_buckets(max_num_seqs, smallest)
@@ -176,6 +215,7 @@ class GenerationPipeline:
         weakref.finalize(self, self.batch.close)
         if self._warm_thread is not None and replay_only:
             self.batch.post(_weak_call(self._prepare_from_records, warm_seq))
+        self.timings["serving core"] = time.perf_counter() - t_compiled
 
     def _prepare_from_records(self, bucket: int) -> None:
         """Start-up with frozen-plan records (engine thread): while the CUDA warm-up thread still loads
@@ -229,8 +269,10 @@ class GenerationPipeline:
         """Before the first engine call of a request: the CUDA warm-up thread's cuBLAS handle (and
         workspace) then passes to the engine thread."""
         if self._warm_thread is not None:
+            t0 = time.perf_counter()
             self._warm_thread.join()
             self._warm_thread = None
+            self.timings["warm-up wait"] = time.perf_counter() - t0
             diagnostics.record("COMPILE", "CUDA warm-up joined")
 
     # ------------------------------------------------------------------ construction
@@ -249,11 +291,15 @@ class GenerationPipeline:
             cfg, weights, tok = read_gguf(os.fspath(path), device=device, dtype=dt,
                                           tokenizer=kw.pop("tokenizer", None))
             return cls(cfg, weights, tok, device=device, dtype=cfg.torch_dtype, **kw)
+        clock = [time.perf_counter()]
+        timings: dict[str, float] = {}
+
+        def lap(phase: str) -> None:
+            now = time.perf_counter()
+            timings[phase] = timings.get(phase, 0.0) + now - clock[0]
+            clock[0] = now
         cfg = LlamaConfig.from_file(path)
-        weights = load_weights(path, cfg, device=device, dtype=dt or cfg.torch_dtype, progress=progress)
-        if quantize:
-            from shapeplan.quant.recipes import quantize_weights
-            quantize_weights(cfg, weights, quantize, progress=progress)
+        dev, target = torch.device(device), dt or cfg.torch_dtype
         tok = Tokenizer(path) if os.path.exists(os.path.join(path, "tokenizer.json")) else None
         gen_cfg = os.path.join(path, "generation_config.json")
         if "eos_token_ids" not in kw and os.path.exists(gen_cfg):
@@ -261,7 +307,39 @@ class GenerationPipeline:
                 eos = json.load(f).get("eos_token_id")
             if eos is not None:
                 kw["eos_token_ids"] = [eos] if isinstance(eos, int) else list(eos)
-        return cls(cfg, weights, tok, device=device, dtype=dt, **kw)
+        lap("config + tokenizer")
+        warm = None
+        if streaming(dev) and not quantize and kw.get("tp") is None and kw.get("placement") is None \
+                and dev.type == "cuda" and env.get("SHAPEPLAN_WARM_DURING_LOAD") and warmup_enabled():
+            # the destinations first (CUDA starts here), then the warm-up, then the reads it overlaps
+            load = StreamedLoad(path, cfg, dev, target, progress)
+            lap("weights")
+            init = _init_defaults()
+            arg = lambda name: kw.get(name, init[name])  # noqa: E731
+            warm = start_cuda_warmup(cfg, target, dev, arg("mode"),
+                                     prefill_buckets(arg("max_prefill_length"), arg("buckets")),
+                                     arg("max_kv_cache_length"), arg("block_size"), head=load.head)
+            lap("warm-up start")
+            try:
+                weights = load.run()
+            except BaseException:
+                warm.release()
+                raise
+        else:
+            weights = load_weights(path, cfg, device=device, dtype=target, progress=progress)
+        lap("weights")
+        if quantize:
+            from shapeplan.quant.recipes import quantize_weights
+            quantize_weights(cfg, weights, quantize, progress=progress)
+            lap("quantize")
+        try:
+            pipe = cls(cfg, weights, tok, device=device, dtype=dt, _warmup=warm, **kw)
+        except BaseException:
+            if warm is not None:
+                warm.release()
+            raise
+        pipe.timings = {**timings, **pipe.timings}
+        return pipe
 
     @classmethod
     def from_preset(cls, name: str, *, device: str = "cpu", dtype: str = "bfloat16", seed: int = 0,
@@ -402,6 +480,22 @@ class GenerationPipeline:
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids) if self.tokenizer is not None else ""
+
+
+def warmup_enabled() -> bool:
+    from shapeplan.llm import warmup
+    return warmup.enabled()
+
+
+_INIT_DEFAULTS: dict[str, Any] = {}
+
+
+def _init_defaults() -> dict[str, Any]:
+    """``GenerationPipeline.__init__``'s keyword defaults (from_pretrained starts the warm-up with them)."""
+    if not _INIT_DEFAULTS:
+        params = inspect.signature(GenerationPipeline.__init__).parameters.values()
+        _INIT_DEFAULTS.update({p.name: p.default for p in params if p.default is not inspect.Parameter.empty})
+    return _INIT_DEFAULTS
 
 
 def _weak_call(method: Callable[..., Any], *args: Any) -> Callable[[], None]:

@@ -8,15 +8,20 @@ view the mapping (copy-on-write), so nothing is read until a tensor is used.
 from __future__ import annotations
 
 import json
+import math
 import mmap
 import os
 import struct
 import sys
-from typing import Iterator
+import threading
+import time
+from typing import Any, Iterator, Sequence, TypeVar
 
 import torch
 
+from shapeplan import env
 from shapeplan.errors import ModelError
+from shapeplan.llm import stream_load
 from shapeplan.llm.config import LlamaConfig
 
 _ST_DTYPES = {
@@ -52,6 +57,18 @@ class SafetensorsFile:
 
     def shape(self, name: str) -> tuple[int, ...]:
         return tuple(self.entries[name]["shape"])
+
+    def layout(self, name: str) -> tuple[torch.dtype, int, int]:
+        """(dtype, offset in the file, byte count) of tensor ``name``, checked against its shape."""
+        e = self.entries[name]
+        dt = _ST_DTYPES.get(e["dtype"])
+        if dt is None:
+            raise ModelError(f"{self.path}: tensor {name!r} has unsupported dtype {e['dtype']}")
+        start, end = e["data_offsets"]
+        want = math.prod(e["shape"]) * torch.empty((), dtype=dt).element_size()
+        if end - start != want:
+            raise ModelError(f"{self.path}: tensor {name!r} has {end - start} bytes, its shape and dtype need {want}")
+        return dt, self._base + start, end - start
 
     def get(self, name: str) -> torch.Tensor:
         e = self.entries[name]
@@ -105,6 +122,9 @@ class CheckpointWeights:
 
     def file_of(self, name: str) -> str:
         return self._where.get(name, "<none>")
+
+    def file(self, name: str) -> SafetensorsFile:
+        return self._file(self._where[name])
 
     def get(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
         """The tensor ``name``, checked to have ``shape``; errors name the tensor and the file."""
@@ -176,38 +196,133 @@ def stacked_slots(cfg: LlamaConfig, shapes: dict[str, tuple[int, ...]], device: 
     return out
 
 
-def _progress(items: list[str], enabled: bool | None, what: str) -> Iterator[str]:
-    if enabled is None:
-        enabled = sys.stderr.isatty()
-    if not enabled:
-        yield from items
-        return
-    from rich.progress import Progress
-    with Progress(transient=True) as bar:
-        task = bar.add_task(what, total=len(items))
+class _Progress:
+    """A progress bar (rich) that appears only once a load has taken ``after`` seconds: a checkpoint in the
+    page cache is loaded before it would show, and rich's import (~0.06 s) is not paid. ``enabled=None``:
+    when stderr is a terminal. ``advance`` may be called from several threads."""
+
+    def __init__(self, enabled: bool | None, what: str, total: int, after: float = 0.5) -> None:
+        self.enabled = sys.stderr.isatty() if enabled is None else enabled
+        self.what, self.total, self.after = what, total, after
+        self.done, self.t0 = 0, time.perf_counter()
+        self._lock = threading.Lock()
+        self._bar: Any = None
+        self._task: Any = None
+
+    def advance(self, n: int = 1) -> None:
+        if not self.enabled:
+            return
+        with self._lock:
+            self.done += n
+            if self._bar is None:
+                if time.perf_counter() - self.t0 < self.after:
+                    return
+                from rich.progress import Progress
+                self._bar = Progress(transient=True)
+                self._bar.start()
+                self._task = self._bar.add_task(self.what, total=self.total)
+            self._bar.update(self._task, completed=self.done)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
+
+
+_T = TypeVar("_T")
+
+
+def _progress(items: Sequence[_T], enabled: bool | None, what: str) -> Iterator[_T]:
+    """``items``, with a ``_Progress`` bar over them."""
+    bar = _Progress(enabled, what, len(items))
+    try:
         for it in items:
             yield it
-            bar.advance(task)
+            bar.advance()
+    finally:
+        bar.close()
 
 
 def load_weights(path: str, cfg: LlamaConfig, *, device: str | torch.device = "cpu",
-                 dtype: torch.dtype | None = None, progress: bool | None = None) -> dict[str, torch.Tensor]:
+                 dtype: torch.dtype | None = None, progress: bool | None = None,
+                 stream: bool | None = None) -> dict[str, torch.Tensor]:
     """name -> tensor for every tensor the model needs, validated, on ``device`` in ``dtype``.
     On the CPU in the checkpoint's dtype the tensors stay views of the memory map; on another device
-    the q/k/v and gate/up tensors load into stacked buffers (``stacked_slots``)."""
+    the q/k/v and gate/up tensors load into stacked buffers (``stacked_slots``). ``stream`` (default: on
+    CUDA, unless ``SHAPEPLAN_WEIGHTS_STREAM=0``): read the files straight into device memory through
+    pinned staging buffers on several threads (``stream_load``); otherwise each tensor is copied from
+    the memory map."""
+    dev = torch.device(device)
+    if stream if stream is not None else streaming(dev):
+        return StreamedLoad(path, cfg, dev, dtype, progress).run()
     ckpt = CheckpointWeights(path)
     shapes = expected_shapes(cfg)
     for name, shape in shapes.items():                # validate everything before moving anything
         ckpt.get(name, shape)
     slots: dict[str, torch.Tensor] = {}
-    if torch.device(device).type != "cpu" and dtype is not None:
-        slots = stacked_slots(cfg, shapes, device, dtype)
+    if dev.type != "cpu" and dtype is not None:
+        slots = stacked_slots(cfg, shapes, dev, dtype)
     out: dict[str, torch.Tensor] = {}
-    for name in _progress(list(shapes), progress, "loading weights"):
-        t = ckpt.get(name, shapes[name])
-        slot = slots.get(name)
-        out[name] = slot.copy_(t) if slot is not None else t.to(device=device, dtype=dtype or t.dtype)
+    bar = _Progress(progress, "loading weights", len(shapes))
+    try:
+        for name in shapes:
+            t = ckpt.get(name, shapes[name])
+            slot = slots.get(name)
+            out[name] = slot.copy_(t) if slot is not None else t.to(device=dev, dtype=dtype or t.dtype)
+            bar.advance()
+    finally:
+        bar.close()
     return out
+
+
+class StreamedLoad:
+    """``load_weights`` through ``stream_load``, in two steps: construction validates the checkpoint and
+    allocates every destination on the device (a stacked slot, or a new tensor; a tensor stored in
+    another dtype gets a temporary of its own dtype, converted on the device after the read), ``run``
+    reads the files into them. Between the two, ``head`` is the LM head (or tied embedding) tensor the
+    load will fill: the CUDA warm-up may run its GEMM on it while it loads (values unused)."""
+
+    def __init__(self, path: str, cfg: LlamaConfig, device: torch.device, dtype: torch.dtype | None,
+                 progress: bool | None = None) -> None:
+        ckpt = CheckpointWeights(path)
+        self.shapes = shapes = expected_shapes(cfg)
+        for name, shape in shapes.items():                # validate everything before moving anything
+            ckpt.get(name, shape)
+        self.device, self.dtype, self.progress = device, dtype, progress
+        slots = stacked_slots(cfg, shapes, device, dtype) if dtype is not None else {}
+        self.out: dict[str, torch.Tensor] = {}
+        self.plan: list[stream_load.Piece] = []
+        self.convert: list[tuple[str, torch.Tensor, torch.Tensor | None]] = []
+        for name, shape in shapes.items():
+            sf = ckpt.file(name)
+            src_dt, offset, _ = sf.layout(name)
+            slot = slots.get(name)
+            if src_dt == (dtype or src_dt):
+                fill = self.out[name] = slot if slot is not None else torch.empty(shape, dtype=src_dt, device=device)
+            else:
+                fill = torch.empty(shape, dtype=src_dt, device=device)
+                self.convert.append((name, fill, slot))
+            self.plan += stream_load.pieces(name, sf.path, offset, fill)
+
+    @property
+    def head(self) -> torch.Tensor | None:
+        """The LM head (or the tied embedding) as it will be after ``run``, if it is read in place."""
+        return self.out.get("lm_head.weight", self.out.get("model.embed_tokens.weight"))
+
+    def run(self) -> dict[str, torch.Tensor]:
+        bar = _Progress(self.progress, "loading weights", sum(p.nbytes for p in self.plan))
+        try:
+            stream_load.load(self.plan, self.device, on_progress=bar.advance)
+        finally:
+            bar.close()
+        for name, tmp, slot in self.convert:
+            self.out[name] = slot.copy_(tmp) if slot is not None else tmp.to(self.dtype)
+        return {name: self.out[name] for name in self.shapes}
+
+
+def streaming(device: torch.device) -> bool:
+    """Whether ``load_weights`` streams to ``device`` by default (CUDA, ``SHAPEPLAN_WEIGHTS_STREAM``)."""
+    return device.type == "cuda" and env.get("SHAPEPLAN_WEIGHTS_STREAM")
 
 
 def random_weights(cfg: LlamaConfig, *, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,

@@ -86,6 +86,39 @@ def test_gpu_cuda_warmup_thread_changes_nothing(monkeypatch, tmp_path):
     assert events_warm == events_plain            # the warm-up's own plans were not recorded
 
 
+@pytest.mark.parametrize("dtype", [None, torch.bfloat16])
+def test_gpu_streamed_weights_equal_memory_map(checkpoints, monkeypatch, dtype):
+    """Weights read straight into device memory (pinned staging, per-thread streams; llm/stream_load.py),
+    pieces smaller than the tensors, a sharded checkpoint, a dtype converted on the device: the tensors
+    the memory-mapped path copies."""
+    from shapeplan.llm import LlamaConfig, stream_load
+    from shapeplan.llm.weights import load_weights
+    monkeypatch.setattr(stream_load, "CHUNK", 8192)
+    path = checkpoints("mistral")
+    cfg = LlamaConfig.from_file(path)
+    want = load_weights(path, cfg, device="cuda", dtype=dtype or cfg.torch_dtype, stream=False, progress=False)
+    got = load_weights(path, cfg, device="cuda", dtype=dtype or cfg.torch_dtype, stream=True, progress=False)
+    assert list(got) == list(want)
+    for name, t in want.items():
+        assert got[name].device.type == "cuda" and got[name].dtype == t.dtype and torch.equal(got[name], t), name
+
+
+@pytest.mark.parametrize("dtype", [None, "bfloat16"])
+def test_gpu_warmup_during_load_changes_nothing(checkpoints, monkeypatch, tmp_path, dtype):
+    """from_pretrained's CUDA warm-up started before the weights load (it reads the LM head while that
+    loads) gives the tokens of a pipeline whose warm-up starts after it."""
+    path = checkpoints("llama")
+    out = {}
+    for early in ("1", "0"):
+        monkeypatch.setenv("SHAPEPLAN_WARM_DURING_LOAD", early)
+        monkeypatch.setenv("SHAPEPLAN_CACHE_DIR", str(tmp_path / early))
+        pipe = GenerationPipeline.from_pretrained(path, mode="triton", dtype=dtype, **KW)
+        assert ("warm-up start" in pipe.timings) == (early == "1")
+        out[early] = pipe.generate(PROMPT, max_new_tokens=32).token_ids
+        pipe.close()
+    assert out["1"] == out["0"]
+
+
 @pytest.mark.parametrize("mode,attention", [("cuda_graphs", "auto"), ("triton", "auto"), ("triton", "sdpa")])
 def test_gpu_a_warm_start_freezes_from_records_and_gives_the_same_tokens(mode, attention, checkpoints, tmp_path,
                                                                           monkeypatch):
