@@ -117,9 +117,7 @@ if AVAILABLE:
         w = tl.arange(0, 8)[None, None, :]                                         # [1, 1, 8]
         nc = K // 256
         acc = tl.zeros([BN, CH, 4, 8], dtype=tl.float32)
-        accm = tl.zeros([BN, CH, 4, 1], dtype=tl.float32)
         acc_u = tl.zeros([BN, CH, 4, 8], dtype=tl.float32)
-        accm_u = tl.zeros([BN, CH, 4, 1], dtype=tl.float32)
         ss = tl.zeros([CH, 4, 8], dtype=tl.float32)
         for c0 in range(0, nc, CH):
             c = c0 + ci
@@ -137,7 +135,7 @@ if AVAILABLE:
             for h in tl.static_range(2):
                 t = tl.zeros([BN, CH, 4, 8], dtype=tl.float32)
                 t_u = tl.zeros([BN, CH, 4, 8], dtype=tl.float32)
-                sx = tl.zeros([CH, 4, 8], dtype=tl.float32)
+                sx = tl.zeros([CH, 4, 8], dtype=tl.float32)                     # Σ_b x per word
                 for b in tl.static_range(4):
                     x, sq = _x_load(X, NW, c * 256 + (2 * p + h) * 32 + 4 * w + b, cok, NORM)   # [CH, 4, 8]
                     ss += sq
@@ -148,19 +146,15 @@ if AVAILABLE:
                     if GLU:
                         src_u = qwu if b < 2 else qwu >> 16
                         t_u += _code(src_u, 15 << (8 * (b % 2) + 4 * h)) * xs
-                sxs = tl.sum(sx, axis=2, keep_dims=True)[None]                    # [1, CH, 4, 1]
                 ds, dm = _q4k_scales(hd, s1, s2, s3, p[None], h)                  # [BN, CH, 4, 1]
-                acc += t * ds
-                accm += dm * sxs
+                acc += t * ds - dm * sx[None]          # per word: no reduction (and no barrier) in the loop
                 if GLU:
                     ds_u, dm_u = _q4k_scales(hdu, s1u, s2u, s3u, p[None], h)
-                    acc_u += t_u * ds_u
-                    accm_u += dm_u * sxs
-        y = tl.sum(tl.sum(tl.sum(acc, axis=3), axis=2), axis=1) - tl.sum(tl.sum(tl.sum(accm, axis=3), axis=2), axis=1)
+                    acc_u += t_u * ds_u - dm_u * sx[None]
+        y = tl.sum(tl.sum(tl.sum(acc, axis=3), axis=2), axis=1)
         u = y
         if GLU:
-            u = tl.sum(tl.sum(tl.sum(acc_u, axis=3), axis=2), axis=1) - \
-                tl.sum(tl.sum(tl.sum(accm_u, axis=3), axis=2), axis=1)
+            u = tl.sum(tl.sum(tl.sum(acc_u, axis=3), axis=2), axis=1)
         _finish(y, u, tl.sum(tl.sum(tl.sum(ss, axis=2), axis=1), axis=0), K, eps, R, Y, rows, ok, NORM, RES, GLU)
 
     # ------------------------------------------------------------------------------------------ Q6_K
