@@ -7,6 +7,7 @@ weight-bandwidth floor, weight memory vs the file's tensor bytes).
     python3 -m bench.quant_gemv                                    # GEMV table, llama-1b and 8b shapes
     python3 -m bench.quant_gemv --prefill-m 128,512,2048           # + the prefill paths
     python3 -m bench.quant_gemv --sweep --qtypes Q4_K,Q8_0         # + GEMV tuning (bn, warps, unroll)
+    python3 -m bench.quant_gemv --sweep1 --no-gemv                  # one-row Q4_K/Q6_K/Q8_0 kernel tuning
     python3 -m bench.quant_gemv --e2e llama-1b:Q4_K_M,llama-1b:Q8_0,llama-8b:Q4_K_M --no-gemv
 
 Without CUDA it says so and exits 0. Copy bandwidth for the floor: --copy-gbs (4,230 GB/s: the H200's
@@ -115,6 +116,111 @@ def sweep_gemv(gguf, x, p, q, n: int, k: int) -> None:
     print(f"    BEST={results[0][1]},{results[0][2]},{results[0][3]},{results[0][4] or 'auto'}")
 
 
+#: how decode uses each shape: the one-row kernel's prologue / epilogue there (qgemv.py)
+USE = {"qkv": "norm", "o": "res", "gate_up": "norm+glu", "down": "res", "k|v": "plain", "head": "norm"}
+SWEEP1 = [(bn, ch, warps) for bn in (1, 2, 4, 8, 16, 32) for ch in (1, 2, 4) for warps in (1, 2, 4, 8)]
+#: elements of K per CH step of each kernel (a super-block, a pair of super-blocks, a pair of blocks)
+CH_ELEMS = {"Q4_K": 256, "Q6_K": 512, "Q8_0": 64}
+L2_BYTES = 60e6
+
+
+def sweep1_configs(name: str, out_n: int) -> list[tuple[int, int, int]]:
+    """The (BN, CH, warps) worth timing: 16..128 weight elements per thread per iteration, and at
+    least 64 rows per BN (fewer programs than that leave SMs idle)."""
+    return [t for t in SWEEP1 if 16 <= t[0] * t[1] * CH_ELEMS[name] / (32 * t[2]) <= 128
+            and t[0] <= max(1, out_n // 64)]
+
+
+def _sweep1_case(name: str, n: int, k: int, use: str):
+    x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+    s = torch.rand(k, device="cuda", dtype=torch.bfloat16) + 0.5
+    out_n = n // 2 if "glu" in use else n
+    r = torch.randn(1, out_n, device="cuda", dtype=torch.bfloat16)
+    return x, out_n, dict(norm_w=s if "norm" in use else None, eps=1e-5, residual=r if use == "res" else None,
+                          glu="glu" in use)
+
+
+def _precompile(task: tuple) -> int:
+    """Child process of the sweep: compile (one launch each) every config of one shape and type, so the
+    timing loop finds Triton's cache warm."""
+    name, n, k, use = task
+    from shapeplan.runtime.backends.triton.kernels import qgemv
+    w = packed(name, n, k)
+    x, out_n, kw = _sweep1_case(name, n, k, use)
+    done = 0
+    for tiles in sweep1_configs(name, out_n):
+        try:
+            qgemv.gemv1(x, w, name, n, k, tiles=tiles, **kw)
+            done += 1
+        except Exception:  # noqa: BLE001 - reported by the timing loop
+            pass
+    torch.cuda.synchronize()
+    return done
+
+
+def sweep_one_row(qtypes: list[str], presets: list[str], top: int, jobs: int) -> None:
+    """Every (BN, CH, warps) of qgemv.py's one-row kernel on each decode shape, used as decode uses it
+    (``USE``), weights rotated through enough copies to exceed L2; prints the best configs per shape,
+    the generic GEMV and bf16 cuBLAS for comparison, and ``TUNE`` lines to paste into qgemv.py.
+    ``jobs`` processes compile the configs first (Triton compiles one kernel at a time per process)."""
+    import multiprocessing as mp
+    from shapeplan.quant.formats import QTYPES
+    from shapeplan.runtime.backends.triton.kernels import gguf, qgemv
+    cases = [(preset, n, k, label, name) for preset in presets for n, k, label in SHAPES[preset]
+             for name in qtypes if name in qgemv.K_MULTIPLE and k % qgemv.K_MULTIPLE[name] == 0]
+    if jobs > 1:
+        t0 = time.perf_counter()
+        with mp.get_context("spawn").Pool(jobs) as pool:
+            done = pool.map(_precompile, [(name, n, k, USE[label]) for _, n, k, label, name in cases], chunksize=1)
+        print(f"# compiled {sum(done)} kernel configs in {time.perf_counter() - t0:.0f} s ({jobs} processes)",
+              flush=True)
+    best_lines = []
+    for preset, n, k, label, name in cases:
+        use = USE[label]
+        one = packed(name, n, k)
+        copies = [one] + [one.clone() for _ in range(max(1, int(3 * L2_BYTES / one.numel())))]
+        x, out_n, kw = _sweep1_case(name, n, k, use)
+        i = [0]
+
+        def nxt():
+            i[0] = (i[0] + 1) % len(copies)
+            return copies[i[0]]
+
+        results = []
+        for tiles in sweep1_configs(name, out_n):
+            try:
+                us = graph_time(lambda: qgemv.gemv1(x, nxt(), name, n, k, tiles=tiles, **kw),
+                                reps=len(copies) * 2, rounds=3)
+                results.append((us, tiles))
+            except Exception as e:  # noqa: BLE001 - e.g. out of resources: skip the config
+                print(f"    {tiles}: {type(e).__name__}: {str(e)[:80]}")
+        results.sort()
+        generic = graph_time(lambda: gguf.gemv(x, nxt(), QTYPES[name], n, k), reps=len(copies) * 2, rounds=3)
+        wb = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(max(2, int(3 * L2_BYTES / (n * k * 2))))]
+        j = [0]
+
+        def nxt_b():
+            j[0] = (j[0] + 1) % len(wb)
+            return wb[j[0]]
+
+        bf16 = graph_time(lambda: x @ nxt_b().t(), reps=len(wb) * 2, rounds=3)
+        gb = lambda us: one.numel() / us / 1e3  # noqa: E731
+        print(f"{preset:<9} {label:<8} {f'{n}x{k}':>14} {name:<5} {use:<9} generic {generic:7.1f} us "
+              f"{gb(generic):5.0f} GB/s | bf16 cuBLAS {bf16:7.1f} us | {len(copies)} copies", flush=True)
+        for us, tiles in results[:top]:
+            print(f"    bn={tiles[0]:<3} ch={tiles[1]} warps={tiles[2]}  {us:8.1f} us {gb(us):6.0f} GB/s "
+                  f"x{generic / us:5.2f} generic")
+        if results:
+            us, tiles = results[0]
+            best_lines.append(f'    ("{name}", {out_n}, {k}): {tiles},   # {preset} {label}: {us:.1f} us, '
+                              f'{gb(us):.0f} GB/s')
+        del copies, one, wb
+        torch.cuda.empty_cache()
+    print("\n# qgemv.TUNE entries (best per shape):\nTUNE = {")
+    print("\n".join(best_lines))
+    print("}")
+
+
 def e2e(specs: list[str], copy_gbs: float, new_tokens: int, prompt_len: int) -> None:
     """Decode tok/s of presets written by ``shapeplan quantize --preset`` and loaded back from the file."""
     from shapeplan.llm.bench import bench_prompt, load_model, run_config
@@ -156,6 +262,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--m", default="1,4,8", help="GEMV rows (decode batch sizes)")
     ap.add_argument("--prefill-m", default="", help="prefill rows to time the fused and dequant+cuBLAS paths at")
     ap.add_argument("--sweep", action="store_true", help="sweep the GEMV tuning on each shape (slow)")
+    ap.add_argument("--sweep1", action="store_true",
+                    help="sweep the one-row Q4_K/Q6_K/Q8_0 kernel (qgemv.py: BN x CH x warps) on each decode shape")
+    ap.add_argument("--top", type=int, default=3, help="configs printed per shape by --sweep1")
+    ap.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1),
+                    help="processes compiling --sweep1's kernels before it times them")
     ap.add_argument("--no-gemv", action="store_true", help="skip the kernel table")
     ap.add_argument("--e2e", default="", help="PRESET:FILETYPE,... end-to-end decode (e.g. llama-1b:Q4_K_M)")
     ap.add_argument("--new-tokens", type=int, default=256)
@@ -169,6 +280,8 @@ def main(argv: list[str] | None = None) -> int:
     ints = lambda s: [int(v) for v in s.split(",") if v]  # noqa: E731
     if not a.no_gemv:
         gemv_table(a.qtypes.split(","), a.presets.split(","), ints(a.m), ints(a.prefill_m), a.sweep)
+    if a.sweep1:
+        sweep_one_row(a.qtypes.split(","), a.presets.split(","), a.top, a.jobs)
     if a.e2e:
         e2e(a.e2e.split(","), a.copy_gbs, a.new_tokens, a.prompt_len)
     return 0

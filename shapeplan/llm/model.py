@@ -161,19 +161,42 @@ class _Builder:
     def norm_linear(self, h: Value, norm: str, prefix: str, projs: list[str], fused: str, bias: bool = False,
                     glu: bool = False) -> Value | tuple:
         """RMSNorm(h) with weight ``norm``, then the projections ``projs`` of ``prefix`` stacked into one
-        RMSNormMatMul: split back into one value per projection, or with ``glu`` (gate, up) the SiLU gate
-        (one value). ``projs == [""]``: the single weight ``prefix + ".weight"``."""
+        RMSNormMatMul (QuantRMSNormMatMul for quantized weights of one type): split back into one value
+        per projection, or with ``glu`` (gate, up) the SiLU gate (one value). ``projs == [""]``: the
+        single weight ``prefix + ".weight"``. Quantized weights of different types (Q4_K_M mixes Q4_K
+        and Q6_K) do not stack: one fused op per projection, each with the norm."""
         names = [prefix + p for p in projs] if projs != [""] else [prefix]
-        w_t = self.const(names[0] + ".weight", transpose=True) if len(names) == 1 else \
-            self.stacked([n + ".weight" for n in names], prefix + fused + ".weight", True)
-        y = self.g.op.RMSNormMatMul(h, self.const(norm), w_t, epsilon=self.cfg.rms_norm_eps,
-                                    activation="silu_mul" if glu else "", _domain=SP)
+        ws = [self.w[n + ".weight"] for n in names]
+        quant = [isinstance(w, QuantWeight) for w in ws]
+        if len(names) > 1 and any(quant) and not (all(quant) and all(w.qtype == ws[0].qtype for w in ws)):
+            ys = [self.norm_linear(h, norm, n, [""], "", bias) for n in names]
+            return self.silu_mul(*ys) if glu else tuple(ys)
+        eps, act = self.cfg.rms_norm_eps, "silu_mul" if glu else ""
+        if all(quant):
+            packed = self.packed(names[0] + ".weight") if len(names) == 1 else \
+                self.stacked_packed([n + ".weight" for n in names], prefix + fused + ".weight")
+            y = self.g.op.QuantRMSNormMatMul(h, self.const(norm), packed, qtype=ws[0].qtype,
+                                             n=sum(int(w.shape[0]) for w in ws), k=int(ws[0].shape[1]),
+                                             epsilon=eps, activation=act, _domain=SP)
+        else:
+            w_t = self.const(names[0] + ".weight", transpose=True) if len(names) == 1 else \
+                self.stacked([n + ".weight" for n in names], prefix + fused + ".weight", True)
+            y = self.g.op.RMSNormMatMul(h, self.const(norm), w_t, epsilon=eps, activation=act, _domain=SP)
+        if bias:
+            y = self.g.op.Add(y, self.const(names[0] + ".bias") if len(names) == 1 else
+                              self.stacked([n + ".bias" for n in names], prefix + fused + ".bias"))
         if glu or len(names) == 1:
             return y
-        if bias:
-            y = self.g.op.Add(y, self.stacked([n + ".bias" for n in names], prefix + fused + ".bias"))
-        sizes = np.array([int(self.w[n + ".weight"].shape[0]) for n in names], np.int64)
+        sizes = np.array([int(w.shape[0]) for w in ws], np.int64)
         return self.g.op.Split(y, sizes, axis=-1, _outputs=len(names))
+
+    def linear_add(self, a: Value, prefix: str, residual: Value) -> Value:
+        """``residual + a @ W.T`` as one MatMulAdd (QuantMatMulAdd for a quantized W)."""
+        w = self.w[prefix + ".weight"]
+        if isinstance(w, QuantWeight):
+            return self.g.op.QuantMatMulAdd(a, self.packed(prefix + ".weight"), residual, qtype=w.qtype,
+                                            n=int(w.shape[0]), k=int(w.shape[1]), _domain=SP)
+        return self.g.op.MatMulAdd(a, self.const(prefix + ".weight", transpose=True), residual, _domain=SP)
 
     def linear(self, x: Value, prefix: str, bias: bool = False) -> Value:
         w = self.w[prefix + ".weight"]
@@ -313,8 +336,9 @@ def build_graph(cfg: LlamaConfig, weights: dict[str, torch.Tensor], *, max_kv_ca
     ``paged``: the batched engine's paged KV cache (``PagedKV``; inputs in the module doc) instead of
     one static cache of ``batch`` rows sharing a position.
     ``fuse_norms``: each norm + projection (+ SiLU gate or residual add) as one RMSNormMatMul / MatMulAdd
-    (shapeplan/ops/fused_linear.py: one Triton GEMV per projection in a decode step on CUDA); applies
-    with ``fuse_projections``, without ``tp`` and with unquantized weights, else the unfused ops."""
+    (shapeplan/ops/fused_linear.py; quantized weights: QuantRMSNormMatMul / QuantMatMulAdd of
+    shapeplan/ops/quantized.py: one Triton GEMV per projection in a decode step on CUDA); applies with
+    ``fuse_projections`` and without ``tp``, else the unfused ops."""
     dtype = dtype or cfg.torch_dtype
     vocab = cfg.vocab_size
     if tp is not None and any(isinstance(w, QuantWeight) for w in weights.values()):
@@ -343,8 +367,7 @@ def build_graph(cfg: LlamaConfig, weights: dict[str, torch.Tensor], *, max_kv_ca
     merged = np.array([0, 0, hq * d], np.int64)
 
     h = b.embed(ids) if tp is None else tp.embed(g, b.const("model.embed_tokens.weight"), ids)  # [B, S, H]
-    fused = fuse_norms and fuse_projections and tp is None and \
-        not any(isinstance(w, QuantWeight) for w in weights.values())
+    fused = fuse_norms and fuse_projections and tp is None
     x = None if fused else b.rms_norm(h, "model.layers.0.input_layernorm.weight")
 
     for i in range(cfg.num_layers):
@@ -369,10 +392,10 @@ def build_graph(cfg: LlamaConfig, weights: dict[str, torch.Tensor], *, max_kv_ca
         a = kv.layer(i, q, k, v, cos_s, sin_s, float(d) ** -0.5)                        # [B, Hq, S, D]
         a = op.Reshape(op.Transpose(a, perm=perm), merged)                               # [B, S, Hq*D]
         if fused:                      # h += o; h += down(silu(gate) * up) of norm(h): two GEMVs each
-            h = op.MatMulAdd(a, b.const(p + "self_attn.o_proj.weight", transpose=True), h, _domain=SP)
+            h = b.linear_add(a, p + "self_attn.o_proj", h)
             act = b.norm_linear(h, p + "post_attention_layernorm.weight", p + "mlp.", ["gate_proj", "up_proj"],
                                 "gate_up_proj", glu=True)
-            h = op.MatMulAdd(act, b.const(p + "mlp.down_proj.weight", transpose=True), h, _domain=SP)
+            h = b.linear_add(act, p + "mlp.down_proj", h)
             continue
         x, h = b.skip_rms_norm(_reduce(tp, g, b.linear(a, p + "self_attn.o_proj")), h,
                                p + "post_attention_layernorm.weight")                  # h += o; x = norm(h)

@@ -7,9 +7,19 @@ type_size]`` (shapeplan/quant/formats.py), with the type and logical shape as at
     QuantMatMul(x [..., K], packed; qtype, n, k)          -> x @ W.T   [..., N]   (x's dtype)
     QuantGather(packed, ids [...]; qtype, n, k, dtype)    -> W[ids]    [..., K]   (dtype)
 
+and the quantized forms of the fused linear layers of shapeplan/ops/fused_linear.py (a decoder block's
+norm + projection (+ SiLU gate) and projection + residual add, one kernel at batch 1):
+
+    QuantRMSNormMatMul(x [..., K], scale [K], packed; qtype, n, k, epsilon, activation)
+        = RMSNorm(x) * scale @ W.T           [..., N]   (activation="silu_mul": silu(y[:N/2]) * y[N/2:])
+    QuantMatMulAdd(a [..., K], packed, residual [..., N]; qtype, n, k) = residual + a @ W.T
+
 Kernels: on CUDA tensors the Triton kernels of shapeplan/runtime/backends/triton/kernels/gguf.py (GEMV
-for M <= 8 rows, prefill GEMM, row dequantization), which capture into the decode plan's CUDA graph.
-Elsewhere, the torch reference: dequantize the weight per call (shapeplan/quant/dequant.py, equal to
+for M <= 8 rows, prefill GEMM, row dequantization), which capture into the decode plan's CUDA graph;
+one row of Q4_K / Q6_K / Q8_0 runs qgemv.py's kernel, which also does the fused ops' norm prologue and
+gate / residual epilogue (other types and rows: the norm, QuantMatMul and the gate or add, unfused).
+Elsewhere, the torch reference: dequantize the weight per call (the fused ops: the unfused ops' kernels
+in sequence, so their values are bit for bit those of the unfused graph) (shapeplan/quant/dequant.py, equal to
 gguf-py's dequantization) and multiply in x's dtype, so memory stays packed everywhere and CPU runs
 test the same graph. ``set_quant_kernels("triton")`` runs the Triton kernels on CPU tensors too (under
 ``TRITON_INTERPRET=1``: tests); a Triton failure falls back to torch with a FALLBACK event.
@@ -116,3 +126,85 @@ def quant_gather(packed, indices, *, qtype: str, n: int, k: int, dtype: str = "f
             _fallback(e, "QuantGather")
     from shapeplan.quant.dequant import dequantize
     return dequantize(packed[idx], qtype).to(dt).reshape(*indices.shape, k)
+
+
+def _fused_kernel(x2: torch.Tensor, packed: torch.Tensor, qtype: str, k: int):
+    """qgemv.py when its one-row kernel applies to x2 [M, K] (and the fused GEMV is switched on), else None."""
+    if x2.shape[0] != 1 or _triton(x2) is None:
+        return None
+    from shapeplan import env
+    if not env.get("SHAPEPLAN_LLM_FUSED_GEMV"):
+        return None
+    from shapeplan.runtime.backends.triton.kernels import qgemv
+    return qgemv if qgemv.supports(x2, packed, qtype, k) else None
+
+
+def _qnorm_shape(node):
+    x, packed = node.inputs[0], node.inputs[2]
+    n, k = int(node.attrs["n"]), int(node.attrs["k"])
+    _check_packed(node, packed, node.attrs["qtype"], n, k)
+    act = node.attrs.get("activation", "")
+    if act not in ("", "silu_mul"):
+        raise ShapeError(f"node {node.describe()}: activation must be '' or 'silu_mul', got {act!r}")
+    if act and n % 2:
+        raise ShapeError(f"node {node.describe()}: silu_mul needs an even n, weight {packed.name!r} has n={n}")
+    if x.shape is None:
+        return [(x.dtype, None)]
+    if isinstance(x.shape[-1], int) and x.shape[-1] != k:
+        raise ShapeError(f"node {node.describe()}: input {x.name!r} has {x.shape[-1]} features, the quantized "
+                         f"weight {packed.name!r} expects k={k}")
+    return [(x.dtype, (*x.shape[:-1], n // 2 if act else n))]
+
+
+@register("QuantRMSNormMatMul", domain="shapeplan", shape=_qnorm_shape)
+def quant_rms_norm_matmul(x, scale, packed, *, qtype: str, n: int, k: int, epsilon=1e-5, activation=""):
+    """``RMSNorm(x) * scale @ W.T`` (W [n, k] packed as ``qtype``); activation="silu_mul": the SiLU gate
+    of the two halves of the product."""
+    from shapeplan.ops.fused_linear import _rms_norm, _rows_kernels
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, k)                                                   # [M, K]
+    glu = activation == "silu_mul"
+    kern = _fused_kernel(x2, packed, qtype, k)
+    if kern is not None:
+        try:
+            y = kern.gemv1(x2, packed, qtype, n, k, norm_w=scale, eps=float(epsilon), glu=glu)
+            return y.reshape(*lead, y.shape[-1])
+        except Exception as e:  # noqa: BLE001
+            _fallback(e, "QuantRMSNormMatMul")
+    rows = _rows_kernels(x2)
+    if rows is not None and scale.dtype == x.dtype:
+        xn = rows.rms_norm(x2, scale, float(epsilon))[0]
+    else:
+        xn = _rms_norm(x2, scale, -1, float(epsilon), 1, "QuantRMSNormMatMul")
+    y = quant_matmul(xn, packed, qtype=qtype, n=n, k=k)                    # [M, N]
+    if glu:
+        gate, up = y.chunk(2, dim=-1)
+        y = rows.silu_mul(gate, up) if rows is not None else torch.nn.functional.silu(gate) * up
+    return y.reshape(*lead, y.shape[-1])
+
+
+def _qadd_shape(node):
+    a, packed, r = node.inputs
+    n, k = int(node.attrs["n"]), int(node.attrs["k"])
+    _check_packed(node, packed, node.attrs["qtype"], n, k)
+    if a.shape is not None and isinstance(a.shape[-1], int) and a.shape[-1] != k:
+        raise ShapeError(f"node {node.describe()}: input {a.name!r} has {a.shape[-1]} features, the quantized "
+                         f"weight {packed.name!r} expects k={k}")
+    if r.shape is not None and isinstance(r.shape[-1], int) and r.shape[-1] != n:
+        raise ShapeError(f"node {node.describe()}: residual {r.name!r} has {r.shape[-1]} features, the product "
+                         f"has n={n}")
+    return [(r.dtype, r.shape)]
+
+
+@register("QuantMatMulAdd", domain="shapeplan", shape=_qadd_shape)
+def quant_matmul_add(a, packed, residual, *, qtype: str, n: int, k: int):
+    """``residual + a @ W.T``, the product rounded to the dtype first (as QuantMatMul then Add)."""
+    a2 = a.reshape(-1, k)
+    r2 = residual.reshape(-1, n)
+    kern = _fused_kernel(a2, packed, qtype, k) if r2.shape[0] == a2.shape[0] and r2.dtype == a2.dtype else None
+    if kern is not None:
+        try:
+            return kern.gemv1(a2, packed, qtype, n, k, residual=r2).reshape(residual.shape)
+        except Exception as e:  # noqa: BLE001
+            _fallback(e, "QuantMatMulAdd")
+    return residual + quant_matmul(a, packed, qtype=qtype, n=n, k=k)

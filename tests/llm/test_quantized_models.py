@@ -46,8 +46,11 @@ def _pipe(path: str, mode: str = "slot_by_slot", **kw):
                                                      max_kv_cache_length=96, **kw)
 
 
+QUANT_OPS = ("QuantMatMul", "QuantGather", "QuantRMSNormMatMul", "QuantMatMulAdd")
+
+
 def _quant_nodes(pipe) -> list:
-    return [n for n in pipe.graph.nodes if n.op_type in ("QuantMatMul", "QuantGather")]
+    return [n for n in pipe.graph.nodes if n.op_type in QUANT_OPS]
 
 
 @pytest.mark.parametrize("ftype", ["Q4_K_M", "Q8_0", "Q4_0"])
@@ -76,13 +79,35 @@ def test_gguf_matches_transformers(ftype, files):
 
 def test_q4_k_m_mixed_types_split_the_fused_projections(files):
     pipe = _pipe(files("Q4_K_M"))
-    mm = {(n.attrs["qtype"], int(n.attrs["n"])) for n in _quant_nodes(pipe) if n.op_type == "QuantMatMul"}
+    mm = {(n.attrs["qtype"], int(n.attrs["n"])) for n in _quant_nodes(pipe) if n.op_type != "QuantGather"}
     # layer 0 (Q4_K everywhere): q/k/v fused (256 + 2 * 128 rows); layer 1 (a "more bits" layer): V in
     # Q6_K, so q, k and v are separate; the LM head (320 rows) in Q6_K; gate/up fused in both layers
     assert ("Q4_K", 512) in mm and ("Q4_K", 256) in mm and ("Q4_K", 128) in mm and ("Q6_K", 128) in mm
     assert ("Q6_K", 320) in mm and ("Q4_K", 1024) in mm and ("Q6_K", 256) in mm
     res = _pipe(files("Q4_K_M"), mode="emulated_replay").generate(PROMPT, max_new_tokens=12)
     assert res.token_ids == pipe.generate(PROMPT, max_new_tokens=12).token_ids      # replay == reference
+
+
+@pytest.mark.parametrize("ftype", ["Q4_K_M", "Q8_0"])
+def test_fused_quantized_ops_equal_the_unfused_graph(ftype, files):
+    """The decoder graph with QuantRMSNormMatMul / QuantMatMulAdd (torch kernels on CPU) gives the unfused
+    graph's (RMSNormalization, QuantMatMul, SiluMul, SkipRMSNormalization) logits bit for bit."""
+    import numpy as np
+    from shapeplan.llm.bench import load_model
+    from shapeplan.llm.model import build_graph
+    cfg, w = load_model(None, files(ftype), "cpu", "float32")
+    ids = torch.tensor([[5, 9, 2, 7, 11]])
+    out = {}
+    for fuse in (True, False):
+        g = build_graph(cfg, dict(w), max_kv_cache_length=16, fuse_norms=fuse)
+        ops = {n.op_type for n in g.nodes}
+        assert ("QuantRMSNormMatMul" in ops and "QuantMatMulAdd" in ops and "SkipRMSNormalization" not in ops) == fuse
+        eng = sp.compile(g, mode="slot_by_slot", outputs=["logits", "all_logits"])
+        feeds = {"input_ids": ids, "position": torch.tensor([0]), "length": torch.tensor([ids.shape[1]])}
+        out[fuse] = eng.run(feeds, outputs=["logits", "all_logits"])
+    for name in ("logits", "all_logits"):
+        assert torch.equal(out[True][name], out[False][name]), name
+    assert np.isfinite(out[True]["logits"].numpy()).all()
 
 
 def test_tied_embeddings_share_the_packed_table(tmp_path):
@@ -93,7 +118,7 @@ def test_tied_embeddings_share_the_packed_table(tmp_path):
     pipe = _pipe(out)
     gather = next(n for n in _quant_nodes(pipe) if n.op_type == "QuantGather")
     readers = [n for n in pipe.graph.nodes if gather.inputs[0] in n.inputs]
-    assert {n.op_type for n in readers} == {"QuantGather", "QuantMatMul"}     # one table, two readers
+    assert {n.op_type for n in readers} == {"QuantGather", "QuantRMSNormMatMul"}   # one table, two readers
     assert gather.attrs["qtype"] == "Q6_K"                                     # the head's type (llama.cpp)
 
 

@@ -26,6 +26,18 @@ def compile_one(kernel: str, name: str, m: int):
     q = QTYPES[name]
     meta = dict(KIND=gguf.KINDS[q.kind], TS=q.type_size, NSUB=q.tile[0], SUBLEN=q.tile[1])
     ptrs = {"x_ptr": "*bf16", "w_ptr": "*u8", "y_ptr": "*bf16"}
+    if kernel == "gemv1":                 # the one-row Q4_K / Q6_K / Q8_0 kernel; m: 0 plain, 1 norm + GLU, 2 residual
+        from shapeplan.runtime.backends.triton.kernels import qgemv
+        fn = qgemv.KERNELS[name]
+        ptrs = {"X": "*bf16", "NW": "*bf16", "W": "*i32", "R": "*bf16", "Y": "*bf16"}
+        args = ["N", "K", "HALF", "ROW_WORDS"]
+        bn, ch, warps = qgemv.DEFAULT[name]
+        consts = dict(BN=bn, CH=ch, NORM=m == 1, RES=m == 2, GLU=m == 1)
+        sig = {**ptrs, **{a: "i32" for a in args}, "eps": "fp32", **{c: "constexpr" for c in consts}}
+        names = list(sig)
+        attrs = {(names.index(p),): [["tt.divisibility", 16]] for p in ("X", "NW", "W", "K", "ROW_WORDS")}
+        return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
+                              target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
     if kernel == "gemv":
         fn, args = gguf._gemv_kernel, ["N", "K", "ROW_BYTES", "stride_xm", "stride_ym", "CHUNKS_PER_PROGRAM"]
         consts = dict(M=m, BM=max(2, 1 << (m - 1).bit_length()), BN=gguf.GEMV["bn"], PARTIAL=False,
@@ -55,7 +67,10 @@ def main(specs: list[str]) -> int:
         kernel, name, m = spec.split(":")
         try:
             k = compile_one(kernel, name, int(m))
-            out[spec] = {"ok": bool(k.asm.get("cubin")), "error": "", "vector_loads": "ld.global.v4" in k.asm["ptx"]}
+            ptx = k.asm["ptx"]
+            out[spec] = {"ok": bool(k.asm.get("cubin")), "error": "", "vector_loads": "ld.global.v4" in ptx,
+                         "shared": ptx.count("st.shared"), "cvt_rn_f32": ptx.count("cvt.rn.f32.s32"),
+                         "regs": getattr(k, "n_regs", None), "spills": getattr(k, "n_spills", None)}
         except TypeError as e:                            # another ASTSource signature
             print(f"this Triton's compile API differs: {e}")
             return 3

@@ -139,6 +139,8 @@ def _compile_sm90(*specs: str) -> dict:
     pytest.importorskip("triton")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])   # this checkout's shapeplan
     script = os.path.join(os.path.dirname(__file__), "_compile_sm90.py")
     out = subprocess.run([sys.executable, script, *specs], capture_output=True, text=True, env=env, timeout=1200)
     if out.returncode == 3:
@@ -158,3 +160,104 @@ def test_every_kernel_compiles_for_sm90():
     specs = [f"{k}:{n}:{m}" for n in QTYPES for k, m in (("gemv", 1), ("gemv", 8), ("gemm", 0), ("rows", 0))]
     res = _compile_sm90(*specs)
     assert all(r["ok"] for r in res.values()), {s: r["error"] for s, r in res.items() if not r["ok"]}
+
+
+# ------------------------------------------------------------------ the one-row kernels (qgemv.py)
+ONE_ROW = ["Q4_K", "Q6_K", "Q8_0"]
+
+
+def _unfused(x, w, s=None, r=None, glu=False, eps=1e-5):
+    """float32 reference: rms_norm(x) * s @ W.T, then the SiLU gate of the halves or + r."""
+    if s is not None:
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * s
+    y = x @ w.t()
+    if glu:
+        g, u = y.chunk(2, dim=-1)
+        y = torch.nn.functional.silu(g) * u
+    return y + r if r is not None else y
+
+
+@pytest.mark.parametrize("name", ONE_ROW)
+@pytest.mark.parametrize("nk,tiles,random_bytes", [((13, 1024), (4, 1, 4), False), ((7, 1536), (2, 2, 1), True),
+                                                   ((5, 512), None, False)])
+def test_one_row_kernel_equals_dequantize_then_matmul(name, nk, tiles, random_bytes, triton_kernels):
+    """N not a multiple of BN, K over several super-blocks / block pairs (a partial last iteration with
+    CH = 2), quantized weights and random bytes (every code and scale bit pattern)."""
+    from shapeplan.runtime.backends.triton.kernels import qgemv
+    from tests.quant.test_dequant import random_blocks
+    n, k = nk
+    packed = (random_blocks(name, n, k, seed=n) if random_bytes else packed_weight(name, n, k, seed=n)).to(DEV)
+    w = dequantize(packed, name)
+    x = torch.randn(1, k, generator=torch.Generator().manual_seed(k)).to(DEV)
+    assert qgemv.supports(x, packed, name, k)
+    _close(qgemv.gemv1(x, packed, name, n, k, tiles=tiles), x @ w.t())
+
+
+@pytest.mark.parametrize("name", ONE_ROW)
+@pytest.mark.parametrize("case", ["norm", "norm+glu", "res"])
+def test_one_row_kernel_prologue_and_epilogues(name, case, triton_kernels):
+    from shapeplan.runtime.backends.triton.kernels import qgemv
+    n, k = 18, 1024                                           # GLU: 9 outputs, BN = 4: a partial block
+    g = torch.Generator().manual_seed(7)
+    packed = packed_weight(name, n, k, seed=3).to(DEV)
+    w = dequantize(packed, name)
+    x = torch.randn(1, k, generator=g).to(DEV)
+    s = (torch.rand(k, generator=g) + 0.5).to(DEV)
+    r = torch.randn(1, n, generator=g).to(DEV)
+    kw = dict(norm_w=s if "norm" in case else None, eps=1e-5, residual=r if case == "res" else None,
+              glu="glu" in case)
+    y = qgemv.gemv1(x, packed, name, n, k, tiles=(4, 2, 4), **kw)
+    _close(y, _unfused(x, w, kw["norm_w"], kw["residual"], kw["glu"]))
+
+
+def test_one_row_kernel_dispatch(triton_kernels, monkeypatch):
+    """gguf.matmul sends one row of Q4_K / Q6_K / Q8_0 to the one-row kernel; a packed view 2 bytes off
+    word alignment, other types and more rows take the generic GEMV."""
+    gguf = triton_kernels
+    from shapeplan.runtime.backends.triton.kernels import qgemv
+    calls = []
+    real = qgemv.gemv1
+    monkeypatch.setattr(qgemv, "gemv1", lambda *a, **kw: calls.append(a[2]) or real(*a, **kw))
+    packed = packed_weight("Q8_0", 4, 512).to(DEV)
+    w = dequantize(packed, "Q8_0")
+    x = torch.randn(1, 512, device=DEV)
+    _close(gguf.matmul(x, packed, QTYPES["Q8_0"], 4, 512), x @ w.t())
+    assert calls == ["Q8_0"]
+    raw = torch.zeros(4 * 544 + 2, dtype=torch.uint8, device=DEV)
+    off = raw[2:].view(4, 544)
+    off.copy_(packed)
+    assert not qgemv.supports(x, off, "Q8_0", 512)
+    _close(gguf.matmul(x, off, QTYPES["Q8_0"], 4, 512), x @ w.t())
+    _close(gguf.matmul(x.expand(2, 512), packed, QTYPES["Q8_0"], 4, 512), x.expand(2, 512) @ w.t())
+    assert calls == ["Q8_0"]
+
+
+@pytest.mark.parametrize("name", ["Q4_K", "Q5_K"])          # the one-row kernel, and the unfused fallback
+def test_fused_quant_ops_through_the_kernels(name, triton_kernels):
+    """QuantRMSNormMatMul / QuantMatMulAdd with the Triton kernels (one row: fused; three rows: the norm,
+    the GEMV and the gate / add) against the torch reference (the unfused ops)."""
+    n, k = 16, 512
+    g = torch.Generator().manual_seed(5)
+    packed = packed_weight(name, n, k).to(DEV)
+    s = (torch.rand(k, generator=g) + 0.5).to(DEV)
+    for m in (1, 3):
+        x = torch.randn(1, m, k, generator=g).to(DEV)
+        r = torch.randn(1, m, n, generator=g).to(DEV)
+        got = (qops.quant_rms_norm_matmul(x, s, packed, qtype=name, n=n, k=k, activation="silu_mul"),
+               qops.quant_matmul_add(x, packed, r, qtype=name, n=n, k=k))
+        old = qops.set_quant_kernels("torch")
+        try:
+            want = (qops.quant_rms_norm_matmul(x, s, packed, qtype=name, n=n, k=k, activation="silu_mul"),
+                    qops.quant_matmul_add(x, packed, r, qtype=name, n=n, k=k))
+        finally:
+            qops.set_quant_kernels("triton")
+        for a, b in zip(got, want):
+            assert a.shape == b.shape
+            _close(a, b)
+
+
+def test_one_row_kernels_compile_for_sm90():
+    specs = [f"gemv1:{n}:{m}" for n in ONE_ROW for m in (0, 1, 2)]
+    res = _compile_sm90(*specs)
+    assert all(r["ok"] for r in res.values()), {s: r["error"] for s, r in res.items() if not r["ok"]}
+    assert res["gemv1:Q4_K:0"]["vector_loads"]              # Q4_K super-blocks are 16-byte aligned

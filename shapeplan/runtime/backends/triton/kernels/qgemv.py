@@ -1,0 +1,357 @@
+"""The one-row quantized GEMV (a decode step at batch 1) for the types that dominate GGUF decode: Q4_K,
+Q6_K and Q8_0, with the fused prologue / epilogue of the bf16 decode GEMV (kernels/gemv.py):
+
+    gemv1(x, packed, q, n, k)                        x [1, K] @ W.T
+    gemv1(..., norm_w=s, eps=e)                      rms_norm(x) * s @ W.T    (RMSNorm prologue)
+    gemv1(..., residual=r)                           r + x @ W.T              (residual epilogue)
+    gemv1(..., glu=True)                             silu(x @ G.T) * (x @ U.T), W = [G; U] by rows
+
+Why a separate kernel: the generic GEMV of gguf.py loads every weight byte with its own uint8 load and
+decodes the full affine value per element (scale extraction, int -> float conversion, ``d*sc*q - m``),
+so it is bound by instructions, not by memory (~845 GB/s on the LM head, of ~4.2 TB/s). Here:
+
+- **Word loads.** The packed row is read as int32 words (the launcher passes ``packed.view(int32)``;
+  the fast path needs row bytes and the base address to be multiples of 4, else gguf.py's kernel
+  runs). The file's own layout is kept (no repacking: GPU memory = the GGUF tensor bytes): a Q4_K
+  super-block is 36 words (16-byte aligned, vector loads). Q6_K super-blocks (210 bytes) and Q8_0
+  blocks (34 bytes) are 2 bytes off every other one, so those kernels walk *pairs* (420 bytes = 105
+  words, 68 bytes = 17 words): the first of a pair is word aligned, the second is realigned in
+  registers with a funnel shift ``(w[j] >> 16) | (w[j + 1] << 16)`` (the second load hits L1).
+- **Integer codes -> float without a conversion instruction.** ``(v & mask) | 0x4B000000`` read as a
+  float is ``2^23 + v`` exactly when v < 2^23, so ``that - 2^23`` is the code as a float (one logic op
+  and one add; int->float conversions run at a quarter of the FMA rate or less). A code at bit s
+  (nibble 2 of a word, say) is taken in place, worth ``q * 2^s``, and x is pre-scaled by ``2^-s`` once
+  per program (exact: a power of two), so no shift per element; a signed int8 code is xor'ed with 0x80
+  in the same logic op; Q6_K's ``q - 32`` is folded into the subtracted constant.
+- **Sub-block algebra.** Per word (4 elements of one sub-block) the products ``q * x`` are summed,
+  then scaled once: Q8_0 ``d * Σ q x``, Q6_K ``d * sc * Σ (q - 32) x``, Q4_K
+  ``d * sc * Σ q x - dmin * m * Σ x`` with ``Σ x`` per sub-block computed once per program (x is
+  shared by the BN rows). Per element that is one logic op, one add, one FMA.
+- A program owns BN rows and walks K in CH super-blocks (Q4_K), CH pairs of super-blocks (Q6_K) or
+  CH pairs of 32-blocks (Q8_0) per iteration, all their loads in flight together; products stay
+  elementwise in float32 and are summed once after the loop; one store per row. No split-K: BN goes
+  down to 1 for few rows. Tunables per (type, N, K) in ``TUNE`` (bench/quant_gemv.py ``--sweep1``).
+
+The norm is the bf16 GEMV's: rsqrt(mean(x^2) + eps) is a factor common to the row, so Σx² is summed
+beside the products and the result scaled at the end; rounding as there (the product and the gate are
+rounded to the activation dtype where MatMul and SiluMul round). Everything is launched with device
+tensors only: it captures into the decode plan's CUDA graph.
+"""
+from __future__ import annotations
+
+import torch
+
+from shapeplan.runtime.backends.triton.kernels.gguf import AVAILABLE, triton, tl
+
+#: qtype -> (BN rows per program, CH chunks per iteration, warps) when ``TUNE`` has no entry
+DEFAULT: dict[str, tuple[int, int, int]] = {"Q4_K": (8, 2, 4), "Q6_K": (4, 1, 4), "Q8_0": (8, 4, 4)}
+#: (qtype, N outputs (GLU: after the gate), K) -> (BN, CH, warps), measured on the H200
+TUNE: dict[tuple[str, int, int], tuple[int, int, int]] = {}
+#: programs below which BN is halved (the H200 has 132 SMs)
+MIN_PROGRAMS = 264
+#: the types with a one-row kernel, and the K each needs (super-block or block pair)
+K_MULTIPLE = {"Q4_K": 256, "Q6_K": 512, "Q8_0": 64}
+
+if AVAILABLE:
+    MAGIC = tl.constexpr(0x4B000000)           # float32 bits of 2^23
+    TWO23 = tl.constexpr(8388608.0)
+
+    @triton.jit
+    def _code(v, mask: tl.constexpr):
+        """The bits ``v & mask`` (below bit 23) as a float, exactly, with no int->float conversion."""
+        return ((v & mask) | MAGIC).to(tl.float32, bitcast=True) - TWO23
+
+    @triton.jit
+    def _f16(v):
+        """The float16 in the low 16 bits of int32 ``v``, as float32."""
+        return (v & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+
+    @triton.jit
+    def _x_load(X, NW, idx, mask, NORM: tl.constexpr):
+        """x[idx] (times the norm weight) as float32, and x[idx]^2 for the norm's Σx²."""
+        x = tl.load(X + idx, mask=mask, other=0.0).to(tl.float32)
+        sq = x * x
+        if NORM:
+            x = x * tl.load(NW + idx, mask=mask, other=0.0).to(tl.float32)
+        return x, sq
+
+    @triton.jit
+    def _finish(y, u, ss, K, eps, R, Y, rows, ok, NORM: tl.constexpr, RES: tl.constexpr, GLU: tl.constexpr):
+        """The epilogue of kernels/gemv_jit.py: norm scale, rounding, SiLU gate, residual, store."""
+        if NORM:
+            rstd = tl.math.rsqrt(ss / K + eps)
+            y = y * rstd
+            u = u * rstd
+        y = y.to(Y.dtype.element_ty).to(tl.float32)
+        if GLU:
+            u = u.to(Y.dtype.element_ty).to(tl.float32)
+            y = (y * tl.sigmoid(y)).to(Y.dtype.element_ty).to(tl.float32) * u
+        if RES:
+            y += tl.load(R + rows, mask=ok, other=0.0).to(tl.float32)
+        tl.store(Y + rows, y.to(Y.dtype.element_ty), mask=ok)
+
+    # ------------------------------------------------------------------------------------------ Q4_K
+    @triton.jit
+    def _q4k_scales(hd, s1, s2, s3, p, h: tl.constexpr):
+        """Super-block words 0..3 ([d|dmin], 12 scale bytes) -> d*sc and dmin*m of sub-blocks 2p + h."""
+        s = 2 * p + h
+        sh = (s % 4) * 8
+        a, b, c = s1 >> sh, s2 >> sh, s3 >> sh
+        lo = s < 4
+        sc = tl.where(lo, a & 63, (c & 15) | (((a >> 6) & 3) << 4))
+        mn = tl.where(lo, b & 63, ((c >> 4) & 15) | (((b >> 6) & 3) << 4))
+        return _f16(hd) * _code(sc, 63), _f16(hd >> 16) * _code(mn, 63)
+
+    @triton.jit
+    def _q4k_kernel(X, NW, W, R, Y, N, K, HALF, ROW_WORDS, eps, BN: tl.constexpr, CH: tl.constexpr,
+                    NORM: tl.constexpr, RES: tl.constexpr, GLU: tl.constexpr):
+        """Q4_K super-block (36 words): [d|dmin] [scales x 3] [qs x 32]; qs word 4 + 8p + w holds, in
+        byte b, elements 32*(2p) + 4w + b (low nibble) and 32*(2p+1) + 4w + b (high nibble)."""
+        pid = tl.program_id(0)
+        rows = pid * BN + tl.arange(0, BN)
+        ok = rows < N
+        rg = W + rows.to(tl.int64) * ROW_WORDS                                    # [BN] word pointers
+        ru = W + (rows + HALF).to(tl.int64) * ROW_WORDS
+        ci = tl.arange(0, CH)[:, None, None]                                       # [CH, 1, 1]
+        p = tl.arange(0, 4)[None, :, None]                                         # [1, 4, 1]
+        w = tl.arange(0, 8)[None, None, :]                                         # [1, 1, 8]
+        nc = K // 256
+        acc = tl.zeros([BN, CH, 4, 8], dtype=tl.float32)
+        acc_u = tl.zeros([BN, CH, 4, 8], dtype=tl.float32)
+        ss = tl.zeros([CH, 4, 8], dtype=tl.float32)
+        for c0 in range(0, nc, CH):
+            c = c0 + ci
+            cok = c < nc
+            m4 = ok[:, None, None, None] & cok[None]                              # [BN, CH, 1, 1]
+            sb = rg[:, None, None, None] + (c * 36)[None]                         # [BN, CH, 1, 1]
+            qw = tl.load(sb + 4 + 8 * p[None] + w[None], mask=m4, other=0)        # [BN, CH, 4, 8]
+            hd, s1 = tl.load(sb, mask=m4, other=0), tl.load(sb + 1, mask=m4, other=0)
+            s2, s3 = tl.load(sb + 2, mask=m4, other=0), tl.load(sb + 3, mask=m4, other=0)
+            if GLU:
+                sbu = ru[:, None, None, None] + (c * 36)[None]
+                qwu = tl.load(sbu + 4 + 8 * p[None] + w[None], mask=m4, other=0)
+                hdu, s1u = tl.load(sbu, mask=m4, other=0), tl.load(sbu + 1, mask=m4, other=0)
+                s2u, s3u = tl.load(sbu + 2, mask=m4, other=0), tl.load(sbu + 3, mask=m4, other=0)
+            for h in tl.static_range(2):
+                t = tl.zeros([BN, CH, 4, 8], dtype=tl.float32)
+                t_u = tl.zeros([BN, CH, 4, 8], dtype=tl.float32)
+                sx = tl.zeros([CH, 4, 8], dtype=tl.float32)                     # Σ_b x per word
+                for b in tl.static_range(4):
+                    x, sq = _x_load(X, NW, c * 256 + (2 * p + h) * 32 + 4 * w + b, cok, NORM)   # [CH, 4, 8]
+                    ss += sq
+                    sx += x
+                    xs = (x * (1.0 / (1 << (8 * (b % 2) + 4 * h))))[None]   # the code below is q * 2^shift
+                    src = qw if b < 2 else qw >> 16
+                    t += _code(src, 15 << (8 * (b % 2) + 4 * h)) * xs
+                    if GLU:
+                        src_u = qwu if b < 2 else qwu >> 16
+                        t_u += _code(src_u, 15 << (8 * (b % 2) + 4 * h)) * xs
+                ds, dm = _q4k_scales(hd, s1, s2, s3, p[None], h)                  # [BN, CH, 4, 1]
+                acc += t * ds - dm * sx[None]          # per word: no reduction (and no barrier) in the loop
+                if GLU:
+                    ds_u, dm_u = _q4k_scales(hdu, s1u, s2u, s3u, p[None], h)
+                    acc_u += t_u * ds_u - dm_u * sx[None]
+        y = tl.sum(tl.sum(tl.sum(acc, axis=3), axis=2), axis=1)
+        u = y
+        if GLU:
+            u = tl.sum(tl.sum(tl.sum(acc_u, axis=3), axis=2), axis=1)
+        _finish(y, u, tl.sum(tl.sum(tl.sum(ss, axis=2), axis=1), axis=0), K, eps, R, Y, rows, ok, NORM, RES, GLU)
+
+    # ------------------------------------------------------------------------------------------ Q6_K
+    @triton.jit
+    def _word(wp, mask, SHIFTED: tl.constexpr):
+        """Words at ``wp``; SHIFTED: the word starting 2 bytes further (a funnel shift of two)."""
+        a = tl.load(wp, mask=mask, other=0)
+        if SHIFTED:
+            a = ((a >> 16) & 0xFFFF) | (tl.load(wp + 1, mask=mask, other=0) << 16)
+        return a
+
+    @triton.jit
+    def _q6k_codes(base, m4, hg, w, ODD: tl.constexpr):
+        """The ql and qh words [BN, CP, 8, 4] of the super-block at ``base`` (layout: kernel doc)."""
+        ql = _word(base + 4 * hg + w, m4, ODD)
+        qh = _word(base + 32 + 8 * (hg // 4) + 4 * (hg % 2) + w, m4, ODD)
+        return ql, qh
+
+    @triton.jit
+    def _q6k_join(ql, qh, hg, n: tl.constexpr):
+        """The 6-bit codes of nibble half n, one per byte."""
+        return ((ql >> (4 * n)) & 0x0F0F0F0F) | (((qh >> (4 * n + 2 * ((hg % 4) // 2))) & 0x03030303) << 4)
+
+    @triton.jit
+    def _q6k_byte(q6, b: tl.constexpr):
+        """(q - 32) * 2^(8 * (b % 2)) of byte b of the code words."""
+        if b >= 2:
+            q6 = q6 >> 16
+        return _code(q6, 0xFF << (8 * (b % 2))) - 32.0 * (1 << (8 * (b % 2)))
+
+    @triton.jit
+    def _q6k_scale(base, m4, hg, n: tl.constexpr, ODD: tl.constexpr):
+        """d * sc of sub-block 8h + 4n + g (hg = 4h + g) of the super-block at ``base``: [BN, CP, 8, 1]."""
+        scw = _word(base + 48 + 2 * (hg // 4) + n, m4, ODD)
+        sc = _code((scw >> (8 * (hg % 4))) ^ 0x80, 0xFF) - 128.0            # int8 scale, exactly
+        return _f16(_word(base + 52, m4, ODD)) * sc
+
+    @triton.jit
+    def _q6k_kernel(X, NW, W, R, Y, N, K, HALF, ROW_WORDS, eps, BN: tl.constexpr, CH: tl.constexpr,
+                    NORM: tl.constexpr, RES: tl.constexpr, GLU: tl.constexpr):
+        """Q6_K super-block (210 bytes): [ql 128][qh 64][scales int8 16][d]; two per pair of 105 words,
+        the second 2 bytes off word alignment. With hg = 4h + g (h: half, g: 16-element group) and
+        nibble half n, element 128h + 64n + 16g + 4w + b is byte b of ql word 4hg + w (nibble n) and
+        of qh word 32 + 8h + 4(g % 2) + w (bits 2(2n + g // 2)); its sub-block is 8h + 4n + g."""
+        pid = tl.program_id(0)
+        rows = pid * BN + tl.arange(0, BN)
+        ok = rows < N
+        rg = W + rows.to(tl.int64) * ROW_WORDS
+        ru = W + (rows + HALF).to(tl.int64) * ROW_WORDS
+        ci = tl.arange(0, CH)[:, None, None]                                       # [CP, 1, 1]
+        hg = tl.arange(0, 8)[None, :, None]                                        # [1, 8, 1]
+        w = tl.arange(0, 4)[None, None, :]                                         # [1, 1, 4]
+        npairs = K // 512
+        acc = tl.zeros([BN, CH, 8, 4], dtype=tl.float32)
+        acc_u = tl.zeros([BN, CH, 8, 4], dtype=tl.float32)
+        ss = tl.zeros([CH, 8, 4], dtype=tl.float32)
+        for c0 in range(0, npairs, CH):
+            c = c0 + ci
+            cok = c < npairs
+            m4 = ok[:, None, None, None] & cok[None]
+            for odd in tl.static_range(2):
+                base = rg[:, None, None, None] + (c * 105 + 52 * odd)[None]          # [BN, CP, 1, 1]
+                if GLU:
+                    base_u = ru[:, None, None, None] + (c * 105 + 52 * odd)[None]
+                ql, qh = _q6k_codes(base, m4, hg[None], w[None], odd)                # [BN, CP, 8, 4]
+                if GLU:
+                    ql_u, qh_u = _q6k_codes(base_u, m4, hg[None], w[None], odd)
+                for n in tl.static_range(2):
+                    q6 = _q6k_join(ql, qh, hg[None], n)
+                    t = tl.zeros([BN, CH, 8, 4], dtype=tl.float32)
+                    if GLU:
+                        q6_u = _q6k_join(ql_u, qh_u, hg[None], n)
+                        t_u = tl.zeros([BN, CH, 8, 4], dtype=tl.float32)
+                    for b in tl.static_range(4):
+                        k = (2 * c + odd) * 256 + 128 * (hg // 4) + 64 * n + 16 * (hg % 4) + 4 * w + b
+                        x, sq = _x_load(X, NW, k, cok, NORM)                       # [CP, 8, 4]
+                        ss += sq
+                        xs = (x * (1.0 / (1 << (8 * (b % 2)))))[None]             # codes are q * 2^(8 (b % 2))
+                        t += _q6k_byte(q6, b) * xs
+                        if GLU:
+                            t_u += _q6k_byte(q6_u, b) * xs
+                    acc += t * _q6k_scale(base, m4, hg[None], n, odd)
+                    if GLU:
+                        acc_u += t_u * _q6k_scale(base_u, m4, hg[None], n, odd)
+        y = tl.sum(tl.sum(tl.sum(acc, axis=3), axis=2), axis=1)
+        u = y
+        if GLU:
+            u = tl.sum(tl.sum(tl.sum(acc_u, axis=3), axis=2), axis=1)
+        _finish(y, u, tl.sum(tl.sum(tl.sum(ss, axis=2), axis=1), axis=0), K, eps, R, Y, rows, ok, NORM, RES, GLU)
+
+    # ------------------------------------------------------------------------------------------ Q8_0
+    @triton.jit
+    def _q80_codes(base, m3, w, ODD: tl.constexpr):
+        """The code words [BN, CP, 8] of block ``ODD`` of the pair at ``base``."""
+        if ODD:                               # bytes 34..67: [d] at word 8's high half, codes = words 9..16
+            qw = tl.load(base + 9 + w, mask=m3, other=0)
+        else:                                 # bytes 0..33: [d] at word 0's low half, codes 2 bytes in
+            qw = _word(base + w, m3, True)
+        return qw
+
+    @triton.jit
+    def _s8_byte(qw, b: tl.constexpr):
+        """The signed int8 code in byte b, times 2^(8 * (b % 2)), as a float."""
+        if b >= 2:
+            qw = qw >> 16
+        return _code(qw ^ (0x80 << (8 * (b % 2))), 0xFF << (8 * (b % 2))) - 128.0 * (1 << (8 * (b % 2)))
+
+    @triton.jit
+    def _q80_scale(base, m3, ODD: tl.constexpr):
+        if ODD:
+            return _f16(tl.load(base + 8, mask=m3, other=0) >> 16)
+        return _f16(tl.load(base, mask=m3, other=0))
+
+    @triton.jit
+    def _q80_kernel(X, NW, W, R, Y, N, K, HALF, ROW_WORDS, eps, BN: tl.constexpr, CH: tl.constexpr,
+                    NORM: tl.constexpr, RES: tl.constexpr, GLU: tl.constexpr):
+        """Q8_0 blocks [d f16][32 int8], two per pair of 17 words; CH pairs per iteration. Element
+        64c + 32*odd + 4w + b is byte b of code word w of block ``odd`` of pair c."""
+        pid = tl.program_id(0)
+        rows = pid * BN + tl.arange(0, BN)
+        ok = rows < N
+        rg = W + rows.to(tl.int64) * ROW_WORDS
+        ru = W + (rows + HALF).to(tl.int64) * ROW_WORDS
+        ci = tl.arange(0, CH)[:, None]                                             # [CP, 1]
+        w = tl.arange(0, 8)[None, :]                                               # [1, 8]
+        npairs = K // 64
+        acc = tl.zeros([BN, CH, 8], dtype=tl.float32)
+        acc_u = tl.zeros([BN, CH, 8], dtype=tl.float32)
+        ss = tl.zeros([CH, 8], dtype=tl.float32)
+        for c0 in range(0, npairs, CH):
+            c = c0 + ci
+            cok = c < npairs
+            m3 = ok[:, None, None] & cok[None]                                    # [BN, CP, 1]
+            base = rg[:, None, None] + (c * 17)[None]
+            if GLU:
+                base_u = ru[:, None, None] + (c * 17)[None]
+            for odd in tl.static_range(2):
+                qw = _q80_codes(base, m3, w[None], odd)                               # [BN, CP, 8]
+                t = tl.zeros([BN, CH, 8], dtype=tl.float32)
+                if GLU:
+                    qw_u = _q80_codes(base_u, m3, w[None], odd)
+                    t_u = tl.zeros([BN, CH, 8], dtype=tl.float32)
+                for b in tl.static_range(4):
+                    x, sq = _x_load(X, NW, c * 64 + 32 * odd + 4 * w + b, cok, NORM)   # [CP, 8]
+                    ss += sq
+                    xs = (x * (1.0 / (1 << (8 * (b % 2)))))[None]
+                    t += _s8_byte(qw, b) * xs
+                    if GLU:
+                        t_u += _s8_byte(qw_u, b) * xs
+                acc += t * _q80_scale(base, m3, odd)
+                if GLU:
+                    acc_u += t_u * _q80_scale(base_u, m3, odd)
+        y = tl.sum(tl.sum(acc, axis=2), axis=1)
+        u = y
+        if GLU:
+            u = tl.sum(tl.sum(acc_u, axis=2), axis=1)
+        _finish(y, u, tl.sum(tl.sum(ss, axis=1), axis=0), K, eps, R, Y, rows, ok, NORM, RES, GLU)
+
+    KERNELS = {"Q4_K": _q4k_kernel, "Q6_K": _q6k_kernel, "Q8_0": _q80_kernel}
+
+
+# --------------------------------------------------------------------------------------- launching
+def supports(x: torch.Tensor, packed: torch.Tensor, qtype: str, k: int) -> bool:
+    """Whether the one-row kernel runs: x [1, K], a Q4_K / Q6_K / Q8_0 weight whose K is a multiple of
+    the kernel's step and whose rows are whole int32 words at a 4-byte aligned address."""
+    return (AVAILABLE and qtype in K_MULTIPLE and x.dim() == 2 and x.shape[0] == 1 and k % K_MULTIPLE[qtype] == 0
+            and packed.dim() == 2 and packed.stride(1) == 1 and packed.stride(0) % 4 == 0
+            and packed.data_ptr() % 4 == 0 and x.dtype in (torch.float16, torch.bfloat16, torch.float32))
+
+
+def config(qtype: str, n: int, k: int) -> tuple[int, int, int]:
+    """(BN, CH, warps) for N outputs and K inputs: ``TUNE``, else ``DEFAULT`` with BN halved until
+    there are ``MIN_PROGRAMS`` programs (or BN is 1)."""
+    hit = TUNE.get((qtype, n, k))
+    if hit:
+        return hit
+    bn, ch, warps = DEFAULT[qtype]
+    while bn > 1 and triton.cdiv(n, bn) < MIN_PROGRAMS:
+        bn //= 2
+    return bn, ch, warps
+
+
+def gemv1(x: torch.Tensor, packed: torch.Tensor, qtype: str, n: int, k: int, *, norm_w: torch.Tensor | None = None,
+          eps: float = 0.0, residual: torch.Tensor | None = None, glu: bool = False,
+          tiles: tuple[int, int, int] | None = None) -> torch.Tensor:
+    """The one-row quantized GEMV (module doc): x [1, K], W [n, k] packed -> [1, n] (GLU: [1, n / 2])."""
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    out_n = n // 2 if glu else n
+    bn, ch, warps = tiles or config(qtype, out_n, k)
+    words = packed.view(torch.int32)                                               # [n, row bytes / 4]
+    y = torch.empty(1, out_n, dtype=x.dtype, device=x.device)
+    r = residual.reshape(1, out_n) if residual is not None else y
+    if r.stride(-1) != 1:
+        r = r.contiguous()
+    nw = norm_w if norm_w is not None else x
+    KERNELS[qtype][(triton.cdiv(out_n, bn),)](
+        x, nw, words, r, y, out_n, k, out_n, words.stride(0), float(eps), BN=bn, CH=ch,
+        NORM=norm_w is not None, RES=residual is not None, GLU=glu, num_warps=warps)
+    return y
