@@ -22,6 +22,7 @@ import gc
 import json
 import sys
 import time
+from typing import Any
 
 import torch
 
@@ -53,7 +54,23 @@ def profile(cfg: LlamaConfig, weights: dict[str, torch.Tensor], mode: str, *, pr
         pipe.generate(prompt, max_new_tokens=tokens, sampling=Sampling.greedy())
         torch.cuda.synchronize()
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=rows, max_name_column_width=60))
+    print(per_step(prof, tokens, rows))
     del pipe
+
+
+def per_step(prof: Any, tokens: int, rows: int) -> str:
+    """The kernels that ran at least once per two decode steps, as µs and launches per step (the
+    request's one prefill is spread over the steps: its per-layer kernels show up as ~1/step rows)."""
+    found = []
+    for e in prof.key_averages():
+        t = getattr(e, "device_time_total", 0) or getattr(e, "cuda_time_total", 0)
+        if t and e.count >= tokens // 2:
+            found.append((t / tokens, e.count / tokens, e.key))
+    found.sort(reverse=True)
+    lines = [f"\nper decode step ({tokens} tokens; kernels launched >= {tokens // 2} times): "
+             f"{sum(f[0] for f in found):.1f} us of device time", f"{'us/step':>9} {'launches':>9}  kernel"]
+    lines += [f"{t:9.2f} {c:9.2f}  {k[:100]}" for t, c, k in found[:rows]]
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -123,9 +123,9 @@ def test_ops_take_the_gemv_for_one_row_and_the_unfused_path_for_more(monkeypatch
     old = fl.set_gemv("triton")
     try:
         g = torch.Generator().manual_seed(3)
-        x1, x3 = torch.randn(1, 1, 64, generator=g), torch.randn(1, 3, 64, generator=g)
-        s = torch.rand(64, generator=g) + 0.5
-        w_t = (torch.randn(32, 64, generator=g) / 8).t()     # a row-major [N, K] weight, as the LLM graph has
+        x1, x3 = torch.randn(1, 1, 64, generator=g).to(DEV), torch.randn(1, 3, 64, generator=g).to(DEV)
+        s = (torch.rand(64, generator=g) + 0.5).to(DEV)
+        w_t = (torch.randn(32, 64, generator=g) / 8).to(DEV).t()   # a row-major [N, K] weight, as the LLM graph has
         for x in (x1, x3):
             torch.testing.assert_close(fl.rms_norm_matmul(x, s, w_t, epsilon=1e-5, activation="silu_mul"),
                                        unfused(x, s, w_t, glu=True), rtol=1e-5, atol=1e-5)

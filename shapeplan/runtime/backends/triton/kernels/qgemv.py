@@ -46,7 +46,11 @@ from shapeplan.runtime.backends.triton.kernels.gguf import AVAILABLE, triton, tl
 #: qtype -> (BN rows per program, CH chunks per iteration, warps) when ``TUNE`` has no entry
 DEFAULT: dict[str, tuple[int, int, int]] = {"Q4_K": (8, 2, 4), "Q6_K": (4, 1, 4), "Q8_0": (8, 4, 4)}
 #: (qtype, N outputs (GLU: after the gate), K) -> (BN, CH, warps), measured on the H200
-TUNE: dict[tuple[str, int, int], tuple[int, int, int]] = {}
+TUNE: dict[tuple[str, int, int], tuple[int, int, int]] = {       # llama-1b, 2026-12-01 (bench.quant_gemv --sweep1)
+    ("Q4_K", 3072, 2048): (16, 4, 4), ("Q6_K", 3072, 2048): (1, 1, 1), ("Q8_0", 3072, 2048): (2, 4, 1),
+    ("Q4_K", 2048, 2048): (4, 4, 8), ("Q6_K", 2048, 2048): (1, 1, 1), ("Q8_0", 2048, 2048): (2, 4, 1),
+    ("Q4_K", 8192, 2048): (16, 2, 2),
+}
 #: programs below which BN is halved (the H200 has 132 SMs)
 MIN_PROGRAMS = 264
 #: the types with a one-row kernel, and the K each needs (super-block or block pair)
