@@ -1,4 +1,4 @@
-"""Compile the quantized-matmul Triton kernels for sm_90 (Hopper) without a GPU, with the ptxas that
+"""Compile the quantized-matmul (and the bf16 decode GEMV) Triton kernels for sm_90 (Hopper) without a GPU, with the ptxas that
 ships in Triton's wheel; run by tests/ops/test_quant_ops.py in a process without TRITON_INTERPRET.
 
     python tests/ops/_compile_sm90.py gemv:Q4_K:1 gemm:Q6_K:0 rows:Q8_0:0
@@ -37,6 +37,17 @@ def compile_one(kernel: str, name: str, m: int):
         names = list(sig)
         attrs = {(names.index(p),): [["tt.divisibility", 16]] for p in ("X", "NW", "W", "K", "ROW_WORDS")}
         return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
+                              target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+    if kernel == "dense":                 # the bf16 decode GEMV of kernels/gemv.py; m: 0 plain, 1 norm + GLU, 2 residual
+        from shapeplan.runtime.backends.triton.kernels import gemv as dense
+        ptrs = {"X": "*bf16", "NW": "*bf16", "W": "*bf16", "R": "*bf16", "Y": "*bf16"}
+        bn, bk, warps = dense.config(3072, 2048)
+        consts = dict(BN=bn, BK=bk, NORM=m == 1, RES=m == 2, GLU=m == 1, EVEN_K=True)
+        sig = {**ptrs, **{a: "i32" for a in ("N", "K", "HALF", "stride_wn")}, "eps": "fp32",
+               **{c: "constexpr" for c in consts}}
+        names = list(sig)
+        attrs = {(names.index(p),): [["tt.divisibility", 16]] for p in ("X", "NW", "W", "K", "stride_wn")}
+        return triton.compile(ASTSource(fn=dense._gemv_kernel, signature=sig, constexprs=consts, attrs=attrs),
                               target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
     if kernel == "gemv":
         fn, args = gguf._gemv_kernel, ["N", "K", "ROW_BYTES", "stride_xm", "stride_ym", "CHUNKS_PER_PROGRAM"]

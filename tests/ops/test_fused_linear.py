@@ -162,3 +162,11 @@ def test_llm_graph_uses_the_fused_ops_and_keeps_the_unfused_when_asked():
     ops = {n.op_type for n in build_graph(cfg, dict(w), max_kv_cache_length=32, fuse_norms=False).nodes}
     assert not ops & {"RMSNormMatMul", "MatMulAdd"} and "SkipRMSNormalization" in ops
     assert np.isfinite(cfg.rms_norm_eps)
+
+
+def test_gemv_kernel_compiles_for_sm90():
+    """The kernel as the H200 compiles it (Triton's ptxas, no GPU needed): every variant, wide loads."""
+    from tests.ops.test_quant_ops import _compile_sm90
+    res = _compile_sm90("dense:Q4_K:0", "dense:Q4_K:1", "dense:Q4_K:2")
+    assert all(r["ok"] for r in res.values()), {s: r["error"] for s, r in res.items() if not r["ok"]}
+    assert all(r["vector_loads"] for r in res.values())              # W tiles load 16 bytes at a time

@@ -19,7 +19,7 @@ def _gemv_kernel(X, NW, W, R, Y, N, K, HALF, stride_wn, eps,
     once; the normalized x is not rounded to X's dtype, as the unfused RMSNormalization would).
     GLU: silu(gate) * up with gate = row n, up = row n + HALF of W, each rounded to Y's dtype first (as
     MatMul + SiluMul round). RES: + R[n], the product rounded first (as MatMul + Add). Products are
-    accumulated elementwise in float32 and summed once after the loop."""
+    accumulated elementwise in float32 and summed once after the loop; ``_finish`` is the epilogue."""
     pid = tl.program_id(0)
     cols = pid * BN + tl.arange(0, BN)
     col_ok = cols < N
@@ -48,17 +48,28 @@ def _gemv_kernel(X, NW, W, R, Y, N, K, HALF, stride_wn, eps,
         if GLU:
             acc_u += wu.to(tl.float32) * xk[None, :]
     y = tl.sum(acc, axis=1)                                                         # [BN]
+    u = y
     if GLU:
         u = tl.sum(acc_u, axis=1)
+    total = 0.0
     if NORM:
-        rstd = tl.math.rsqrt(tl.sum(ss, axis=0) / K + eps)
+        total = tl.sum(ss, axis=0)
+    _finish(y, u, total, K, eps, R, Y, cols, col_ok, NORM, RES, GLU)
+
+
+@triton.jit
+def _finish(y, u, ss, K, eps, R, Y, rows, ok, NORM: tl.constexpr, RES: tl.constexpr, GLU: tl.constexpr):
+    """The decode GEMVs' epilogue (this kernel's and the quantized ones' in qgemv.py): the norm's scale
+    rsqrt(ss / K + eps), rounding to Y's dtype where the unfused ops round, the SiLU gate, the residual,
+    the store of rows ``rows``."""
+    if NORM:
+        rstd = tl.math.rsqrt(ss / K + eps)
         y = y * rstd
-        if GLU:
-            u = u * rstd
+        u = u * rstd
     y = y.to(Y.dtype.element_ty).to(tl.float32)
     if GLU:
         u = u.to(Y.dtype.element_ty).to(tl.float32)
         y = (y * tl.sigmoid(y)).to(Y.dtype.element_ty).to(tl.float32) * u
     if RES:
-        y += tl.load(R + cols, mask=col_ok, other=0.0).to(tl.float32)
-    tl.store(Y + cols, y.to(Y.dtype.element_ty), mask=col_ok)
+        y += tl.load(R + rows, mask=ok, other=0.0).to(tl.float32)
+    tl.store(Y + rows, y.to(Y.dtype.element_ty), mask=ok)

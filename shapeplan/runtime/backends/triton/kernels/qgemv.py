@@ -57,6 +57,8 @@ MIN_PROGRAMS = 264
 K_MULTIPLE = {"Q4_K": 256, "Q6_K": 512, "Q8_0": 64}
 
 if AVAILABLE:
+    from shapeplan.runtime.backends.triton.kernels.gemv_jit import _finish
+
     MAGIC = tl.constexpr(0x4B000000)           # float32 bits of 2^23
     TWO23 = tl.constexpr(8388608.0)
 
@@ -78,21 +80,6 @@ if AVAILABLE:
         if NORM:
             x = x * tl.load(NW + idx, mask=mask, other=0.0).to(tl.float32)
         return x, sq
-
-    @triton.jit
-    def _finish(y, u, ss, K, eps, R, Y, rows, ok, NORM: tl.constexpr, RES: tl.constexpr, GLU: tl.constexpr):
-        """The epilogue of kernels/gemv_jit.py: norm scale, rounding, SiLU gate, residual, store."""
-        if NORM:
-            rstd = tl.math.rsqrt(ss / K + eps)
-            y = y * rstd
-            u = u * rstd
-        y = y.to(Y.dtype.element_ty).to(tl.float32)
-        if GLU:
-            u = u.to(Y.dtype.element_ty).to(tl.float32)
-            y = (y * tl.sigmoid(y)).to(Y.dtype.element_ty).to(tl.float32) * u
-        if RES:
-            y += tl.load(R + rows, mask=ok, other=0.0).to(tl.float32)
-        tl.store(Y + rows, y.to(Y.dtype.element_ty), mask=ok)
 
     # ------------------------------------------------------------------------------------------ Q4_K
     @triton.jit
