@@ -30,8 +30,13 @@ and its own blocks of a shared pool; the inputs become::
     state_slots   int64 [B]         row b's row of the sampling-state variables
 
 and ``next_position`` is [B] (positions + lengths). The caches are pools ``[NB, Hkv, BS, D]`` written by
-``shapeplan::PagedCacheWrite`` and read by ``shapeplan::PagedAttention``; the sampling variables have
-``state_slots`` rows, gathered per step by ``state_slots``.
+``shapeplan::PagedCacheWrite`` (which rotates k) and read by ``shapeplan::PagedAttention`` (which rotates q:
+no RotaryEmbedding node in a paged graph); the sampling variables have ``state_slots`` rows, gathered per
+step by ``state_slots``.
+
+With ``fuse_norms`` a decoder block is RMSNormMatMul (input norm + q/k/v), MatMulAdd (o_proj + residual),
+RMSNormMatMul with the SiLU gate (post-attention norm + gate/up), MatMulAdd (down_proj + residual); the
+final norm and the LM head are one more RMSNormMatMul (shapeplan/ops/fused_linear.py, docs/gpu.md).
 
 Weights enter as constants that *view* the checkpoint tensors: a projection is ``MatMul(x, W.T)``
 with ``W.T`` a transposed view, so loading copies nothing. The q/k/v and gate/up projections are
@@ -243,6 +248,7 @@ class PagedKV:
 
 class _StaticKV:
     """One contiguous cache per layer, [B, Hkv, L, D], written at a position shared by every row."""
+    rotates_q = False
 
     def __init__(self, g: Graph, cfg: LlamaConfig, batch: int, length: int, dtype: torch.dtype,
                  device: str | torch.device, state: dict[str, torch.Tensor]) -> None:
@@ -283,6 +289,7 @@ class _StaticKV:
 
 class _PagedKV:
     """Pools of blocks per layer, a block table per row, every row at its own position (PagedKV)."""
+    rotates_q = True              # layer() takes q before RoPE: PagedAttention rotates it
 
     def __init__(self, g: Graph, cfg: LlamaConfig, paged: PagedKV, dtype: torch.dtype,
                  device: str | torch.device, state: dict[str, torch.Tensor]) -> None:
@@ -304,8 +311,8 @@ class _PagedKV:
                  for n in (f"k_cache_{i}", f"v_cache_{i}")]
         k_all, v_all = op.PagedCacheWrite(*pools, k, v, self.positions, self.lengths, self.block_tables,
                                           cos_s, sin_s, _domain=SP, _outputs=2)   # RoPE(k), both writes
-        return op.PagedAttention(q, k_all, v_all, self.positions, self.lengths, self.block_tables, scale=scale,
-                                 window=cfg.sliding_window, _domain=SP)           # [B, Hq, S, D]
+        return op.PagedAttention(q, k_all, v_all, self.positions, self.lengths, self.block_tables, cos_s, sin_s,
+                                 scale=scale, window=cfg.sliding_window, _domain=SP)   # RoPE(q) first: [B, Hq, S, D]
 
     def last_tokens(self, h: Value) -> Value:
         op = self.g.op
@@ -387,7 +394,9 @@ def build_graph(cfg: LlamaConfig, weights: dict[str, torch.Tensor], *, max_kv_ca
             q = b.rms_norm(q, p + "self_attn.q_norm.weight")
             k = b.rms_norm(k, p + "self_attn.k_norm.weight")
         perm = [0, 2, 1, 3]
-        q = op.RotaryEmbedding(op.Transpose(q, perm=perm), cos_s, sin_s, _domain=SP)  # [B, Hq, S, D]
+        q = op.Transpose(q, perm=perm)                                                # [B, Hq, S, D]
+        if not kv.rotates_q:                           # the paged attention rotates q itself (one launch less)
+            q = op.RotaryEmbedding(q, cos_s, sin_s, _domain=SP)
         k, v = op.Transpose(k, perm=perm), op.Transpose(v, perm=perm)                # [B, Hkv, S, D]
         a = kv.layer(i, q, k, v, cos_s, sin_s, float(d) ** -0.5)                        # [B, Hq, S, D]
         a = op.Reshape(op.Transpose(a, perm=perm), merged)                               # [B, S, Hq*D]

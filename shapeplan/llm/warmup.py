@@ -247,10 +247,11 @@ def parts(cfg: LlamaConfig, dtype: torch.dtype, device: torch.device, kv_length:
         return matmul(zeros(1, 1, h), embed().t()).reshape(1, -1)
 
     def attention() -> torch.Tensor:
-        _, positions, lengths, table = feeds()
+        ids, positions, lengths, table = feeds()
         q, _, _ = qkv_views()
         k_pool, v_pool = pools()
-        a = k("PagedAttention")(q, k_pool, v_pool, positions, lengths, table, scale=float(d) ** -0.5,
+        cos_s, sin_s = rope_tables(positions, ids)
+        a = k("PagedAttention")(q, k_pool, v_pool, positions, lengths, table, cos_s, sin_s, scale=float(d) ** -0.5,
                                 window=cfg.sliding_window)
         return a.transpose(1, 2).reshape(1, seq, hq * d)
 

@@ -318,8 +318,11 @@ def paged_cache_write(k_pool, v_pool, k, v, positions, lengths, block_tables, co
 
 
 @register("PagedAttention", domain="shapeplan", shape=same_as(0))
-def paged_attention(q, k_pool, v_pool, positions, lengths, block_tables, *, scale: float = 0.0, window: int = 0):
-    """Attention of each row's queries over that row's blocks of the paged pools.
+def paged_attention(q, k_pool, v_pool, positions, lengths, block_tables, cos=None, sin=None, *, scale: float = 0.0,
+                    window: int = 0, interleaved: int = 0):
+    """Attention of each row's queries over that row's blocks of the paged pools; with ``cos``/``sin``
+    ([B, S, D/2], as RotaryEmbedding takes them) the queries are rotated first (RoPE, ``interleaved``
+    pairs or rotate-half), as ``RotaryEmbedding(q, cos, sin)`` would rotate them.
 
     q: [B, Hq, S, D]; pools [NB, Hkv, BS, D] already holding this step's keys; positions, lengths
     int64 [B], block_tables int32 [B, MAXB] as in ``PagedCacheWrite``. Query i of row b (absolute
@@ -333,7 +336,10 @@ def paged_attention(q, k_pool, v_pool, positions, lengths, block_tables, *, scal
     b, hq, s, d = q.shape
     if s == 1 and q.is_cuda and _paged_kernels() is not None:
         return _paged_kernels().paged_decode_attention(q, k_pool, v_pool, positions, lengths, block_tables,
-                                                       scale=scale or d ** -0.5, window=window)
+                                                       scale=scale or d ** -0.5, window=window, cos=cos, sin=sin,
+                                                       interleaved=interleaved)
+    if cos is not None:
+        q = _rotate(q, cos, sin, interleaved)
     nb, hkv, bs, _ = k_pool.shape
     maxb = block_tables.shape[1]
     if not q.is_cuda:                  # on the host a read is free: gather only the blocks some row uses
@@ -355,6 +361,19 @@ def paged_attention(q, k_pool, v_pool, positions, lengths, block_tables, *, scal
     out = out.reshape(b, hq, s, d)
     live = (lengths.reshape(-1, 1, 1, 1) > 0)
     return torch.where(live, out, torch.zeros((), dtype=out.dtype, device=out.device))
+
+
+def _rotate(q, cos, sin, interleaved: int):
+    """RotaryEmbedding(q [B, H, S, D], cos, sin [B, S, D/2]): the Triton row kernel on CUDA (what the
+    triton backend runs for RotaryEmbedding), else the op's torch kernel."""
+    if q.is_cuda and _paged_kernels() is not None:
+        try:
+            from shapeplan.runtime.backends.triton.kernels import rows
+            return rows.rope(q, cos.unsqueeze(1), sin.unsqueeze(1), bool(interleaved))
+        except ImportError:
+            pass
+    from shapeplan.ops.transformer import rotary_embedding
+    return rotary_embedding(q, cos, sin, interleaved=interleaved)
 
 
 _paged_kernel_state: list = []

@@ -80,10 +80,15 @@ def test_seeded_bf16_sampling_reproducible_in_triton_mode(triton_on_cpu):
     assert all(r.phase in (Phase.REPLAYING, Phase.REPLAY_BLOCKED) for r in pipe.engine.runners())
     fused = [s for r in pipe.engine.runners() for s in r.segments
              if s.handle is not None and any(st.kind != "slot" for st in s.handle.steps)]
-    assert fused, "no Triton step was chosen: the test would not exercise the kernels"
+    # Triton ran: on CUDA the ops' own kernels (the fused GEMV, the paged write and attention) at least;
+    # on the CPU the decoder's norms, gate and q's RoPE now live inside RMSNormMatMul / PagedAttention, so
+    # the backend may find nothing left to lower (its kernels are tested in tests/runtime/triton)
+    assert fused or CUDA or not any(n.op_type in ("RMSNormalization", "SkipRMSNormalization", "SiluMul",
+                                                  "RotaryEmbedding") for n in pipe.engine.graph.nodes), \
+        "the graph has row-wise ops but no Triton step was chosen"
 
 
-def test_kernel_warmup_covers_every_distinct_triton_step(triton_on_cpu, monkeypatch):
+def test_kernel_warmup_covers_every_distinct_triton_step(triton_on_cpu, monkeypatch, checkpoints):
     """What the parallel warm-up launches at compile time (on CUDA; here the selection and the
     zero-input launches run through the interpreter): one launch per distinct kernel specialization,
     from the layouts the backend recorded, each running on zero-filled inputs."""
@@ -101,11 +106,13 @@ def test_kernel_warmup_covers_every_distinct_triton_step(triton_on_cpu, monkeypa
         return len(distinct)
 
     monkeypatch.setattr(tw, "warm_kernels", warm)
-    pipe = GenerationPipeline.from_preset("llama-tiny", device=str(dev), dtype="bfloat16", mode="triton",
-                                          max_prefill_length=16, max_kv_cache_length=48)
+    # Qwen3: its per-head q/k norms stay RMSNormalization ops (the block's other norms, the SiLU gate and
+    # q's RoPE ride inside RMSNormMatMul and PagedAttention, which are not Triton steps of the backend)
+    pipe = GenerationPipeline.from_pretrained(checkpoints("qwen3"), device=str(dev), dtype="bfloat16", mode="triton",
+                                              max_prefill_length=16, max_kv_cache_length=48, progress=False)
     pipe.generate([3, 4, 5], max_new_tokens=2)
     (n_prefill, first), (n_decode, _) = calls[0], calls[1]          # prefill plan, then decode plan
-    assert "RotaryEmbedding" in first        # the norms and the SiLU gate ride in RMSNormMatMul (not a Triton step)
+    assert "RMSNormalization" in first
     assert len(first) < n_prefill and n_decode > 0
 
 

@@ -3,8 +3,8 @@
 ``paged_cache_write``: one program per (row, token): RoPE of k and both writes into the row's block,
 for all KV heads at once; tokens past the row's length write nothing. ``paged_decode_attention``: the
 split-K ("flash-decoding") attention of one decode step over each row's blocks: pass 1, grid
-(B * Hkv, NS), each program takes BPS blocks of one KV head and the G query heads of its group and
-writes an online-softmax partial; programs past the row's position exit at once, so a step reads only
+(B * Hkv, NS), each program takes BPS blocks of one KV head and the G query heads of its group (rotating
+them by RoPE on load when given cos/sin) and writes an online-softmax partial; programs past the row's position exit at once, so a step reads only
 the live blocks. Pass 2, grid (B * Hkv,), merges the live partials. Nothing is read on the host: both
 capture into CUDA graphs. Runs on CUDA, or on CPU tensors under ``TRITON_INTERPRET=1`` (tests).
 """
@@ -57,9 +57,12 @@ def split_blocks(batch: int, hkv: int, max_blocks: int) -> int:
 
 def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, positions: torch.Tensor,
                            lengths: torch.Tensor, block_tables: torch.Tensor, *, scale: float,
-                           window: int = 0) -> torch.Tensor:
+                           window: int = 0, cos: torch.Tensor | None = None, sin: torch.Tensor | None = None,
+                           interleaved: int = 0) -> torch.Tensor:
     """q [B, Hq, 1, D] (last dim contiguous); pools [NB, Hkv, BS, D]; positions, lengths int64 [B];
-    block_tables int32 [B, MAXB]. Returns [B, Hq, 1, D] in q's dtype (zeros for padding rows)."""
+    block_tables int32 [B, MAXB]. With ``cos``/``sin`` ([B, 1, D/2], as RotaryEmbedding takes them) q is
+    rotated first, inside pass 1 (no RoPE kernel of its own). Returns [B, Hq, 1, D] in q's dtype (zeros
+    for padding rows)."""
     b, hq, s, d = q.shape
     _, hkv, bs, _ = k_pool.shape
     assert s == 1 and q.stride(-1) == 1 and k_pool.stride(-1) == 1 and v_pool.stride(-1) == 1
@@ -74,11 +77,18 @@ def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
     l = torch.empty_like(m)
     acc = torch.empty(b * hkv * ns * gp * dp, dtype=torch.float32, device=dev)
     out = torch.empty(b, hq, 1, d, dtype=q.dtype, device=dev)
+    rotate = cos is not None
+    if rotate:
+        cos, sin = cos.expand(b, 1, d // 2), sin.expand(b, 1, d // 2)
+        if cos.stride(-1) != 1 or cos.stride() != sin.stride():
+            cos, sin = cos.contiguous(), sin.contiguous()
     _paged_partial[(b * hkv, ns)](q, k_pool, v_pool, positions, lengths, bt, m, l, acc,
+                                  cos if rotate else q, sin if rotate else q,
                                   q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1), k_pool.stride(2),
-                                  v_pool.stride(0), v_pool.stride(1), v_pool.stride(2), bt.stride(0), scale,
+                                  v_pool.stride(0), v_pool.stride(1), v_pool.stride(2), bt.stride(0),
+                                  cos.stride(0) if rotate else 0, scale,
                                   HKV=hkv, G=g, GP=gp, D=d, DP=dp, NS=ns, BPS=bps, BS=bs, WINDOW=window,
-                                  num_warps=2)
+                                  ROTATE=rotate, INTERLEAVED=bool(interleaved), HALF=max(1, d // 2), num_warps=2)
     _paged_combine[(b * hkv,)](m, l, acc, positions, lengths, out, out.stride(0), out.stride(1),
                                HKV=hkv, G=g, GP=gp, D=d, DP=dp, NS=ns, NSP=max(_pow2(ns), 2), SPLIT_KEYS=bps * bs,
                                WINDOW=window)
@@ -90,7 +100,7 @@ def precompile(part: str, *, batch: int, hq: int, hkv: int, d: int, block_size: 
     """Compile one kernel (``part``: "write", "partial" or "combine") for these shapes without touching
     the device (Triton's ``warmup``: no allocation, no launch, safe beside a capture on another thread):
     the pipeline's start-up compiles them in the background while the graph is built. Strides are those
-    of contiguous pools [NB, Hkv, BS, D], of q [B, Hq, 1, D] and of the k/v views the model passes."""
+    of contiguous pools [NB, Hkv, BS, D] and of the q/k/v views of the q/k/v projection the model passes."""
     from shapeplan.runtime.backends.triton.env import interpreting
     if interpreting():                         # the interpreter compiles nothing
         return
@@ -107,11 +117,12 @@ def precompile(part: str, *, batch: int, hq: int, hkv: int, d: int, block_size: 
         return
     bps = split_blocks(batch, hkv, max_blocks)
     ns = triton.cdiv(max_blocks, bps)
-    if part == "partial":
-        _paged_partial.warmup(dtype, dtype, dtype, i64, i64, i32, f32, f32, f32,
-                              hq * d, d, *sk, *sk, max_blocks, d ** -0.5,
+    if part == "partial":                      # q rotated inside (the LLM graph's decode step); cos/sin [B, 1, D/2]
+        _paged_partial.warmup(dtype, dtype, dtype, i64, i64, i32, f32, f32, f32, dtype, dtype,
+                              (hq + 2 * hkv) * d, d, *sk, *sk, max_blocks, d // 2, d ** -0.5,   # q: a qkv view
                               HKV=hkv, G=g, GP=gp, D=d, DP=dp, NS=ns, BPS=bps, BS=block_size, WINDOW=window,
-                              num_warps=2, grid=(batch * hkv, ns))
+                              ROTATE=True, INTERLEAVED=False, HALF=max(1, d // 2), num_warps=2,
+                              grid=(batch * hkv, ns))
     else:
         _paged_combine.warmup(f32, f32, f32, i64, i64, dtype, hq * d, d,
                               HKV=hkv, G=g, GP=gp, D=d, DP=dp, NS=ns, NSP=max(_pow2(ns), 2),

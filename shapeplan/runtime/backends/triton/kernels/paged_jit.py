@@ -54,10 +54,34 @@ def _paged_write(K, V, KP, VP, POS, LEN, BT, C, SN,
 
 
 @triton.jit
-def _paged_partial(q_ptr, k_ptr, v_ptr, pos_ptr, len_ptr, bt_ptr, m_ptr, l_ptr, acc_ptr,
-                   sq_b, sq_h, sk_n, sk_h, sk_s, sv_n, sv_h, sv_s, s_bt, scale,
+def _rotate_q(q_ptr, c_ptr, s_ptr, g, d, mask, HALF: tl.constexpr, INTERLEAVED: tl.constexpr):
+    """q [GP, DP] (rows of query heads at q_ptr + g * stride, folded into the pointers) rotated by RoPE
+    with cos/sin [HALF] at c_ptr / s_ptr, each product rounded to q's dtype as the RotaryEmbedding
+    kernel rounds, the result rounded once more (the rotated q it would store); float32."""
+    if INTERLEAVED:
+        j = d // 2
+        first = d % 2 == 0
+        partner = d + tl.where(first, 1, -1)
+    else:
+        first = d < HALF
+        j = tl.where(first, d, d - HALF)
+        partner = tl.where(first, d + HALF, d - HALF)
+    dt = q_ptr.dtype.element_ty
+    x = tl.load(q_ptr + d[None, :], mask=mask, other=0.0).to(tl.float32)
+    xp = tl.load(q_ptr + partner[None, :], mask=mask, other=0.0).to(tl.float32)
+    c = tl.load(c_ptr + j, mask=j < HALF, other=0.0).to(dt).to(tl.float32)[None, :]
+    s = tl.load(s_ptr + j, mask=j < HALF, other=0.0).to(dt).to(tl.float32)[None, :]
+    re = (c * x).to(dt).to(tl.float32) - (s * xp).to(dt).to(tl.float32)       # first of a pair
+    im = (s * xp).to(dt).to(tl.float32) + (c * x).to(dt).to(tl.float32)       # second of a pair
+    return tl.where(first[None, :], re, im).to(dt).to(tl.float32)
+
+
+@triton.jit
+def _paged_partial(q_ptr, k_ptr, v_ptr, pos_ptr, len_ptr, bt_ptr, m_ptr, l_ptr, acc_ptr, c_ptr, s_ptr,
+                   sq_b, sq_h, sk_n, sk_h, sk_s, sv_n, sv_h, sv_s, s_bt, sc_b, scale,
                    HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, DP: tl.constexpr,
-                   NS: tl.constexpr, BPS: tl.constexpr, BS: tl.constexpr, WINDOW: tl.constexpr):
+                   NS: tl.constexpr, BPS: tl.constexpr, BS: tl.constexpr, WINDOW: tl.constexpr,
+                   ROTATE: tl.constexpr = False, INTERLEAVED: tl.constexpr = False, HALF: tl.constexpr = 1):
     pid_bh = tl.program_id(0)
     pid_s = tl.program_id(1)
     b = pid_bh // HKV
@@ -74,8 +98,13 @@ def _paged_partial(q_ptr, k_ptr, v_ptr, pos_ptr, len_ptr, bt_ptr, m_ptr, l_ptr, 
         g = tl.arange(0, GP)
         d = tl.arange(0, DP)
         dmask = d < D
-        q = tl.load(q_ptr + b * sq_b + (h * G + g)[:, None] * sq_h + d[None, :],
-                    mask=(g < G)[:, None] & dmask[None, :], other=0.0).to(tl.float32)      # [GP, DP]
+        qmask = (g < G)[:, None] & dmask[None, :]
+        if ROTATE:                                 # q's RoPE here, not in a kernel of its own
+            q = _rotate_q(q_ptr + b * sq_b + (h * G + g)[:, None] * sq_h, c_ptr + b * sc_b, s_ptr + b * sc_b,
+                          g, d, qmask, HALF, INTERLEAVED)                                  # [GP, DP]
+        else:
+            q = tl.load(q_ptr + b * sq_b + (h * G + g)[:, None] * sq_h + d[None, :],
+                        mask=qmask, other=0.0).to(tl.float32)                               # [GP, DP]
         m_i = tl.full([GP], float("-inf"), tl.float32)
         l_i = tl.zeros([GP], tl.float32)
         acc = tl.zeros([GP, DP], tl.float32)
