@@ -262,12 +262,14 @@ def load_test(addr: str, model: str, spec: list, args: argparse.Namespace, http_
     return res
 
 
-def sequential(fn: Any, n: int) -> float:
-    """Median seconds of ``fn()`` over ``n`` calls (after n/10 unmeasured)."""
+def sequential(fn: Any, n: int, idle_s: float = 0.0) -> float:
+    """Median seconds of ``fn()`` over ``n`` calls (after n/10 unmeasured), each after ``idle_s`` asleep."""
     for _ in range(max(3, n // 10)):
         fn()
     ts = []
     for _ in range(n):
+        if idle_s:
+            time.sleep(idle_s)
         t0 = time.perf_counter()
         fn()
         ts.append(time.perf_counter() - t0)
@@ -286,6 +288,12 @@ def overhead(grpc_addr: str, http_addr: str, n: int, device: str, mode: str) -> 
     # the server runs its engines on worker threads; on the CPU a small op called from a thread other than
     # the main one can be slower (OpenMP thread teams), so the overhead is taken over that figure
     t = threading.Thread(target=lambda: res.update(engine_ms=sequential(lambda: engine.run({"x": x}), n) * 1e3))
+    t.start()
+    t.join()
+    # the same with the thread asleep before each call, as a server's worker is between requests: on a shared
+    # VM the weights (2.4 MB) and the OpenMP team go cold meanwhile, and the engine takes 2-4x longer
+    run_idle = lambda: res.update(engine_idle_ms=sequential(lambda: engine.run({"x": x}), n, 1e-3) * 1e3)
+    t = threading.Thread(target=run_idle)
     t.start()
     t.join()
     raw = grpc_request("mlp768", [("x", "float32", (768,))], 1, 0)
@@ -420,6 +428,8 @@ def report(r: dict[str, Any], args: argparse.Namespace) -> None:
         print(f"{'path':<34}{'ms':>10}{'over engine.run (thread)':>26}")
         print(f"{'in-process engine.run, main thread':<34}{o['engine_main_ms']:>10.3f}")
         print(f"{'in-process engine.run, a thread':<34}{o['engine_ms']:>10.3f}")
+        if "engine_idle_ms" in o:
+            print(f"{'  same, 1 ms asleep before each':<34}{o['engine_idle_ms']:>10.3f}")
         for key, label in (("grpc_ms", "gRPC (grpcio, raw bytes)"), ("http_ms", "HTTP (binary extension)"),
                            ("tritonclient_grpc_ms", "gRPC (tritonclient.grpc)"),
                            ("grpc_live_ms", "  transport alone: gRPC ServerLive"),
