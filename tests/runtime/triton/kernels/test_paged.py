@@ -45,3 +45,19 @@ def test_paged_decode_attention_equals_the_torch_kernel(dtype, interleaved, rota
     tol = 1e-5 if dtype == torch.float32 else 3e-2
     torch.testing.assert_close(got.cpu().float(), want.float(), atol=tol, rtol=tol)
     assert got[1].abs().max() == 0
+
+
+@pytest.mark.parametrize("interleaved", [0, 1])
+def test_prefill_rotation_of_a_qkv_view_equals_rotary_embedding(interleaved):
+    """PagedAttention's prefill on CUDA rotates q with the RoPE row kernel as ``_rotate`` calls it: q a
+    [B, Hq, S, D] view of the q/k/v projection, cos/sin [B, S, D/2] broadcast over the heads."""
+    from shapeplan.runtime.backends.triton.kernels import rows
+    g = torch.Generator().manual_seed(5)
+    b, s, hq, hkv, d = 2, 5, 4, 2, 16
+    qkv = torch.randn(b, s, (hq + 2 * hkv) * d, generator=g).to(DEV)
+    q = qkv[..., :hq * d].reshape(b, s, hq, d).transpose(1, 2)
+    ang = torch.rand(b, s, d // 2, generator=g) * 6.0
+    cos, sin = ang.cos().to(DEV), ang.sin().to(DEV)
+    got = rows.rope(q, cos.unsqueeze(1), sin.unsqueeze(1), bool(interleaved))
+    want = rotary_embedding(q.cpu(), cos.cpu(), sin.cpu(), interleaved=interleaved)
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-6, atol=1e-6)
