@@ -261,3 +261,14 @@ def test_one_row_kernels_compile_for_sm90():
     res = _compile_sm90(*specs)
     assert all(r["ok"] for r in res.values()), {s: r["error"] for s, r in res.items() if not r["ok"]}
     assert res["gemv1:Q4_K:0"]["vector_loads"]              # Q4_K super-blocks are 16-byte aligned
+
+
+def test_one_row_switch_falls_back_to_the_generic_gemv(monkeypatch):
+    """SHAPEPLAN_QUANT_ONE_ROW=0: the one-row kernel declines, so gguf.matmul (and the fused quantized ops)
+    take the generic GEMV."""
+    from shapeplan.runtime.backends.triton.kernels import qgemv
+    x, packed = torch.zeros(1, 256), packed_weight("Q4_K", 8, 256)
+    monkeypatch.setenv("SHAPEPLAN_QUANT_ONE_ROW", "1")
+    on = qgemv.supports(x, packed, "Q4_K", 256)
+    monkeypatch.setenv("SHAPEPLAN_QUANT_ONE_ROW", "0")
+    assert on == qgemv.AVAILABLE and not qgemv.supports(x, packed, "Q4_K", 256)

@@ -310,8 +310,10 @@ if AVAILABLE:
 # --------------------------------------------------------------------------------------- launching
 def supports(x: torch.Tensor, packed: torch.Tensor, qtype: str, k: int) -> bool:
     """Whether the one-row kernel runs: x [1, K], a Q4_K / Q6_K / Q8_0 weight whose K is a multiple of
-    the kernel's step and whose rows are whole int32 words at a 4-byte aligned address."""
-    return (AVAILABLE and qtype in K_MULTIPLE and x.dim() == 2 and x.shape[0] == 1 and k % K_MULTIPLE[qtype] == 0
+    the kernel's step and whose rows are whole int32 words at a 4-byte aligned address; not with
+    ``SHAPEPLAN_QUANT_ONE_ROW=0`` (the generic GEMV of gguf.py then runs every one-row call)."""
+    from shapeplan import env
+    return (AVAILABLE and qtype in K_MULTIPLE and env.get("SHAPEPLAN_QUANT_ONE_ROW") and x.dim() == 2 and x.shape[0] == 1 and k % K_MULTIPLE[qtype] == 0
             and packed.dim() == 2 and packed.stride(1) == 1 and packed.stride(0) % 4 == 0
             and packed.data_ptr() % 4 == 0 and x.dtype in (torch.float16, torch.bfloat16, torch.float32))
 
