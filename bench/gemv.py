@@ -8,12 +8,14 @@ GB/s of weight bytes; the fused result's error relative to the unfused one. ``--
 
     python3 -m bench.gemv                                  # llama-1b and llama-8b shapes, the tuned tiles
     python3 -m bench.gemv --presets llama-1b --sweep       # + the tile sweep (~2 min with compiles)
+    python3 -m bench.gemv --pdl                            # + launched with programmatic dependent launch
 """
 from __future__ import annotations
 
 import argparse
 import itertools
 import json
+import os
 import time
 
 import torch
@@ -55,7 +57,7 @@ def roles(preset: str) -> list[tuple[str, int, int, dict]]:
             ("head", p["v"], h, dict(norm=True))]
 
 
-def measure(preset: str, role: str, n: int, k: int, use: dict, sweep: bool) -> dict:
+def measure(preset: str, role: str, n: int, k: int, use: dict, sweep: bool, pdl: bool = False) -> dict:
     from shapeplan.runtime.backends.triton.kernels import gemv as G
     from shapeplan.runtime.backends.triton.kernels import rows as R
     dt = torch.bfloat16
@@ -81,6 +83,13 @@ def measure(preset: str, role: str, n: int, k: int, use: dict, sweep: bool) -> d
            "unfused_us": graph_time(lambda: [unfused(w) for w in ws]) / per,
            "fused_us": graph_time(lambda: [G.gemv(x, w, **fk) for w in ws]) / per,
            "tiles": list(G.config(out_n, k))}
+    if pdl:                           # the same launches with programmatic dependent launch (back to back)
+        os.environ["SHAPEPLAN_LLM_GEMV_PDL"] = "1"
+        try:
+            row["pdl"] = G.pdl(x)
+            row["fused_pdl_us"] = graph_time(lambda: [G.gemv(x, w, **fk) for w in ws]) / per
+        finally:
+            os.environ.pop("SHAPEPLAN_LLM_GEMV_PDL", None)
     ref = unfused(ws[0]).float()
     row["rel_err"] = ((G.gemv(x, ws[0], **fk).float() - ref).abs().max() / ref.abs().max().clamp_min(1e-6)).item()
     if sweep:
@@ -106,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--presets", default="llama-1b,llama-8b", help="whose shapes (llama-1b, llama-8b)")
     ap.add_argument("--sweep", action="store_true", help="time every (BN, BK, warps); print TUNE lines")
+    ap.add_argument("--pdl", action="store_true",
+                    help="also time the fused GEMV launched with programmatic dependent launch (SHAPEPLAN_LLM_GEMV_PDL)")
     ap.add_argument("--json", dest="json_path", default=None, help="write the rows as JSON to this file")
     a = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -113,18 +124,21 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; one row, bf16, µs per call in a CUDA graph")
     head = (f"{'preset':<9} {'role':<8} {'N x K':>14} {'cuBLAS':>8} {'unfused':>8} {'fused':>8} {'GB/s':>6} "
-            f"{'tiles':>14} {'rel err':>8}" + (f" {'best':>8} {'best tiles':>14}" if a.sweep else ""))
+            f"{'tiles':>14} {'rel err':>8}" + (f" {'best':>8} {'best tiles':>14}" if a.sweep else "")
+            + (f" {'+PDL':>8}" if a.pdl else ""))
     print(head)
     rows = []
     for preset in a.presets.split(","):
         for role, n, k, use in roles(preset):
-            row = measure(preset, role, n, k, use, a.sweep)
+            row = measure(preset, role, n, k, use, a.sweep, a.pdl)
             rows.append(row)
             line = (f"{preset:<9} {role:<8} {f'{n}x{k}':>14} {row['cublas_us']:8.2f} {row['unfused_us']:8.2f} "
                     f"{row['fused_us']:8.2f} {n * k * 2 / row['fused_us'] / 1e3:6.0f} {str(tuple(row['tiles'])):>14} "
                     f"{row['rel_err']:8.4f}")
             if a.sweep:
                 line += f" {row['best_us']:8.2f} {str(tuple(row['best_tiles'])):>14}"
+            if a.pdl:
+                line += f" {row['fused_pdl_us']:8.2f}" + ("" if row["pdl"] else " (PDL unavailable)")
             print(line, flush=True)
     if a.sweep:
         print("\n# gemv.TUNE entries (N outputs, K) -> (BN, BK, warps):")

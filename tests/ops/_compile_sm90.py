@@ -38,11 +38,11 @@ def compile_one(kernel: str, name: str, m: int):
         attrs = {(names.index(p),): [["tt.divisibility", 16]] for p in ("X", "NW", "W", "K", "ROW_WORDS")}
         return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
                               target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
-    if kernel == "dense":                 # the bf16 decode GEMV of kernels/gemv.py; m: 0 plain, 1 norm + GLU, 2 residual
+    if kernel == "dense":     # the bf16 decode GEMV of kernels/gemv.py; m: 0 plain, 1 norm + GLU, 2 residual, 3 = 1 + PDL
         from shapeplan.runtime.backends.triton.kernels import gemv as dense
         ptrs = {"X": "*bf16", "NW": "*bf16", "W": "*bf16", "R": "*bf16", "Y": "*bf16"}
         bn, bk, warps = dense.config(3072, 2048)
-        consts = dict(BN=bn, BK=bk, NORM=m == 1, RES=m == 2, GLU=m == 1, EVEN_K=True)
+        consts = dict(BN=bn, BK=bk, NORM=m in (1, 3), RES=m == 2, GLU=m in (1, 3), EVEN_K=True, PDL=m == 3)
         sig = {**ptrs, **{a: "i32" for a in ("N", "K", "HALF", "stride_wn")}, "eps": "fp32",
                **{c: "constexpr" for c in consts}}
         names = list(sig)
@@ -80,6 +80,7 @@ def main(specs: list[str]) -> int:
             k = compile_one(kernel, name, int(m))
             ptx = k.asm["ptx"]
             out[spec] = {"ok": bool(k.asm.get("cubin")), "error": "", "vector_loads": "ld.global.v4" in ptx,
+                         "griddepcontrol": "griddepcontrol.wait" in ptx,
                          "shared": ptx.count("st.shared"), "cvt_rn_f32": ptx.count("cvt.rn.f32.s32"),
                          "regs": getattr(k, "n_regs", None), "spills": getattr(k, "n_spills", None)}
         except TypeError as e:                            # another ASTSource signature

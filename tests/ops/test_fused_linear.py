@@ -167,6 +167,17 @@ def test_llm_graph_uses_the_fused_ops_and_keeps_the_unfused_when_asked():
 def test_gemv_kernel_compiles_for_sm90():
     """The kernel as the H200 compiles it (Triton's ptxas, no GPU needed): every variant, wide loads."""
     from tests.ops.test_quant_ops import _compile_sm90
-    res = _compile_sm90("dense:Q4_K:0", "dense:Q4_K:1", "dense:Q4_K:2")
+    res = _compile_sm90("dense:Q4_K:0", "dense:Q4_K:1", "dense:Q4_K:2", "dense:Q4_K:3")
     assert all(r["ok"] for r in res.values()), {s: r["error"] for s, r in res.items() if not r["ok"]}
     assert all(r["vector_loads"] for r in res.values())              # W tiles load 16 bytes at a time
+    from shapeplan.runtime.backends.triton.kernels import gemv_jit
+    if gemv_jit.HAS_GDC:                          # the PDL variant waits for the kernel before it
+        assert res["dense:Q4_K:3"]["griddepcontrol"] and not res["dense:Q4_K:1"]["griddepcontrol"]
+
+
+def test_pdl_only_on_cuda_when_asked(monkeypatch):
+    """Programmatic dependent launch is opt-in (SHAPEPLAN_LLM_GEMV_PDL) and never applies off CUDA."""
+    monkeypatch.setenv("SHAPEPLAN_LLM_GEMV_PDL", "1")
+    assert not gemv.pdl(torch.zeros(1, 8))
+    monkeypatch.setenv("SHAPEPLAN_LLM_GEMV_PDL", "0")
+    assert not gemv.pdl(torch.zeros(1, 8, device=DEV))

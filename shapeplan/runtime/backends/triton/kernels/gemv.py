@@ -19,6 +19,10 @@ ops differ from the unfused by that rounding and by the order of the K-sum (docs
 Rows: one. Batched decode steps (2+ rows) run the unfused kernels (cuBLAS reads a weight once for all
 rows; measured: a tl.dot variant of this kernel lost to it at M = 8, docs/benchmarks).
 
+Programmatic dependent launch (``SHAPEPLAN_LLM_GEMV_PDL=1``, Hopper+, off by default until measured):
+the GEMV starts while the kernel before it finishes, loads its first weight tile, then waits for that
+kernel (``gdc_wait``) before it reads x; it lets the next kernel launch at once.
+
 Tiles per shape: ``config(n, k)``; ``TUNE`` holds the ones measured on the H200 (probe over BN x BK
 x warps, weights rotated through more copies than L2 holds).
 """
@@ -27,7 +31,7 @@ from __future__ import annotations
 import torch
 
 from shapeplan.runtime.backends.triton.env import triton   # before the kernels: Triton's cache under ours
-from shapeplan.runtime.backends.triton.kernels.gemv_jit import _gemv_kernel
+from shapeplan.runtime.backends.triton.kernels.gemv_jit import HAS_GDC, _gemv_kernel
 
 #: (N outputs (after the GLU: rows of W / 2), K) -> (BN, BK, warps), measured on the H200 (2026-12-01)
 TUNE: dict[tuple[int, int], tuple[int, int, int]] = {
@@ -49,6 +53,27 @@ def supports(x: torch.Tensor, w: torch.Tensor) -> bool:
 def _interpreting() -> bool:
     import os
     return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+_PDL: dict[int, bool] = {}
+
+
+def pdl(x: torch.Tensor) -> bool:
+    """Whether to launch with programmatic dependent launch (``SHAPEPLAN_LLM_GEMV_PDL=1``, off by default:
+    not yet measured): a Hopper-or-later GPU and a Triton with grid dependency control and the
+    ``launch_pdl`` option. Each GEMV then loads its first weight tile while the kernel before it ends."""
+    from shapeplan import env
+    if not x.is_cuda or not HAS_GDC or not env.get("SHAPEPLAN_LLM_GEMV_PDL"):
+        return False
+    i = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    if i not in _PDL:
+        try:
+            from triton.backends.nvidia.compiler import CUDAOptions
+            has_option = "launch_pdl" in CUDAOptions.__dataclass_fields__
+        except (ImportError, AttributeError):
+            has_option = False
+        _PDL[i] = has_option and torch.cuda.get_device_capability(i)[0] >= 9
+    return _PDL[i]
 
 
 def config(n: int, k: int) -> tuple[int, int, int]:
@@ -73,8 +98,9 @@ def gemv(x: torch.Tensor, w: torch.Tensor, *, norm_w: torch.Tensor | None = None
     if r.stride(-1) != 1:
         r = r.contiguous()
     nw = norm_w if norm_w is not None else x
+    launch = {"launch_pdl": True} if pdl(x) else {}
     _gemv_kernel[(triton.cdiv(n, bn),)](
         x, nw, w, r, y, n, k, n, w.stride(0), float(eps),
         BN=bn, BK=bk, NORM=norm_w is not None, RES=residual is not None, GLU=glu, EVEN_K=k % bk == 0,
-        num_warps=warps)
+        PDL=bool(launch), num_warps=warps, **launch)
     return y
