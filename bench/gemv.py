@@ -16,36 +16,15 @@ import argparse
 import itertools
 import json
 import os
-import time
 
 import torch
+
+from bench.quant_gemv import graph_time   # µs per call inside one CUDA graph, best of rounds
 
 PRESETS = {"llama-1b": dict(h=2048, qkv=3072, f=8192, v=128256), "llama-8b": dict(h=4096, qkv=6144, f=14336, v=128256)}
 SWEEP = list(itertools.product((1, 2, 4, 8, 16), (512, 1024, 2048), (4, 8)))
 L2_BYTES = 60e6
 DEV = "cuda"
-
-
-def graph_time(fn, reps: int = 10, rounds: int = 5) -> float:
-    """µs per call of ``fn`` replayed ``reps`` times inside one CUDA graph (best of ``rounds``)."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(reps):
-            fn()
-    best = float("inf")
-    for _ in range(rounds):
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        g.replay()
-        torch.cuda.synchronize()
-        best = min(best, (time.perf_counter() - t) / reps)
-    return best * 1e6
 
 
 def roles(preset: str) -> list[tuple[str, int, int, dict]]:
