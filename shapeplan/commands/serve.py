@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
-import threading
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -72,19 +70,13 @@ def _serve_kserve(args: argparse.Namespace) -> int:
     repo = ModelRepository(sources, device=args.device, mode=args.mode)
     server = KServeServer(repo, args.host, args.port, args.grpc_port,
                           max_request_bytes=args.max_request_bytes or DEFAULT_MAX_REQUEST_BYTES, log_level="warning")
-    stop = threading.Event()
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    try:
+    def start() -> None:
         server.start_listeners()
         print(f"KServe v2 HTTP on http://{args.host}:{server.http_port}, gRPC on {args.host}:{server.grpc_port}; "
               f"loading {', '.join(s.name for s in sources)}", flush=True)
         repo.start()
         print(f"ready: {', '.join(s.name for s in sources)}", flush=True)
-        while not stop.wait(0.5):
-            pass
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.stop()
+
+    from shapeplan.serve.app import serve_until_stopped
+    serve_until_stopped(start, server.stop)
     return 0

@@ -3,7 +3,8 @@ shapeplan.ops.__init__ from importing it as one).
 
 * Shape functions read an input's compile-time value with :func:`const_of` and :func:`ints`;
 * kernels normalise axes with :func:`norm_axis` (an out-of-range axis is an ExecutionError);
-* :func:`strings_ok` lets a pure data-movement kernel run on ONNX string tensors.
+* :func:`strings_ok` lets a pure data-movement kernel run on ONNX string tensors;
+* :func:`triton_kernels` imports a hand-written Triton kernel module once, or records why it cannot.
 """
 from __future__ import annotations
 
@@ -88,3 +89,19 @@ def strings_ok(fn: Callable[..., Any]) -> Callable[..., Any]:
 def input_at(node: Any, i: int) -> Any:
     """The node's ``i``-th input, None when it is absent (optional trailing inputs)."""
     return node.inputs[i] if i < len(node.inputs) else None
+
+
+def triton_kernels(state: list, module: str, what: str) -> Any:
+    """The launcher module ``shapeplan.runtime.backends.triton.kernels.<module>``, imported on first use and
+    kept in ``state`` (a module-level list: a test may put ``[None]`` there to force the torch kernels),
+    or None when Triton cannot run here: then a FALLBACK event names ``what`` and the reason, once."""
+    if not state:
+        try:
+            import importlib
+            state.append(importlib.import_module(f"shapeplan.runtime.backends.triton.kernels.{module}"))
+        except Exception as e:  # noqa: BLE001 - no triton / unsupported GPU
+            state.append(None)
+            from shapeplan import diagnostics
+            diagnostics.record("FALLBACK", f"{what}: Triton kernels unavailable, using torch",
+                               reason=f"{type(e).__name__}: {e}"[:300])
+    return state[0]

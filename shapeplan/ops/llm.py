@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from shapeplan import env
 from shapeplan.ir.dtypes import dtype as as_dtype
+from shapeplan.ops._common import triton_kernels
 from shapeplan.ops.registry import Trait, register
 from shapeplan.ops.shape_fns import same_as
 
@@ -302,9 +303,10 @@ def paged_cache_write(k_pool, v_pool, k, v, positions, lengths, block_tables, co
     ``block_tables[b, p // BS]`` at offset ``p % BS``). With ``cos``/``sin`` ([B, S, D/2], as
     RotaryEmbedding takes them) the keys are rotated first (RoPE), as in ``CacheWriteKV``.
     On CUDA one Triton kernel does the rotation and both writes; elsewhere torch (no host sync)."""
-    if k_pool.is_cuda and _paged_kernels() is not None:
-        return _paged_kernels().paged_cache_write(k_pool, v_pool, k, v, positions, lengths, block_tables,
-                                                  cos, sin, interleaved=interleaved)
+    kern = _paged_kernels() if k_pool.is_cuda else None
+    if kern is not None:
+        return kern.paged_cache_write(k_pool, v_pool, k, v, positions, lengths, block_tables, cos, sin,
+                                      interleaved=interleaved)
     if cos is not None:
         from shapeplan.ops.transformer import rotary_embedding
         k = rotary_embedding(k, cos, sin, interleaved=interleaved)
@@ -334,10 +336,11 @@ def paged_attention(q, k_pool, v_pool, positions, lengths, block_tables, cos=Non
     elsewhere (and for prefill) the row's blocks are gathered and SDPA runs over them with the causal
     mask: every row is computed on its own, so a row's result does not depend on the other rows."""
     b, hq, s, d = q.shape
-    if s == 1 and q.is_cuda and _paged_kernels() is not None:
-        return _paged_kernels().paged_decode_attention(q, k_pool, v_pool, positions, lengths, block_tables,
-                                                       scale=scale or d ** -0.5, window=window, cos=cos, sin=sin,
-                                                       interleaved=interleaved)
+    kern = _paged_kernels() if q.is_cuda else None
+    if s == 1 and kern is not None:
+        return kern.paged_decode_attention(q, k_pool, v_pool, positions, lengths, block_tables,
+                                           scale=scale or d ** -0.5, window=window, cos=cos, sin=sin,
+                                           interleaved=interleaved)
     if cos is not None:
         q = _rotate(q, cos, sin, interleaved)
     nb, hkv, bs, _ = k_pool.shape
@@ -382,16 +385,7 @@ _paged_kernel_state: list = []
 def _paged_kernels():
     """The Triton paged kernels (shapeplan/runtime/backends/triton/kernels/paged.py), or None when Triton
     cannot run them here (then the torch kernels above run, visibly: a FALLBACK event)."""
-    if not _paged_kernel_state:
-        try:
-            from shapeplan.runtime.backends.triton.kernels import paged
-            _paged_kernel_state.append(paged)
-        except Exception as e:  # noqa: BLE001 - no triton / unsupported GPU
-            _paged_kernel_state.append(None)
-            from shapeplan import diagnostics
-            diagnostics.record("FALLBACK", "paged KV ops: Triton kernels unavailable, using torch",
-                               reason=f"{type(e).__name__}: {e}"[:300])
-    return _paged_kernel_state[0]
+    return triton_kernels(_paged_kernel_state, "paged", "paged KV ops")
 
 
 # ------------------------------------------------------------------------------- structured output
@@ -410,8 +404,9 @@ def apply_token_bitmask(logits, bitmask):
     rows without a constraint share the call. On CUDA one Triton kernel
     (shapeplan/runtime/backends/triton/kernels/bitmask.py); elsewhere torch, on the rows that forbid
     anything (on the host a read is free)."""
-    if logits.is_cuda and _bitmask_kernel() is not None:
-        return _bitmask_kernel().apply_token_bitmask(logits, bitmask)
+    kern = _bitmask_kernel() if logits.is_cuda else None
+    if kern is not None:
+        return kern.apply_token_bitmask(logits, bitmask)
     neg = torch.full((), float("-inf"), dtype=logits.dtype, device=logits.device)
     if logits.is_cuda:                                          # no host read: capturable
         return torch.where(_bitmask_keep(bitmask, logits.shape[-1]) != 0, logits, neg)
@@ -427,13 +422,4 @@ _bitmask_kernel_state: list = []
 
 def _bitmask_kernel():
     """The Triton bitmask kernel, or None when Triton cannot run it here (a FALLBACK event says why)."""
-    if not _bitmask_kernel_state:
-        try:
-            from shapeplan.runtime.backends.triton.kernels import bitmask
-            _bitmask_kernel_state.append(bitmask)
-        except Exception as e:  # noqa: BLE001 - no triton / unsupported GPU
-            _bitmask_kernel_state.append(None)
-            from shapeplan import diagnostics
-            diagnostics.record("FALLBACK", "ApplyTokenBitmask: Triton kernel unavailable, using torch",
-                               reason=f"{type(e).__name__}: {e}"[:300])
-    return _bitmask_kernel_state[0]
+    return triton_kernels(_bitmask_kernel_state, "bitmask", "ApplyTokenBitmask")

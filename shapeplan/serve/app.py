@@ -10,12 +10,13 @@ from one prometheus-client registry that every part registers its collector on::
 """
 from __future__ import annotations
 
+import signal
 import socket
 import threading
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
-from fastapi import APIRouter, FastAPI
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import Response
 
 
@@ -30,6 +31,36 @@ def build_app(routers: Sequence[APIRouter] = (), *, registry: Any = None) -> Fas
         async def metrics() -> Response:
             return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
     return app
+
+
+async def read_bounded(request: Request, limit: int, drain_factor: int) -> tuple[bytes | None, int]:
+    """The request body if it has at most ``limit`` bytes, else ``(None, size)``. An oversized body is
+    still read (and dropped) up to ``drain_factor`` limits, so the client gets the error response rather
+    than a reset connection; ``size`` is then what was read (past the drain: more than that)."""
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size <= limit:
+            chunks.append(chunk)
+        elif size > drain_factor * limit:
+            break
+    return (b"".join(chunks) if size <= limit else None), size
+
+
+def serve_until_stopped(start: Callable[[], None], stop: Callable[[], None]) -> None:
+    """Run ``start()``, then wait for SIGTERM (from the main thread) or Ctrl-C, then ``stop()`` (also when
+    ``start`` raised): the foreground loop of ``shapeplan serve``."""
+    stopped = threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda *_: stopped.set())
+    try:
+        start()
+        while not stopped.wait(0.5):
+            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        stop()
 
 
 def _listen(host: str, port: int) -> socket.socket:

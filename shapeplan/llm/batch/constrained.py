@@ -216,13 +216,7 @@ class Structured:
         out = "next_token" if all(s.sampling.is_plain_greedy for s in seqs) else "next_token_sampled"
         r.settle("logits", rows, 1)
         self._settle(out, rows)
-        dev = r.device
-        slot_list = [s.slot for s in seqs] + [r.pad_slot] * (rows - n)
-        slots = torch.tensor(slot_list, dtype=torch.int64).to(dev, non_blocking=True)
-        lengths = torch.tensor([1] * n + [0] * (rows - n), dtype=torch.int64).to(dev, non_blocking=True)
-        table = r._table(seqs, rows)
-        ids = r.slot_tok[slots].reshape(rows, 1)
-        pos = r.slot_pos[slots]
+        slots, lengths, table, ids, pos = r.decode_feeds(seqs, rows)
         penalty = any(s.sampling.repetition_penalty != 1.0 for s in seqs)
         host, dev_mask = self._host[:rows], self._dev[:rows]
         got: list[list[int]] = []

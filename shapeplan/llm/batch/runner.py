@@ -261,6 +261,15 @@ class ModelRunner:
             self.seen.index_put_((slots, tok.reshape(-1)[:slots.shape[0]]), torch.ones((), dtype=torch.bool,
                                                                                         device=self.device))
 
+    def decode_feeds(self, seqs: list[Sequence], rows: int) -> tuple[torch.Tensor, ...]:
+        """A decode step's device inputs for ``seqs`` padded to ``rows``: state slots, lengths (1, 0 for
+        padding rows), block tables, and each row's last token and position (kept on the device)."""
+        n, dev = len(seqs), self.device
+        slots = torch.tensor([s.slot for s in seqs] + [self.pad_slot] * (rows - n),
+                             dtype=torch.int64).to(dev, non_blocking=True)
+        lengths = torch.tensor([1] * n + [0] * (rows - n), dtype=torch.int64).to(dev, non_blocking=True)
+        return slots, lengths, self._table(seqs, rows), self.slot_tok[slots].reshape(rows, 1), self.slot_pos[slots]
+
     def decode(self, seqs: list[Sequence], steps: int) -> torch.Tensor:
         """``steps`` decode steps of every row; returns the tokens, [steps, len(seqs)], on the device
         (when a row wants logprobs: the packed rows, [steps, len(seqs), W] float64, see ``pack``; a batch
@@ -274,12 +283,7 @@ class ModelRunner:
         self.settle(out, rows, 1, logprobs=lp)
         outputs = _outputs(out, lp)
         dev = self.device
-        slot_list = [s.slot for s in seqs] + [self.pad_slot] * (rows - n)
-        slots = torch.tensor(slot_list, dtype=torch.int64).to(dev, non_blocking=True)
-        lengths = torch.tensor([1] * n + [0] * (rows - n), dtype=torch.int64).to(dev, non_blocking=True)
-        table = self._table(seqs, rows)
-        ids = self.slot_tok[slots].reshape(rows, 1)
-        pos = self.slot_pos[slots]
+        slots, lengths, table, ids, pos = self.decode_feeds(seqs, rows)
         toks = torch.empty(steps, rows, pack_width(self.top_k), dtype=torch.float64, device=dev) if lp \
             else torch.empty(steps, rows, dtype=torch.int64, device=dev)
         penalty = any(s.sampling.repetition_penalty != 1.0 for s in seqs)

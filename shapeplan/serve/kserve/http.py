@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 import shapeplan
+from shapeplan.serve.app import read_bounded
 from shapeplan.serve.errors import BadRequestError, RequestTooLargeError, describe, status_of
 from shapeplan.serve.kserve import protocol
 
@@ -31,17 +32,9 @@ async def read_body(request: Request, limit: int) -> bytes:
     def too_large(n: int | str) -> RequestTooLargeError:
         return RequestTooLargeError(f"the request body has {n} bytes; this server takes at most {limit} "
                                     "(shapeplan serve --max-request-bytes)")
-    declared = request.headers.get("content-length")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size <= limit:
-            chunks.append(chunk)
-        elif size > DRAIN_FACTOR * limit:
-            break
-    if size > limit:
-        raise too_large(declared or f"over {size}")
-    body = b"".join(chunks)
+    body, size = await read_bounded(request, limit, DRAIN_FACTOR)
+    if body is None:
+        raise too_large(request.headers.get("content-length") or f"over {size}")
     encoding = request.headers.get("content-encoding", "").lower()
     if encoding in ("gzip", "deflate"):
         d = zlib.decompressobj(wbits=31 if encoding == "gzip" else 15)

@@ -17,6 +17,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response, StreamingResponse
 
 from shapeplan.errors import ShapeplanError
+from shapeplan.serve.app import read_bounded
 from shapeplan.serve.openai import DEFAULT_MAX_REQUEST_BYTES, errors
 from shapeplan.serve.openai.errors import BodyTooLarge, ModelNotFound, Unauthorized
 from shapeplan.serve.openai.generation import Job, OpenAIModel
@@ -53,17 +54,11 @@ def bearer(api_key: str | None) -> list[Any]:
 
 
 async def read_body(request: Request, limit: int) -> bytes:
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size <= limit:
-            chunks.append(chunk)
-        elif size > _DRAIN_FACTOR * limit:
-            break
-    if size > limit:
+    body, size = await read_bounded(request, limit, _DRAIN_FACTOR)
+    if body is None:
         raise BodyTooLarge(f"the request body has {size if size <= _DRAIN_FACTOR * limit else 'over %d' % size} "
                            f"bytes; this server accepts at most {limit}")
-    return b"".join(chunks)
+    return body
 
 
 def _answers_errors(fn: Callable[..., Awaitable[Response]]) -> Callable[..., Awaitable[Response]]:

@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
-import threading
 import time
 from typing import Any
 
@@ -127,20 +125,17 @@ def serve_openai(args: argparse.Namespace) -> int:
     app = build_openai_app(pipe, model_name=name, api_key=args.api_key,
                            checkpoint=args.model if args.model and os.path.isdir(args.model) else None,
                            max_request_bytes=args.max_request_bytes or DEFAULT_MAX_REQUEST_BYTES)
-    from shapeplan.serve.app import HttpServer
+    from shapeplan.serve.app import HttpServer, serve_until_stopped
     server = HttpServer(app, args.host, args.port, log_level=args.log_level)
-    stop = threading.Event()
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    try:
+
+    def start() -> None:
         server.start()
         host = f"[{server.host}]" if ":" in server.host else server.host
         print(f"serving '{name}' (OpenAI API) on http://{host}:{server.port}/v1", flush=True)
-        while not stop.wait(0.5):
-            pass
-    except KeyboardInterrupt:
-        pass
-    finally:
+
+    def stop() -> None:
         server.stop()
         pipe.close()
+
+    serve_until_stopped(start, stop)
     return 0

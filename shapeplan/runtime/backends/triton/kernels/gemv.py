@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import torch
 
-from shapeplan.runtime.backends.triton.env import triton   # before the kernels: Triton's cache under ours
+from shapeplan.runtime.backends.triton.env import interpreting, triton   # before the kernels: Triton's cache under ours
 from shapeplan.runtime.backends.triton.kernels.gemv_jit import HAS_GDC, _gemv_kernel
 
 #: (N outputs (after the GLU: rows of W / 2), K) -> (BN, BK, warps), measured on the H200 (2026-12-01)
@@ -47,12 +47,7 @@ def supports(x: torch.Tensor, w: torch.Tensor) -> bool:
     """Whether the kernel applies: one row x [1, K] and W [N, K] with unit stride on K, one float dtype."""
     return (x.dim() == 2 and x.shape[0] == 1 and w.dim() == 2 and w.stride(1) == 1 and w.shape[1] == x.shape[1]
             and x.dtype in _DTYPES and w.dtype == x.dtype and x.device == w.device
-            and (x.is_cuda or _interpreting()))
-
-
-def _interpreting() -> bool:
-    import os
-    return os.environ.get("TRITON_INTERPRET") == "1"
+            and (x.is_cuda or interpreting()))
 
 
 _PDL: dict[int, bool] = {}
