@@ -110,16 +110,20 @@ def test_gguf_model_on_cuda(tmp_path):
     assert len(bf.generate("Explain KV caching", max_new_tokens=16).token_ids) == 16
 
 
-def test_int4_tinygemm_baseline_matches_bf16():
-    """The CUDA packing of the --vs-torch-compile int4 row: close to the bf16 decoder's logits."""
+def test_int4_tinygemm_baseline_cuda_packing_matches_cpu():
+    """The CUDA packing of the --vs-torch-compile int4 row gives the CPU packing's logits (same
+    quantization, two tinygemm layouts); against bf16 the decoder differs by the 4-bit error itself
+    (~9 % per projection on random weights, compounding over layers), so that is no packing check."""
     from shapeplan.llm.config import preset_config
     from shapeplan.llm.reference import TorchDecoder
     from shapeplan.llm.reference_int4 import int4_weights
     from shapeplan.llm.weights import random_weights
     cfg = preset_config("llama-125m", "bfloat16")
-    w = random_weights(cfg, device=DEV, seed=0)
-    ids, pos = torch.tensor([[1, 50, 900, 7]], device=DEV), torch.arange(4, device=DEV)
-    ref = TorchDecoder(cfg, w, max_kv_cache_length=64, device=DEV)(ids, pos).float()
-    out = TorchDecoder(cfg, int4_weights(cfg, w), max_kv_cache_length=64, device=DEV)(ids, pos).float()
-    rel = (out - ref).norm() / ref.norm()
-    assert rel < 0.2, rel
+    w = random_weights(cfg, device="cpu", seed=0)
+    ids, pos = torch.tensor([[1, 50, 900, 7]]), torch.arange(4)
+    cpu = TorchDecoder(cfg, int4_weights(cfg, w), max_kv_cache_length=64, device="cpu")(ids, pos).float()
+    wd = {n: t.to(DEV) for n, t in w.items()}
+    out = TorchDecoder(cfg, int4_weights(cfg, wd), max_kv_cache_length=64, device=DEV)(
+        ids.to(DEV), pos.to(DEV)).float().cpu()
+    rel = (out - cpu).norm() / cpu.norm()
+    assert rel < 0.05, rel
