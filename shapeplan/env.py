@@ -103,9 +103,9 @@ SWITCHES: tuple[Switch, ...] = (
     Switch("SHAPEPLAN_LLM_FUSED_GEMV", "bool", True,
            "decode steps of at most 8 rows on CUDA run each norm + projection (+ SiLU gate or residual add) as one "
            "Triton GEMV (0: the unfused kernels; shapeplan/ops/fused_linear.py)"),
-    Switch("SHAPEPLAN_LLM_GEMV_PDL", "bool", False,
+    Switch("SHAPEPLAN_LLM_GEMV_PDL", "bool", True,
            "launch the fused decode GEMVs with programmatic dependent launch (Hopper+): each loads its first weight "
-           "tile while the kernel before it ends (not yet measured on a GPU: off by default)"),
+           "tile while the kernel before it ends (H200: llama-1b 1,008 -> 1,075 tok/s; 0: plain launches)"),
     Switch("SHAPEPLAN_QUANT_ONE_ROW", "bool", True,
            "one row of a Q4_K / Q6_K / Q8_0 weight runs the one-row kernel of kernels/qgemv.py (0: the generic "
            "quantized GEMV of kernels/gguf.py, and the fused quantized ops' unfused path)"),

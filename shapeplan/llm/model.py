@@ -30,9 +30,10 @@ and its own blocks of a shared pool; the inputs become::
     state_slots   int64 [B]         row b's row of the sampling-state variables
 
 and ``next_position`` is [B] (positions + lengths). The caches are pools ``[NB, Hkv, BS, D]`` written by
-``shapeplan::PagedCacheWrite`` (which rotates k) and read by ``shapeplan::PagedAttention`` (which rotates q:
-no RotaryEmbedding node in a paged graph); the sampling variables have ``state_slots`` rows, gathered per
-step by ``state_slots``.
+``shapeplan::PagedWriteAttention`` (which rotates k and q, writes k and v, and attends: no RotaryEmbedding
+node in a paged graph, and one kernel per decode step on CUDA; its int32 variables ``attention.counters_{i}``
+hold the kernel's per-(row, head) counters); the sampling variables have ``state_slots`` rows,
+gathered per step by ``state_slots``.
 
 With ``fuse_norms`` a decoder block is RMSNormMatMul (input norm + q/k/v), MatMulAdd (o_proj + residual),
 RMSNormMatMul with the SiLU gate (post-attention norm + gate/up), MatMulAdd (down_proj + residual); the
@@ -309,10 +310,13 @@ class _PagedKV:
         pools = [self.g.variable(n, self.state[n] if n in self.state else
                                  torch.zeros(shape, dtype=self.dtype, device=self.device))
                  for n in (f"k_cache_{i}", f"v_cache_{i}")]
-        k_all, v_all = op.PagedCacheWrite(*pools, k, v, self.positions, self.lengths, self.block_tables,
-                                          cos_s, sin_s, _domain=SP, _outputs=2)   # RoPE(k), both writes
-        return op.PagedAttention(q, k_all, v_all, self.positions, self.lengths, self.block_tables, cos_s, sin_s,
-                                 scale=scale, window=cfg.sliding_window, _domain=SP)   # RoPE(q) first: [B, Hq, S, D]
+        # the decode attention kernel's counters (one per row and KV head, left zero; one variable per layer,
+        # so a layer's state lives where the layer runs): see PagedWriteAttention
+        name = f"attention.counters_{i}"
+        counters = self.g.variable(name, self.state[name] if name in self.state else _counters(cfg, p, self.device)[0])
+        # RoPE(k), both writes, RoPE(q), the attention: [B, Hq, S, D] (a decode step: one kernel on CUDA)
+        return op.PagedWriteAttention(q, k, v, *pools, self.positions, self.lengths, self.block_tables,
+                                      counters, cos_s, sin_s, scale=scale, window=cfg.sliding_window, _domain=SP)
 
     def last_tokens(self, h: Value) -> Value:
         op = self.g.op
@@ -477,12 +481,21 @@ def initial_state(cfg: LlamaConfig, *, max_kv_cache_length: int, dtype: torch.dt
         kv = torch.zeros(n, 2, batch, hkv, max_kv_cache_length, d, dtype=dtype, device=device)
         rows = batch
     out = {"kv.blocks": kv} if paged is not None else {}
+    counters = _counters(cfg, paged, device, n) if paged is not None else None
     for i in range(n):
         out[f"k_cache_{i}"], out[f"v_cache_{i}"] = kv[i, 0], kv[i, 1]
+        if counters is not None:
+            out[f"attention.counters_{i}"] = counters[i]
     out.update(_sampling_state(cfg, rows, device))
     cos, sin = rope_tables(cfg, max_kv_cache_length, dtype)
     out["rope.cos"], out["rope.sin"] = cos.to(device), sin.to(device)
     return out
+
+
+def _counters(cfg: LlamaConfig, paged: PagedKV, device: str | torch.device, layers: int = 1) -> torch.Tensor:
+    """Zeros for PagedWriteAttention's counters, [layers, n]: one per KV head of every row a batch can have
+    (a decode bucket holds at most max(state_slots - 1, 16) rows: batch/runner.decode_buckets)."""
+    return torch.zeros(layers, max(paged.state_slots, 16) * cfg.num_kv_heads, dtype=torch.int32, device=device)
 
 
 def _reduce(tp: Any, g: Graph, partial: Value) -> Value:

@@ -519,7 +519,7 @@ def _prewarm_decode_kernels(cfg: LlamaConfig, dtype: torch.dtype, device: torch.
                             batch: int = 1) -> list:
     """Start-up: while the graph is built and optimized and the first prefill runs, import and patch
     Triton and start its compile workers (``triton.warmup.prepare``) and compile the paged decode
-    kernels of the smallest decode bucket (the KV write, the attention's two passes; each on its own
+    kernels of the smallest decode bucket (the prefill's KV write, the decode step's write + attention; each on its own
     warm-up thread, so a cold cache compiles them side by side in the compile workers) without
     launching them, so no capture waits for them. Off with SHAPEPLAN_TRITON_WARM=0. Returns the jobs
     (futures)."""
@@ -540,5 +540,5 @@ def _prewarm_decode_kernels(cfg: LlamaConfig, dtype: torch.dtype, device: torch.
                                  num_blocks=paged.num_blocks, dtype=dtype, window=cfg.sliding_window or 0)
 
     futures = [triton_warmup.background(lambda part=part: warm(part), launches=False)
-               for part in ("write", "partial", "combine")]   # compile only: a capture need not wait
+               for part in ("write", "decode")]   # compile only: a capture need not wait
     return [f for f in futures if f is not None]

@@ -187,7 +187,8 @@ def parts(cfg: LlamaConfig, dtype: torch.dtype, device: torch.device, kv_length:
     with the same layouts (weights as transposed views, q/k/v and gate/up stacked, q/k/v split from one
     GEMM output, block-major pools of ``block_size``), on zeros, as five independent parts that may run
     on five threads: the GEMMs (cuBLAS), the attention over the blocks, the index ops (gathers, the
-    last-token gather, ArgMax), the paged KV write (with k's rotation) and the elementwise ops.
+    last-token gather, ArgMax), the paged KV write (with k's rotation; the attention part writes too) and the
+    elementwise ops.
     ``replay_only`` leaves out the ops a triton-mode replay runs as Triton kernels (the norms, RoPE of q,
     SiLU*mul): a plan frozen from a record (runtime/frozen_records.py) never runs their torch kernels,
     so loading them is wasted. ``head`` ([vocab, hidden], the model's dtype, on ``device``): the LM head
@@ -248,11 +249,12 @@ def parts(cfg: LlamaConfig, dtype: torch.dtype, device: torch.device, kv_length:
 
     def attention() -> torch.Tensor:
         ids, positions, lengths, table = feeds()
-        q, _, _ = qkv_views()
+        q, kk, vv = qkv_views()
         k_pool, v_pool = pools()
         cos_s, sin_s = rope_tables(positions, ids)
-        a = k("PagedAttention")(q, k_pool, v_pool, positions, lengths, table, cos_s, sin_s, scale=float(d) ** -0.5,
-                                window=cfg.sliding_window)
+        counters = zeros(hkv, dt=torch.int32)
+        a = k("PagedWriteAttention")(q, kk, vv, k_pool, v_pool, positions, lengths, table, counters, cos_s, sin_s,
+                                     scale=float(d) ** -0.5, window=cfg.sliding_window)
         return a.transpose(1, 2).reshape(1, seq, hq * d)
 
     def index() -> torch.Tensor:

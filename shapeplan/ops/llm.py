@@ -332,7 +332,8 @@ def paged_attention(q, k_pool, v_pool, positions, lengths, block_tables, cos=Non
     ``> positions[b] + i - window`` with a sliding window). Rows with ``lengths[b] == 0`` (padding)
     give zeros. Grouped-query attention folds the G = Hq / Hkv heads of a group into the query rows.
 
-    On CUDA a decode step (S = 1) runs a Triton split-K kernel that reads only the row's live blocks;
+    On CUDA a decode step (S = 1) runs a Triton split-K kernel that reads only the row's live blocks
+    (and merges the splits in its last program);
     elsewhere (and for prefill) the row's blocks are gathered and SDPA runs over them with the causal
     mask: every row is computed on its own, so a row's result does not depend on the other rows."""
     b, hq, s, d = q.shape
@@ -364,6 +365,29 @@ def paged_attention(q, k_pool, v_pool, positions, lengths, block_tables, cos=Non
     out = out.reshape(b, hq, s, d)
     live = (lengths.reshape(-1, 1, 1, 1) > 0)
     return torch.where(live, out, torch.zeros((), dtype=out.dtype, device=out.device))
+
+
+@register("PagedWriteAttention", domain="shapeplan", traits=Trait.MUTATES_INPUT, shape=same_as(0))
+def paged_write_attention(q, k, v, k_pool, v_pool, positions, lengths, block_tables, counters, cos=None, sin=None, *,
+                          scale: float = 0.0, window: int = 0, interleaved: int = 0):
+    """``PagedCacheWrite(k_pool, v_pool, k, v, ...)`` then ``PagedAttention(q, ...)`` as one op (the paged
+    LLM graph's attention): writes this step's keys (rotated by ``cos``/``sin``) and values into the
+    pools in place and returns the attention of ``q`` (rotated too) over them, [B, Hq, S, D].
+
+    ``counters``: int32 [>= B * Hkv], zeros (a state variable of the graph), which the CUDA decode
+    kernel uses to let the last program of each (row, head) merge the splits, and leaves zero. On CUDA
+    a decode step (S = 1) is that one Triton kernel (the write, the split-K attention and the merge; no
+    kernel for the write or the merge of their own); a prefill, and every step elsewhere, runs the two
+    ops' kernels in turn. The pools end exactly as ``PagedCacheWrite`` leaves them."""
+    if q.shape[2] == 1 and q.is_cuda:
+        kern = _paged_kernels()
+        if kern is not None:
+            return kern.paged_decode_attention(q, k_pool, v_pool, positions, lengths, block_tables,
+                                               scale=scale or q.shape[-1] ** -0.5, window=window, cos=cos, sin=sin,
+                                               interleaved=interleaved, k=k, v=v, counters=counters)
+    paged_cache_write(k_pool, v_pool, k, v, positions, lengths, block_tables, cos, sin, interleaved=interleaved)
+    return paged_attention(q, k_pool, v_pool, positions, lengths, block_tables, cos, sin, scale=scale,
+                           window=window, interleaved=interleaved)
 
 
 def _rotate(q, cos, sin, interleaved: int):

@@ -124,8 +124,9 @@ def test_gpu_a_warm_start_freezes_from_records_and_gives_the_same_tokens(mode, a
                                                                           monkeypatch):
     """The second pipeline's plans freeze from the first one's frozen-plan records (runtime/
     frozen_records.py), during its warm-up (``Engine.prepare``) or at their first call: one lifecycle
-    call per plan instead of three, the same greedy tokens. In triton mode each segment is captured
-    before any eager run (every step's verdict is on disk) and one replay gives the call's results;
+    call per plan instead of three, the same greedy tokens. In triton mode a segment with generated
+    Triton steps is captured before any eager run (every step's verdict is on disk) and one replay
+    gives the call's results;
     ``sdpa``: the prefill attention through SDPA's own choice (cuDNN on Hopper), whose first call on
     this thread then happens inside that capture."""
     from shapeplan import diagnostics
@@ -151,9 +152,11 @@ def test_gpu_a_warm_start_freezes_from_records_and_gives_the_same_tokens(mode, a
     assert len(used) == 2 and used <= from_record == new_plans, events  # each plan from its record
     assert "segment warmed up" not in msgs and "frozen-plan record not usable: recording" not in msgs, events
     assert not [m for m in msgs if "FALLBACK" in m or "failed" in m], events
-    if mode == "triton":
-        assert msgs.count("captured before any eager run; replayed for this call") == 2, events
-        assert "eager run before capture done" not in msgs, events
+    if mode == "triton":    # a segment with generated Triton steps whose verdicts are on disk is captured
+        # before any eager run; one of op kernels only (the fused GEMVs, the paged attention) runs once first,
+        # which loads its kernels (as in cuda_graphs mode)
+        first = msgs.count("captured before any eager run; replayed for this call")
+        assert first + msgs.count("eager run before capture done") == 2, events
     ref = GenerationPipeline.from_pretrained(path, mode="slot_by_slot", **KW).generate(PROMPT, max_new_tokens=24)
     assert again.token_ids == ref.token_ids
 

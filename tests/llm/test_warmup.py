@@ -106,7 +106,7 @@ def test_a_replay_only_warm_up_leaves_out_the_kernels_triton_replaces(monkeypatc
     tok = warmup.layer(cfg, torch.float32, torch.device("cpu"), 64, 16, replay_only=True)
     assert tok.shape == (1, 1)
     assert not used & set(warmup._TRITON_IN_REPLAY)
-    assert {"MatMul", "Gather", "PagedAttention", "PagedCacheWrite", "ArgMax"} <= used
+    assert {"MatMul", "Gather", "PagedWriteAttention", "PagedCacheWrite", "ArgMax"} <= used
 
 
 def test_the_warm_up_reads_the_models_head_at_its_real_size():

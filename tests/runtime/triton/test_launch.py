@@ -37,14 +37,32 @@ def test_pack_orders_and_sizes_the_arguments_like_tritons_launcher():
     assert [v.value for v in vals] == [0x7F0000001000, -3, 2 ** 40, 0.5, 0, 7, 0, 0]    # scratch pointers: null
 
 
-def test_what_the_launcher_leaves_to_triton():
+def test_what_the_launcher_leaves_to_triton(monkeypatch):
     meta = types.SimpleNamespace(num_ctas=1, global_scratch_size=0, profile_scratch_size=0,
                                  launch_cooperative_grid=False, launch_pdl=False, tensordesc_meta=None)
     src = types.SimpleNamespace(signature={"X": "*fp32", "n": "i32"})
     assert tl._covered(src, meta) == ["*fp32", "i32"]
     for field, value in (("num_ctas", 2), ("global_scratch_size", 64), ("profile_scratch_size", 8),
-                         ("launch_cooperative_grid", True), ("launch_pdl", True), ("tensordesc_meta", [{}])):
+                         ("tensordesc_meta", [{}])):
         assert tl._covered(src, types.SimpleNamespace(**{**vars(meta), field: value})) is None, field
+    for ex in (True, False):                       # PDL and cooperative launches: here where cuLaunchKernelEx is
+        monkeypatch.setattr(tl, "launch_ex_available", lambda ex=ex: ex)
+        for field in ("launch_cooperative_grid", "launch_pdl"):
+            got = tl._covered(src, types.SimpleNamespace(**{**vars(meta), field: True}))
+            assert got == (["*fp32", "i32"] if ex else None), (field, ex)
+
+
+def test_launch_config_structs_have_cudas_layout():
+    """CUlaunchAttribute and CUlaunchConfig as cuda.h (CUDA 12/13) lays them out on x86-64, and the PDL
+    attribute as Triton's launcher sets it (id 6, value 1)."""
+    assert ctypes.sizeof(tl.LaunchAttribute) == 72 and tl.LaunchAttribute.value.offset == 8
+    assert ctypes.sizeof(tl.LaunchConfig) == 56
+    assert [getattr(tl.LaunchConfig, f).offset for f in ("sharedMemBytes", "hStream", "attrs", "numAttrs")] == \
+        [24, 32, 40, 48]
+    attrs = tl.launch_attributes(pdl=True, cooperative=False)
+    assert len(attrs) == 1 and attrs[0].id == 6 and attrs[0].value[0] == 1
+    both = tl.launch_attributes(pdl=True, cooperative=True)
+    assert [a.id for a in both] == [6, 2] and all(a.value[0] == 1 for a in both)
 
 
 def test_only_shapeplans_kernels_are_launched_here(tmp_path, monkeypatch):
@@ -92,3 +110,18 @@ def test_a_kernel_that_is_not_ours_gets_tritons_launcher(monkeypatch):
     src = types.SimpleNamespace(fn=types.SimpleNamespace(fn=lambda: None), signature={"X": "*fp32"})
     assert tl.Launcher(src, types.SimpleNamespace()) == "triton's" and made == [src]
     assert tl._original["utils"] == "real utils"   # its helper module was built first
+
+
+def test_tritons_helper_module_is_built_under_its_own_name(monkeypatch):
+    """Triton's CudaUtils.__new__ finds its class by the module's name (``super(CudaUtils, cls)``): with
+    ours installed under that name, building Triton's own helper (for a kernel it launches) must put
+    Triton's class back while it is made (it raised TypeError on the H200 for every PDL launch)."""
+    import triton.backends.nvidia.driver as nvd
+
+    class Real:
+        def __new__(cls):
+            assert nvd.CudaUtils is Real
+            return super().__new__(cls)
+    monkeypatch.setattr(tl, "_original", {"CudaUtils": Real})
+    monkeypatch.setattr(nvd, "CudaUtils", tl.Utils)
+    assert isinstance(tl._real_utils(), Real) and nvd.CudaUtils is tl.Utils

@@ -15,9 +15,10 @@ handful of driver calls, made here through ``ctypes``:
 - ``Launcher``: packs the kernel's arguments by its signature (pointers from ``data_ptr()``, integers
   and floats at their declared widths, constexprs skipped, then the global and profile scratch
   pointers) and calls ``cuLaunchKernel`` on the caller's stream, which a CUDA graph capture records
-  like any launch. Kernels it does not cover (tensor descriptors, clusters, cooperative or PDL
-  launches, scratch memory, tuple arguments) and kernels that are not shapeplan's get Triton's own
-  launcher, built as before.
+  like any launch; a programmatic-dependent (``launch_pdl``) or cooperative launch goes through
+  ``cuLaunchKernelEx`` with that attribute, as Triton's launcher does. Kernels it does not cover
+  (tensor descriptors, clusters, scratch memory, tuple arguments) and kernels that are not shapeplan's
+  get Triton's own launcher, built as before.
 
 ``install()`` (``env.patch()``, when a triton-mode engine is created) puts both in place of Triton's
 classes, only on a Triton whose launcher is built per signature (``make_launcher``); later versions
@@ -75,8 +76,47 @@ def _lib() -> Any:
         lib.cuCtxSetCurrent.argtypes = [ctypes.c_void_p]
         lib.cuDevicePrimaryCtxRetain.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int]
         lib.cuGetErrorString.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
+        if hasattr(lib, "cuLaunchKernelEx"):   # CUDA 12+: launches with attributes (PDL, cooperative)
+            lib.cuLaunchKernelEx.argtypes = [ctypes.POINTER(LaunchConfig), ctypes.c_void_p, ctypes.c_void_p,
+                                             ctypes.c_void_p]
         _cuda = lib
     return _cuda
+
+
+#: CUlaunchAttributeID values (cuda.h) of the two launch kinds Triton asks for
+ATTR_COOPERATIVE, ATTR_PROGRAMMATIC_STREAM_SERIALIZATION = 2, 6
+
+
+class LaunchAttribute(ctypes.Structure):
+    """cuda.h's CUlaunchAttribute: the id, padding to 8 bytes, a 64-byte value union (its first int is
+    the flag of both attributes used here)."""
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int * 16)]
+
+
+class LaunchConfig(ctypes.Structure):
+    """cuda.h's CUlaunchConfig (the argument of cuLaunchKernelEx)."""
+    _fields_ = [("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint), ("gridDimZ", ctypes.c_uint),
+                ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
+                ("sharedMemBytes", ctypes.c_uint), ("hStream", ctypes.c_void_p),
+                ("attrs", ctypes.POINTER(LaunchAttribute)), ("numAttrs", ctypes.c_uint)]
+
+
+def launch_ex_available() -> bool:
+    """Whether the driver has cuLaunchKernelEx (CUDA 12+; none without a driver)."""
+    try:
+        return hasattr(_lib(), "cuLaunchKernelEx")
+    except OSError:
+        return False
+
+
+def launch_attributes(pdl: bool, cooperative: bool) -> ctypes.Array:
+    """The attribute array of a programmatic-dependent and/or cooperative launch (each flag set to 1)."""
+    ids = [i for i, on in ((ATTR_PROGRAMMATIC_STREAM_SERIALIZATION, pdl), (ATTR_COOPERATIVE, cooperative)) if on]
+    attrs = (LaunchAttribute * len(ids))()
+    for a, i in zip(attrs, ids):
+        a.id = i
+        a.value[0] = 1
+    return attrs
 
 
 def _check(rc: int, call: str) -> None:
@@ -149,11 +189,17 @@ class Utils:
 
 
 def _real_utils() -> Any:
-    """Triton's own helper module (a C build on a cold cache), built once on first need."""
+    """Triton's own helper module (a C build on a cold cache), built once on first need. Its class finds
+    itself by its module's name (``super(CudaUtils, cls)``), so the name is Triton's while it is made."""
+    import triton.backends.nvidia.driver as nvd
     with _lock:
         real = _original.get("utils")
         if real is None:
-            real = _original["utils"] = _original["CudaUtils"]()
+            ours, nvd.CudaUtils = nvd.CudaUtils, _original["CudaUtils"]
+            try:
+                real = _original["utils"] = _original["CudaUtils"]()
+            finally:
+                nvd.CudaUtils = ours
         return real
 
 
@@ -192,7 +238,8 @@ def argument_types(signature: Any) -> list[str] | None:
 def _covered(src: Any, metadata: Any) -> list[str] | None:
     if getattr(metadata, "tensordesc_meta", None) or getattr(metadata, "num_ctas", 1) != 1:
         return None
-    if getattr(metadata, "launch_cooperative_grid", False) or getattr(metadata, "launch_pdl", False):
+    if (getattr(metadata, "launch_cooperative_grid", False) or getattr(metadata, "launch_pdl", False)) and \
+            not launch_ex_available():
         return None
     if getattr(metadata, "global_scratch_size", 0) or getattr(metadata, "profile_scratch_size", 0):
         return None
@@ -238,6 +285,8 @@ class Launcher:
         self = super().__new__(cls)
         self.types = types
         self.nargs = len(types)
+        pdl, coop = bool(getattr(metadata, "launch_pdl", False)), bool(getattr(metadata, "launch_cooperative_grid", False))
+        self.attrs = launch_attributes(pdl, coop) if pdl or coop else None   # then cuLaunchKernelEx
         return self
 
     def __init__(self, src: Any, metadata: Any) -> None:   # everything is set by __new__
@@ -256,8 +305,13 @@ class Launcher:
                 _ensure_context(torch.cuda.current_device())
             vals = pack(self.types, args)
             params = (ctypes.c_void_p * len(vals))(*[ctypes.addressof(v) for v in vals])
-            _check(_lib().cuLaunchKernel(function, gridX, gridY, gridZ, 32 * num_warps, 1, 1, shared, stream,
-                                         params, None), "cuLaunchKernel")
+            if self.attrs is None:
+                _check(_lib().cuLaunchKernel(function, gridX, gridY, gridZ, 32 * num_warps, 1, 1, shared, stream,
+                                             params, None), "cuLaunchKernel")
+            else:
+                cfg = LaunchConfig(gridX, gridY, gridZ, 32 * num_warps, 1, 1, shared, stream, self.attrs,
+                                   len(self.attrs))
+                _check(_lib().cuLaunchKernelEx(ctypes.byref(cfg), function, params, None), "cuLaunchKernelEx")
         if exit_hook is not None:
             exit_hook(launch_metadata)
 

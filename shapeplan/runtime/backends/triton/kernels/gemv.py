@@ -19,9 +19,10 @@ ops differ from the unfused by that rounding and by the order of the K-sum (docs
 Rows: one. Batched decode steps (2+ rows) run the unfused kernels (cuBLAS reads a weight once for all
 rows; measured: a tl.dot variant of this kernel lost to it at M = 8, docs/benchmarks).
 
-Programmatic dependent launch (``SHAPEPLAN_LLM_GEMV_PDL=1``, Hopper+, off by default until measured):
-the GEMV starts while the kernel before it finishes, loads its first weight tile, then waits for that
-kernel (``gdc_wait``) before it reads x; it lets the next kernel launch at once.
+Programmatic dependent launch (Hopper+, on by default; ``SHAPEPLAN_LLM_GEMV_PDL=0`` turns it off): the
+GEMV starts while the kernel before it finishes, loads its first weight tile, then waits for that
+kernel (``gdc_wait``) before it reads x; it lets the next kernel launch at once. On the H200 it took
+llama-1b from 1,008 to 1,075 tok/s (docs/gpu.md#decode-gemv).
 
 Tiles per shape: ``config(n, k)``; ``TUNE`` holds the ones measured on the H200 (probe over BN x BK
 x warps, weights rotated through more copies than L2 holds).
@@ -54,8 +55,8 @@ _PDL: dict[int, bool] = {}
 
 
 def pdl(x: torch.Tensor) -> bool:
-    """Whether to launch with programmatic dependent launch (``SHAPEPLAN_LLM_GEMV_PDL=1``, off by default:
-    not yet measured): a Hopper-or-later GPU and a Triton with grid dependency control and the
+    """Whether to launch with programmatic dependent launch (``SHAPEPLAN_LLM_GEMV_PDL``, on by default):
+    a Hopper-or-later GPU and a Triton with grid dependency control and the
     ``launch_pdl`` option. Each GEMV then loads its first weight tile while the kernel before it ends."""
     from shapeplan import env
     if not x.is_cuda or not HAS_GDC or not env.get("SHAPEPLAN_LLM_GEMV_PDL"):

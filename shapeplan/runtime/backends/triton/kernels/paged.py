@@ -2,18 +2,21 @@
 
 ``paged_cache_write``: one program per (row, token): RoPE of k and both writes into the row's block,
 for all KV heads at once; tokens past the row's length write nothing. ``paged_decode_attention``: the
-split-K ("flash-decoding") attention of one decode step over each row's blocks: pass 1, grid
-(B * Hkv, NS), each program takes BPS blocks of one KV head and the G query heads of its group (rotating
-them by RoPE on load when given cos/sin) and writes an online-softmax partial; programs past the row's position exit at once, so a step reads only
-the live blocks. Pass 2, grid (B * Hkv,), merges the live partials. Nothing is read on the host: both
-capture into CUDA graphs. Runs on CUDA, or on CPU tensors under ``TRITON_INTERPRET=1`` (tests).
+split-K ("flash-decoding") attention of one decode step over each row's blocks, one kernel, grid
+(B * Hkv, NS): each program takes BPS blocks of one KV head and the G query heads of its group
+(rotating them by RoPE on load when given cos/sin) and writes an online-softmax partial; programs past
+the row's position skip the loop, so a step reads only the live blocks; the last program of each
+(row, head) to finish (an atomic counter per (row, head)) merges the live partials. Given this step's
+k and v, the program whose split holds the row's position writes them first (``PagedWriteAttention``:
+no write kernel of its own in a decode step). Nothing is read on the host: both capture into CUDA
+graphs. Runs on CUDA, or on CPU tensors under ``TRITON_INTERPRET=1`` (tests).
 """
 from __future__ import annotations
 
 import torch
 
 from shapeplan.runtime.backends.triton.env import triton   # before the kernels: cache dir, compile workers
-from shapeplan.runtime.backends.triton.kernels.paged_jit import _paged_combine, _paged_partial, _paged_write
+from shapeplan.runtime.backends.triton.kernels.paged_jit import _paged_decode, _paged_write
 
 #: pass 1 programs aimed at per step (B * Hkv * NS); the split size follows from it
 TARGET_PROGRAMS = 2048
@@ -58,11 +61,15 @@ def split_blocks(batch: int, hkv: int, max_blocks: int) -> int:
 def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, positions: torch.Tensor,
                            lengths: torch.Tensor, block_tables: torch.Tensor, *, scale: float,
                            window: int = 0, cos: torch.Tensor | None = None, sin: torch.Tensor | None = None,
-                           interleaved: int = 0) -> torch.Tensor:
+                           interleaved: int = 0, k: torch.Tensor | None = None, v: torch.Tensor | None = None,
+                           counters: torch.Tensor | None = None) -> torch.Tensor:
     """q [B, Hq, 1, D] (last dim contiguous); pools [NB, Hkv, BS, D]; positions, lengths int64 [B];
     block_tables int32 [B, MAXB]. With ``cos``/``sin`` ([B, 1, D/2], as RotaryEmbedding takes them) q is
-    rotated first, inside pass 1 (no RoPE kernel of its own). Returns [B, Hq, 1, D] in q's dtype (zeros
-    for padding rows)."""
+    rotated first, on load (no RoPE kernel of its own). With ``k``/``v`` ([B, Hkv, 1, D]) this step's
+    keys (rotated by cos/sin) and values are written into the pools first, by the same kernel
+    (``PagedWriteAttention``). ``counters``: int32 zeros, at least B * Hkv of them, that the kernel
+    leaves zero (the last program of each (row, head) merges the splits); a state variable of the graph
+    (none: zeros made here, one fill more). Returns [B, Hq, 1, D] in q's dtype (zeros for padding rows)."""
     b, hq, s, d = q.shape
     _, hkv, bs, _ = k_pool.shape
     assert s == 1 and q.stride(-1) == 1 and k_pool.stride(-1) == 1 and v_pool.stride(-1) == 1
@@ -73,6 +80,11 @@ def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
     ns = triton.cdiv(maxb, bps)
     bt = block_tables if block_tables.stride(-1) == 1 else block_tables.contiguous()
     dev = q.device
+    if counters is None:
+        counters = torch.zeros(b * hkv, dtype=torch.int32, device=dev)
+    elif counters.numel() < b * hkv or counters.dtype != torch.int32:
+        raise ValueError(f"paged decode attention: counters must be int32 with at least B * Hkv = {b * hkv} "
+                         f"entries, got {counters.dtype} with {counters.numel()}")
     m = torch.empty(b * hkv * ns * gp, dtype=torch.float32, device=dev)
     l = torch.empty_like(m)
     acc = torch.empty(b * hkv * ns * gp * dp, dtype=torch.float32, device=dev)
@@ -82,22 +94,26 @@ def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
         cos, sin = cos.expand(b, 1, d // 2), sin.expand(b, 1, d // 2)
         if cos.stride(-1) != 1 or cos.stride() != sin.stride():
             cos, sin = cos.contiguous(), sin.contiguous()
-    _paged_partial[(b * hkv, ns)](q, k_pool, v_pool, positions, lengths, bt, m, l, acc,
-                                  cos if rotate else q, sin if rotate else q,
-                                  q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1), k_pool.stride(2),
-                                  v_pool.stride(0), v_pool.stride(1), v_pool.stride(2), bt.stride(0),
-                                  cos.stride(0) if rotate else 0, scale,
-                                  HKV=hkv, G=g, GP=gp, D=d, DP=dp, NS=ns, BPS=bps, BS=bs, WINDOW=window,
-                                  ROTATE=rotate, INTERLEAVED=bool(interleaved), HALF=max(1, d // 2), num_warps=2)
-    _paged_combine[(b * hkv,)](m, l, acc, positions, lengths, out, out.stride(0), out.stride(1),
-                               HKV=hkv, G=g, GP=gp, D=d, DP=dp, NS=ns, NSP=max(_pow2(ns), 2), SPLIT_KEYS=bps * bs,
-                               WINDOW=window)
+    write = k is not None
+    if write:
+        assert k.stride(-1) == 1 and v.stride(-1) == 1 and k.shape == v.shape == (b, hkv, 1, d)
+    _paged_decode[(b * hkv, ns)](q, k_pool, v_pool, positions, lengths, bt, m, l, acc, counters, out,
+                                 cos if rotate else q, sin if rotate else q, k if write else q, v if write else q,
+                                 q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1), k_pool.stride(2),
+                                 v_pool.stride(0), v_pool.stride(1), v_pool.stride(2), bt.stride(0),
+                                 cos.stride(0) if rotate else 0, out.stride(0), out.stride(1),
+                                 k.stride(0) if write else 0, k.stride(1) if write else 0,
+                                 v.stride(0) if write else 0, v.stride(1) if write else 0, scale,
+                                 HKV=hkv, G=g, GP=gp, D=d, DP=dp, NS=ns, NSP=max(_pow2(ns), 2), BPS=bps, BS=bs,
+                                 WINDOW=window, ROTATE=rotate, INTERLEAVED=bool(interleaved), HALF=max(1, d // 2),
+                                 HALFP=max(_pow2(d // 2), 1), WRITE=write, num_warps=2,
+                                 enable_fp_fusion=False)   # k's rotation rounds as torch's (and _paged_write's)
     return out
 
 
 def precompile(part: str, *, batch: int, hq: int, hkv: int, d: int, block_size: int, max_blocks: int,
                num_blocks: int, dtype: torch.dtype, window: int = 0) -> None:
-    """Compile one kernel (``part``: "write", "partial" or "combine") for these shapes without touching
+    """Compile one kernel (``part``: "write" or "decode") for these shapes without touching
     the device (Triton's ``warmup``: no allocation, no launch, safe beside a capture on another thread):
     the pipeline's start-up compiles them in the background while the graph is built. Strides are those
     of contiguous pools [NB, Hkv, BS, D] and of the q/k/v views of the q/k/v projection the model passes."""
@@ -117,13 +133,12 @@ def precompile(part: str, *, batch: int, hq: int, hkv: int, d: int, block_size: 
         return
     bps = split_blocks(batch, hkv, max_blocks)
     ns = triton.cdiv(max_blocks, bps)
-    if part == "partial":                      # q rotated inside (the LLM graph's decode step); cos/sin [B, 1, D/2]
-        _paged_partial.warmup(dtype, dtype, dtype, i64, i64, i32, f32, f32, f32, dtype, dtype,
-                              (hq + 2 * hkv) * d, d, *sk, *sk, max_blocks, d // 2, d ** -0.5,   # q: a qkv view
-                              HKV=hkv, G=g, GP=gp, D=d, DP=dp, NS=ns, BPS=bps, BS=block_size, WINDOW=window,
-                              ROTATE=True, INTERLEAVED=False, HALF=max(1, d // 2), num_warps=2,
-                              grid=(batch * hkv, ns))
-    else:
-        _paged_combine.warmup(f32, f32, f32, i64, i64, dtype, hq * d, d,
-                              HKV=hkv, G=g, GP=gp, D=d, DP=dp, NS=ns, NSP=max(_pow2(ns), 2),
-                              SPLIT_KEYS=bps * block_size, WINDOW=window, grid=(batch * hkv,))
+    # "decode": PagedWriteAttention's kernel (the LLM graph's decode step: q, k and v views of the q/k/v
+    # projection, q rotated inside, this step's k/v written first); cos/sin [B, 1, D/2]
+    row = (hq + 2 * hkv) * d
+    _paged_decode.warmup(dtype, dtype, dtype, i64, i64, i32, f32, f32, f32, i32, dtype, dtype, dtype, dtype, dtype,
+                         row, d, *sk, *sk, max_blocks, d // 2, hq * d, d, row, d, row, d, d ** -0.5,
+                         HKV=hkv, G=g, GP=gp, D=d, DP=dp, NS=ns, NSP=max(_pow2(ns), 2), BPS=bps, BS=block_size,
+                         WINDOW=window, ROTATE=True, INTERLEAVED=False, HALF=max(1, d // 2),
+                         HALFP=max(_pow2(d // 2), 1), WRITE=True, num_warps=2, enable_fp_fusion=False,
+                         grid=(batch * hkv, ns))

@@ -24,33 +24,40 @@ def _paged_write(K, V, KP, VP, POS, LEN, BT, C, SN,
     off = p % BS
     h = tl.arange(0, HP)
     hm = h < tl.where(ok, HKV, 0)                  # (a scalar mask folded in this way: see the interpreter)
+    _write_token(K + b * sk_b + h[:, None] * sk_h + i * sk_s, V + b * sv_b + h[:, None] * sv_h + i * sv_s,
+                 KP + blk * skp_n + h[:, None] * skp_h + off * skp_s, VP + blk * svp_n + h[:, None] * svp_h + off * svp_s,
+                 C + b * sc_b + i * sc_s, SN + b * sc_b + i * sc_s, hm, D, DP, HALF, HALFP, ROTATE, INTERLEAVED)
+
+
+@triton.jit
+def _write_token(kb, vb, kpb, vpb, c_row, s_row, hm, D: tl.constexpr, DP: tl.constexpr, HALF: tl.constexpr,
+                 HALFP: tl.constexpr, ROTATE: tl.constexpr, INTERLEAVED: tl.constexpr):
+    """One token's k (rotated by RoPE with cos/sin at c_row / s_row) and v into their pool slots: kb, vb,
+    kpb, vpb are pointer columns [HP, 1] (one row per KV head, ``hm`` the live heads). Each product of the
+    rotation is rounded to k's dtype as torch rounds it (launch with enable_fp_fusion=False)."""
     d = tl.arange(0, DP)
     m2 = hm[:, None] & (d < D)[None, :]
-    v = tl.load(V + b * sv_b + h[:, None] * sv_h + i * sv_s + d[None, :], mask=m2)
-    tl.store(VP + blk * svp_n + h[:, None] * svp_h + off * svp_s + d[None, :], v.to(VP.dtype.element_ty), mask=m2)
-    kb = K + b * sk_b + h[:, None] * sk_h + i * sk_s
-    kpb = KP + blk * skp_n + h[:, None] * skp_h + off * skp_s
-    if ROTATE:                                     # RoPE of k, each product rounded to k's dtype as torch does
+    v = tl.load(vb + d[None, :], mask=m2)
+    tl.store(vpb + d[None, :], v.to(vpb.dtype.element_ty), mask=m2)
+    kdt = kb.dtype.element_ty
+    if ROTATE:
         j = tl.arange(0, HALFP)
         mh = hm[:, None] & (j < HALF)[None, :]
         if INTERLEAVED:
             lo, hi = 2 * j, 2 * j + 1
         else:
             lo, hi = j, j + HALF
-        cs = b * sc_b + i * sc_s + j
-        c = tl.load(C + cs, mask=j < HALF, other=0.0).to(K.dtype.element_ty).to(tl.float32)
-        s = tl.load(SN + cs, mask=j < HALF, other=0.0).to(K.dtype.element_ty).to(tl.float32)
+        c = tl.load(c_row + j, mask=j < HALF, other=0.0).to(kdt).to(tl.float32)
+        s = tl.load(s_row + j, mask=j < HALF, other=0.0).to(kdt).to(tl.float32)
         x1 = tl.load(kb + lo[None, :], mask=mh, other=0.0).to(tl.float32)
         x2 = tl.load(kb + hi[None, :], mask=mh, other=0.0).to(tl.float32)
-        re = (c[None, :] * x1).to(K.dtype.element_ty).to(tl.float32) - \
-            (s[None, :] * x2).to(K.dtype.element_ty).to(tl.float32)
-        im = (s[None, :] * x1).to(K.dtype.element_ty).to(tl.float32) + \
-            (c[None, :] * x2).to(K.dtype.element_ty).to(tl.float32)
-        tl.store(kpb + lo[None, :], re.to(K.dtype.element_ty).to(KP.dtype.element_ty), mask=mh)
-        tl.store(kpb + hi[None, :], im.to(K.dtype.element_ty).to(KP.dtype.element_ty), mask=mh)
+        re = (c[None, :] * x1).to(kdt).to(tl.float32) - (s[None, :] * x2).to(kdt).to(tl.float32)
+        im = (s[None, :] * x1).to(kdt).to(tl.float32) + (c[None, :] * x2).to(kdt).to(tl.float32)
+        tl.store(kpb + lo[None, :], re.to(kdt).to(kpb.dtype.element_ty), mask=mh)
+        tl.store(kpb + hi[None, :], im.to(kdt).to(kpb.dtype.element_ty), mask=mh)
     else:
         k = tl.load(kb + d[None, :], mask=m2)
-        tl.store(kpb + d[None, :], k.to(KP.dtype.element_ty), mask=m2)
+        tl.store(kpb + d[None, :], k.to(kpb.dtype.element_ty), mask=m2)
 
 
 @triton.jit
@@ -77,11 +84,18 @@ def _rotate_q(q_ptr, c_ptr, s_ptr, g, d, mask, HALF: tl.constexpr, INTERLEAVED: 
 
 
 @triton.jit
-def _paged_partial(q_ptr, k_ptr, v_ptr, pos_ptr, len_ptr, bt_ptr, m_ptr, l_ptr, acc_ptr, c_ptr, s_ptr,
-                   sq_b, sq_h, sk_n, sk_h, sk_s, sv_n, sv_h, sv_s, s_bt, sc_b, scale,
-                   HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, DP: tl.constexpr,
-                   NS: tl.constexpr, BPS: tl.constexpr, BS: tl.constexpr, WINDOW: tl.constexpr,
-                   ROTATE: tl.constexpr = False, INTERLEAVED: tl.constexpr = False, HALF: tl.constexpr = 1):
+def _paged_decode(q_ptr, k_ptr, v_ptr, pos_ptr, len_ptr, bt_ptr, m_ptr, l_ptr, acc_ptr, cnt_ptr, o_ptr, c_ptr, s_ptr,
+                  kn_ptr, vn_ptr, sq_b, sq_h, sk_n, sk_h, sk_s, sv_n, sv_h, sv_s, s_bt, sc_b, so_b, so_h,
+                  skn_b, skn_h, svn_b, svn_h, scale,
+                  HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, DP: tl.constexpr,
+                  NS: tl.constexpr, NSP: tl.constexpr, BPS: tl.constexpr, BS: tl.constexpr, WINDOW: tl.constexpr,
+                  ROTATE: tl.constexpr, INTERLEAVED: tl.constexpr, HALF: tl.constexpr, HALFP: tl.constexpr,
+                  WRITE: tl.constexpr):
+    """One decode step's attention, grid (B * Hkv, NS): program (b, h, split) takes BPS blocks of KV head h
+    of row b and the G query heads of its group (rotated by RoPE on load with ROTATE) and writes an
+    online-softmax partial; the last program of (b, h) to finish (a counter per (b, h) in cnt_ptr, left
+    at zero again) merges the live partials into the output. WRITE: the program whose split holds the
+    row's position first writes this step's k (rotated) and v of head h there, as ``_paged_write`` does."""
     pid_bh = tl.program_id(0)
     pid_s = tl.program_id(1)
     b = pid_bh // HKV
@@ -92,12 +106,24 @@ def _paged_partial(q_ptr, k_ptr, v_ptr, pos_ptr, len_ptr, bt_ptr, m_ptr, l_ptr, 
     lo = 0
     if WINDOW > 0:
         lo = tl.maximum(pos - WINDOW + 1, 0)
-    start = tl.maximum(pid_s * BPS * BS, lo)
-    stop = tl.minimum((pid_s + 1) * BPS * BS, end)
+    first = pid_s * BPS * BS
+    start = tl.maximum(first, lo)
+    stop = tl.minimum(first + BPS * BS, end)
+    g = tl.arange(0, GP)
+    d = tl.arange(0, DP)
+    dmask = d < D
+    if WRITE:
+        mine = (pos >= first) & (pos < first + BPS * BS)          # this split holds the new token
+        hm = tl.arange(0, 2) < tl.where((n > 0) & mine, 1, 0)     # [2]: row 0 is head h (row 1 never live)
+        blk = tl.load(bt_ptr + b * s_bt + pos // BS, mask=(n > 0) & mine, other=0).to(tl.int64)
+        off = (pos % BS).to(tl.int64)
+        _write_token(kn_ptr + b * skn_b + h * skn_h + tl.zeros([2, 1], tl.int64),
+                     vn_ptr + b * svn_b + h * svn_h + tl.zeros([2, 1], tl.int64),
+                     k_ptr + blk * sk_n + h * sk_h + off * sk_s + tl.zeros([2, 1], tl.int64),
+                     v_ptr + blk * sv_n + h * sv_h + off * sv_s + tl.zeros([2, 1], tl.int64),
+                     c_ptr + b * sc_b, s_ptr + b * sc_b, hm, D, DP, HALF, HALFP, ROTATE, INTERLEAVED)
+        tl.debug_barrier()                        # the loop below reads that slot back
     if start < stop:                               # splits outside the live range write nothing
-        g = tl.arange(0, GP)
-        d = tl.arange(0, DP)
-        dmask = d < D
         qmask = (g < G)[:, None] & dmask[None, :]
         if ROTATE:                                 # q's RoPE here, not in a kernel of its own
             q = _rotate_q(q_ptr + b * sq_b + (h * G + g)[:, None] * sq_h, c_ptr + b * sc_b, s_ptr + b * sc_b,
@@ -130,32 +156,20 @@ def _paged_partial(q_ptr, k_ptr, v_ptr, pos_ptr, len_ptr, bt_ptr, m_ptr, l_ptr, 
         tl.store(m_ptr + base + g, m_i)
         tl.store(l_ptr + base + g, l_i)
         tl.store(acc_ptr + (base + g)[:, None] * DP + d[None, :], acc)
-
-
-@triton.jit
-def _paged_combine(m_ptr, l_ptr, acc_ptr, pos_ptr, len_ptr, o_ptr, so_b, so_h,
-                   HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, DP: tl.constexpr,
-                   NS: tl.constexpr, NSP: tl.constexpr, SPLIT_KEYS: tl.constexpr, WINDOW: tl.constexpr):
-    pid_bh = tl.program_id(0)
-    b = pid_bh // HKV
-    h = pid_bh % HKV
-    n = tl.load(len_ptr + b)
-    pos = tl.load(pos_ptr + b)
-    end = tl.where(n > 0, pos + 1, 0)
-    lo = 0
-    if WINDOW > 0:
-        lo = tl.maximum(pos - WINDOW + 1, 0)
-    s = tl.arange(0, NSP)
-    g = tl.arange(0, GP)
-    d = tl.arange(0, DP)
-    live = (s >= lo // SPLIT_KEYS) & (s < (end + SPLIT_KEYS - 1) // SPLIT_KEYS)   # the splits pass 1 wrote
-    idx = (pid_bh * NS + s[:, None]) * GP + g[None, :]                                # [NSP, GP]
-    m = tl.load(m_ptr + idx, mask=live[:, None], other=float("-inf"))
-    l = tl.load(l_ptr + idx, mask=live[:, None], other=0.0)
-    acc = tl.load(acc_ptr + idx[:, :, None] * DP + d[None, None, :], mask=live[:, None, None], other=0.0)
-    mx = tl.max(m, axis=0)                                                            # [GP]
-    w = tl.where(m == float("-inf"), 0.0, tl.exp(m - mx[None, :]))                    # dead splits weigh 0
-    den = tl.sum(w * l, axis=0)
-    out = tl.sum(w[:, :, None] * acc, axis=0) / tl.where(den > 0, den, 1.0)[:, None]  # padding rows: 0
-    tl.store(o_ptr + b * so_b + (h * G + g)[:, None] * so_h + d[None, :], out.to(o_ptr.dtype.element_ty),
-             mask=(g < G)[:, None] & (d < D)[None, :])
+    tl.debug_barrier()                             # every thread's partial is stored before the count
+    if tl.atomic_add(cnt_ptr + pid_bh, 1, sem="acq_rel") == NS - 1:       # the last of (b, h): merge
+        sp = tl.arange(0, NSP)
+        split = BPS * BS
+        live = (sp >= lo // split) & (sp < (end + split - 1) // split)      # the splits that wrote
+        idx = (pid_bh * NS + sp[:, None]) * GP + g[None, :]                  # [NSP, GP]
+        m = tl.load(m_ptr + idx, mask=live[:, None], other=float("-inf"), cache_modifier=".cg")
+        l = tl.load(l_ptr + idx, mask=live[:, None], other=0.0, cache_modifier=".cg")
+        acc = tl.load(acc_ptr + idx[:, :, None] * DP + d[None, None, :], mask=live[:, None, None], other=0.0,
+                      cache_modifier=".cg")
+        mx = tl.max(m, axis=0)                                                            # [GP]
+        w = tl.where(m == float("-inf"), 0.0, tl.exp(m - mx[None, :]))                    # dead splits weigh 0
+        den = tl.sum(w * l, axis=0)
+        out = tl.sum(w[:, :, None] * acc, axis=0) / tl.where(den > 0, den, 1.0)[:, None]  # padding rows: 0
+        tl.store(o_ptr + b * so_b + (h * G + g)[:, None] * so_h + d[None, :], out.to(o_ptr.dtype.element_ty),
+                 mask=(g < G)[:, None] & dmask[None, :])
+        tl.store(cnt_ptr + pid_bh, 0)                                       # zero for the next step
