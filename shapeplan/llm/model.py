@@ -219,7 +219,7 @@ class _Builder:
         if isinstance(w, QuantWeight):
             return self.g.op.QuantGather(self.packed(name), ids, qtype=w.qtype, n=w.shape[0], k=w.shape[1],
                                          dtype=str(self.dtype).replace("torch.", ""), _domain=SP)
-        return self.g.op.Gather(self.const(name), ids, axis=0)
+        return self.g.op.Embedding(self.const(name), ids, _domain=SP)
 
     def rms_norm(self, x: Value, weight: str) -> Value:
         return self.g.op.RMSNormalization(x, self.const(weight), epsilon=self.cfg.rms_norm_eps, axis=-1,
@@ -290,7 +290,7 @@ class _StaticKV:
 
 class _PagedKV:
     """Pools of blocks per layer, a block table per row, every row at its own position (PagedKV)."""
-    rotates_q = True              # layer() takes q before RoPE: PagedAttention rotates it
+    rotates_q = True              # layer() takes q before RoPE and the rotary tables: PagedWriteAttention rotates
 
     def __init__(self, g: Graph, cfg: LlamaConfig, paged: PagedKV, dtype: torch.dtype,
                  device: str | torch.device, state: dict[str, torch.Tensor]) -> None:
@@ -304,7 +304,8 @@ class _PagedKV:
     def starts(self) -> Value:
         return self.positions
 
-    def layer(self, i: int, q: Value, k: Value, v: Value, cos_s: Value, sin_s: Value, scale: float) -> Value:
+    def layer(self, i: int, q: Value, k: Value, v: Value, cos: Value, sin: Value, scale: float) -> Value:
+        """(cos, sin: the rotary tables [L, D/2]; the op reads each row's rows itself.)"""
         cfg, op, p = self.cfg, self.g.op, self.paged
         shape = (p.num_blocks, cfg.num_kv_heads, p.block_size, cfg.head_dim)
         pools = [self.g.variable(n, self.state[n] if n in self.state else
@@ -316,13 +317,10 @@ class _PagedKV:
         counters = self.g.variable(name, self.state[name] if name in self.state else _counters(cfg, p, self.device)[0])
         # RoPE(k), both writes, RoPE(q), the attention: [B, Hq, S, D] (a decode step: one kernel on CUDA)
         return op.PagedWriteAttention(q, k, v, *pools, self.positions, self.lengths, self.block_tables,
-                                      counters, cos_s, sin_s, scale=scale, window=cfg.sliding_window, _domain=SP)
+                                      counters, cos, sin, scale=scale, window=cfg.sliding_window, _domain=SP)
 
     def last_tokens(self, h: Value) -> Value:
-        op = self.g.op
-        last = op.Max(op.Sub(self.lengths, np.array([1], np.int64)), np.array([0], np.int64))   # [B]
-        idx = op.Unsqueeze(last, np.array([1], np.int64))                                      # [B, 1]
-        return op.Unsqueeze(op.GatherND(h, idx, batch_dims=1), np.array([1], np.int64))       # [B, 1, H]
+        return self.g.op.LastToken(h, self.lengths, _domain=SP)                                 # [B, 1, H]
 
     def next_position(self) -> Value:
         return self.g.op.Add(self.positions, self.lengths)                                     # [B]
@@ -370,9 +368,11 @@ def build_graph(cfg: LlamaConfig, weights: dict[str, torch.Tensor], *, max_kv_ca
 
     cos, sin = (state["rope.cos"], state["rope.sin"]) if "rope.cos" in state else rope_tables(cfg, L, dtype)
     cos_c, sin_c = g.constant(cos, name="rope.cos"), g.constant(sin, name="rope.sin")   # [L, D/2]
-    pos_ids = op.PositionIds(ids, kv.starts(), _domain=SP)                             # [B, S]
-    # per step, not per layer: the rotary angles of this step's positions (and the static cache's mask)
-    cos_s, sin_s = op.Gather(cos_c, pos_ids, axis=0), op.Gather(sin_c, pos_ids, axis=0)  # [B, S, D/2]
+    if kv.rotates_q:               # the paged attention reads the tables' rows at each row's positions
+        cos_s, sin_s = cos_c, sin_c
+    else:                          # per step, not per layer: the rotary angles of this step's positions
+        pos_ids = op.PositionIds(ids, kv.starts(), _domain=SP)                         # [B, S]
+        cos_s, sin_s = op.Gather(cos_c, pos_ids, axis=0), op.Gather(sin_c, pos_ids, axis=0)  # [B, S, D/2]
     q_shape = np.array([0, 0, hq, d], np.int64)
     kv_shape = np.array([0, 0, hkv, d], np.int64)
     merged = np.array([0, 0, hq * d], np.int64)

@@ -519,7 +519,8 @@ def _prewarm_decode_kernels(cfg: LlamaConfig, dtype: torch.dtype, device: torch.
                             batch: int = 1) -> list:
     """Start-up: while the graph is built and optimized and the first prefill runs, import and patch
     Triton and start its compile workers (``triton.warmup.prepare``) and compile the paged decode
-    kernels of the smallest decode bucket (the prefill's KV write, the decode step's write + attention; each on its own
+    kernels of the smallest decode bucket (the prefill's KV write, the decode step's write + attention, the
+    greedy pick's ArgMax; each on its own
     warm-up thread, so a cold cache compiles them side by side in the compile workers) without
     launching them, so no capture waits for them. Off with SHAPEPLAN_TRITON_WARM=0. Returns the jobs
     (futures)."""
@@ -531,14 +532,18 @@ def _prewarm_decode_kernels(cfg: LlamaConfig, dtype: torch.dtype, device: torch.
 
     def warm(part: str) -> None:
         from shapeplan.runtime.backends.triton import env as triton_env
+        from shapeplan.runtime.backends.triton.kernels import argmax as argmax_kernels
         from shapeplan.runtime.backends.triton.kernels import paged as paged_kernels
         triton_env.patch()                             # a triton-mode pipeline: compiled in the workers
         if device.type == "cuda" and device.index is not None:
             torch.cuda.set_device(device.index)
+        if part == "argmax":                           # the greedy pick over the vocabulary
+            argmax_kernels.precompile(batch, cfg.vocab_size, dtype)
+            return
         paged_kernels.precompile(part, batch=batch, hq=cfg.num_heads, hkv=cfg.num_kv_heads, d=cfg.head_dim,
                                  block_size=paged.block_size, max_blocks=paged.max_blocks,
                                  num_blocks=paged.num_blocks, dtype=dtype, window=cfg.sliding_window or 0)
 
     futures = [triton_warmup.background(lambda part=part: warm(part), launches=False)
-               for part in ("write", "decode")]   # compile only: a capture need not wait
+               for part in ("write", "decode", "argmax")]   # compile only: a capture need not wait
     return [f for f in futures if f is not None]

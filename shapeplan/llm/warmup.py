@@ -251,18 +251,17 @@ def parts(cfg: LlamaConfig, dtype: torch.dtype, device: torch.device, kv_length:
         ids, positions, lengths, table = feeds()
         q, kk, vv = qkv_views()
         k_pool, v_pool = pools()
-        cos_s, sin_s = rope_tables(positions, ids)
         counters = zeros(hkv, dt=torch.int32)
-        a = k("PagedWriteAttention")(q, kk, vv, k_pool, v_pool, positions, lengths, table, counters, cos_s, sin_s,
+        a = k("PagedWriteAttention")(q, kk, vv, k_pool, v_pool, positions, lengths, table, counters,
+                                     zeros(kv_length, d // 2), zeros(kv_length, d // 2),     # the rotary tables
                                      scale=float(d) ** -0.5, window=cfg.sliding_window)
         return a.transpose(1, 2).reshape(1, seq, hq * d)
 
     def index() -> torch.Tensor:
         ids, positions, lengths, _ = feeds()
         rope_tables(positions, ids)
-        gather(embed(), ids, axis=0)
-        last = k("Max", "")(lengths - 1, torch.zeros(1, dtype=torch.int64, device=device)).reshape(1, 1)
-        k("GatherND", "")(zeros(1, seq, h), last, batch_dims=1)
+        k("Embedding")(embed(), ids)
+        k("LastToken")(zeros(1, seq, h), lengths)
         return argmax(zeros(1, v), axis=-1, keepdims=1)
 
     def cache_write() -> torch.Tensor:

@@ -371,23 +371,62 @@ def paged_attention(q, k_pool, v_pool, positions, lengths, block_tables, cos=Non
 def paged_write_attention(q, k, v, k_pool, v_pool, positions, lengths, block_tables, counters, cos=None, sin=None, *,
                           scale: float = 0.0, window: int = 0, interleaved: int = 0):
     """``PagedCacheWrite(k_pool, v_pool, k, v, ...)`` then ``PagedAttention(q, ...)`` as one op (the paged
-    LLM graph's attention): writes this step's keys (rotated by ``cos``/``sin``) and values into the
-    pools in place and returns the attention of ``q`` (rotated too) over them, [B, Hq, S, D].
+    LLM graph's attention): writes this step's keys (rotated) and values into the pools in place and
+    returns the attention of ``q`` (rotated too) over them, [B, Hq, S, D].
 
-    ``counters``: int32 [>= B * Hkv], zeros (a state variable of the graph), which the CUDA decode
-    kernel uses to let the last program of each (row, head) merge the splits, and leaves zero. On CUDA
-    a decode step (S = 1) is that one Triton kernel (the write, the split-K attention and the merge; no
-    kernel for the write or the merge of their own); a prefill, and every step elsewhere, runs the two
-    ops' kernels in turn. The pools end exactly as ``PagedCacheWrite`` leaves them."""
-    if q.shape[2] == 1 and q.is_cuda:
+    ``cos``/``sin``: the rotary tables [L, D/2] (row p: position p); token i of row b is rotated by row
+    ``positions[b] + i`` (so the graph gathers no per-step cos/sin). ``counters``: int32 [>= B * Hkv],
+    zeros (a state variable of the graph), which the CUDA decode kernel uses to let the last program
+    of each (row, head) merge the splits, and leaves zero. On CUDA a decode step (S = 1) is that one
+    Triton kernel (the write, the split-K attention and the merge); a prefill, and every step
+    elsewhere, runs the two ops' kernels in turn. The pools end exactly as ``PagedCacheWrite`` leaves
+    them."""
+    s = q.shape[2]
+    if s == 1 and q.is_cuda:
         kern = _paged_kernels()
         if kern is not None:
             return kern.paged_decode_attention(q, k_pool, v_pool, positions, lengths, block_tables,
                                                scale=scale or q.shape[-1] ** -0.5, window=window, cos=cos, sin=sin,
-                                               interleaved=interleaved, k=k, v=v, counters=counters)
+                                               interleaved=interleaved, k=k, v=v, counters=counters,
+                                               rope_table=True)
+    if cos is not None:                # the rows of this step's positions: [B, S, D/2]
+        pos = positions.reshape(-1, 1).to(torch.int64) + torch.arange(s, device=positions.device)
+        cos, sin = cos[pos], sin[pos]
     paged_cache_write(k_pool, v_pool, k, v, positions, lengths, block_tables, cos, sin, interleaved=interleaved)
     return paged_attention(q, k_pool, v_pool, positions, lengths, block_tables, cos, sin, scale=scale,
                            window=window, interleaved=interleaved)
+
+
+def _last_token_shape(node):
+    h = node.inputs[0]
+    return [(h.dtype, None if h.shape is None else (h.shape[0], 1) + tuple(h.shape[2:]))]
+
+
+@register("LastToken", domain="shapeplan", traits=Trait.VIEW, shape=_last_token_shape)
+def last_token(h, lengths):
+    """Each row's last valid token: h [B, S, ...], lengths int64 [B] (valid tokens of the row; 0 for a
+    padding row, which gets token 0) -> [B, 1, ...], row b = ``h[b, max(lengths[b] - 1, 0)]``. A decode
+    step (S = 1) returns ``h`` itself (a view: no kernel)."""
+    if h.shape[1] == 1:
+        return h
+    idx = (lengths.reshape(-1, 1).to(torch.int64) - 1).clamp(min=0)                 # [B, 1]
+    idx = idx.reshape(idx.shape + (1,) * (h.dim() - 2)).expand(h.shape[0], 1, *h.shape[2:])
+    return h.gather(1, idx)
+
+
+def _embedding_shape(node):
+    table, ids = node.inputs
+    if table.shape is None or ids.shape is None:
+        return [(table.dtype, None)]
+    return [(table.dtype, tuple(ids.shape) + tuple(table.shape[1:]))]
+
+
+@register("Embedding", domain="shapeplan", shape=_embedding_shape)
+def embedding(table, ids):
+    """``table[ids]``: table [V, H], ids int64 in [0, V) -> [..., H]. ONNX's Gather on axis 0 without its
+    negative indices (a token id is never negative): one kernel where Gather's wrap costs three more on
+    CUDA. An id outside [0, V) raises IndexError on the host (on CUDA: the device's index check)."""
+    return F.embedding(ids, table)
 
 
 def _rotate(q, cos, sin, interleaved: int):

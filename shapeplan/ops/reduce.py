@@ -184,6 +184,10 @@ def _arg(x: torch.Tensor, axis: int, keepdims: int, select_last_index: int, larg
     if select_last_index:
         n = x.shape[a]
         idx = (n - 1) - f(torch.flip(x, (a,)), dim=a, keepdim=bool(keepdims))
+    elif x.is_cuda and a == x.dim() - 1 and x.shape[-1] >= TWO_STAGE_MIN and x.dtype.is_floating_point \
+            and x.dtype != torch.float64 and _argmax_kernels() is not None:       # two small Triton kernels
+        idx = _argmax_kernels().argmax(x.reshape(-1, x.shape[-1]), largest).reshape(x.shape[:-1])
+        idx = idx.unsqueeze(-1) if keepdims else idx
     elif x.is_cuda and a == x.dim() - 1 and _two_stage_block(x) and x.is_contiguous():
         idx = arg_two_stage(x, bool(keepdims), largest)
     else:
@@ -192,8 +196,15 @@ def _arg(x: torch.Tensor, axis: int, keepdims: int, select_last_index: int, larg
 
 
 #: ArgMax/ArgMin over a last axis at least this long runs in two stages on CUDA (e.g. over a 128,256-entry
-#: vocabulary: torch's single reduction over one row runs on one block, ~36 us on the H200)
+#: vocabulary: torch's single reduction over one row runs on one block, ~36 us on the H200): the two
+#: Triton kernels of kernels/argmax.py, or (no Triton) torch's kernels in ``arg_two_stage``
 TWO_STAGE_MIN = 32768
+_argmax_state: list = []
+
+
+def _argmax_kernels():
+    from shapeplan.ops._common import triton_kernels
+    return triton_kernels(_argmax_state, "argmax", "ArgMax/ArgMin")
 
 
 def _two_stage_block(x: torch.Tensor) -> int:

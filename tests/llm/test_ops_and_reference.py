@@ -60,6 +60,26 @@ def test_position_ids():
     assert position_ids(torch.zeros(2, 3, dtype=torch.int64), torch.tensor([7])).tolist() == [[7, 8, 9]] * 2
 
 
+def test_last_token_is_each_rows_last_valid_token():
+    from shapeplan.ops.llm import last_token
+    h = torch.randn(3, 5, 4)
+    got = last_token(h, torch.tensor([5, 2, 0]))                  # full, two tokens, a padding row
+    assert got.shape == (3, 1, 4)
+    assert torch.equal(got[:, 0], torch.stack([h[0, 4], h[1, 1], h[2, 0]]))
+    one = torch.randn(2, 1, 4)
+    assert last_token(one, torch.tensor([1, 0])) is one           # a decode step: h itself, no kernel
+
+
+def test_embedding_is_gather_on_axis_0_and_rejects_what_gather_would_wrap():
+    from shapeplan.ops.index import gather
+    from shapeplan.ops.llm import embedding
+    table, ids = torch.randn(10, 3), torch.tensor([[0, 9, 4], [2, 2, 7]])
+    assert torch.equal(embedding(table, ids), gather(table, ids, axis=0))
+    for bad in (-1, 10):                                           # a token id is never negative
+        with pytest.raises(IndexError):
+            embedding(table, torch.tensor([bad]))
+
+
 def test_noise_is_uniform_and_reproducible():
     u = uniform_noise(torch.tensor([1, 2]), torch.tensor([3]), 20000)
     assert u.shape == (2, 20000) and 0 < u.min() and u.max() < 1

@@ -119,8 +119,8 @@ def test_kernel_warmup_covers_every_distinct_triton_step(triton_on_cpu, monkeypa
 def test_decode_attention_prewarm_runs_in_background():
     """The pipeline's start-up warm-up (CUDA pipelines start it at construction) runs on the warm-up
     pool: Triton's import, cache key and driver as jobs a capture waits for, and the prefill's paged KV
-    write and the decode step's write + attention kernel as compile-only jobs it need not wait for; all
-    finish without error."""
+    write, the decode step's write + attention kernel and the greedy pick's ArgMax as compile-only jobs
+    it need not wait for; all finish without error."""
     from shapeplan.llm.config import preset_config
     from shapeplan.llm.model import PagedKV
     from shapeplan.llm.pipeline import _prewarm_decode_kernels
@@ -129,7 +129,7 @@ def test_decode_attention_prewarm_runs_in_background():
     tb.wait_background()
     paged = PagedKV(num_blocks=33, block_size=16, max_blocks=3, state_slots=5)
     jobs = _prewarm_decode_kernels(cfg, torch.bfloat16, torch.device("cuda" if CUDA else "cpu"), paged)
-    assert len(jobs) == 2 and all(f not in tb._pending for f in jobs)
+    assert len(jobs) == 3 and all(f not in tb._pending for f in jobs)
     for f in jobs:
         f.result(timeout=120)                   # raises what the warm-up raised
     for f in list(tb._pending):

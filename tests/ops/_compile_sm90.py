@@ -23,8 +23,8 @@ from shapeplan.runtime.backends.triton.kernels import gguf
 
 
 def compile_one(kernel: str, name: str, m: int):
-    q = QTYPES[name]
-    meta = dict(KIND=gguf.KINDS[q.kind], TS=q.type_size, NSUB=q.tile[0], SUBLEN=q.tile[1])
+    q = QTYPES.get(name)
+    meta = {} if q is None else dict(KIND=gguf.KINDS[q.kind], TS=q.type_size, NSUB=q.tile[0], SUBLEN=q.tile[1])
     ptrs = {"x_ptr": "*bf16", "w_ptr": "*u8", "y_ptr": "*bf16"}
     if kernel == "gemv1":                 # the one-row Q4_K / Q6_K / Q8_0 kernel; m: 0 plain, 1 norm + GLU, 2 residual
         from shapeplan.runtime.backends.triton.kernels import qgemv
@@ -48,6 +48,32 @@ def compile_one(kernel: str, name: str, m: int):
         names = list(sig)
         attrs = {(names.index(p),): [["tt.divisibility", 16]] for p in ("X", "NW", "W", "K", "stride_wn")}
         return triton.compile(ASTSource(fn=dense._gemv_kernel, signature=sig, constexprs=consts, attrs=attrs),
+                              target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+    if kernel == "paged":     # the paged decode attention of kernels/paged.py as the LLM graph calls it; m: 1 = PDL
+        from shapeplan.runtime.backends.triton.kernels import paged_jit
+        ptrs = dict(q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", pos_ptr="*i64", len_ptr="*i64", bt_ptr="*i32",
+                    m_ptr="*fp32", l_ptr="*fp32", acc_ptr="*fp32", cnt_ptr="*i32", o_ptr="*bf16", c_ptr="*bf16",
+                    s_ptr="*bf16", kn_ptr="*bf16", vn_ptr="*bf16")
+        ints = ["sq_b", "sq_h", "sk_n", "sk_h", "sk_s", "sv_n", "sv_h", "sv_s", "s_bt", "sc_b", "so_b", "so_h",
+                "skn_b", "skn_h", "svn_b", "svn_h"]
+        consts = dict(HKV=8, G=4, GP=4, D=64, DP=64, NS=64, NSP=64, BPS=1, BS=16, WINDOW=0, ROTATE=True,
+                      INTERLEAVED=False, HALF=32, HALFP=32, WRITE=name == "write", TABLE=True, PDL=m == 1)
+        sig = {**ptrs, **{a: "i32" for a in ints}, "scale": "fp32", **{c: "constexpr" for c in consts}}
+        return triton.compile(ASTSource(fn=paged_jit._paged_decode, signature=sig, constexprs=consts),
+                              target=GPUTarget("cuda", 90, 32), options={"num_warps": 2, "enable_fp_fusion": False})
+    if kernel == "argmax":    # the two passes of kernels/argmax.py; m: 1 = PDL
+        from shapeplan.runtime.backends.triton.kernels import argmax_jit
+        if name == "partial":
+            consts = dict(BLOCK=2048, LARGEST=True, PDL=m == 1)
+            sig = {"X": "*bf16", "VAL": "*fp32", "IDX": "*i64", "NAN": "*i64", "N": "i32", "stride_x": "i32",
+                   "PER": "i32", "NSPLIT": "i32", **{c: "constexpr" for c in consts}}
+            fn, warps = argmax_jit._arg_partial, 8
+        else:
+            consts = dict(NSP=32, PDL=m == 1)
+            sig = {"VAL": "*fp32", "IDX": "*i64", "NAN": "*i64", "OUT": "*i64", "NSPLIT": "i32",
+                   **{c: "constexpr" for c in consts}}
+            fn, warps = argmax_jit._arg_merge, 1
+        return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts),
                               target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
     if kernel == "gemv":
         fn, args = gguf._gemv_kernel, ["N", "K", "ROW_BYTES", "stride_xm", "stride_ym", "CHUNKS_PER_PROGRAM"]

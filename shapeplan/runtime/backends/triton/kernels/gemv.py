@@ -58,10 +58,15 @@ def pdl(x: torch.Tensor) -> bool:
     """Whether to launch with programmatic dependent launch (``SHAPEPLAN_LLM_GEMV_PDL``, on by default):
     a Hopper-or-later GPU and a Triton with grid dependency control and the
     ``launch_pdl`` option. Each GEMV then loads its first weight tile while the kernel before it ends."""
+    return pdl_on(x.device)
+
+
+def pdl_on(device: torch.device) -> bool:
+    """``pdl`` for kernels on ``device``."""
     from shapeplan import env
-    if not x.is_cuda or not HAS_GDC or not env.get("SHAPEPLAN_LLM_GEMV_PDL"):
+    if device.type != "cuda" or not HAS_GDC or not env.get("SHAPEPLAN_LLM_GEMV_PDL"):
         return False
-    i = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    i = device.index if device.index is not None else torch.cuda.current_device()
     if i not in _PDL:
         try:
             from triton.backends.nvidia.compiler import CUDAOptions

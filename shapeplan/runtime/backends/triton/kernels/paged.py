@@ -62,10 +62,11 @@ def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
                            lengths: torch.Tensor, block_tables: torch.Tensor, *, scale: float,
                            window: int = 0, cos: torch.Tensor | None = None, sin: torch.Tensor | None = None,
                            interleaved: int = 0, k: torch.Tensor | None = None, v: torch.Tensor | None = None,
-                           counters: torch.Tensor | None = None) -> torch.Tensor:
+                           counters: torch.Tensor | None = None, rope_table: bool = False) -> torch.Tensor:
     """q [B, Hq, 1, D] (last dim contiguous); pools [NB, Hkv, BS, D]; positions, lengths int64 [B];
-    block_tables int32 [B, MAXB]. With ``cos``/``sin`` ([B, 1, D/2], as RotaryEmbedding takes them) q is
-    rotated first, on load (no RoPE kernel of its own). With ``k``/``v`` ([B, Hkv, 1, D]) this step's
+    block_tables int32 [B, MAXB]. With ``cos``/``sin`` ([B, 1, D/2], as RotaryEmbedding takes them; with
+    ``rope_table`` the tables [L, D/2], read at each row's position) q is rotated first, on load (no
+    RoPE kernel of its own). With ``k``/``v`` ([B, Hkv, 1, D]) this step's
     keys (rotated by cos/sin) and values are written into the pools first, by the same kernel
     (``PagedWriteAttention``). ``counters``: int32 zeros, at least B * Hkv of them, that the kernel
     leaves zero (the last program of each (row, head) merges the splits); a state variable of the graph
@@ -90,13 +91,15 @@ def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
     acc = torch.empty(b * hkv * ns * gp * dp, dtype=torch.float32, device=dev)
     out = torch.empty(b, hq, 1, d, dtype=q.dtype, device=dev)
     rotate = cos is not None
-    if rotate:
+    if rotate and not rope_table:
         cos, sin = cos.expand(b, 1, d // 2), sin.expand(b, 1, d // 2)
-        if cos.stride(-1) != 1 or cos.stride() != sin.stride():
-            cos, sin = cos.contiguous(), sin.contiguous()
+    if rotate and (cos.stride(-1) != 1 or cos.stride() != sin.stride()):
+        cos, sin = cos.contiguous(), sin.contiguous()
     write = k is not None
     if write:
         assert k.stride(-1) == 1 and v.stride(-1) == 1 and k.shape == v.shape == (b, hkv, 1, d)
+    from shapeplan.runtime.backends.triton.kernels import gemv
+    launch = {"launch_pdl": True} if gemv.pdl(q) else {}
     _paged_decode[(b * hkv, ns)](q, k_pool, v_pool, positions, lengths, bt, m, l, acc, counters, out,
                                  cos if rotate else q, sin if rotate else q, k if write else q, v if write else q,
                                  q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1), k_pool.stride(2),
@@ -106,7 +109,8 @@ def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
                                  v.stride(0) if write else 0, v.stride(1) if write else 0, scale,
                                  HKV=hkv, G=g, GP=gp, D=d, DP=dp, NS=ns, NSP=max(_pow2(ns), 2), BPS=bps, BS=bs,
                                  WINDOW=window, ROTATE=rotate, INTERLEAVED=bool(interleaved), HALF=max(1, d // 2),
-                                 HALFP=max(_pow2(d // 2), 1), WRITE=write, num_warps=2,
+                                 HALFP=max(_pow2(d // 2), 1), WRITE=write, TABLE=bool(rotate and rope_table),
+                                 PDL=bool(launch), num_warps=2, **launch,
                                  enable_fp_fusion=False)   # k's rotation rounds as torch's (and _paged_write's)
     return out
 
@@ -134,11 +138,13 @@ def precompile(part: str, *, batch: int, hq: int, hkv: int, d: int, block_size: 
     bps = split_blocks(batch, hkv, max_blocks)
     ns = triton.cdiv(max_blocks, bps)
     # "decode": PagedWriteAttention's kernel (the LLM graph's decode step: q, k and v views of the q/k/v
-    # projection, q rotated inside, this step's k/v written first); cos/sin [B, 1, D/2]
+    # projection, q rotated inside, this step's k/v written first); the rotary tables [L, D/2]
     row = (hq + 2 * hkv) * d
+    from shapeplan.runtime.backends.triton.kernels import gemv
+    launch = {"launch_pdl": True} if gemv.pdl_on(torch.device("cuda")) else {}
     _paged_decode.warmup(dtype, dtype, dtype, i64, i64, i32, f32, f32, f32, i32, dtype, dtype, dtype, dtype, dtype,
                          row, d, *sk, *sk, max_blocks, d // 2, hq * d, d, row, d, row, d, d ** -0.5,
                          HKV=hkv, G=g, GP=gp, D=d, DP=dp, NS=ns, NSP=max(_pow2(ns), 2), BPS=bps, BS=block_size,
                          WINDOW=window, ROTATE=True, INTERLEAVED=False, HALF=max(1, d // 2),
-                         HALFP=max(_pow2(d // 2), 1), WRITE=True, num_warps=2, enable_fp_fusion=False,
-                         grid=(batch * hkv, ns))
+                         HALFP=max(_pow2(d // 2), 1), WRITE=True, TABLE=True, PDL=bool(launch), num_warps=2,
+                         enable_fp_fusion=False, grid=(batch * hkv, ns), **launch)

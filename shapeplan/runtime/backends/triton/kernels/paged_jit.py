@@ -8,6 +8,11 @@ load it by path.
 import triton
 import triton.language as tl
 
+try:                                       # grid dependency control (Hopper+): Triton 3.3 and later
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:                        # then PDL stays off (the launcher asks kernels/gemv.pdl)
+    gdc_launch_dependents = gdc_wait = None
+
 
 @triton.jit
 def _paged_write(K, V, KP, VP, POS, LEN, BT, C, SN,
@@ -84,20 +89,39 @@ def _rotate_q(q_ptr, c_ptr, s_ptr, g, d, mask, HALF: tl.constexpr, INTERLEAVED: 
 
 
 @triton.jit
+def _online(q, k, v, valid, m_i, l_i, acc, scale):
+    """One tile of keys k / values v [BS, DP] (``valid`` [BS]) into the online softmax of q [GP, DP]."""
+    s = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale                              # [GP, BS]
+    s = tl.where(valid[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    p = tl.exp(s - m_new[:, None])
+    alpha = tl.exp(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _paged_decode(q_ptr, k_ptr, v_ptr, pos_ptr, len_ptr, bt_ptr, m_ptr, l_ptr, acc_ptr, cnt_ptr, o_ptr, c_ptr, s_ptr,
                   kn_ptr, vn_ptr, sq_b, sq_h, sk_n, sk_h, sk_s, sv_n, sv_h, sv_s, s_bt, sc_b, so_b, so_h,
                   skn_b, skn_h, svn_b, svn_h, scale,
                   HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, DP: tl.constexpr,
                   NS: tl.constexpr, NSP: tl.constexpr, BPS: tl.constexpr, BS: tl.constexpr, WINDOW: tl.constexpr,
                   ROTATE: tl.constexpr, INTERLEAVED: tl.constexpr, HALF: tl.constexpr, HALFP: tl.constexpr,
-                  WRITE: tl.constexpr):
+                  WRITE: tl.constexpr, TABLE: tl.constexpr = False, PDL: tl.constexpr = False):
     """One decode step's attention, grid (B * Hkv, NS): program (b, h, split) takes BPS blocks of KV head h
-    of row b and the G query heads of its group (rotated by RoPE on load with ROTATE) and writes an
+    of row b and the G query heads of its group (rotated by RoPE on load with ROTATE: cos/sin rows at
+    c_ptr + b * sc_b, or with TABLE the tables' rows at the row's position, c_ptr + pos * sc_b) and writes an
     online-softmax partial; the last program of (b, h) to finish (a counter per (b, h) in cnt_ptr, left
     at zero again) merges the live partials into the output. WRITE: the program whose split holds the
-    row's position first writes this step's k (rotated) and v of head h there, as ``_paged_write`` does."""
+    row's position first writes this step's k (rotated) and v of head h there, as ``_paged_write`` does.
+    The split's first block of keys is loaded before q, k and v are (with PDL: while the kernel before,
+    which computes them, still runs; ``gdc_wait`` then waits for it); the writer puts the new row into
+    that tile itself."""
     pid_bh = tl.program_id(0)
     pid_s = tl.program_id(1)
+    if PDL:                                        # the next kernel (the o projection) may start loading
+        gdc_launch_dependents()
     b = pid_bh // HKV
     h = pid_bh % HKV
     n = tl.load(len_ptr + b)
@@ -112,21 +136,51 @@ def _paged_decode(q_ptr, k_ptr, v_ptr, pos_ptr, len_ptr, bt_ptr, m_ptr, l_ptr, a
     g = tl.arange(0, GP)
     d = tl.arange(0, DP)
     dmask = d < D
+    o = tl.arange(0, BS)
+    # the split's first block of keys and values: state of earlier steps, not of the kernels before
+    live = start < stop                            # splits outside the live range write no partial
+    kb0 = start // BS
+    blk0 = tl.load(bt_ptr + b * s_bt + kb0, mask=live, other=0).to(tl.int64)
+    offs0 = kb0 * BS + o
+    valid0 = (offs0 >= start) & (offs0 < stop)
+    kvm0 = valid0[:, None] & dmask[None, :]
+    k0 = tl.load(k_ptr + blk0 * sk_n + h * sk_h + o[:, None] * sk_s + d[None, :], mask=kvm0, other=0.0)
+    v0 = tl.load(v_ptr + blk0 * sv_n + h * sv_h + o[:, None] * sv_s + d[None, :], mask=kvm0, other=0.0)
+    k0 = k0.to(tl.float32)
+    v0 = v0.to(tl.float32)
+    if PDL:                                        # q, k and v of this step: the kernel before must be done
+        gdc_wait()
+    if TABLE:                                      # the rotary tables' rows at this row's position
+        c_row, s_row = c_ptr + pos * sc_b, s_ptr + pos * sc_b
+    else:
+        c_row, s_row = c_ptr + b * sc_b, s_ptr + b * sc_b
     if WRITE:
-        mine = (pos >= first) & (pos < first + BPS * BS)          # this split holds the new token
-        hm = tl.arange(0, 2) < tl.where((n > 0) & mine, 1, 0)     # [2]: row 0 is head h (row 1 never live)
-        blk = tl.load(bt_ptr + b * s_bt + pos // BS, mask=(n > 0) & mine, other=0).to(tl.int64)
+        mine = (pos >= first) & (pos < first + BPS * BS) & (n > 0)    # this split holds the new token
+        hm = tl.arange(0, 2) < tl.where(mine, 1, 0)                  # [2]: row 0 is head h (row 1 never live)
+        blk = tl.load(bt_ptr + b * s_bt + pos // BS, mask=mine, other=0).to(tl.int64)
         off = (pos % BS).to(tl.int64)
-        _write_token(kn_ptr + b * skn_b + h * skn_h + tl.zeros([2, 1], tl.int64),
-                     vn_ptr + b * svn_b + h * svn_h + tl.zeros([2, 1], tl.int64),
-                     k_ptr + blk * sk_n + h * sk_h + off * sk_s + tl.zeros([2, 1], tl.int64),
+        kn = kn_ptr + b * skn_b + h * skn_h + tl.zeros([2, 1], tl.int64)
+        vn = vn_ptr + b * svn_b + h * svn_h + tl.zeros([2, 1], tl.int64)
+        _write_token(kn, vn, k_ptr + blk * sk_n + h * sk_h + off * sk_s + tl.zeros([2, 1], tl.int64),
                      v_ptr + blk * sv_n + h * sv_h + off * sv_s + tl.zeros([2, 1], tl.int64),
-                     c_ptr + b * sc_b, s_ptr + b * sc_b, hm, D, DP, HALF, HALFP, ROTATE, INTERLEAVED)
-        tl.debug_barrier()                        # the loop below reads that slot back
-    if start < stop:                               # splits outside the live range write nothing
+                     c_row, s_row, hm, D, DP, HALF, HALFP, ROTATE, INTERLEAVED)
+        tl.debug_barrier()                        # later blocks of the split read that slot back
+        # ... and the tile loaded before the write gets the new row as the pool now holds it
+        rmask = hm[:, None] & dmask[None, :]
+        if ROTATE:
+            kr = _rotate_q(kn, c_row, s_row, hm, d, rmask, HALF, INTERLEAVED)            # [2, DP]
+        else:
+            kr = tl.load(kn + d[None, :], mask=rmask, other=0.0).to(tl.float32)
+        kr = tl.sum(tl.where(rmask, kr, 0.0), axis=0).to(k_ptr.dtype.element_ty).to(tl.float32)     # [DP]
+        vr = tl.load(vn + d[None, :], mask=rmask, other=0.0).to(tl.float32)
+        vr = tl.sum(vr, axis=0).to(v_ptr.dtype.element_ty).to(tl.float32)
+        hit = ((offs0 == pos) & mine)[:, None]
+        k0 = tl.where(hit, kr[None, :], k0)
+        v0 = tl.where(hit, vr[None, :], v0)
+    if live:
         qmask = (g < G)[:, None] & dmask[None, :]
         if ROTATE:                                 # q's RoPE here, not in a kernel of its own
-            q = _rotate_q(q_ptr + b * sq_b + (h * G + g)[:, None] * sq_h, c_ptr + b * sc_b, s_ptr + b * sc_b,
+            q = _rotate_q(q_ptr + b * sq_b + (h * G + g)[:, None] * sq_h, c_row, s_row,
                           g, d, qmask, HALF, INTERLEAVED)                                  # [GP, DP]
         else:
             q = tl.load(q_ptr + b * sq_b + (h * G + g)[:, None] * sq_h + d[None, :],
@@ -134,8 +188,8 @@ def _paged_decode(q_ptr, k_ptr, v_ptr, pos_ptr, len_ptr, bt_ptr, m_ptr, l_ptr, a
         m_i = tl.full([GP], float("-inf"), tl.float32)
         l_i = tl.zeros([GP], tl.float32)
         acc = tl.zeros([GP, DP], tl.float32)
-        o = tl.arange(0, BS)
-        for kb in range(start // BS, (stop + BS - 1) // BS):
+        m_i, l_i, acc = _online(q, k0, v0, valid0, m_i, l_i, acc, scale)
+        for kb in range(kb0 + 1, (stop + BS - 1) // BS):
             blk = tl.load(bt_ptr + b * s_bt + kb).to(tl.int64)
             offs = kb * BS + o
             valid = (offs >= start) & (offs < stop)
@@ -144,14 +198,7 @@ def _paged_decode(q_ptr, k_ptr, v_ptr, pos_ptr, len_ptr, bt_ptr, m_ptr, l_ptr, a
                         other=0.0).to(tl.float32)                                          # [BS, DP]
             v = tl.load(v_ptr + blk * sv_n + h * sv_h + o[:, None] * sv_s + d[None, :], mask=kv_mask,
                         other=0.0).to(tl.float32)
-            s = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale                      # [GP, BS]
-            s = tl.where(valid[None, :], s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, axis=1))
-            p = tl.exp(s - m_new[:, None])
-            alpha = tl.exp(m_i - m_new)
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
-            m_i = m_new
+            m_i, l_i, acc = _online(q, k, v, valid, m_i, l_i, acc, scale)
         base = (pid_bh * NS + pid_s) * GP
         tl.store(m_ptr + base + g, m_i)
         tl.store(l_ptr + base + g, l_i)
@@ -160,11 +207,11 @@ def _paged_decode(q_ptr, k_ptr, v_ptr, pos_ptr, len_ptr, bt_ptr, m_ptr, l_ptr, a
     if tl.atomic_add(cnt_ptr + pid_bh, 1, sem="acq_rel") == NS - 1:       # the last of (b, h): merge
         sp = tl.arange(0, NSP)
         split = BPS * BS
-        live = (sp >= lo // split) & (sp < (end + split - 1) // split)      # the splits that wrote
+        wrote = (sp >= lo // split) & (sp < (end + split - 1) // split)     # the splits that wrote
         idx = (pid_bh * NS + sp[:, None]) * GP + g[None, :]                  # [NSP, GP]
-        m = tl.load(m_ptr + idx, mask=live[:, None], other=float("-inf"), cache_modifier=".cg")
-        l = tl.load(l_ptr + idx, mask=live[:, None], other=0.0, cache_modifier=".cg")
-        acc = tl.load(acc_ptr + idx[:, :, None] * DP + d[None, None, :], mask=live[:, None, None], other=0.0,
+        m = tl.load(m_ptr + idx, mask=wrote[:, None], other=float("-inf"), cache_modifier=".cg")
+        l = tl.load(l_ptr + idx, mask=wrote[:, None], other=0.0, cache_modifier=".cg")
+        acc = tl.load(acc_ptr + idx[:, :, None] * DP + d[None, None, :], mask=wrote[:, None, None], other=0.0,
                       cache_modifier=".cg")
         mx = tl.max(m, axis=0)                                                            # [GP]
         w = tl.where(m == float("-inf"), 0.0, tl.exp(m - mx[None, :]))                    # dead splits weigh 0
