@@ -25,7 +25,12 @@ step() {                                   # step NAME SET LIMIT_S COMMAND SUMMA
 # Sets: quick (also in --quick), default (a plain run), extra (only by name or with --all).
 GPU_TESTS="tests/gpu tests/llm/test_gpu.py tests/llm/test_decode_attention.py tests/llm/test_triton_reproducible.py tests/ops/test_fused_linear.py
            tests/runtime/triton"
-step tests default 300 'python3 -m pytest -q -p no:cacheprovider $(existing $GPU_TESTS)' \
+# the quantized-weight tests on their own step: with the rest they ran past one step's limit (~150 s of kernels
+# per GGUF type); their wheel (gguf) comes from .wheels312
+QUANT_TESTS="tests/gpu/test_quantized.py tests/ops/test_quant_ops.py tests/llm/test_reference_int4.py"
+step tests default 300 'python3 -m pytest -q -p no:cacheprovider --ignore=tests/gpu/test_quantized.py $(existing $GPU_TESTS)' \
+  'grep -E "[0-9]+ (passed|failed|error)" $L | tail -1'
+step tests_quant default 300 'python3 -m pytest -q -p no:cacheprovider $(existing $QUANT_TESTS)' \
   'grep -E "[0-9]+ (passed|failed|error)" $L | tail -1'
 step decode quick 150 'python3 -m shapeplan bench --preset llama-1b --device cuda --config triton --json $W/decode.json' \
   'awk '\''$1=="triton" {print "llama-1b triton late_steady " $(NF-2) " tok/s, cold " $2 " s"}'\'' $L'
@@ -63,6 +68,8 @@ step decode_attention default 60 'python3 -m bench.decode_attention --pos 256' \
 step prefill_attention default 60 'python3 -m bench.prefill_attention' \
   'awk '\''$1==512 && $2==1024 && $3=="sdpa" {s = $8} $1==512 && $2==1024 && $3=="efficient" {e = $7}
         END {if (s e) print "512x1024 per call: sdpa " s " us, efficient " e " us"}'\'' $L'
+step decode_125m extra 120 'python3 -m bench.decode --presets llama-125m --configs triton --json $W/decode_125m.json' \
+  'awk '\''$1=="triton" {print "llama-125m triton late_steady " $(NF-2) " tok/s"}'\'' $L'
 step decode_8b extra 240 'python3 -m bench.decode --presets llama-8b --configs triton --json $W/decode_8b.json' \
   'awk '\''$1=="triton" {print "llama-8b triton late_steady " $(NF-2) " tok/s"}'\'' $L'
 step decode_vs_torch extra 300 'python3 -m bench.decode --presets llama-1b --configs cuda_graphs,triton --vs-torch-compile' \
@@ -111,7 +118,7 @@ wanted() {                                 # wanted INDEX: does this run include
 O=${OUT:-/tmp/gpu_all}; W=$(mktemp -d /tmp/gpu_all.XXXX); C=$W/caches; mkdir -p "$O" "$C"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONPYCACHEPREFIX=${PYTHONPYCACHEPREFIX:-/tmp/sp_pycache}    # site-packages may be read-only
-export W O GPU_TESTS; export -f existing     # O: where plots go ($OUT)
+export W O GPU_TESTS QUANT_TESTS; export -f existing     # O: where plots go ($OUT)
 T0=$(date +%s)
 {
   date -u
