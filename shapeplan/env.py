@@ -106,6 +106,9 @@ SWITCHES: tuple[Switch, ...] = (
     Switch("SHAPEPLAN_LLM_GEMV_PDL", "bool", True,
            "launch the fused decode GEMVs with programmatic dependent launch (Hopper+): each loads its first weight "
            "tile while the kernel before it ends (H200: llama-1b 1,008 -> 1,075 tok/s; 0: plain launches)"),
+    Switch("SHAPEPLAN_QUANT_GEMV_PDL", "bool", False,
+           "launch the one-row quantized GEMVs (kernels/qgemv.py) with programmatic dependent launch (Hopper+), "
+           "as the bf16 GEMV is by default (not yet measured on a GPU: off by default)"),
     Switch("SHAPEPLAN_QUANT_ONE_ROW", "bool", True,
            "one row of a Q4_K / Q6_K / Q8_0 weight runs the one-row kernel of kernels/qgemv.py (0: the generic "
            "quantized GEMV of kernels/gguf.py, and the fused quantized ops' unfused path)"),

@@ -61,10 +61,13 @@ def pdl(x: torch.Tensor) -> bool:
     return pdl_on(x.device)
 
 
-def pdl_on(device: torch.device) -> bool:
-    """``pdl`` for kernels on ``device``."""
+def pdl_on(device: torch.device, enabled: bool | None = None) -> bool:
+    """``pdl`` for kernels on ``device``; ``enabled``: the switch that turns it on (default:
+    ``SHAPEPLAN_LLM_GEMV_PDL``)."""
     from shapeplan import env
-    if device.type != "cuda" or not HAS_GDC or not env.get("SHAPEPLAN_LLM_GEMV_PDL"):
+    if enabled is None:
+        enabled = env.get("SHAPEPLAN_LLM_GEMV_PDL")
+    if device.type != "cuda" or not HAS_GDC or not enabled:
         return False
     i = device.index if device.index is not None else torch.cuda.current_device()
     if i not in _PDL:

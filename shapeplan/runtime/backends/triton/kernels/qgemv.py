@@ -36,6 +36,12 @@ The norm is the bf16 GEMV's: rsqrt(mean(x^2) + eps) is a factor common to the ro
 beside the products and the result scaled at the end; rounding as there (the product and the gate are
 rounded to the activation dtype where MatMul and SiluMul round). Everything is launched with device
 tensors only: it captures into the decode plan's CUDA graph.
+
+Programmatic dependent launch (``SHAPEPLAN_QUANT_GEMV_PDL=1``, Hopper+; **off by default: built and
+compiled for sm_90 in CI, not yet measured**), as the bf16 GEMV has it on: the next kernel may launch at
+once, and each iteration waits for the kernel before (``gdc_wait``, a no-op once it has returned) only
+after its weight loads and before its first x load, so the first chunk's weights load while that kernel
+ends.
 """
 from __future__ import annotations
 
@@ -57,7 +63,7 @@ MIN_PROGRAMS = 264
 K_MULTIPLE = {"Q4_K": 256, "Q6_K": 512, "Q8_0": 64}
 
 if AVAILABLE:
-    from shapeplan.runtime.backends.triton.kernels.gemv_jit import _finish
+    from shapeplan.runtime.backends.triton.kernels.gemv_jit import _finish, gdc_launch_dependents, gdc_wait
 
     MAGIC = tl.constexpr(0x4B000000)           # float32 bits of 2^23
     TWO23 = tl.constexpr(8388608.0)
@@ -95,10 +101,12 @@ if AVAILABLE:
 
     @triton.jit
     def _q4k_kernel(X, NW, W, R, Y, N, K, HALF, ROW_WORDS, eps, BN: tl.constexpr, CH: tl.constexpr,
-                    NORM: tl.constexpr, RES: tl.constexpr, GLU: tl.constexpr):
+                    NORM: tl.constexpr, RES: tl.constexpr, GLU: tl.constexpr, PDL: tl.constexpr = False):
         """Q4_K super-block (36 words): [d|dmin] [scales x 3] [qs x 32]; qs word 4 + 8p + w holds, in
         byte b, elements 32*(2p) + 4w + b (low nibble) and 32*(2p+1) + 4w + b (high nibble)."""
         pid = tl.program_id(0)
+        if PDL:                                # the next kernel may launch now (see _pdl_wait)
+            gdc_launch_dependents()
         rows = pid * BN + tl.arange(0, BN)
         ok = rows < N
         rg = W + rows.to(tl.int64) * ROW_WORDS                                    # [BN] word pointers
@@ -123,6 +131,8 @@ if AVAILABLE:
                 qwu = tl.load(sbu + 4 + 8 * p[None] + w[None], mask=m4, other=0)
                 hdu, s1u = tl.load(sbu, mask=m4, other=0), tl.load(sbu + 1, mask=m4, other=0)
                 s2u, s3u = tl.load(sbu + 2, mask=m4, other=0), tl.load(sbu + 3, mask=m4, other=0)
+            if PDL:
+                gdc_wait()
             for h in tl.static_range(2):
                 t = tl.zeros([BN, CH, 4, 8], dtype=tl.float32)
                 t_u = tl.zeros([BN, CH, 4, 8], dtype=tl.float32)
@@ -185,12 +195,14 @@ if AVAILABLE:
 
     @triton.jit
     def _q6k_kernel(X, NW, W, R, Y, N, K, HALF, ROW_WORDS, eps, BN: tl.constexpr, CH: tl.constexpr,
-                    NORM: tl.constexpr, RES: tl.constexpr, GLU: tl.constexpr):
+                    NORM: tl.constexpr, RES: tl.constexpr, GLU: tl.constexpr, PDL: tl.constexpr = False):
         """Q6_K super-block (210 bytes): [ql 128][qh 64][scales int8 16][d]; two per pair of 105 words,
         the second 2 bytes off word alignment. With hg = 4h + g (h: half, g: 16-element group) and
         nibble half n, element 128h + 64n + 16g + 4w + b is byte b of ql word 4hg + w (nibble n) and
         of qh word 32 + 8h + 4(g % 2) + w (bits 2(2n + g // 2)); its sub-block is 8h + 4n + g."""
         pid = tl.program_id(0)
+        if PDL:                                # the next kernel may launch now (see _pdl_wait)
+            gdc_launch_dependents()
         rows = pid * BN + tl.arange(0, BN)
         ok = rows < N
         rg = W + rows.to(tl.int64) * ROW_WORDS
@@ -213,6 +225,8 @@ if AVAILABLE:
                 ql, qh = _q6k_codes(base, m4, hg[None], w[None], odd)                # [BN, CP, 8, 4]
                 if GLU:
                     ql_u, qh_u = _q6k_codes(base_u, m4, hg[None], w[None], odd)
+                if PDL:
+                    gdc_wait()
                 for n in tl.static_range(2):
                     q6 = _q6k_join(ql, qh, hg[None], n)
                     t = tl.zeros([BN, CH, 8, 4], dtype=tl.float32)
@@ -261,10 +275,12 @@ if AVAILABLE:
 
     @triton.jit
     def _q80_kernel(X, NW, W, R, Y, N, K, HALF, ROW_WORDS, eps, BN: tl.constexpr, CH: tl.constexpr,
-                    NORM: tl.constexpr, RES: tl.constexpr, GLU: tl.constexpr):
+                    NORM: tl.constexpr, RES: tl.constexpr, GLU: tl.constexpr, PDL: tl.constexpr = False):
         """Q8_0 blocks [d f16][32 int8], two per pair of 17 words; CH pairs per iteration. Element
         64c + 32*odd + 4w + b is byte b of code word w of block ``odd`` of pair c."""
         pid = tl.program_id(0)
+        if PDL:                                # the next kernel may launch now (see _pdl_wait)
+            gdc_launch_dependents()
         rows = pid * BN + tl.arange(0, BN)
         ok = rows < N
         rg = W + rows.to(tl.int64) * ROW_WORDS
@@ -288,6 +304,8 @@ if AVAILABLE:
                 if GLU:
                     qw_u = _q80_codes(base_u, m3, w[None], odd)
                     t_u = tl.zeros([BN, CH, 8], dtype=tl.float32)
+                if PDL:
+                    gdc_wait()
                 for b in tl.static_range(4):
                     x, sq = _x_load(X, NW, c * 64 + 32 * odd + 4 * w + b, cok, NORM)   # [CP, 8]
                     ss += sq
@@ -344,7 +362,10 @@ def gemv1(x: torch.Tensor, packed: torch.Tensor, qtype: str, n: int, k: int, *, 
     if r.stride(-1) != 1:
         r = r.contiguous()
     nw = norm_w if norm_w is not None else x
+    from shapeplan import env
+    from shapeplan.runtime.backends.triton.kernels.gemv import pdl_on
+    launch = {"launch_pdl": True} if pdl_on(x.device, env.get("SHAPEPLAN_QUANT_GEMV_PDL")) else {}
     KERNELS[qtype][(triton.cdiv(out_n, bn),)](
         x, nw, words, r, y, out_n, k, out_n, words.stride(0), float(eps), BN=bn, CH=ch,
-        NORM=norm_w is not None, RES=residual is not None, GLU=glu, num_warps=warps)
+        NORM=norm_w is not None, RES=residual is not None, GLU=glu, PDL=bool(launch), num_warps=warps, **launch)
     return y
