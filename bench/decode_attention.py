@@ -12,6 +12,7 @@ import argparse
 
 import torch
 
+from shapeplan.llm.bench import cuda_graph
 from shapeplan.ops import llm as llm_ops
 from shapeplan.runtime.backends.triton.kernels import decode_attention as da
 
@@ -42,14 +43,7 @@ def main() -> None:
     rows = []
 
     def timed(fn) -> float:
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            fn()
-        torch.cuda.current_stream().wait_stream(s)
-        gr = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(gr):
-            fn()
+        gr = cuda_graph(fn, warmups=1)
         for _ in range(5):
             gr.replay()
         e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

@@ -23,6 +23,8 @@ import time
 
 import torch
 
+from shapeplan.llm.bench import cuda_graph
+
 SHAPES = {"llama-1b": [(3072, 2048, "qkv"), (2048, 2048, "o"), (16384, 2048, "gate_up"), (2048, 8192, "down"),
                        (512, 2048, "k|v"), (128256, 2048, "head")],
           "llama-8b": [(6144, 4096, "qkv"), (4096, 4096, "o"), (28672, 4096, "gate_up"), (4096, 14336, "down"),
@@ -31,16 +33,7 @@ SHAPES = {"llama-1b": [(3072, 2048, "qkv"), (2048, 2048, "o"), (16384, 2048, "ga
 
 def graph_time(fn, reps: int = 20, rounds: int = 5) -> float:
     """µs per call of ``fn`` replayed ``reps`` times inside one CUDA graph (best of ``rounds``)."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(reps):
-            fn()
+    g = cuda_graph(fn, warmups=3, reps=reps)
     best = float("inf")
     for _ in range(rounds):
         torch.cuda.synchronize()

@@ -89,6 +89,23 @@ def float_weights(weights: dict, dtype: torch.dtype) -> dict:
     return {k: v if isinstance(v, torch.Tensor) else v.dequantize(dtype) for k, v in weights.items()}
 
 
+def cuda_graph(fn: Callable[[], Any], warmups: int = 3, reps: int = 1) -> torch.cuda.CUDAGraph:
+    """``reps`` calls of ``fn`` captured into one CUDA graph, after ``warmups`` calls on a side stream
+    (lazy initialisation, cuBLAS workspaces and the allocator's pools happen outside the capture).
+    The torch baseline rows here and the kernel benchmarks of bench/ capture with it."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(warmups):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(reps):
+            fn()
+    return graph
+
+
 def _sync(device: str) -> None:
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize()
@@ -251,15 +268,7 @@ def _torch_row(kind: str, cfg: LlamaConfig, weights: dict[str, torch.Tensor], pr
     t_cold = time.perf_counter()
     if kind == "torch eager+graph":
         prefill()
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(3):
-                body()
-        torch.cuda.current_stream().wait_stream(s)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            body()
+        graph = cuda_graph(body)
 
         def replay(i: int) -> None:
             graph.replay()

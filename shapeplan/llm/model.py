@@ -368,11 +368,12 @@ def build_graph(cfg: LlamaConfig, weights: dict[str, torch.Tensor], *, max_kv_ca
 
     cos, sin = (state["rope.cos"], state["rope.sin"]) if "rope.cos" in state else rope_tables(cfg, L, dtype)
     cos_c, sin_c = g.constant(cos, name="rope.cos"), g.constant(sin, name="rope.sin")   # [L, D/2]
-    if kv.rotates_q:               # the paged attention reads the tables' rows at each row's positions
-        cos_s, sin_s = cos_c, sin_c
-    else:                          # per step, not per layer: the rotary angles of this step's positions
+    # what the layers rotate with: the paged attention reads the tables' rows at each row's positions;
+    # the static cache takes this step's rows, gathered once per step (not per layer)
+    rope_cos, rope_sin = cos_c, sin_c
+    if not kv.rotates_q:
         pos_ids = op.PositionIds(ids, kv.starts(), _domain=SP)                         # [B, S]
-        cos_s, sin_s = op.Gather(cos_c, pos_ids, axis=0), op.Gather(sin_c, pos_ids, axis=0)  # [B, S, D/2]
+        rope_cos, rope_sin = op.Gather(cos_c, pos_ids, axis=0), op.Gather(sin_c, pos_ids, axis=0)  # [B, S, D/2]
     q_shape = np.array([0, 0, hq, d], np.int64)
     kv_shape = np.array([0, 0, hkv, d], np.int64)
     merged = np.array([0, 0, hq * d], np.int64)
@@ -400,9 +401,9 @@ def build_graph(cfg: LlamaConfig, weights: dict[str, torch.Tensor], *, max_kv_ca
         perm = [0, 2, 1, 3]
         q = op.Transpose(q, perm=perm)                                                # [B, Hq, S, D]
         if not kv.rotates_q:                           # the paged attention rotates q itself (one launch less)
-            q = op.RotaryEmbedding(q, cos_s, sin_s, _domain=SP)
+            q = op.RotaryEmbedding(q, rope_cos, rope_sin, _domain=SP)
         k, v = op.Transpose(k, perm=perm), op.Transpose(v, perm=perm)                # [B, Hkv, S, D]
-        a = kv.layer(i, q, k, v, cos_s, sin_s, float(d) ** -0.5)                        # [B, Hq, S, D]
+        a = kv.layer(i, q, k, v, rope_cos, rope_sin, float(d) ** -0.5)                  # [B, Hq, S, D]
         a = op.Reshape(op.Transpose(a, perm=perm), merged)                               # [B, S, Hq*D]
         if fused:                      # h += o; h += down(silu(gate) * up) of norm(h): two GEMVs each
             h = b.linear_add(a, p + "self_attn.o_proj", h)

@@ -91,6 +91,34 @@ def input_at(node: Any, i: int) -> Any:
     return node.inputs[i] if i < len(node.inputs) else None
 
 
+class KernelChoice:
+    """Whether a family of ops runs its Triton kernels: ``mode`` auto (on CUDA tensors), triton (wherever
+    Triton runs: CPU tensors under ``TRITON_INTERPRET=1``, tests) or torch (never); after a kernel has
+    failed (``fallback``: one FALLBACK event naming the op and the reason) the family keeps to its torch
+    kernels for the rest of the process. ``failed`` holds the reasons."""
+
+    def __init__(self, what: str, instead: str) -> None:
+        self.what, self.instead = what, instead     # e.g. "the fused Triton GEMV", "running the unfused kernels"
+        self.mode = "auto"
+        self.failed: list[str] = []
+
+    def set(self, mode: str) -> str:
+        """Choose the mode (auto | triton | torch); returns the previous one."""
+        if mode not in ("auto", "triton", "torch"):
+            raise ValueError(f"{self.what}: the mode must be auto, triton or torch, got {mode!r}")
+        old, self.mode = self.mode, mode
+        return old
+
+    def applies(self, t: torch.Tensor) -> bool:
+        """Whether the Triton kernels are to run on ``t`` (mode, device, no failure yet)."""
+        return self.mode != "torch" and not self.failed and (self.mode == "triton" or t.is_cuda)
+
+    def fallback(self, e: Exception, op: str) -> None:
+        self.failed.append(f"{type(e).__name__}: {e}")
+        from shapeplan import diagnostics
+        diagnostics.record("FALLBACK", f"{op}: {self.what} failed, {self.instead}", reason=self.failed[-1][:300])
+
+
 def triton_kernels(state: list, module: str, what: str) -> Any:
     """The launcher module ``shapeplan.runtime.backends.triton.kernels.<module>``, imported on first use and
     kept in ``state`` (a module-level list: a test may put ``[None]`` there to force the torch kernels),

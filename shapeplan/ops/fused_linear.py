@@ -28,25 +28,19 @@ import torch
 from shapeplan.errors import ShapeError
 from shapeplan.ir.dtypes import DType
 from shapeplan.ir.graph import Shape
+from shapeplan.ops._common import KernelChoice
 from shapeplan.ops.registry import register
 from shapeplan.ops.transformer import _rms_norm, dim_div
 
-_MODE = "auto"                 # auto: the Triton GEMV on CUDA; triton: wherever it runs; torch: never
-_failed: list[str] = []
-
-
-def set_gemv(mode: str) -> str:
-    """Choose the fused ops' decode kernel (auto | triton | torch); returns the previous choice."""
-    global _MODE
-    if mode not in ("auto", "triton", "torch"):
-        raise ValueError(f"the fused GEMV mode must be auto, triton or torch, got {mode!r}")
-    old, _MODE = _MODE, mode
-    return old
+#: the fused GEMV's switch (auto: on CUDA; ``set_gemv``) and its failures (then the unfused kernels)
+_GEMV = KernelChoice("the fused Triton GEMV", "running the unfused kernels")
+_failed = _GEMV.failed
+set_gemv = _GEMV.set
 
 
 def _gemv(x2: torch.Tensor, w: torch.Tensor):
     """The GEMV launcher module when it applies to x2 [M, K] and w [N, K], else None."""
-    if _MODE == "torch" or _failed or (_MODE == "auto" and not x2.is_cuda):
+    if not _GEMV.applies(x2):
         return None
     from shapeplan import env
     if not env.get("SHAPEPLAN_LLM_FUSED_GEMV"):
@@ -58,16 +52,12 @@ def _gemv(x2: torch.Tensor, w: torch.Tensor):
     return gemv if gemv.supports(x2, w) else None
 
 
-def _fallback(e: Exception, op: str) -> None:
-    _failed.append(f"{type(e).__name__}: {e}")
-    from shapeplan import diagnostics
-    diagnostics.record("FALLBACK", f"{op}: the fused Triton GEMV failed, running the unfused kernels",
-                       reason=_failed[-1][:300])
+_fallback = _GEMV.fallback
 
 
 def _rows_kernels(x: torch.Tensor):
     """The Triton row kernels for the unfused path on CUDA, else None."""
-    if not x.is_cuda or _MODE == "torch":
+    if not x.is_cuda or _GEMV.mode == "torch":
         return None
     try:
         from shapeplan.runtime.backends.triton.kernels import rows

@@ -30,34 +30,24 @@ import torch
 
 from shapeplan.errors import ShapeError
 from shapeplan.ir.dtypes import dtype as as_dtype
+from shapeplan.ops._common import KernelChoice
 from shapeplan.ops.registry import register
 
-_MODE = "auto"                 # auto: Triton on CUDA tensors; triton: wherever it runs; torch: never
-_triton_failed: list[str] = []
-
-
-def set_quant_kernels(mode: str) -> str:
-    """Choose the quantized ops' kernels (auto | triton | torch); returns the previous choice."""
-    global _MODE
-    if mode not in ("auto", "triton", "torch"):
-        raise ValueError(f"quantized kernels must be auto, triton or torch, got {mode!r}")
-    old, _MODE = _MODE, mode
-    return old
+#: the quantized ops' Triton switch (auto: on CUDA; ``set_quant_kernels``) and its failures
+_KERNELS = KernelChoice("Triton quantized kernel", "dequantizing in torch")
+_triton_failed = _KERNELS.failed
+set_quant_kernels = _KERNELS.set
 
 
 def _triton(t: torch.Tensor):
     """The kernels module when the Triton path applies to ``t``, else None."""
-    if _MODE == "torch" or _triton_failed or (_MODE == "auto" and not t.is_cuda):
+    if not _KERNELS.applies(t):
         return None
     from shapeplan.runtime.backends.triton.kernels import gguf
     return gguf if gguf.AVAILABLE else None
 
 
-def _fallback(e: Exception, op: str) -> None:
-    _triton_failed.append(f"{type(e).__name__}: {e}")
-    from shapeplan import diagnostics
-    diagnostics.record("FALLBACK", f"{op}: Triton quantized kernel unavailable, dequantizing in torch",
-                       reason=_triton_failed[-1][:300])
+_fallback = _KERNELS.fallback
 
 
 def _check_packed(node, packed, qtype: str, n: int, k: int) -> None:

@@ -100,17 +100,23 @@ if AVAILABLE:
         return _f16(hd) * _code(sc, 63), _f16(hd >> 16) * _code(mn, 63)
 
     @triton.jit
+    def _program_rows(W, N, HALF, ROW_WORDS, BN: tl.constexpr, PDL: tl.constexpr):
+        """This program's BN output rows, which of them exist, and the word pointers of their rows of W
+        (and of the up rows HALF further, for the GLU). PDL: the next kernel may launch now (the
+        kernels wait for the one before only after an iteration's weight loads)."""
+        if PDL:
+            gdc_launch_dependents()
+        rows = tl.program_id(0) * BN + tl.arange(0, BN)
+        rg = W + rows.to(tl.int64) * ROW_WORDS                                    # [BN] word pointers
+        ru = W + (rows + HALF).to(tl.int64) * ROW_WORDS
+        return rows, rows < N, rg, ru
+
+    @triton.jit
     def _q4k_kernel(X, NW, W, R, Y, N, K, HALF, ROW_WORDS, eps, BN: tl.constexpr, CH: tl.constexpr,
                     NORM: tl.constexpr, RES: tl.constexpr, GLU: tl.constexpr, PDL: tl.constexpr = False):
         """Q4_K super-block (36 words): [d|dmin] [scales x 3] [qs x 32]; qs word 4 + 8p + w holds, in
         byte b, elements 32*(2p) + 4w + b (low nibble) and 32*(2p+1) + 4w + b (high nibble)."""
-        pid = tl.program_id(0)
-        if PDL:                                # the next kernel may launch now (see _pdl_wait)
-            gdc_launch_dependents()
-        rows = pid * BN + tl.arange(0, BN)
-        ok = rows < N
-        rg = W + rows.to(tl.int64) * ROW_WORDS                                    # [BN] word pointers
-        ru = W + (rows + HALF).to(tl.int64) * ROW_WORDS
+        rows, ok, rg, ru = _program_rows(W, N, HALF, ROW_WORDS, BN, PDL)
         ci = tl.arange(0, CH)[:, None, None]                                       # [CH, 1, 1]
         p = tl.arange(0, 4)[None, :, None]                                         # [1, 4, 1]
         w = tl.arange(0, 8)[None, None, :]                                         # [1, 1, 8]
@@ -200,13 +206,7 @@ if AVAILABLE:
         the second 2 bytes off word alignment. With hg = 4h + g (h: half, g: 16-element group) and
         nibble half n, element 128h + 64n + 16g + 4w + b is byte b of ql word 4hg + w (nibble n) and
         of qh word 32 + 8h + 4(g % 2) + w (bits 2(2n + g // 2)); its sub-block is 8h + 4n + g."""
-        pid = tl.program_id(0)
-        if PDL:                                # the next kernel may launch now (see _pdl_wait)
-            gdc_launch_dependents()
-        rows = pid * BN + tl.arange(0, BN)
-        ok = rows < N
-        rg = W + rows.to(tl.int64) * ROW_WORDS
-        ru = W + (rows + HALF).to(tl.int64) * ROW_WORDS
+        rows, ok, rg, ru = _program_rows(W, N, HALF, ROW_WORDS, BN, PDL)
         ci = tl.arange(0, CH)[:, None, None]                                       # [CP, 1, 1]
         hg = tl.arange(0, 8)[None, :, None]                                        # [1, 8, 1]
         w = tl.arange(0, 4)[None, None, :]                                         # [1, 1, 4]
@@ -278,13 +278,7 @@ if AVAILABLE:
                     NORM: tl.constexpr, RES: tl.constexpr, GLU: tl.constexpr, PDL: tl.constexpr = False):
         """Q8_0 blocks [d f16][32 int8], two per pair of 17 words; CH pairs per iteration. Element
         64c + 32*odd + 4w + b is byte b of code word w of block ``odd`` of pair c."""
-        pid = tl.program_id(0)
-        if PDL:                                # the next kernel may launch now (see _pdl_wait)
-            gdc_launch_dependents()
-        rows = pid * BN + tl.arange(0, BN)
-        ok = rows < N
-        rg = W + rows.to(tl.int64) * ROW_WORDS
-        ru = W + (rows + HALF).to(tl.int64) * ROW_WORDS
+        rows, ok, rg, ru = _program_rows(W, N, HALF, ROW_WORDS, BN, PDL)
         ci = tl.arange(0, CH)[:, None]                                             # [CP, 1]
         w = tl.arange(0, 8)[None, :]                                               # [1, 8]
         npairs = K // 64
