@@ -34,13 +34,13 @@ BANDWIDTH = 4.23e12        # H200 device-to-device copy bandwidth, bytes/s (read
 
 
 def profile(cfg: LlamaConfig, weights: dict[str, torch.Tensor], mode: str, *, prompt_len: int,
-            max_kv_cache_length: int, tokens: int, rows: int) -> None:
+            max_kv_cache_length: int, tokens: int, rows: int, dtype: torch.dtype | None = None) -> None:
     """The decode plan's segments and a torch.profiler table (CUDA time) over ``tokens`` greedy tokens."""
     from torch.profiler import ProfilerActivity, profile as torch_profile
 
     from shapeplan.llm.pipeline import GenerationPipeline
     from shapeplan.llm.sampling import Sampling
-    pipe = GenerationPipeline(cfg, weights, None, device="cuda", mode=mode, dtype=weights[
+    pipe = GenerationPipeline(cfg, weights, None, device="cuda", mode=mode, dtype=dtype or weights[
         "model.embed_tokens.weight"].dtype, max_prefill_length=prompt_len, max_kv_cache_length=max_kv_cache_length,
         sync_every=16, eos_token_ids=[])
     prompt = bench_prompt(cfg.vocab_size, prompt_len)

@@ -9,6 +9,7 @@ weight-bandwidth floor, weight memory vs the file's tensor bytes).
     python3 -m bench.quant_gemv --sweep --qtypes Q4_K,Q8_0         # + GEMV tuning (bn, warps, unroll)
     python3 -m bench.quant_gemv --sweep1 --no-gemv                  # one-row Q4_K/Q6_K/Q8_0 kernel tuning
     python3 -m bench.quant_gemv --e2e llama-1b:Q4_K_M,llama-1b:Q8_0,llama-8b:Q4_K_M --no-gemv
+    python3 -m bench.quant_gemv --no-gemv --sweep1 --shapes head --e2e llama-1b:Q4_K_M   # e2e with the swept tiles
 
 Without CUDA it says so and exits 0. Copy bandwidth for the floor: --copy-gbs (4,230 GB/s: the H200's
 measured device-to-device copy).
@@ -151,7 +152,7 @@ def _precompile(task: tuple) -> int:
     return done
 
 
-def sweep_one_row(qtypes: list[str], presets: list[str], top: int, jobs: int) -> None:
+def sweep_one_row(qtypes: list[str], presets: list[str], top: int, jobs: int, labels: list[str] | None = None) -> None:
     """Every (BN, CH, warps) of qgemv.py's one-row kernel on each decode shape, used as decode uses it
     (``USE``), weights rotated through enough copies to exceed L2; prints the best configs per shape,
     the generic GEMV and bf16 cuBLAS for comparison, and ``TUNE`` lines to paste into qgemv.py.
@@ -160,7 +161,8 @@ def sweep_one_row(qtypes: list[str], presets: list[str], top: int, jobs: int) ->
     from shapeplan.quant.formats import QTYPES
     from shapeplan.runtime.backends.triton.kernels import gguf, qgemv
     cases = [(preset, n, k, label, name) for preset in presets for n, k, label in SHAPES[preset]
-             for name in qtypes if name in qgemv.K_MULTIPLE and k % qgemv.K_MULTIPLE[name] == 0]
+             for name in qtypes if name in qgemv.K_MULTIPLE and k % qgemv.K_MULTIPLE[name] == 0
+             and (not labels or label in labels or f"{preset}:{label}" in labels)]
     if jobs > 1:
         t0 = time.perf_counter()
         with mp.get_context("spawn").Pool(jobs) as pool:
@@ -205,17 +207,20 @@ def sweep_one_row(qtypes: list[str], presets: list[str], top: int, jobs: int) ->
                   f"x{generic / us:5.2f} generic")
         if results:
             us, tiles = results[0]
+            qgemv.TUNE[(name, out_n, k)] = tiles          # an --e2e in this run uses the sweep's best tiles
             best_lines.append(f'    ("{name}", {out_n}, {k}): {tiles},   # {preset} {label}: {us:.1f} us, '
                               f'{gb(us):.0f} GB/s')
         del copies, one, wb
         torch.cuda.empty_cache()
-    print("\n# qgemv.TUNE entries (best per shape):\nTUNE = {")
+    print("\n# qgemv.TUNE entries (best per shape; this run's --e2e uses them):\nTUNE = {")
     print("\n".join(best_lines))
     print("}")
 
 
-def e2e(specs: list[str], copy_gbs: float, new_tokens: int, prompt_len: int) -> None:
-    """Decode tok/s of presets written by ``shapeplan quantize --preset`` and loaded back from the file."""
+def e2e(specs: list[str], copy_gbs: float, new_tokens: int, prompt_len: int, configs: list[str],
+        profile_tokens: int = 0) -> None:
+    """Decode tok/s of presets written by ``shapeplan quantize --preset`` and loaded back from the file;
+    ``profile_tokens``: then the per-kernel table of the last config's decode (bench/decode.py)."""
     from shapeplan.llm.bench import bench_prompt, load_model, run_config
     from shapeplan.quant.formats import QuantWeight
     from shapeplan.quant.writer import write_preset_gguf
@@ -233,7 +238,7 @@ def e2e(specs: list[str], copy_gbs: float, new_tokens: int, prompt_len: int) -> 
             per_token = sum(w.nbytes for n, w in weights.items() if isinstance(w, QuantWeight)
                             and (n != "model.embed_tokens.weight" or cfg.tie_word_embeddings))
             file_mb = summary.bytes / 1e6
-            for config in ("triton", "cuda_graphs"):
+            for config in configs:
                 row = run_config(cfg, weights, config, device="cuda", prompt=bench_prompt(cfg.vocab_size, prompt_len),
                                  new_tokens=new_tokens, max_kv_cache_length=1024, max_prefill_length=prompt_len)
                 if not row.ok:
@@ -243,6 +248,10 @@ def e2e(specs: list[str], copy_gbs: float, new_tokens: int, prompt_len: int) -> 
                 print(f"{spec:<18} {config:<8} {row.late_steady_tok_s:>10.1f} {row.decode_tok_s:>8.1f} "
                       f"{per_token / 1e6:>9.1f} {floor:>11.0f} {row.late_steady_tok_s / floor:>8.1%} "
                       f"{mem / 1e6:>10.1f} {file_mb:>8.1f} {mem / summary.bytes - 1:>6.1%}")
+            if profile_tokens:
+                from bench.decode import profile
+                profile(cfg, weights, configs[-1], prompt_len=prompt_len, max_kv_cache_length=1024,
+                        tokens=profile_tokens, rows=30, dtype=cfg.torch_dtype)
             del weights
             torch.cuda.empty_cache()
 
@@ -257,11 +266,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sweep", action="store_true", help="sweep the GEMV tuning on each shape (slow)")
     ap.add_argument("--sweep1", action="store_true",
                     help="sweep the one-row Q4_K/Q6_K/Q8_0 kernel (qgemv.py: BN x CH x warps) on each decode shape")
+    ap.add_argument("--shapes", default="", help="--sweep1 only these shapes: labels of SHAPES (qkv,o,gate_up,...), or PRESET:LABEL")
     ap.add_argument("--top", type=int, default=3, help="configs printed per shape by --sweep1")
     ap.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1),
                     help="processes compiling --sweep1's kernels before it times them")
     ap.add_argument("--no-gemv", action="store_true", help="skip the kernel table")
     ap.add_argument("--e2e", default="", help="PRESET:FILETYPE,... end-to-end decode (e.g. llama-1b:Q4_K_M)")
+    ap.add_argument("--e2e-configs", default="triton,cuda_graphs", help="modes of the --e2e rows")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="after each --e2e model, a per-kernel table of its decode over N tokens")
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--copy-gbs", type=float, default=4230.0, help="copy bandwidth of the floor, GB/s")
@@ -274,9 +287,9 @@ def main(argv: list[str] | None = None) -> int:
     if not a.no_gemv:
         gemv_table(a.qtypes.split(","), a.presets.split(","), ints(a.m), ints(a.prefill_m), a.sweep)
     if a.sweep1:
-        sweep_one_row(a.qtypes.split(","), a.presets.split(","), a.top, a.jobs)
+        sweep_one_row(a.qtypes.split(","), a.presets.split(","), a.top, a.jobs, [s for s in a.shapes.split(",") if s])
     if a.e2e:
-        e2e(a.e2e.split(","), a.copy_gbs, a.new_tokens, a.prompt_len)
+        e2e(a.e2e.split(","), a.copy_gbs, a.new_tokens, a.prompt_len, a.e2e_configs.split(","), a.profile)
     return 0
 
 

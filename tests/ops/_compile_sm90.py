@@ -32,7 +32,7 @@ def compile_one(kernel: str, name: str, m: int):
         ptrs = {"X": "*bf16", "NW": "*bf16", "W": "*i32", "R": "*bf16", "Y": "*bf16"}
         args = ["N", "K", "HALF", "ROW_WORDS"]
         bn, ch, warps = qgemv.DEFAULT[name]
-        consts = dict(BN=bn, CH=ch, NORM=m in (1, 3), RES=m in (2, 4), GLU=m in (1, 3), PDL=m >= 3)
+        consts = dict(BN=bn, CH=ch, NORM=m in (1, 3), RES=m in (2, 4), GLU=m in (1, 3), PDL=m >= 3, ASM=True)
         sig = {**ptrs, **{a: "i32" for a in args}, "eps": "fp32", **{c: "constexpr" for c in consts}}
         names = list(sig)
         attrs = {(names.index(p),): [["tt.divisibility", 16]] for p in ("X", "NW", "W", "K", "ROW_WORDS")}

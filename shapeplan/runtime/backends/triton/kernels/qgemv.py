@@ -17,16 +17,20 @@ so it is bound by instructions, not by memory (~845 GB/s on the LM head, of ~4.2
   blocks (34 bytes) are 2 bytes off every other one, so those kernels walk *pairs* (420 bytes = 105
   words, 68 bytes = 17 words): the first of a pair is word aligned, the second is realigned in
   registers with a funnel shift ``(w[j] >> 16) | (w[j + 1] << 16)`` (the second load hits L1).
-- **Integer codes -> float without a conversion instruction.** ``(v & mask) | 0x4B000000`` read as a
-  float is ``2^23 + v`` exactly when v < 2^23, so ``that - 2^23`` is the code as a float (one logic op
-  and one add; int->float conversions run at a quarter of the FMA rate or less). A code at bit s
-  (nibble 2 of a word, say) is taken in place, worth ``q * 2^s``, and x is pre-scaled by ``2^-s`` once
-  per program (exact: a power of two), so no shift per element; a signed int8 code is xor'ed with 0x80
-  in the same logic op; Q6_K's ``q - 32`` is folded into the subtracted constant.
+- **Integer codes -> float without a conversion instruction.** The float32 whose bits are
+  ``0x4B000000 | v`` is ``2^23 + v`` exactly for v < 2^23, so subtracting 2^23 gives the code as a float
+  (int->float conversions run at a quarter of the FMA rate or less). Each word's codes are first made
+  one unsigned byte per element (Q4_K: ``(w >> 4h) & 0x0F0F0F0F`` per half; Q6_K: the low and high bits
+  joined; Q8_0: ``w ^ 0x80808080``, i.e. q + 128), then on the GPU one byte permute (PTX ``prmt``) per
+  element puts byte b under the 0x4B exponent, and one add subtracts 2^23 plus the code's offset (0,
+  Q6_K's 32, Q8_0's 128): per element one PRMT, one add, one FMA. (The eighth session's version took
+  each code in place with a mask and pre-scaled x by powers of two: two logic ops and a multiply more
+  per element, measured in SASS; ``tests/ops/_compile_sm90.py`` builds the GPU path in CI, the
+  interpreter runs the same arithmetic with shifts and masks.)
 - **Sub-block algebra.** Per word (4 elements of one sub-block) the products ``q * x`` are summed,
   then scaled once: Q8_0 ``d * Σ q x``, Q6_K ``d * sc * Σ (q - 32) x``, Q4_K
   ``d * sc * Σ q x - dmin * m * Σ x`` with ``Σ x`` per sub-block computed once per program (x is
-  shared by the BN rows). Per element that is one logic op, one add, one FMA.
+  shared by the BN rows).
 - A program owns BN rows and walks K in CH super-blocks (Q4_K), CH pairs of super-blocks (Q6_K) or
   CH pairs of 32-blocks (Q8_0) per iteration, all their loads in flight together; products stay
   elementwise in float32 and are summed once after the loop; one store per row. No split-K: BN goes
@@ -47,15 +51,26 @@ from __future__ import annotations
 
 import torch
 
+from shapeplan.runtime.backends.triton.env import interpreting
 from shapeplan.runtime.backends.triton.kernels.gguf import AVAILABLE, triton, tl
 
 #: qtype -> (BN rows per program, CH chunks per iteration, warps) when ``TUNE`` has no entry
 DEFAULT: dict[str, tuple[int, int, int]] = {"Q4_K": (8, 2, 4), "Q6_K": (4, 1, 4), "Q8_0": (8, 4, 4)}
 #: (qtype, N outputs (GLU: after the gate), K) -> (BN, CH, warps), measured on the H200
-TUNE: dict[tuple[str, int, int], tuple[int, int, int]] = {       # llama-1b, 2026-12-01 (bench.quant_gemv --sweep1)
+TUNE: dict[tuple[str, int, int], tuple[int, int, int]] = {       # H200, 2026-12-01 (bench.quant_gemv --sweep1)
     ("Q4_K", 3072, 2048): (16, 4, 4), ("Q6_K", 3072, 2048): (1, 1, 1), ("Q8_0", 3072, 2048): (2, 4, 1),
     ("Q4_K", 2048, 2048): (4, 4, 8), ("Q6_K", 2048, 2048): (1, 1, 1), ("Q8_0", 2048, 2048): (2, 4, 1),
-    ("Q4_K", 8192, 2048): (16, 2, 2),
+    ("Q4_K", 8192, 2048): (16, 2, 2), ("Q6_K", 8192, 2048): (4, 1, 1), ("Q8_0", 8192, 2048): (2, 4, 1),
+    ("Q4_K", 2048, 8192): (4, 4, 8), ("Q6_K", 2048, 8192): (1, 1, 1), ("Q8_0", 2048, 8192): (2, 4, 1),
+    ("Q4_K", 128256, 2048): (16, 1, 1), ("Q6_K", 128256, 2048): (8, 1, 1), ("Q8_0", 128256, 2048): (32, 1, 2),
+    ("Q4_K", 512, 2048): (4, 4, 8), ("Q6_K", 512, 2048): (2, 4, 8),
+    # llama-8b (tenth session: Q4_K and Q6_K only, the types of a Q4_K_M file)
+    ("Q4_K", 6144, 4096): (16, 4, 4), ("Q6_K", 6144, 4096): (2, 1, 1),
+    ("Q4_K", 4096, 4096): (16, 4, 8), ("Q6_K", 4096, 4096): (2, 1, 2),
+    ("Q4_K", 14336, 4096): (8, 1, 1), ("Q6_K", 14336, 4096): (4, 1, 1),
+    ("Q4_K", 4096, 14336): (16, 4, 8), ("Q6_K", 4096, 14336): (1, 1, 1),
+    ("Q4_K", 1024, 4096): (4, 4, 8), ("Q6_K", 1024, 4096): (2, 4, 8),
+    ("Q4_K", 128256, 4096): (16, 1, 1), ("Q6_K", 128256, 4096): (2, 1, 1),
 }
 #: programs below which BN is halved (the H200 has 132 SMs)
 MIN_PROGRAMS = 264
@@ -67,11 +82,26 @@ if AVAILABLE:
 
     MAGIC = tl.constexpr(0x4B000000)           # float32 bits of 2^23
     TWO23 = tl.constexpr(8388608.0)
+    SIGN8 = tl.constexpr(-0x7F7F7F80)          # int32 0x80808080: xor flips each byte's sign bit (q + 128)
 
     @triton.jit
     def _code(v, mask: tl.constexpr):
         """The bits ``v & mask`` (below bit 23) as a float, exactly, with no int->float conversion."""
         return ((v & mask) | MAGIC).to(tl.float32, bitcast=True) - TWO23
+
+    @triton.jit
+    def _byte(v, b: tl.constexpr, off: tl.constexpr, ASM: tl.constexpr):
+        """Byte b of int32 ``v`` (unsigned) minus ``off``, as a float, exactly. ASM (on the GPU): one byte
+        permute builds the float bits of 2^23 + byte (``prmt`` takes the byte into bits 0..7 and 0x4B
+        into bits 24..31), one add subtracts 2^23 + off; the interpreter's path computes the same bits."""
+        if ASM:
+            bits = tl.inline_asm_elementwise("prmt.b32 $0, $1, $2, $3;", "=r,r,r,r",
+                                             [v, tl.full(v.shape, 0x4B000000, tl.int32),
+                                              tl.full(v.shape, 0x7540 + b, tl.int32)],
+                                             dtype=tl.int32, is_pure=True, pack=1)
+        else:
+            bits = ((v >> (8 * b)) & 0xFF) | MAGIC
+        return bits.to(tl.float32, bitcast=True) - (TWO23 + off)
 
     @triton.jit
     def _f16(v):
@@ -113,7 +143,8 @@ if AVAILABLE:
 
     @triton.jit
     def _q4k_kernel(X, NW, W, R, Y, N, K, HALF, ROW_WORDS, eps, BN: tl.constexpr, CH: tl.constexpr,
-                    NORM: tl.constexpr, RES: tl.constexpr, GLU: tl.constexpr, PDL: tl.constexpr = False):
+                    NORM: tl.constexpr, RES: tl.constexpr, GLU: tl.constexpr, PDL: tl.constexpr = False,
+                    ASM: tl.constexpr = False):
         """Q4_K super-block (36 words): [d|dmin] [scales x 3] [qs x 32]; qs word 4 + 8p + w holds, in
         byte b, elements 32*(2p) + 4w + b (low nibble) and 32*(2p+1) + 4w + b (high nibble)."""
         rows, ok, rg, ru = _program_rows(W, N, HALF, ROW_WORDS, BN, PDL)
@@ -140,6 +171,9 @@ if AVAILABLE:
             if PDL:
                 gdc_wait()
             for h in tl.static_range(2):
+                nib = (qw >> (4 * h)) & 0x0F0F0F0F                                # this half's codes, a byte each
+                if GLU:
+                    nib_u = (qwu >> (4 * h)) & 0x0F0F0F0F
                 t = tl.zeros([BN, CH, 4, 8], dtype=tl.float32)
                 t_u = tl.zeros([BN, CH, 4, 8], dtype=tl.float32)
                 sx = tl.zeros([CH, 4, 8], dtype=tl.float32)                     # Σ_b x per word
@@ -147,12 +181,9 @@ if AVAILABLE:
                     x, sq = _x_load(X, NW, c * 256 + (2 * p + h) * 32 + 4 * w + b, cok, NORM)   # [CH, 4, 8]
                     ss += sq
                     sx += x
-                    xs = (x * (1.0 / (1 << (8 * (b % 2) + 4 * h))))[None]   # the code below is q * 2^shift
-                    src = qw if b < 2 else qw >> 16
-                    t += _code(src, 15 << (8 * (b % 2) + 4 * h)) * xs
+                    t += _byte(nib, b, 0.0, ASM) * x[None]
                     if GLU:
-                        src_u = qwu if b < 2 else qwu >> 16
-                        t_u += _code(src_u, 15 << (8 * (b % 2) + 4 * h)) * xs
+                        t_u += _byte(nib_u, b, 0.0, ASM) * x[None]
                 ds, dm = _q4k_scales(hd, s1, s2, s3, p[None], h)                  # [BN, CH, 4, 1]
                 acc += t * ds - dm * sx[None]          # per word: no reduction (and no barrier) in the loop
                 if GLU:
@@ -186,13 +217,6 @@ if AVAILABLE:
         return ((ql >> (4 * n)) & 0x0F0F0F0F) | (((qh >> (4 * n + 2 * ((hg % 4) // 2))) & 0x03030303) << 4)
 
     @triton.jit
-    def _q6k_byte(q6, b: tl.constexpr):
-        """(q - 32) * 2^(8 * (b % 2)) of byte b of the code words."""
-        if b >= 2:
-            q6 = q6 >> 16
-        return _code(q6, 0xFF << (8 * (b % 2))) - 32.0 * (1 << (8 * (b % 2)))
-
-    @triton.jit
     def _q6k_scale(base, m4, hg, n: tl.constexpr, ODD: tl.constexpr):
         """d * sc of sub-block 8h + 4n + g (hg = 4h + g) of the super-block at ``base``: [BN, CP, 8, 1]."""
         scw = _word(base + 48 + 2 * (hg // 4) + n, m4, ODD)
@@ -201,7 +225,8 @@ if AVAILABLE:
 
     @triton.jit
     def _q6k_kernel(X, NW, W, R, Y, N, K, HALF, ROW_WORDS, eps, BN: tl.constexpr, CH: tl.constexpr,
-                    NORM: tl.constexpr, RES: tl.constexpr, GLU: tl.constexpr, PDL: tl.constexpr = False):
+                    NORM: tl.constexpr, RES: tl.constexpr, GLU: tl.constexpr, PDL: tl.constexpr = False,
+                    ASM: tl.constexpr = False):
         """Q6_K super-block (210 bytes): [ql 128][qh 64][scales int8 16][d]; two per pair of 105 words,
         the second 2 bytes off word alignment. With hg = 4h + g (h: half, g: 16-element group) and
         nibble half n, element 128h + 64n + 16g + 4w + b is byte b of ql word 4hg + w (nibble n) and
@@ -237,10 +262,9 @@ if AVAILABLE:
                         k = (2 * c + odd) * 256 + 128 * (hg // 4) + 64 * n + 16 * (hg % 4) + 4 * w + b
                         x, sq = _x_load(X, NW, k, cok, NORM)                       # [CP, 8, 4]
                         ss += sq
-                        xs = (x * (1.0 / (1 << (8 * (b % 2)))))[None]             # codes are q * 2^(8 (b % 2))
-                        t += _q6k_byte(q6, b) * xs
+                        t += _byte(q6, b, 32.0, ASM) * x[None]                      # q - 32
                         if GLU:
-                            t_u += _q6k_byte(q6_u, b) * xs
+                            t_u += _byte(q6_u, b, 32.0, ASM) * x[None]
                     acc += t * _q6k_scale(base, m4, hg[None], n, odd)
                     if GLU:
                         acc_u += t_u * _q6k_scale(base_u, m4, hg[None], n, odd)
@@ -261,13 +285,6 @@ if AVAILABLE:
         return qw
 
     @triton.jit
-    def _s8_byte(qw, b: tl.constexpr):
-        """The signed int8 code in byte b, times 2^(8 * (b % 2)), as a float."""
-        if b >= 2:
-            qw = qw >> 16
-        return _code(qw ^ (0x80 << (8 * (b % 2))), 0xFF << (8 * (b % 2))) - 128.0 * (1 << (8 * (b % 2)))
-
-    @triton.jit
     def _q80_scale(base, m3, ODD: tl.constexpr):
         if ODD:
             return _f16(tl.load(base + 8, mask=m3, other=0) >> 16)
@@ -275,7 +292,8 @@ if AVAILABLE:
 
     @triton.jit
     def _q80_kernel(X, NW, W, R, Y, N, K, HALF, ROW_WORDS, eps, BN: tl.constexpr, CH: tl.constexpr,
-                    NORM: tl.constexpr, RES: tl.constexpr, GLU: tl.constexpr, PDL: tl.constexpr = False):
+                    NORM: tl.constexpr, RES: tl.constexpr, GLU: tl.constexpr, PDL: tl.constexpr = False,
+                    ASM: tl.constexpr = False):
         """Q8_0 blocks [d f16][32 int8], two per pair of 17 words; CH pairs per iteration. Element
         64c + 32*odd + 4w + b is byte b of code word w of block ``odd`` of pair c."""
         rows, ok, rg, ru = _program_rows(W, N, HALF, ROW_WORDS, BN, PDL)
@@ -293,20 +311,19 @@ if AVAILABLE:
             if GLU:
                 base_u = ru[:, None, None] + (c * 17)[None]
             for odd in tl.static_range(2):
-                qw = _q80_codes(base, m3, w[None], odd)                               # [BN, CP, 8]
+                qw = _q80_codes(base, m3, w[None], odd) ^ SIGN8                  # q + 128 per byte
                 t = tl.zeros([BN, CH, 8], dtype=tl.float32)
                 if GLU:
-                    qw_u = _q80_codes(base_u, m3, w[None], odd)
+                    qw_u = _q80_codes(base_u, m3, w[None], odd) ^ SIGN8
                     t_u = tl.zeros([BN, CH, 8], dtype=tl.float32)
                 if PDL:
                     gdc_wait()
                 for b in tl.static_range(4):
                     x, sq = _x_load(X, NW, c * 64 + 32 * odd + 4 * w + b, cok, NORM)   # [CP, 8]
                     ss += sq
-                    xs = (x * (1.0 / (1 << (8 * (b % 2)))))[None]
-                    t += _s8_byte(qw, b) * xs
+                    t += _byte(qw, b, 128.0, ASM) * x[None]
                     if GLU:
-                        t_u += _s8_byte(qw_u, b) * xs
+                        t_u += _byte(qw_u, b, 128.0, ASM) * x[None]
                 acc += t * _q80_scale(base, m3, odd)
                 if GLU:
                     acc_u += t_u * _q80_scale(base_u, m3, odd)
@@ -361,5 +378,6 @@ def gemv1(x: torch.Tensor, packed: torch.Tensor, qtype: str, n: int, k: int, *, 
     launch = {"launch_pdl": True} if pdl_on(x.device, env.get("SHAPEPLAN_QUANT_GEMV_PDL")) else {}
     KERNELS[qtype][(triton.cdiv(out_n, bn),)](
         x, nw, words, r, y, out_n, k, out_n, words.stride(0), float(eps), BN=bn, CH=ch,
-        NORM=norm_w is not None, RES=residual is not None, GLU=glu, PDL=bool(launch), num_warps=warps, **launch)
+        NORM=norm_w is not None, RES=residual is not None, GLU=glu, PDL=bool(launch), ASM=not interpreting(),
+        num_warps=warps, **launch)
     return y
