@@ -93,14 +93,12 @@ if AVAILABLE:
     def _byte(v, b: tl.constexpr, off: tl.constexpr, ASM: tl.constexpr):
         """Byte b of int32 ``v`` (unsigned) minus ``off``, as a float, exactly. ASM (on the GPU): one byte
         permute builds the float bits of 2^23 + byte (``prmt`` takes the byte into bits 0..7 and 0x4B
-        into bits 24..31), one add subtracts 2^23 + off; the interpreter's path computes the same bits."""
-        if ASM:
-            bits = tl.inline_asm_elementwise("prmt.b32 $0, $1, $2, $3;", "=r,r,r,r",
-                                             [v, tl.full(v.shape, 0x4B000000, tl.int32),
-                                              tl.full(v.shape, 0x7540 + b, tl.int32)],
-                                             dtype=tl.int32, is_pure=True, pack=1)
-        else:
-            bits = ((v >> (8 * b)) & 0xFF) | MAGIC
+        into bits 24..31), one add subtracts 2^23 + off; the interpreter takes ``_code`` of the byte."""
+        if not ASM:
+            return _code(v >> (8 * b), 0xFF) - off
+        bits = tl.inline_asm_elementwise("prmt.b32 $0, $1, $2, $3;", "=r,r,r,r",
+                                         [v, tl.full(v.shape, MAGIC, tl.int32), tl.full(v.shape, 0x7540 + b, tl.int32)],
+                                         dtype=tl.int32, is_pure=True, pack=1)
         return bits.to(tl.float32, bitcast=True) - (TWO23 + off)
 
     @triton.jit
