@@ -112,14 +112,15 @@ def sweep_gemv(gguf, x, p, q, n: int, k: int) -> None:
 
 #: how decode uses each shape: the one-row kernel's prologue / epilogue there (qgemv.py)
 USE = {"qkv": "norm", "o": "res", "gate_up": "norm+glu", "down": "res", "k|v": "plain", "head": "norm"}
-SWEEP1 = [(bn, ch, warps) for bn in (1, 2, 4, 8, 16, 32) for ch in (1, 2, 4) for warps in (1, 2, 4, 8)]
+SWEEP1 = [(bn, ch, warps, xq) for bn in (1, 2, 4, 8, 16, 32) for ch in (1, 2, 4) for warps in (1, 2, 4, 8)
+          for xq in (1, 0)]
 #: elements of K per CH step of each kernel (a super-block, a pair of super-blocks, a pair of blocks)
 CH_ELEMS = {"Q4_K": 256, "Q6_K": 512, "Q8_0": 64}
 L2_BYTES = 60e6
 
 
 def sweep1_configs(name: str, out_n: int) -> list[tuple[int, int, int]]:
-    """The (BN, CH, warps) worth timing: 16..128 weight elements per thread per iteration, and at
+    """The (BN, CH, warps, XQ) worth timing: 16..128 weight elements per thread per iteration, and at
     least 64 rows per BN (fewer programs than that leave SMs idle)."""
     return [t for t in SWEEP1 if 16 <= t[0] * t[1] * CH_ELEMS[name] / (32 * t[2]) <= 128
             and t[0] <= max(1, out_n // 64)]
@@ -153,7 +154,7 @@ def _precompile(task: tuple) -> int:
 
 
 def sweep_one_row(qtypes: list[str], presets: list[str], top: int, jobs: int, labels: list[str] | None = None) -> None:
-    """Every (BN, CH, warps) of qgemv.py's one-row kernel on each decode shape, used as decode uses it
+    """Every (BN, CH, warps, XQ) of qgemv.py's one-row kernel on each decode shape, used as decode uses it
     (``USE``), weights rotated through enough copies to exceed L2; prints the best configs per shape,
     the generic GEMV and bf16 cuBLAS for comparison, and ``TUNE`` lines to paste into qgemv.py.
     ``jobs`` processes compile the configs first (Triton compiles one kernel at a time per process)."""
@@ -203,7 +204,7 @@ def sweep_one_row(qtypes: list[str], presets: list[str], top: int, jobs: int, la
         print(f"{preset:<9} {label:<8} {f'{n}x{k}':>14} {name:<5} {use:<9} generic {generic:7.1f} us "
               f"{gb(generic):5.0f} GB/s | bf16 cuBLAS {bf16:7.1f} us | {len(copies)} copies", flush=True)
         for us, tiles in results[:top]:
-            print(f"    bn={tiles[0]:<3} ch={tiles[1]} warps={tiles[2]}  {us:8.1f} us {gb(us):6.0f} GB/s "
+            print(f"    bn={tiles[0]:<3} ch={tiles[1]} warps={tiles[2]} xq={tiles[3]}  {us:8.1f} us {gb(us):6.0f} GB/s "
                   f"x{generic / us:5.2f} generic")
         if results:
             us, tiles = results[0]
@@ -265,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prefill-m", default="", help="prefill rows to time the fused and dequant+cuBLAS paths at")
     ap.add_argument("--sweep", action="store_true", help="sweep the GEMV tuning on each shape (slow)")
     ap.add_argument("--sweep1", action="store_true",
-                    help="sweep the one-row Q4_K/Q6_K/Q8_0 kernel (qgemv.py: BN x CH x warps) on each decode shape")
+                    help="sweep the one-row Q4_K/Q6_K/Q8_0 kernel (qgemv.py: BN x CH x warps x XQ) on each decode shape")
     ap.add_argument("--shapes", default="", help="--sweep1 only these shapes: labels of SHAPES (qkv,o,gate_up,...), or PRESET:LABEL")
     ap.add_argument("--top", type=int, default=3, help="configs printed per shape by --sweep1")
     ap.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1),

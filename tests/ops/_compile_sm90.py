@@ -26,13 +26,15 @@ def compile_one(kernel: str, name: str, m: int):
     q = QTYPES.get(name)
     meta = {} if q is None else dict(KIND=gguf.KINDS[q.kind], TS=q.type_size, NSUB=q.tile[0], SUBLEN=q.tile[1])
     ptrs = {"x_ptr": "*bf16", "w_ptr": "*u8", "y_ptr": "*bf16"}
-    if kernel == "gemv1":     # the one-row Q4_K / Q6_K / Q8_0 kernel; m: 0 plain, 1 norm + GLU, 2 residual, 3/4 = 1/2 + PDL
+    if kernel in ("gemv1", "gemv1t"):  # the one-row Q4_K / Q6_K / Q8_0 kernel (gemv1t: x tile broadcast, XQ = 0);
+        # m: 0 plain, 1 norm + GLU, 2 residual, 3/4 = 1/2 + PDL
         from shapeplan.runtime.backends.triton.kernels import qgemv
         fn = qgemv.KERNELS[name]
         ptrs = {"X": "*bf16", "NW": "*bf16", "W": "*i32", "R": "*bf16", "Y": "*bf16"}
         args = ["N", "K", "HALF", "ROW_WORDS"]
-        bn, ch, warps = qgemv.DEFAULT[name]
-        consts = dict(BN=bn, CH=ch, NORM=m in (1, 3), RES=m in (2, 4), GLU=m in (1, 3), PDL=m >= 3, ASM=True)
+        bn, ch, warps, _ = qgemv.DEFAULT[name]
+        consts = dict(BN=bn, CH=ch, NORM=m in (1, 3), RES=m in (2, 4), GLU=m in (1, 3), PDL=m >= 3, ASM=True,
+                      XQ=kernel == "gemv1", XB=16, XF16=False, NB=16, NF16=False)
         sig = {**ptrs, **{a: "i32" for a in args}, "eps": "fp32", **{c: "constexpr" for c in consts}}
         names = list(sig)
         attrs = {(names.index(p),): [["tt.divisibility", 16]] for p in ("X", "NW", "W", "K", "ROW_WORDS")}

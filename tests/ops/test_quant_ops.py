@@ -178,11 +178,13 @@ def _unfused(x, w, s=None, r=None, glu=False, eps=1e-5):
 
 
 @pytest.mark.parametrize("name", ONE_ROW)
-@pytest.mark.parametrize("nk,tiles,random_bytes", [((13, 1024), (4, 1, 4), False), ((7, 1536), (2, 2, 1), True),
+@pytest.mark.parametrize("nk,tiles,random_bytes", [((13, 1024), (4, 1, 4, 1), False), ((13, 1024), (4, 1, 4, 0), False),
+                                                   ((7, 1536), (2, 2, 1, 1), True), ((7, 1536), (2, 2, 1, 0), True),
                                                    ((5, 512), None, False)])
 def test_one_row_kernel_equals_dequantize_then_matmul(name, nk, tiles, random_bytes, triton_kernels):
     """N not a multiple of BN, K over several super-blocks / block pairs (a partial last iteration with
-    CH = 2), quantized weights and random bytes (every code and scale bit pattern)."""
+    CH = 2), quantized weights and random bytes (every code and scale bit pattern); x read as quads in
+    the weights' layout (XQ = 1) and as a tile broadcast over the rows (XQ = 0)."""
     from shapeplan.runtime.backends.triton.kernels import qgemv
     from tests.quant.test_dequant import random_blocks
     n, k = nk
@@ -195,7 +197,8 @@ def test_one_row_kernel_equals_dequantize_then_matmul(name, nk, tiles, random_by
 
 @pytest.mark.parametrize("name", ONE_ROW)
 @pytest.mark.parametrize("case", ["norm", "norm+glu", "res"])
-def test_one_row_kernel_prologue_and_epilogues(name, case, triton_kernels):
+@pytest.mark.parametrize("xq", [1, 0])
+def test_one_row_kernel_prologue_and_epilogues(name, case, xq, triton_kernels):
     from shapeplan.runtime.backends.triton.kernels import qgemv
     n, k = 18, 1024                                           # GLU: 9 outputs, BN = 4: a partial block
     g = torch.Generator().manual_seed(7)
@@ -206,8 +209,28 @@ def test_one_row_kernel_prologue_and_epilogues(name, case, triton_kernels):
     r = torch.randn(1, n, generator=g).to(DEV)
     kw = dict(norm_w=s if "norm" in case else None, eps=1e-5, residual=r if case == "res" else None,
               glu="glu" in case)
-    y = qgemv.gemv1(x, packed, name, n, k, tiles=(4, 2, 4), **kw)
+    y = qgemv.gemv1(x, packed, name, n, k, tiles=(4, 2, 4, xq), **kw)
     _close(y, _unfused(x, w, kw["norm_w"], kw["residual"], kw["glu"]))
+
+
+@pytest.mark.parametrize("name", ONE_ROW)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_one_row_kernel_16_bit_x(name, dtype, triton_kernels):
+    """bf16 / float16 x and norm weight (the decode step's): the quads' halves widened by shift and mask
+    (bf16) or as float16, x at an address 2 bytes off 8-byte alignment (copied first), against float32
+    math on the same rounded inputs; the output rounded to x's dtype."""
+    from shapeplan.runtime.backends.triton.kernels import qgemv
+    n, k = 12, 1024
+    g = torch.Generator().manual_seed(11)
+    packed = packed_weight(name, n, k, seed=5).to(DEV)
+    w = dequantize(packed, name)
+    x = torch.randn(1, k + 1, generator=g).to(dtype).to(DEV)[:, 1:]       # 2 bytes past an aligned address
+    s = (torch.rand(k, generator=g) + 0.5).to(dtype).to(DEV)
+    for xq in (1, 0):
+        y = qgemv.gemv1(x, packed, name, n, k, norm_w=s, eps=1e-5, tiles=(4, 2, 4, xq))
+        assert y.dtype == dtype
+        want = _unfused(x.float(), w, s.float(), None, False)
+        torch.testing.assert_close(y.float(), want, rtol=2e-2, atol=2e-2 * want.abs().max().item())
 
 
 def test_one_row_kernel_dispatch(triton_kernels, monkeypatch):
@@ -259,7 +282,7 @@ def test_fused_quant_ops_through_the_kernels(name, triton_kernels):
 def test_one_row_kernels_compile_for_sm90():
     """Every variant, and with programmatic dependent launch (SHAPEPLAN_QUANT_GEMV_PDL: griddepcontrol
     in the PTX; 3/4: norm + GLU / residual)."""
-    specs = [f"gemv1:{n}:{m}" for n in ONE_ROW for m in (0, 1, 2, 3, 4)]
+    specs = [f"gemv1:{n}:{m}" for n in ONE_ROW for m in (0, 1, 2, 3, 4)] + [f"gemv1t:{n}:{m}" for n in ONE_ROW for m in (1, 2)]
     res = _compile_sm90(*specs)
     assert all(r["ok"] for r in res.values()), {s: r["error"] for s, r in res.items() if not r["ok"]}
     assert res["gemv1:Q4_K:0"]["vector_loads"]              # Q4_K super-blocks are 16-byte aligned

@@ -54,23 +54,24 @@ import torch
 from shapeplan.runtime.backends.triton.env import interpreting
 from shapeplan.runtime.backends.triton.kernels.gguf import AVAILABLE, triton, tl
 
-#: qtype -> (BN rows per program, CH chunks per iteration, warps) when ``TUNE`` has no entry
-DEFAULT: dict[str, tuple[int, int, int]] = {"Q4_K": (8, 2, 4), "Q6_K": (4, 1, 4), "Q8_0": (8, 4, 4)}
-#: (qtype, N outputs (GLU: after the gate), K) -> (BN, CH, warps), measured on the H200
-TUNE: dict[tuple[str, int, int], tuple[int, int, int]] = {       # H200, 2026-12-01 (bench.quant_gemv --sweep1)
-    ("Q4_K", 3072, 2048): (16, 4, 4), ("Q6_K", 3072, 2048): (1, 1, 1), ("Q8_0", 3072, 2048): (2, 4, 1),
-    ("Q4_K", 2048, 2048): (4, 4, 8), ("Q6_K", 2048, 2048): (1, 1, 1), ("Q8_0", 2048, 2048): (2, 4, 1),
-    ("Q4_K", 8192, 2048): (16, 2, 2), ("Q6_K", 8192, 2048): (4, 1, 1), ("Q8_0", 8192, 2048): (2, 4, 1),
-    ("Q4_K", 2048, 8192): (4, 4, 8), ("Q6_K", 2048, 8192): (1, 1, 1), ("Q8_0", 2048, 8192): (2, 4, 1),
-    ("Q4_K", 128256, 2048): (16, 1, 1), ("Q6_K", 128256, 2048): (8, 1, 1), ("Q8_0", 128256, 2048): (32, 1, 2),
-    ("Q4_K", 512, 2048): (4, 4, 8), ("Q6_K", 512, 2048): (2, 4, 8),
-    # llama-8b (tenth session: Q4_K and Q6_K only, the types of a Q4_K_M file)
-    ("Q4_K", 6144, 4096): (16, 4, 4), ("Q6_K", 6144, 4096): (2, 1, 1),
-    ("Q4_K", 4096, 4096): (16, 4, 8), ("Q6_K", 4096, 4096): (2, 1, 2),
-    ("Q4_K", 14336, 4096): (8, 1, 1), ("Q6_K", 14336, 4096): (4, 1, 1),
-    ("Q4_K", 4096, 14336): (16, 4, 8), ("Q6_K", 4096, 14336): (1, 1, 1),
-    ("Q4_K", 1024, 4096): (4, 4, 8), ("Q6_K", 1024, 4096): (2, 4, 8),
-    ("Q4_K", 128256, 4096): (16, 1, 1), ("Q6_K", 128256, 4096): (2, 1, 1),
+#: qtype -> (BN rows per program, CH chunks per iteration, warps, XQ) when ``TUNE`` has no entry
+DEFAULT: dict[str, tuple[int, int, int, int]] = {"Q4_K": (8, 2, 4, 1), "Q6_K": (4, 1, 4, 1), "Q8_0": (8, 4, 4, 1)}
+#: (qtype, N outputs (GLU: after the gate), K) -> (BN, CH, warps, XQ), measured on the H200
+TUNE: dict[tuple[str, int, int], tuple[int, int, int, int]] = {   # H200, 2026-12-01 (bench.quant_gemv --sweep1)
+    # llama-1b (eleventh session: XQ 0 and 1 swept)
+    ("Q4_K", 3072, 2048): (4, 4, 2, 1), ("Q6_K", 3072, 2048): (1, 2, 1, 1), ("Q8_0", 3072, 2048): (2, 4, 1, 1),
+    ("Q4_K", 2048, 2048): (2, 4, 2, 1), ("Q6_K", 2048, 2048): (1, 2, 1, 1), ("Q8_0", 2048, 2048): (2, 4, 1, 1),
+    ("Q4_K", 8192, 2048): (8, 2, 1, 0), ("Q6_K", 8192, 2048): (2, 1, 1, 1), ("Q8_0", 8192, 2048): (2, 4, 1, 1),
+    ("Q4_K", 2048, 8192): (2, 4, 2, 1), ("Q6_K", 2048, 8192): (1, 2, 1, 1), ("Q8_0", 2048, 8192): (2, 4, 1, 1),
+    ("Q4_K", 512, 2048): (1, 4, 2, 1), ("Q6_K", 512, 2048): (1, 2, 1, 1), ("Q8_0", 512, 2048): (2, 4, 1, 1),
+    ("Q4_K", 128256, 2048): (16, 1, 1, 0), ("Q6_K", 128256, 2048): (4, 1, 2, 1), ("Q8_0", 128256, 2048): (2, 4, 1, 1),
+    # llama-8b (tenth session, the x tile broadcast over the rows: XQ = 0; Q4_K and Q6_K only)
+    ("Q4_K", 6144, 4096): (16, 4, 4, 0), ("Q6_K", 6144, 4096): (2, 1, 1, 0),
+    ("Q4_K", 4096, 4096): (16, 4, 8, 0), ("Q6_K", 4096, 4096): (2, 1, 2, 0),
+    ("Q4_K", 14336, 4096): (8, 1, 1, 0), ("Q6_K", 14336, 4096): (4, 1, 1, 0),
+    ("Q4_K", 4096, 14336): (16, 4, 8, 0), ("Q6_K", 4096, 14336): (1, 1, 1, 0),
+    ("Q4_K", 1024, 4096): (4, 4, 8, 0), ("Q6_K", 1024, 4096): (2, 4, 8, 0),
+    ("Q4_K", 128256, 4096): (16, 1, 1, 0), ("Q6_K", 128256, 4096): (2, 1, 1, 0),
 }
 #: programs below which BN is halved (the H200 has 132 SMs)
 MIN_PROGRAMS = 264
@@ -107,13 +108,80 @@ if AVAILABLE:
         return (v & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
 
     @triton.jit
-    def _x_load(X, NW, idx, mask, NORM: tl.constexpr):
-        """x[idx] (times the norm weight) as float32, and x[idx]^2 for the norm's Σx²."""
-        x = tl.load(X + idx, mask=mask, other=0.0).to(tl.float32)
-        sq = x * x
+    def _quad(P, idx, mask, BITS: tl.constexpr, F16: tl.constexpr):
+        """Elements 4 idx .. 4 idx + 3 of the bf16 / float16 / float32 vector P as four float32 tensors, read
+        as 64-bit words (16-bit types: one word per quad, the halves widened by a shift or a mask;
+        float32: two words)."""
+        P64 = P.to(tl.pointer_type(tl.int64), bitcast=True)
+        if BITS == 32:
+            a = tl.load(P64 + 2 * idx, mask=mask, other=0)
+            b = tl.load(P64 + 2 * idx + 1, mask=mask, other=0)
+            return (a.to(tl.int32).to(tl.float32, bitcast=True), (a >> 32).to(tl.int32).to(tl.float32, bitcast=True),
+                    b.to(tl.int32).to(tl.float32, bitcast=True), (b >> 32).to(tl.int32).to(tl.float32, bitcast=True))
+        q = tl.load(P64 + idx, mask=mask, other=0)
+        lo = q.to(tl.int32)
+        hi = (q >> 32).to(tl.int32)
+        if F16:
+            return _f16(lo), _f16(lo >> 16), _f16(hi), _f16(hi >> 16)
+        return ((lo << 16).to(tl.float32, bitcast=True), (lo & -65536).to(tl.float32, bitcast=True),
+                (hi << 16).to(tl.float32, bitcast=True), (hi & -65536).to(tl.float32, bitcast=True))
+
+    @triton.jit
+    def _x4(X, NW, idx, mask, ss, NORM: tl.constexpr, XQ: tl.constexpr, XB: tl.constexpr, XF16: tl.constexpr,
+            NB: tl.constexpr, NF16: tl.constexpr):
+        """x's elements 4 idx + b (b = 0..3) as four float32 tensors, times the norm weight's with NORM,
+        and ``ss`` + x_b² (the norm's squares, in the shape of ``idx``). XQ: ``idx`` is a tile in the weights' shape and layout, read as
+        64-bit quads (module doc); else ``idx`` lacks the weights' row axis: four element loads, the x
+        tile then broadcast over the rows (a new leading axis)."""
+        if XQ:
+            x0, x1, x2, x3 = _quad(X, idx, mask, XB, XF16)
+        else:
+            x0 = tl.load(X + 4 * idx, mask=mask, other=0.0).to(tl.float32)
+            x1 = tl.load(X + 4 * idx + 1, mask=mask, other=0.0).to(tl.float32)
+            x2 = tl.load(X + 4 * idx + 2, mask=mask, other=0.0).to(tl.float32)
+            x3 = tl.load(X + 4 * idx + 3, mask=mask, other=0.0).to(tl.float32)
         if NORM:
-            x = x * tl.load(NW + idx, mask=mask, other=0.0).to(tl.float32)
-        return x, sq
+            ss += x0 * x0
+            ss += x1 * x1
+            ss += x2 * x2
+            ss += x3 * x3
+            if XQ:
+                n0, n1, n2, n3 = _quad(NW, idx, mask, NB, NF16)
+            else:
+                n0 = tl.load(NW + 4 * idx, mask=mask, other=0.0).to(tl.float32)
+                n1 = tl.load(NW + 4 * idx + 1, mask=mask, other=0.0).to(tl.float32)
+                n2 = tl.load(NW + 4 * idx + 2, mask=mask, other=0.0).to(tl.float32)
+                n3 = tl.load(NW + 4 * idx + 3, mask=mask, other=0.0).to(tl.float32)
+            x0, x1, x2, x3 = x0 * n0, x1 * n1, x2 * n2, x3 * n3
+        if not XQ:
+            x0, x1, x2, x3 = x0[None], x1[None], x2[None], x3[None]
+        return x0, x1, x2, x3, ss
+
+    @triton.jit
+    def _xidx(q, mask, shape: tl.constexpr, contiguity: tl.constexpr, XQ: tl.constexpr):
+        """The quad index tile ``q`` (no row axis) and its mask as ``_x4`` takes them: XQ, broadcast to the
+        weights' ``shape`` with the weights' ``contiguity`` (4 along the last axis: the weights' layout,
+        no conversion); else as given."""
+        if XQ:
+            q, mask = tl.max_contiguous(tl.broadcast_to(q[None], shape), contiguity), tl.broadcast_to(mask[None], shape)
+        return q, mask
+
+    @triton.jit
+    def _dot4(q, x0, x1, x2, x3, off: tl.constexpr, ASM: tl.constexpr):
+        """Σ_b (byte b of q - off) * x_b: one word's four products."""
+        t = _byte(q, 0, off, ASM) * x0
+        t += _byte(q, 1, off, ASM) * x1                       # a chain of FMAs
+        t += _byte(q, 2, off, ASM) * x2
+        return t + _byte(q, 3, off, ASM) * x3
+
+    @triton.jit
+    def _ss_total(ss, XQ: tl.constexpr):
+        """Σx² of the row from the accumulated squares: XQ, row 0 of the per-row tile (every row holds the
+        same x); else the whole (row-less) tile."""
+        rows = tl.sum(tl.reshape(ss, [ss.shape[0], ss.numel // ss.shape[0]]), axis=1)
+        if XQ:
+            rows = tl.where(tl.arange(0, ss.shape[0]) == 0, rows, 0.0)
+        return tl.sum(rows, axis=0)
 
     # ------------------------------------------------------------------------------------------ Q4_K
     @triton.jit
@@ -142,56 +210,52 @@ if AVAILABLE:
     @triton.jit
     def _q4k_kernel(X, NW, W, R, Y, N, K, HALF, ROW_WORDS, eps, BN: tl.constexpr, CH: tl.constexpr,
                     NORM: tl.constexpr, RES: tl.constexpr, GLU: tl.constexpr, PDL: tl.constexpr = False,
-                    ASM: tl.constexpr = False):
+                    ASM: tl.constexpr = False, XQ: tl.constexpr = True, XB: tl.constexpr = 16, XF16: tl.constexpr = False,
+                    NB: tl.constexpr = 16, NF16: tl.constexpr = False):
         """Q4_K super-block (36 words): [d|dmin] [scales x 3] [qs x 32]; qs word 4 + 8p + w holds, in
-        byte b, elements 32*(2p) + 4w + b (low nibble) and 32*(2p+1) + 4w + b (high nibble)."""
+        byte b, elements 32*(2p) + 4w + b (low nibble) and 32*(2p+1) + 4w + b (high nibble): x quad
+        8(2p + h) + w of the super-block for nibble half h."""
         rows, ok, rg, ru = _program_rows(W, N, HALF, ROW_WORDS, BN, PDL)
         ci = tl.arange(0, CH)[:, None, None]                                       # [CH, 1, 1]
         p = tl.arange(0, 4)[None, :, None]                                         # [1, 4, 1]
         w = tl.arange(0, 8)[None, None, :]                                         # [1, 1, 8]
+        woff = tl.max_contiguous(tl.broadcast_to(4 + 8 * p[None] + w[None], [BN, CH, 4, 8]), [1, 1, 1, 4])
         nc = K // 256
         acc = tl.zeros([BN, CH, 4, 8], dtype=tl.float32)
         acc_u = tl.zeros([BN, CH, 4, 8], dtype=tl.float32)
-        ss = tl.zeros([CH, 4, 8], dtype=tl.float32)
+        if XQ:
+            ss = tl.zeros([BN, CH, 4, 8], dtype=tl.float32)
+        else:
+            ss = tl.zeros([CH, 4, 8], dtype=tl.float32)
         for c0 in range(0, nc, CH):
             c = c0 + ci
             cok = c < nc
             m4 = ok[:, None, None, None] & cok[None]                              # [BN, CH, 1, 1]
             sb = rg[:, None, None, None] + (c * 36)[None]                         # [BN, CH, 1, 1]
-            qw = tl.load(sb + 4 + 8 * p[None] + w[None], mask=m4, other=0)        # [BN, CH, 4, 8]
+            qw = tl.load(sb + woff, mask=m4, other=0)                              # [BN, CH, 4, 8]
             hd, s1 = tl.load(sb, mask=m4, other=0), tl.load(sb + 1, mask=m4, other=0)
             s2, s3 = tl.load(sb + 2, mask=m4, other=0), tl.load(sb + 3, mask=m4, other=0)
             if GLU:
                 sbu = ru[:, None, None, None] + (c * 36)[None]
-                qwu = tl.load(sbu + 4 + 8 * p[None] + w[None], mask=m4, other=0)
+                qwu = tl.load(sbu + woff, mask=m4, other=0)
                 hdu, s1u = tl.load(sbu, mask=m4, other=0), tl.load(sbu + 1, mask=m4, other=0)
                 s2u, s3u = tl.load(sbu + 2, mask=m4, other=0), tl.load(sbu + 3, mask=m4, other=0)
             if PDL:
                 gdc_wait()
             for h in tl.static_range(2):
-                nib = (qw >> (4 * h)) & 0x0F0F0F0F                                # this half's codes, a byte each
-                if GLU:
-                    nib_u = (qwu >> (4 * h)) & 0x0F0F0F0F
-                t = tl.zeros([BN, CH, 4, 8], dtype=tl.float32)
-                t_u = tl.zeros([BN, CH, 4, 8], dtype=tl.float32)
-                sx = tl.zeros([CH, 4, 8], dtype=tl.float32)                     # Σ_b x per word
-                for b in tl.static_range(4):
-                    x, sq = _x_load(X, NW, c * 256 + (2 * p + h) * 32 + 4 * w + b, cok, NORM)   # [CH, 4, 8]
-                    ss += sq
-                    sx += x
-                    t += _byte(nib, b, 0.0, ASM) * x[None]
-                    if GLU:
-                        t_u += _byte(nib_u, b, 0.0, ASM) * x[None]
+                xi, xm = _xidx((c * 8 + 2 * p + h) * 8 + w, cok, [BN, CH, 4, 8], [1, 1, 1, 4], XQ)
+                x0, x1, x2, x3, ss = _x4(X, NW, xi, xm, ss, NORM, XQ, XB, XF16, NB, NF16)
+                sx = (x0 + x1) + (x2 + x3)                                         # Σ_b x per word
                 ds, dm = _q4k_scales(hd, s1, s2, s3, p[None], h)                  # [BN, CH, 4, 1]
-                acc += t * ds - dm * sx[None]          # per word: no reduction (and no barrier) in the loop
+                acc += _dot4((qw >> (4 * h)) & 0x0F0F0F0F, x0, x1, x2, x3, 0.0, ASM) * ds - dm * sx
                 if GLU:
                     ds_u, dm_u = _q4k_scales(hdu, s1u, s2u, s3u, p[None], h)
-                    acc_u += t_u * ds_u - dm_u * sx[None]
+                    acc_u += _dot4((qwu >> (4 * h)) & 0x0F0F0F0F, x0, x1, x2, x3, 0.0, ASM) * ds_u - dm_u * sx
         y = tl.sum(tl.sum(tl.sum(acc, axis=3), axis=2), axis=1)
         u = y
         if GLU:
             u = tl.sum(tl.sum(tl.sum(acc_u, axis=3), axis=2), axis=1)
-        _finish(y, u, tl.sum(tl.sum(tl.sum(ss, axis=2), axis=1), axis=0), K, eps, R, Y, rows, ok, NORM, RES, GLU)
+        _finish(y, u, _ss_total(ss, XQ), K, eps, R, Y, rows, ok, NORM, RES, GLU)
 
     # ------------------------------------------------------------------------------------------ Q6_K
     @triton.jit
@@ -224,7 +288,8 @@ if AVAILABLE:
     @triton.jit
     def _q6k_kernel(X, NW, W, R, Y, N, K, HALF, ROW_WORDS, eps, BN: tl.constexpr, CH: tl.constexpr,
                     NORM: tl.constexpr, RES: tl.constexpr, GLU: tl.constexpr, PDL: tl.constexpr = False,
-                    ASM: tl.constexpr = False):
+                    ASM: tl.constexpr = False, XQ: tl.constexpr = True, XB: tl.constexpr = 16, XF16: tl.constexpr = False,
+                    NB: tl.constexpr = 16, NF16: tl.constexpr = False):
         """Q6_K super-block (210 bytes): [ql 128][qh 64][scales int8 16][d]; two per pair of 105 words,
         the second 2 bytes off word alignment. With hg = 4h + g (h: half, g: 16-element group) and
         nibble half n, element 128h + 64n + 16g + 4w + b is byte b of ql word 4hg + w (nibble n) and
@@ -236,7 +301,10 @@ if AVAILABLE:
         npairs = K // 512
         acc = tl.zeros([BN, CH, 8, 4], dtype=tl.float32)
         acc_u = tl.zeros([BN, CH, 8, 4], dtype=tl.float32)
-        ss = tl.zeros([CH, 8, 4], dtype=tl.float32)
+        if XQ:
+            ss = tl.zeros([BN, CH, 8, 4], dtype=tl.float32)
+        else:
+            ss = tl.zeros([CH, 8, 4], dtype=tl.float32)
         for c0 in range(0, npairs, CH):
             c = c0 + ci
             cok = c < npairs
@@ -251,26 +319,19 @@ if AVAILABLE:
                 if PDL:
                     gdc_wait()
                 for n in tl.static_range(2):
-                    q6 = _q6k_join(ql, qh, hg[None], n)
-                    t = tl.zeros([BN, CH, 8, 4], dtype=tl.float32)
+                    xi, xm = _xidx((2 * c + odd) * 64 + 32 * (hg // 4) + 16 * n + 4 * (hg % 4) + w, cok,
+                                   [BN, CH, 8, 4], [1, 1, 1, 4], XQ)
+                    x0, x1, x2, x3, ss = _x4(X, NW, xi, xm, ss, NORM, XQ, XB, XF16, NB, NF16)
+                    acc += _dot4(_q6k_join(ql, qh, hg[None], n), x0, x1, x2, x3, 32.0, ASM) \
+                        * _q6k_scale(base, m4, hg[None], n, odd)
                     if GLU:
-                        q6_u = _q6k_join(ql_u, qh_u, hg[None], n)
-                        t_u = tl.zeros([BN, CH, 8, 4], dtype=tl.float32)
-                    for b in tl.static_range(4):
-                        k = (2 * c + odd) * 256 + 128 * (hg // 4) + 64 * n + 16 * (hg % 4) + 4 * w + b
-                        x, sq = _x_load(X, NW, k, cok, NORM)                       # [CP, 8, 4]
-                        ss += sq
-                        t += _byte(q6, b, 32.0, ASM) * x[None]                      # q - 32
-                        if GLU:
-                            t_u += _byte(q6_u, b, 32.0, ASM) * x[None]
-                    acc += t * _q6k_scale(base, m4, hg[None], n, odd)
-                    if GLU:
-                        acc_u += t_u * _q6k_scale(base_u, m4, hg[None], n, odd)
+                        acc_u += _dot4(_q6k_join(ql_u, qh_u, hg[None], n), x0, x1, x2, x3, 32.0, ASM) \
+                            * _q6k_scale(base_u, m4, hg[None], n, odd)
         y = tl.sum(tl.sum(tl.sum(acc, axis=3), axis=2), axis=1)
         u = y
         if GLU:
             u = tl.sum(tl.sum(tl.sum(acc_u, axis=3), axis=2), axis=1)
-        _finish(y, u, tl.sum(tl.sum(tl.sum(ss, axis=2), axis=1), axis=0), K, eps, R, Y, rows, ok, NORM, RES, GLU)
+        _finish(y, u, _ss_total(ss, XQ), K, eps, R, Y, rows, ok, NORM, RES, GLU)
 
     # ------------------------------------------------------------------------------------------ Q8_0
     @triton.jit
@@ -291,16 +352,20 @@ if AVAILABLE:
     @triton.jit
     def _q80_kernel(X, NW, W, R, Y, N, K, HALF, ROW_WORDS, eps, BN: tl.constexpr, CH: tl.constexpr,
                     NORM: tl.constexpr, RES: tl.constexpr, GLU: tl.constexpr, PDL: tl.constexpr = False,
-                    ASM: tl.constexpr = False):
+                    ASM: tl.constexpr = False, XQ: tl.constexpr = True, XB: tl.constexpr = 16, XF16: tl.constexpr = False,
+                    NB: tl.constexpr = 16, NF16: tl.constexpr = False):
         """Q8_0 blocks [d f16][32 int8], two per pair of 17 words; CH pairs per iteration. Element
-        64c + 32*odd + 4w + b is byte b of code word w of block ``odd`` of pair c."""
+        64c + 32*odd + 4w + b is byte b of code word w of block ``odd`` of pair c: x quad 16c + 8odd + w."""
         rows, ok, rg, ru = _program_rows(W, N, HALF, ROW_WORDS, BN, PDL)
         ci = tl.arange(0, CH)[:, None]                                             # [CP, 1]
         w = tl.arange(0, 8)[None, :]                                               # [1, 8]
         npairs = K // 64
         acc = tl.zeros([BN, CH, 8], dtype=tl.float32)
         acc_u = tl.zeros([BN, CH, 8], dtype=tl.float32)
-        ss = tl.zeros([CH, 8], dtype=tl.float32)
+        if XQ:
+            ss = tl.zeros([BN, CH, 8], dtype=tl.float32)
+        else:
+            ss = tl.zeros([CH, 8], dtype=tl.float32)
         for c0 in range(0, npairs, CH):
             c = c0 + ci
             cok = c < npairs
@@ -310,26 +375,20 @@ if AVAILABLE:
                 base_u = ru[:, None, None] + (c * 17)[None]
             for odd in tl.static_range(2):
                 qw = _q80_codes(base, m3, w[None], odd) ^ SIGN8                  # q + 128 per byte
-                t = tl.zeros([BN, CH, 8], dtype=tl.float32)
                 if GLU:
                     qw_u = _q80_codes(base_u, m3, w[None], odd) ^ SIGN8
-                    t_u = tl.zeros([BN, CH, 8], dtype=tl.float32)
                 if PDL:
                     gdc_wait()
-                for b in tl.static_range(4):
-                    x, sq = _x_load(X, NW, c * 64 + 32 * odd + 4 * w + b, cok, NORM)   # [CP, 8]
-                    ss += sq
-                    t += _byte(qw, b, 128.0, ASM) * x[None]
-                    if GLU:
-                        t_u += _byte(qw_u, b, 128.0, ASM) * x[None]
-                acc += t * _q80_scale(base, m3, odd)
+                xi, xm = _xidx(c * 16 + 8 * odd + w, cok, [BN, CH, 8], [1, 1, 4], XQ)
+                x0, x1, x2, x3, ss = _x4(X, NW, xi, xm, ss, NORM, XQ, XB, XF16, NB, NF16)
+                acc += _dot4(qw, x0, x1, x2, x3, 128.0, ASM) * _q80_scale(base, m3, odd)
                 if GLU:
-                    acc_u += t_u * _q80_scale(base_u, m3, odd)
+                    acc_u += _dot4(qw_u, x0, x1, x2, x3, 128.0, ASM) * _q80_scale(base_u, m3, odd)
         y = tl.sum(tl.sum(acc, axis=2), axis=1)
         u = y
         if GLU:
             u = tl.sum(tl.sum(acc_u, axis=2), axis=1)
-        _finish(y, u, tl.sum(tl.sum(ss, axis=1), axis=0), K, eps, R, Y, rows, ok, NORM, RES, GLU)
+        _finish(y, u, _ss_total(ss, XQ), K, eps, R, Y, rows, ok, NORM, RES, GLU)
 
     KERNELS = {"Q4_K": _q4k_kernel, "Q6_K": _q6k_kernel, "Q8_0": _q80_kernel}
 
@@ -345,37 +404,45 @@ def supports(x: torch.Tensor, packed: torch.Tensor, qtype: str, k: int) -> bool:
             and packed.data_ptr() % 4 == 0 and x.dtype in (torch.float16, torch.bfloat16, torch.float32))
 
 
-def config(qtype: str, n: int, k: int) -> tuple[int, int, int]:
-    """(BN, CH, warps) for N outputs and K inputs: ``TUNE``, else ``DEFAULT`` with BN halved until
+def config(qtype: str, n: int, k: int) -> tuple[int, int, int, int]:
+    """(BN, CH, warps, XQ) for N outputs and K inputs: ``TUNE``, else ``DEFAULT`` with BN halved until
     there are ``MIN_PROGRAMS`` programs (or BN is 1)."""
     hit = TUNE.get((qtype, n, k))
     if hit:
         return hit
-    bn, ch, warps = DEFAULT[qtype]
+    bn, ch, warps, xq = DEFAULT[qtype]
     while bn > 1 and triton.cdiv(n, bn) < MIN_PROGRAMS:
         bn //= 2
-    return bn, ch, warps
+    return bn, ch, warps, xq
+
+
+def _aligned(v: torch.Tensor) -> torch.Tensor:
+    """``v`` [1, K] with unit stride at an 8-byte aligned address (the kernels read x and the norm weight
+    as 64-bit words): ``v`` itself, else a copy."""
+    if v.stride(1) != 1 or v.data_ptr() % 8:
+        return v.clone(memory_format=torch.contiguous_format) if v.stride(1) == 1 else v.contiguous()
+    return v
 
 
 def gemv1(x: torch.Tensor, packed: torch.Tensor, qtype: str, n: int, k: int, *, norm_w: torch.Tensor | None = None,
           eps: float = 0.0, residual: torch.Tensor | None = None, glu: bool = False,
-          tiles: tuple[int, int, int] | None = None) -> torch.Tensor:
+          tiles: tuple[int, int, int, int] | None = None) -> torch.Tensor:
     """The one-row quantized GEMV (module doc): x [1, K], W [n, k] packed -> [1, n] (GLU: [1, n / 2])."""
-    if x.stride(1) != 1:
-        x = x.contiguous()
+    x = _aligned(x)
     out_n = n // 2 if glu else n
-    bn, ch, warps = tiles or config(qtype, out_n, k)
+    bn, ch, warps, xq = tiles or config(qtype, out_n, k)
     words = packed.view(torch.int32)                                               # [n, row bytes / 4]
     y = torch.empty(1, out_n, dtype=x.dtype, device=x.device)
     r = residual.reshape(1, out_n) if residual is not None else y
     if r.stride(-1) != 1:
         r = r.contiguous()
-    nw = norm_w if norm_w is not None else x
+    nw = _aligned(norm_w.reshape(1, -1)) if norm_w is not None else x
     from shapeplan import env
     from shapeplan.runtime.backends.triton.kernels.gemv import pdl_on
     launch = {"launch_pdl": True} if pdl_on(x.device, env.get("SHAPEPLAN_QUANT_GEMV_PDL")) else {}
     KERNELS[qtype][(triton.cdiv(out_n, bn),)](
         x, nw, words, r, y, out_n, k, out_n, words.stride(0), float(eps), BN=bn, CH=ch,
-        NORM=norm_w is not None, RES=residual is not None, GLU=glu, PDL=bool(launch), ASM=not interpreting(),
+        NORM=norm_w is not None, RES=residual is not None, GLU=glu, PDL=bool(launch), ASM=not interpreting(), XQ=bool(xq),
+        XB=8 * x.element_size(), XF16=x.dtype == torch.float16, NB=8 * nw.element_size(), NF16=nw.dtype == torch.float16,
         num_warps=warps, **launch)
     return y
