@@ -281,8 +281,9 @@ def test_fused_quant_ops_through_the_kernels(name, triton_kernels):
 
 def test_one_row_kernels_compile_for_sm90():
     """Every variant, and with programmatic dependent launch (SHAPEPLAN_QUANT_GEMV_PDL: griddepcontrol
-    in the PTX; 3/4: norm + GLU / residual)."""
-    specs = [f"gemv1:{n}:{m}" for n in ONE_ROW for m in (0, 1, 2, 3, 4)] + [f"gemv1t:{n}:{m}" for n in ONE_ROW for m in (1, 2)]
+    in the PTX; 3/4: norm + GLU / residual), both ways of reading x."""
+    specs = ([f"gemv1:{n}:{m}" for n in ONE_ROW for m in (0, 1, 2, 3, 4)]
+             + [f"gemv1t:{n}:{m}" for n in ONE_ROW for m in (1, 2)])       # XQ = 0: the x tile broadcast
     res = _compile_sm90(*specs)
     assert all(r["ok"] for r in res.values()), {s: r["error"] for s, r in res.items() if not r["ok"]}
     assert res["gemv1:Q4_K:0"]["vector_loads"]              # Q4_K super-blocks are 16-byte aligned

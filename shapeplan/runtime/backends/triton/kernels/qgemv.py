@@ -29,12 +29,25 @@ so it is bound by instructions, not by memory (~845 GB/s on the LM head, of ~4.2
   interpreter runs the same arithmetic with shifts and masks.)
 - **Sub-block algebra.** Per word (4 elements of one sub-block) the products ``q * x`` are summed,
   then scaled once: Q8_0 ``d * Σ q x``, Q6_K ``d * sc * Σ (q - 32) x``, Q4_K
-  ``d * sc * Σ q x - dmin * m * Σ x`` with ``Σ x`` per sub-block computed once per program (x is
-  shared by the BN rows).
+  ``d * sc * Σ q x - dmin * m * Σ x`` with ``Σ x`` per word.
+- **Two ways to read x (XQ, chosen per shape in ``TUNE``).** The 4 elements a code word multiplies are
+  4 consecutive elements of x: one 64-bit "quad" (16-bit x; float32: two). XQ = 1: x is read as quads
+  through a pointer tile of the weights' own shape, with the weights' contiguity (``tl.max_contiguous``
+  4 on both), so Triton gives x the weights' register layout: no shared-memory conversion and no barrier
+  in the loop (bf16 halves widened by one shift or mask; each thread reads its own x from L1, once per
+  row: the norm's multiply and Σx² are per row too, summed over row 0 at the end). XQ = 0: x is read
+  once per program as a row-less tile of element loads and broadcast over the BN rows, which Triton
+  converts into the weights' layout through shared memory (about 20 barriers per iteration, measured in
+  the SASS), but shares one x and one norm multiply among many rows. Measured on the H200 (eleventh
+  session): XQ = 1 wins every small matrix and every Q6_K / Q8_0 shape (llama-1b Q4_K qkv 7.8 -> 6.1 µs,
+  o 5.2 -> 4.1, k/v 3.8 -> 2.9, down 13.6 -> 10.1; Q6_K down 14.4 -> 10.0), XQ = 0 the large Q4_K
+  matrices with a norm prologue (gate/up 16.4 µs against 17.3, LM head 104.1 against 124.7).
 - A program owns BN rows and walks K in CH super-blocks (Q4_K), CH pairs of super-blocks (Q6_K) or
   CH pairs of 32-blocks (Q8_0) per iteration, all their loads in flight together; products stay
   elementwise in float32 and are summed once after the loop; one store per row. No split-K: BN goes
-  down to 1 for few rows. Tunables per (type, N, K) in ``TUNE`` (bench/quant_gemv.py ``--sweep1``).
+  down to 1 for few rows. Tunables (BN, CH, warps, XQ) per (type, N, K) in ``TUNE`` (bench/quant_gemv.py
+  ``--sweep1``). x and the norm weight must sit at 8-byte aligned addresses (``gemv1`` copies them
+  otherwise).
 
 The norm is the bf16 GEMV's: rsqrt(mean(x^2) + eps) is a factor common to the row, so Σx² is summed
 beside the products and the result scaled at the end; rounding as there (the product and the gate are
@@ -42,7 +55,8 @@ rounded to the activation dtype where MatMul and SiluMul round). Everything is l
 tensors only: it captures into the decode plan's CUDA graph.
 
 Programmatic dependent launch (``SHAPEPLAN_QUANT_GEMV_PDL=1``, Hopper+; **off by default: built and
-compiled for sm_90 in CI, not yet measured**), as the bf16 GEMV has it on: the next kernel may launch at
+compiled for sm_90 in CI, not yet measured end to end** (an A/B run on the H200 ran past its limit while
+compiling the PDL variants)), as the bf16 GEMV has it on: the next kernel may launch at
 once, and each iteration waits for the kernel before (``gdc_wait``, a no-op once it has returned) only
 after its weight loads and before its first x load, so the first chunk's weights load while that kernel
 ends.
@@ -65,11 +79,12 @@ TUNE: dict[tuple[str, int, int], tuple[int, int, int, int]] = {   # H200, 2026-1
     ("Q4_K", 2048, 8192): (2, 4, 2, 1), ("Q6_K", 2048, 8192): (1, 2, 1, 1), ("Q8_0", 2048, 8192): (2, 4, 1, 1),
     ("Q4_K", 512, 2048): (1, 4, 2, 1), ("Q6_K", 512, 2048): (1, 2, 1, 1), ("Q8_0", 512, 2048): (2, 4, 1, 1),
     ("Q4_K", 128256, 2048): (16, 1, 1, 0), ("Q6_K", 128256, 2048): (4, 1, 2, 1), ("Q8_0", 128256, 2048): (2, 4, 1, 1),
-    # llama-8b (tenth session, the x tile broadcast over the rows: XQ = 0; Q4_K and Q6_K only)
+    # llama-8b (Q4_K: eleventh session, XQ 0 and 1 swept for qkv, o, gate/up, down; the rest tenth session,
+    # XQ = 0 then; no Q8_0)
     ("Q4_K", 6144, 4096): (16, 4, 4, 0), ("Q6_K", 6144, 4096): (2, 1, 1, 0),
-    ("Q4_K", 4096, 4096): (16, 4, 8, 0), ("Q6_K", 4096, 4096): (2, 1, 2, 0),
+    ("Q4_K", 4096, 4096): (2, 4, 2, 1), ("Q6_K", 4096, 4096): (2, 1, 2, 0),
     ("Q4_K", 14336, 4096): (8, 1, 1, 0), ("Q6_K", 14336, 4096): (4, 1, 1, 0),
-    ("Q4_K", 4096, 14336): (16, 4, 8, 0), ("Q6_K", 4096, 14336): (1, 1, 1, 0),
+    ("Q4_K", 4096, 14336): (2, 4, 2, 1), ("Q6_K", 4096, 14336): (1, 1, 1, 0),
     ("Q4_K", 1024, 4096): (4, 4, 8, 0), ("Q6_K", 1024, 4096): (2, 4, 8, 0),
     ("Q4_K", 128256, 4096): (16, 1, 1, 0), ("Q6_K", 128256, 4096): (2, 1, 1, 0),
 }
@@ -130,9 +145,9 @@ if AVAILABLE:
     def _x4(X, NW, idx, mask, ss, NORM: tl.constexpr, XQ: tl.constexpr, XB: tl.constexpr, XF16: tl.constexpr,
             NB: tl.constexpr, NF16: tl.constexpr):
         """x's elements 4 idx + b (b = 0..3) as four float32 tensors, times the norm weight's with NORM,
-        and ``ss`` + x_b² (the norm's squares, in the shape of ``idx``). XQ: ``idx`` is a tile in the weights' shape and layout, read as
-        64-bit quads (module doc); else ``idx`` lacks the weights' row axis: four element loads, the x
-        tile then broadcast over the rows (a new leading axis)."""
+        and ``ss`` + x_b² (the norm's squares, in the shape of ``idx``). XQ: ``idx`` is a tile in the
+        weights' shape and layout, read as 64-bit quads (module doc); else ``idx`` lacks the weights' row
+        axis: four element loads, the x tile then broadcast over the rows (a new leading axis)."""
         if XQ:
             x0, x1, x2, x3 = _quad(X, idx, mask, XB, XF16)
         else:
@@ -175,13 +190,22 @@ if AVAILABLE:
         return t + _byte(q, 3, off, ASM) * x3
 
     @triton.jit
-    def _ss_total(ss, XQ: tl.constexpr):
-        """Σx² of the row from the accumulated squares: XQ, row 0 of the per-row tile (every row holds the
-        same x); else the whole (row-less) tile."""
-        rows = tl.sum(tl.reshape(ss, [ss.shape[0], ss.numel // ss.shape[0]]), axis=1)
+    def _ss_total(ss0, XQ: tl.constexpr):
+        """Σx² of the row from the squares summed over all but the first axis: XQ, that axis is the rows
+        (each holds the same x): row 0's; else it is the tile's first axis: all of it."""
         if XQ:
-            rows = tl.where(tl.arange(0, ss.shape[0]) == 0, rows, 0.0)
-        return tl.sum(rows, axis=0)
+            ss0 = tl.where(tl.arange(0, ss0.shape[0]) == 0, ss0, 0.0)
+        return tl.sum(ss0, axis=0)
+
+    @triton.jit
+    def _sum_but_first(ss, XQ: tl.constexpr):
+        """``ss`` summed over every axis but the first (the rows with XQ, else the tile's first axis); ss is
+        [rows, a, b, c] / [a, b, c] (Q4_K, Q6_K) or [rows, a, b] / [a, b] (Q8_0)."""
+        if len(ss.shape) == 4:
+            ss = tl.sum(ss, axis=3)
+        if len(ss.shape) == 3:
+            ss = tl.sum(ss, axis=2)
+        return tl.sum(ss, axis=1)
 
     # ------------------------------------------------------------------------------------------ Q4_K
     @triton.jit
@@ -210,8 +234,8 @@ if AVAILABLE:
     @triton.jit
     def _q4k_kernel(X, NW, W, R, Y, N, K, HALF, ROW_WORDS, eps, BN: tl.constexpr, CH: tl.constexpr,
                     NORM: tl.constexpr, RES: tl.constexpr, GLU: tl.constexpr, PDL: tl.constexpr = False,
-                    ASM: tl.constexpr = False, XQ: tl.constexpr = True, XB: tl.constexpr = 16, XF16: tl.constexpr = False,
-                    NB: tl.constexpr = 16, NF16: tl.constexpr = False):
+                    ASM: tl.constexpr = False, XQ: tl.constexpr = True, XB: tl.constexpr = 16,
+                    XF16: tl.constexpr = False, NB: tl.constexpr = 16, NF16: tl.constexpr = False):
         """Q4_K super-block (36 words): [d|dmin] [scales x 3] [qs x 32]; qs word 4 + 8p + w holds, in
         byte b, elements 32*(2p) + 4w + b (low nibble) and 32*(2p+1) + 4w + b (high nibble): x quad
         8(2p + h) + w of the super-block for nibble half h."""
@@ -255,7 +279,7 @@ if AVAILABLE:
         u = y
         if GLU:
             u = tl.sum(tl.sum(tl.sum(acc_u, axis=3), axis=2), axis=1)
-        _finish(y, u, _ss_total(ss, XQ), K, eps, R, Y, rows, ok, NORM, RES, GLU)
+        _finish(y, u, _ss_total(_sum_but_first(ss, XQ), XQ), K, eps, R, Y, rows, ok, NORM, RES, GLU)
 
     # ------------------------------------------------------------------------------------------ Q6_K
     @triton.jit
@@ -288,8 +312,8 @@ if AVAILABLE:
     @triton.jit
     def _q6k_kernel(X, NW, W, R, Y, N, K, HALF, ROW_WORDS, eps, BN: tl.constexpr, CH: tl.constexpr,
                     NORM: tl.constexpr, RES: tl.constexpr, GLU: tl.constexpr, PDL: tl.constexpr = False,
-                    ASM: tl.constexpr = False, XQ: tl.constexpr = True, XB: tl.constexpr = 16, XF16: tl.constexpr = False,
-                    NB: tl.constexpr = 16, NF16: tl.constexpr = False):
+                    ASM: tl.constexpr = False, XQ: tl.constexpr = True, XB: tl.constexpr = 16,
+                    XF16: tl.constexpr = False, NB: tl.constexpr = 16, NF16: tl.constexpr = False):
         """Q6_K super-block (210 bytes): [ql 128][qh 64][scales int8 16][d]; two per pair of 105 words,
         the second 2 bytes off word alignment. With hg = 4h + g (h: half, g: 16-element group) and
         nibble half n, element 128h + 64n + 16g + 4w + b is byte b of ql word 4hg + w (nibble n) and
@@ -331,7 +355,7 @@ if AVAILABLE:
         u = y
         if GLU:
             u = tl.sum(tl.sum(tl.sum(acc_u, axis=3), axis=2), axis=1)
-        _finish(y, u, _ss_total(ss, XQ), K, eps, R, Y, rows, ok, NORM, RES, GLU)
+        _finish(y, u, _ss_total(_sum_but_first(ss, XQ), XQ), K, eps, R, Y, rows, ok, NORM, RES, GLU)
 
     # ------------------------------------------------------------------------------------------ Q8_0
     @triton.jit
@@ -352,8 +376,8 @@ if AVAILABLE:
     @triton.jit
     def _q80_kernel(X, NW, W, R, Y, N, K, HALF, ROW_WORDS, eps, BN: tl.constexpr, CH: tl.constexpr,
                     NORM: tl.constexpr, RES: tl.constexpr, GLU: tl.constexpr, PDL: tl.constexpr = False,
-                    ASM: tl.constexpr = False, XQ: tl.constexpr = True, XB: tl.constexpr = 16, XF16: tl.constexpr = False,
-                    NB: tl.constexpr = 16, NF16: tl.constexpr = False):
+                    ASM: tl.constexpr = False, XQ: tl.constexpr = True, XB: tl.constexpr = 16,
+                    XF16: tl.constexpr = False, NB: tl.constexpr = 16, NF16: tl.constexpr = False):
         """Q8_0 blocks [d f16][32 int8], two per pair of 17 words; CH pairs per iteration. Element
         64c + 32*odd + 4w + b is byte b of code word w of block ``odd`` of pair c: x quad 16c + 8odd + w."""
         rows, ok, rg, ru = _program_rows(W, N, HALF, ROW_WORDS, BN, PDL)
@@ -388,7 +412,7 @@ if AVAILABLE:
         u = y
         if GLU:
             u = tl.sum(tl.sum(acc_u, axis=2), axis=1)
-        _finish(y, u, _ss_total(ss, XQ), K, eps, R, Y, rows, ok, NORM, RES, GLU)
+        _finish(y, u, _ss_total(_sum_but_first(ss, XQ), XQ), K, eps, R, Y, rows, ok, NORM, RES, GLU)
 
     KERNELS = {"Q4_K": _q4k_kernel, "Q6_K": _q6k_kernel, "Q8_0": _q80_kernel}
 
@@ -442,7 +466,8 @@ def gemv1(x: torch.Tensor, packed: torch.Tensor, qtype: str, n: int, k: int, *, 
     launch = {"launch_pdl": True} if pdl_on(x.device, env.get("SHAPEPLAN_QUANT_GEMV_PDL")) else {}
     KERNELS[qtype][(triton.cdiv(out_n, bn),)](
         x, nw, words, r, y, out_n, k, out_n, words.stride(0), float(eps), BN=bn, CH=ch,
-        NORM=norm_w is not None, RES=residual is not None, GLU=glu, PDL=bool(launch), ASM=not interpreting(), XQ=bool(xq),
-        XB=8 * x.element_size(), XF16=x.dtype == torch.float16, NB=8 * nw.element_size(), NF16=nw.dtype == torch.float16,
+        NORM=norm_w is not None, RES=residual is not None, GLU=glu, PDL=bool(launch), ASM=not interpreting(),
+        XQ=bool(xq), XB=8 * x.element_size(), XF16=x.dtype == torch.float16, NB=8 * nw.element_size(),
+        NF16=nw.dtype == torch.float16,
         num_warps=warps, **launch)
     return y
