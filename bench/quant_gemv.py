@@ -10,6 +10,7 @@ weight-bandwidth floor, weight memory vs the file's tensor bytes).
     python3 -m bench.quant_gemv --sweep1 --no-gemv                  # one-row Q4_K/Q6_K/Q8_0 kernel tuning
     python3 -m bench.quant_gemv --e2e llama-1b:Q4_K_M,llama-1b:Q8_0,llama-8b:Q4_K_M --no-gemv
     python3 -m bench.quant_gemv --no-gemv --sweep1 --shapes head --e2e llama-1b:Q4_K_M   # e2e with the swept tiles
+    python3 -m bench.quant_gemv --no-gemv --e2e llama-1b:Q4_K_M --e2e-configs triton --pdl-ab 2   # PDL off/on A/B
 
 Without CUDA it says so and exits 0. Copy bandwidth for the floor: --copy-gbs (4,230 GB/s: the H200's
 measured device-to-device copy).
@@ -219,9 +220,11 @@ def sweep_one_row(qtypes: list[str], presets: list[str], top: int, jobs: int, la
 
 
 def e2e(specs: list[str], copy_gbs: float, new_tokens: int, prompt_len: int, configs: list[str],
-        profile_tokens: int = 0) -> None:
+        profile_tokens: int = 0, pdl_rounds: int = 0) -> None:
     """Decode tok/s of presets written by ``shapeplan quantize --preset`` and loaded back from the file;
-    ``profile_tokens``: then the per-kernel table of the last config's decode (bench/decode.py)."""
+    ``profile_tokens``: then the per-kernel table of the last config's decode (bench/decode.py);
+    ``pdl_rounds``: each config that many times with ``SHAPEPLAN_QUANT_GEMV_PDL`` off and on, interleaved
+    (one model load; each row builds and captures its own plans, so the switch applies to it)."""
     from shapeplan.llm.bench import bench_prompt, load_model, run_config
     from shapeplan.quant.formats import QuantWeight
     from shapeplan.quant.writer import write_preset_gguf
@@ -239,14 +242,25 @@ def e2e(specs: list[str], copy_gbs: float, new_tokens: int, prompt_len: int, con
             per_token = sum(w.nbytes for n, w in weights.items() if isinstance(w, QuantWeight)
                             and (n != "model.embed_tokens.weight" or cfg.tie_word_embeddings))
             file_mb = summary.bytes / 1e6
-            for config in configs:
-                row = run_config(cfg, weights, config, device="cuda", prompt=bench_prompt(cfg.vocab_size, prompt_len),
-                                 new_tokens=new_tokens, max_kv_cache_length=1024, max_prefill_length=prompt_len)
+            runs = [(c, pdl) for c in configs for pdl in (["0", "1"] * pdl_rounds or [None])]
+            for config, pdl in runs:
+                saved = os.environ.get("SHAPEPLAN_QUANT_GEMV_PDL")
+                if pdl is not None:
+                    os.environ["SHAPEPLAN_QUANT_GEMV_PDL"] = pdl
+                try:
+                    row = run_config(cfg, weights, config, device="cuda", prompt=bench_prompt(cfg.vocab_size, prompt_len),
+                                     new_tokens=new_tokens, max_kv_cache_length=1024, max_prefill_length=prompt_len)
+                finally:
+                    if saved is None:
+                        os.environ.pop("SHAPEPLAN_QUANT_GEMV_PDL", None)
+                    else:
+                        os.environ["SHAPEPLAN_QUANT_GEMV_PDL"] = saved
+                label = config if pdl is None else f"{config}/pdl{pdl}"
                 if not row.ok:
-                    print(f"{spec:<18} {config:<8} FAILED: {row.error}")
+                    print(f"{spec:<18} {label:<8} FAILED: {row.error}")
                     continue
                 floor = copy_gbs * 1e9 / per_token
-                print(f"{spec:<18} {config:<8} {row.late_steady_tok_s:>10.1f} {row.decode_tok_s:>8.1f} "
+                print(f"{spec:<18} {label:<8} {row.late_steady_tok_s:>10.1f} {row.decode_tok_s:>8.1f} "
                       f"{per_token / 1e6:>9.1f} {floor:>11.0f} {row.late_steady_tok_s / floor:>8.1%} "
                       f"{mem / 1e6:>10.1f} {file_mb:>8.1f} {mem / summary.bytes - 1:>6.1%}")
             if profile_tokens:
@@ -276,6 +290,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--e2e-configs", default="triton,cuda_graphs", help="modes of the --e2e rows")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="after each --e2e model, a per-kernel table of its decode over N tokens")
+    ap.add_argument("--pdl-ab", type=int, default=0, metavar="R",
+                    help="each --e2e config R times with SHAPEPLAN_QUANT_GEMV_PDL=0 and =1, interleaved (one model load)")
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--copy-gbs", type=float, default=4230.0, help="copy bandwidth of the floor, GB/s")
@@ -290,7 +306,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.sweep1:
         sweep_one_row(a.qtypes.split(","), a.presets.split(","), a.top, a.jobs, [s for s in a.shapes.split(",") if s])
     if a.e2e:
-        e2e(a.e2e.split(","), a.copy_gbs, a.new_tokens, a.prompt_len, a.e2e_configs.split(","), a.profile)
+        e2e(a.e2e.split(","), a.copy_gbs, a.new_tokens, a.prompt_len, a.e2e_configs.split(","), a.profile,
+            a.pdl_ab)
     return 0
 
 
