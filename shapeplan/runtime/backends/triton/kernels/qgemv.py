@@ -444,7 +444,7 @@ def _aligned(v: torch.Tensor) -> torch.Tensor:
     """``v`` [1, K] with unit stride at an 8-byte aligned address (the kernels read x and the norm weight
     as 64-bit words): ``v`` itself, else a copy."""
     if v.stride(1) != 1 or v.data_ptr() % 8:
-        return v.clone(memory_format=torch.contiguous_format) if v.stride(1) == 1 else v.contiguous()
+        return v.clone(memory_format=torch.contiguous_format)
     return v
 
 
