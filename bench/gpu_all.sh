@@ -61,6 +61,8 @@ step quant_gemv default 200 'python3 -m bench.quant_gemv --prefill-m 128,512,204
   'grep -iE "Q4_K|Q8_0" $L | head -3 | paste -sd" " | cut -c1-300'
 step quant_e2e default 300 'python3 -m bench.quant_gemv --no-gemv --e2e llama-1b:Q4_K_M,llama-1b:Q8_0,llama-8b:Q4_K_M,llama-8b:Q8_0' \
   'grep -E "llama-(1b|8b)" $L | tail -4 | paste -sd" " | cut -c1-300'
+step quant_pdl extra 240 'python3 -m bench.quant_gemv --no-gemv --e2e llama-1b:Q4_K_M --e2e-configs triton --pdl-ab 2' \
+  'grep -E "^llama-1b" $L | awk '\''{printf "%s %s tok/s; ", $2, $3}'\'''
 step structured extra 300 'python3 -m bench.structured --preset llama-1b --device cuda --json $W/structured.json' \
   'awk -F"|" '\''$2 ~ /json_schema/ && $4 ~ /on/ {printf "N=%s%s tok/s (%s of unconstrained); ", $3, $5, $6}'\'' $L'
 step decode_attention default 60 'python3 -m bench.decode_attention --pos 256' \
