@@ -120,7 +120,7 @@ CH_ELEMS = {"Q4_K": 256, "Q6_K": 512, "Q8_0": 64}
 L2_BYTES = 60e6
 
 
-def sweep1_configs(name: str, out_n: int) -> list[tuple[int, int, int]]:
+def sweep1_configs(name: str, out_n: int) -> list[tuple[int, int, int, int]]:
     """The (BN, CH, warps, XQ) worth timing: 16..128 weight elements per thread per iteration, and at
     least 64 rows per BN (fewer programs than that leave SMs idle)."""
     return [t for t in SWEEP1 if 16 <= t[0] * t[1] * CH_ELEMS[name] / (32 * t[2]) <= 128
