@@ -145,7 +145,7 @@ if AVAILABLE:
     def _x4(X, NW, idx, mask, ss, NORM: tl.constexpr, XQ: tl.constexpr, XB: tl.constexpr, XF16: tl.constexpr,
             NB: tl.constexpr, NF16: tl.constexpr):
         """x's elements 4 idx + b (b = 0..3) as four float32 tensors, times the norm weight's with NORM,
-        and ``ss`` + x_b² (the norm's squares, in the shape of ``idx``). XQ: ``idx`` is a tile in the
+        their sum, and ``ss`` + x_b² (the norm's squares, in the shape of ``idx``). XQ: ``idx`` is a tile in the
         weights' shape and layout, read as 64-bit quads (module doc); else ``idx`` lacks the weights' row
         axis: four element loads, the x tile then broadcast over the rows (a new leading axis)."""
         if XQ:
@@ -168,9 +168,10 @@ if AVAILABLE:
                 n2 = tl.load(NW + 4 * idx + 2, mask=mask, other=0.0).to(tl.float32)
                 n3 = tl.load(NW + 4 * idx + 3, mask=mask, other=0.0).to(tl.float32)
             x0, x1, x2, x3 = x0 * n0, x1 * n1, x2 * n2, x3 * n3
-        if not XQ:
-            x0, x1, x2, x3 = x0[None], x1[None], x2[None], x3[None]
-        return x0, x1, x2, x3, ss
+        sx = (x0 + x1) + (x2 + x3)                  # Σ_b x per word (Q4_K's minimum term; else unused)
+        if not XQ:                                  # the broadcast last, so Σx is not computed per row
+            x0, x1, x2, x3, sx = x0[None], x1[None], x2[None], x3[None], sx[None]
+        return x0, x1, x2, x3, sx, ss
 
     @triton.jit
     def _xidx(q, mask, shape: tl.constexpr, contiguity: tl.constexpr, XQ: tl.constexpr):
@@ -184,8 +185,9 @@ if AVAILABLE:
     @triton.jit
     def _dot4(q, x0, x1, x2, x3, off: tl.constexpr, ASM: tl.constexpr):
         """Σ_b (byte b of q - off) * x_b: one word's four products."""
-        t = _byte(q, 0, off, ASM) * x0
-        t += _byte(q, 1, off, ASM) * x1                       # a chain of FMAs
+        t = tl.zeros(q.shape, dtype=tl.float32)
+        t += _byte(q, 0, off, ASM) * x0                       # a chain of FMAs
+        t += _byte(q, 1, off, ASM) * x1
         t += _byte(q, 2, off, ASM) * x2
         return t + _byte(q, 3, off, ASM) * x3
 
@@ -268,8 +270,7 @@ if AVAILABLE:
                 gdc_wait()
             for h in tl.static_range(2):
                 xi, xm = _xidx((c * 8 + 2 * p + h) * 8 + w, cok, [BN, CH, 4, 8], [1, 1, 1, 4], XQ)
-                x0, x1, x2, x3, ss = _x4(X, NW, xi, xm, ss, NORM, XQ, XB, XF16, NB, NF16)
-                sx = (x0 + x1) + (x2 + x3)                                         # Σ_b x per word
+                x0, x1, x2, x3, sx, ss = _x4(X, NW, xi, xm, ss, NORM, XQ, XB, XF16, NB, NF16)
                 ds, dm = _q4k_scales(hd, s1, s2, s3, p[None], h)                  # [BN, CH, 4, 1]
                 acc += _dot4((qw >> (4 * h)) & 0x0F0F0F0F, x0, x1, x2, x3, 0.0, ASM) * ds - dm * sx
                 if GLU:
@@ -345,7 +346,7 @@ if AVAILABLE:
                 for n in tl.static_range(2):
                     xi, xm = _xidx((2 * c + odd) * 64 + 32 * (hg // 4) + 16 * n + 4 * (hg % 4) + w, cok,
                                    [BN, CH, 8, 4], [1, 1, 1, 4], XQ)
-                    x0, x1, x2, x3, ss = _x4(X, NW, xi, xm, ss, NORM, XQ, XB, XF16, NB, NF16)
+                    x0, x1, x2, x3, _, ss = _x4(X, NW, xi, xm, ss, NORM, XQ, XB, XF16, NB, NF16)
                     acc += _dot4(_q6k_join(ql, qh, hg[None], n), x0, x1, x2, x3, 32.0, ASM) \
                         * _q6k_scale(base, m4, hg[None], n, odd)
                     if GLU:
@@ -404,7 +405,7 @@ if AVAILABLE:
                 if PDL:
                     gdc_wait()
                 xi, xm = _xidx(c * 16 + 8 * odd + w, cok, [BN, CH, 8], [1, 1, 4], XQ)
-                x0, x1, x2, x3, ss = _x4(X, NW, xi, xm, ss, NORM, XQ, XB, XF16, NB, NF16)
+                x0, x1, x2, x3, _, ss = _x4(X, NW, xi, xm, ss, NORM, XQ, XB, XF16, NB, NF16)
                 acc += _dot4(qw, x0, x1, x2, x3, 128.0, ASM) * _q80_scale(base, m3, odd)
                 if GLU:
                     acc_u += _dot4(qw_u, x0, x1, x2, x3, 128.0, ASM) * _q80_scale(base_u, m3, odd)
