@@ -16,6 +16,7 @@ import argparse
 import itertools
 import json
 import os
+from unittest import mock
 
 import torch
 
@@ -57,23 +58,16 @@ def measure(preset: str, role: str, n: int, k: int, use: dict, sweep: bool, pdl:
         return r + y if use.get("res") else y
 
     per = len(ws)
-    saved = os.environ.get("SHAPEPLAN_LLM_GEMV_PDL")
-    try:
-        os.environ["SHAPEPLAN_LLM_GEMV_PDL"] = "0"            # the plain launches first
+    with mock.patch.dict(os.environ, {"SHAPEPLAN_LLM_GEMV_PDL": "0"}):    # the plain launches first
         row = {"preset": preset, "role": role, "n": n, "k": k, "copies": per,
                "cublas_us": graph_time(lambda: [x @ w.t() for w in ws]) / per,
                "unfused_us": graph_time(lambda: [unfused(w) for w in ws]) / per,
                "fused_us": graph_time(lambda: [G.gemv(x, w, **fk) for w in ws]) / per,
                "tiles": list(G.config(out_n, k))}
-        if pdl:                       # the same launches with programmatic dependent launch (back to back)
-            os.environ["SHAPEPLAN_LLM_GEMV_PDL"] = "1"
+    if pdl:                           # the same launches with programmatic dependent launch (back to back)
+        with mock.patch.dict(os.environ, {"SHAPEPLAN_LLM_GEMV_PDL": "1"}):
             row["pdl"] = G.pdl(x)
             row["fused_pdl_us"] = graph_time(lambda: [G.gemv(x, w, **fk) for w in ws]) / per
-    finally:
-        if saved is None:
-            os.environ.pop("SHAPEPLAN_LLM_GEMV_PDL", None)
-        else:
-            os.environ["SHAPEPLAN_LLM_GEMV_PDL"] = saved
     ref = unfused(ws[0]).float()
     row["rel_err"] = ((G.gemv(x, ws[0], **fk).float() - ref).abs().max() / ref.abs().max().clamp_min(1e-6)).item()
     if sweep:

@@ -22,6 +22,7 @@ import os
 import sys
 import tempfile
 import time
+from unittest import mock
 
 import torch
 
@@ -244,17 +245,9 @@ def e2e(specs: list[str], copy_gbs: float, new_tokens: int, prompt_len: int, con
             file_mb = summary.bytes / 1e6
             runs = [(c, pdl) for c in configs for pdl in (["0", "1"] * pdl_rounds or [None])]
             for config, pdl in runs:
-                saved = os.environ.get("SHAPEPLAN_QUANT_GEMV_PDL")
-                if pdl is not None:
-                    os.environ["SHAPEPLAN_QUANT_GEMV_PDL"] = pdl
-                try:
+                with mock.patch.dict(os.environ, {} if pdl is None else {"SHAPEPLAN_QUANT_GEMV_PDL": pdl}):
                     row = run_config(cfg, weights, config, device="cuda", prompt=bench_prompt(cfg.vocab_size, prompt_len),
                                      new_tokens=new_tokens, max_kv_cache_length=1024, max_prefill_length=prompt_len)
-                finally:
-                    if saved is None:
-                        os.environ.pop("SHAPEPLAN_QUANT_GEMV_PDL", None)
-                    else:
-                        os.environ["SHAPEPLAN_QUANT_GEMV_PDL"] = saved
                 label = config if pdl is None else f"{config}/pdl{pdl}"
                 if not row.ok:
                     print(f"{spec:<18} {label:<8} FAILED: {row.error}")

@@ -142,31 +142,33 @@ if AVAILABLE:
                 (hi << 16).to(tl.float32, bitcast=True), (hi & -65536).to(tl.float32, bitcast=True))
 
     @triton.jit
+    def _four(P, idx, mask, XQ: tl.constexpr, BITS: tl.constexpr, F16: tl.constexpr):
+        """Elements 4 idx + b (b = 0..3) of P as four float32 tensors: XQ, one 64-bit quad per index
+        (``_quad``); else four element loads."""
+        if XQ:
+            v0, v1, v2, v3 = _quad(P, idx, mask, BITS, F16)
+        else:
+            v0 = tl.load(P + 4 * idx, mask=mask, other=0.0).to(tl.float32)
+            v1 = tl.load(P + 4 * idx + 1, mask=mask, other=0.0).to(tl.float32)
+            v2 = tl.load(P + 4 * idx + 2, mask=mask, other=0.0).to(tl.float32)
+            v3 = tl.load(P + 4 * idx + 3, mask=mask, other=0.0).to(tl.float32)
+        return v0, v1, v2, v3
+
+    @triton.jit
     def _x4(X, NW, idx, mask, ss, NORM: tl.constexpr, XQ: tl.constexpr, XB: tl.constexpr, XF16: tl.constexpr,
             NB: tl.constexpr, NF16: tl.constexpr):
         """x's elements 4 idx + b (b = 0..3) as four float32 tensors, times the norm weight's with NORM,
-        their sum, and ``ss`` + x_b² (the norm's squares, in the shape of ``idx``). XQ: ``idx`` is a tile in the
-        weights' shape and layout, read as 64-bit quads (module doc); else ``idx`` lacks the weights' row
-        axis: four element loads, the x tile then broadcast over the rows (a new leading axis)."""
-        if XQ:
-            x0, x1, x2, x3 = _quad(X, idx, mask, XB, XF16)
-        else:
-            x0 = tl.load(X + 4 * idx, mask=mask, other=0.0).to(tl.float32)
-            x1 = tl.load(X + 4 * idx + 1, mask=mask, other=0.0).to(tl.float32)
-            x2 = tl.load(X + 4 * idx + 2, mask=mask, other=0.0).to(tl.float32)
-            x3 = tl.load(X + 4 * idx + 3, mask=mask, other=0.0).to(tl.float32)
+        their sum, and ``ss`` + x_b² (the norm's squares, in the shape of ``idx``). XQ: ``idx`` is a
+        tile in the weights' shape and layout, read as 64-bit quads (module doc); else ``idx`` lacks the
+        weights' row axis: four element loads, the x tile then broadcast over the rows (a new leading
+        axis)."""
+        x0, x1, x2, x3 = _four(X, idx, mask, XQ, XB, XF16)
         if NORM:
             ss += x0 * x0
             ss += x1 * x1
             ss += x2 * x2
             ss += x3 * x3
-            if XQ:
-                n0, n1, n2, n3 = _quad(NW, idx, mask, NB, NF16)
-            else:
-                n0 = tl.load(NW + 4 * idx, mask=mask, other=0.0).to(tl.float32)
-                n1 = tl.load(NW + 4 * idx + 1, mask=mask, other=0.0).to(tl.float32)
-                n2 = tl.load(NW + 4 * idx + 2, mask=mask, other=0.0).to(tl.float32)
-                n3 = tl.load(NW + 4 * idx + 3, mask=mask, other=0.0).to(tl.float32)
+            n0, n1, n2, n3 = _four(NW, idx, mask, XQ, NB, NF16)
             x0, x1, x2, x3 = x0 * n0, x1 * n1, x2 * n2, x3 * n3
         sx = (x0 + x1) + (x2 + x3)                  # Σ_b x per word (Q4_K's minimum term; else unused)
         if not XQ:                                  # the broadcast last, so Σx is not computed per row
@@ -192,22 +194,18 @@ if AVAILABLE:
         return t + _byte(q, 3, off, ASM) * x3
 
     @triton.jit
-    def _ss_total(ss0, XQ: tl.constexpr):
-        """Σx² of the row from the squares summed over all but the first axis: XQ, that axis is the rows
-        (each holds the same x): row 0's; else it is the tile's first axis: all of it."""
-        if XQ:
-            ss0 = tl.where(tl.arange(0, ss0.shape[0]) == 0, ss0, 0.0)
-        return tl.sum(ss0, axis=0)
-
-    @triton.jit
-    def _sum_but_first(ss, XQ: tl.constexpr):
-        """``ss`` summed over every axis but the first (the rows with XQ, else the tile's first axis); ss is
-        [rows, a, b, c] / [a, b, c] (Q4_K, Q6_K) or [rows, a, b] / [a, b] (Q8_0)."""
+    def _ss_total(ss, XQ: tl.constexpr):
+        """Σx² of the row from the accumulated squares ``ss`` ([rows, a, b(, c)] with XQ: every row holds
+        the same x, row 0's is taken; else the row-less tile [a, b(, c)], all of it). Nested sums: on the
+        H200 a ``tl.reshape`` before the sum came out 9 % high here (the interpreter was exact)."""
         if len(ss.shape) == 4:
             ss = tl.sum(ss, axis=3)
         if len(ss.shape) == 3:
             ss = tl.sum(ss, axis=2)
-        return tl.sum(ss, axis=1)
+        first = tl.sum(ss, axis=1)
+        if XQ:
+            first = tl.where(tl.arange(0, first.shape[0]) == 0, first, 0.0)
+        return tl.sum(first, axis=0)
 
     # ------------------------------------------------------------------------------------------ Q4_K
     @triton.jit
@@ -280,7 +278,7 @@ if AVAILABLE:
         u = y
         if GLU:
             u = tl.sum(tl.sum(tl.sum(acc_u, axis=3), axis=2), axis=1)
-        _finish(y, u, _ss_total(_sum_but_first(ss, XQ), XQ), K, eps, R, Y, rows, ok, NORM, RES, GLU)
+        _finish(y, u, _ss_total(ss, XQ), K, eps, R, Y, rows, ok, NORM, RES, GLU)
 
     # ------------------------------------------------------------------------------------------ Q6_K
     @triton.jit
@@ -356,7 +354,7 @@ if AVAILABLE:
         u = y
         if GLU:
             u = tl.sum(tl.sum(tl.sum(acc_u, axis=3), axis=2), axis=1)
-        _finish(y, u, _ss_total(_sum_but_first(ss, XQ), XQ), K, eps, R, Y, rows, ok, NORM, RES, GLU)
+        _finish(y, u, _ss_total(ss, XQ), K, eps, R, Y, rows, ok, NORM, RES, GLU)
 
     # ------------------------------------------------------------------------------------------ Q8_0
     @triton.jit
@@ -413,7 +411,7 @@ if AVAILABLE:
         u = y
         if GLU:
             u = tl.sum(tl.sum(acc_u, axis=2), axis=1)
-        _finish(y, u, _ss_total(_sum_but_first(ss, XQ), XQ), K, eps, R, Y, rows, ok, NORM, RES, GLU)
+        _finish(y, u, _ss_total(ss, XQ), K, eps, R, Y, rows, ok, NORM, RES, GLU)
 
     KERNELS = {"Q4_K": _q4k_kernel, "Q6_K": _q6k_kernel, "Q8_0": _q80_kernel}
 
