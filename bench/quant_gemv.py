@@ -115,17 +115,17 @@ def sweep_gemv(gguf, x, p, q, n: int, k: int) -> None:
 #: how decode uses each shape: the one-row kernel's prologue / epilogue there (qgemv.py)
 USE = {"qkv": "norm", "o": "res", "gate_up": "norm+glu", "down": "res", "k|v": "plain", "head": "norm"}
 SWEEP1 = [(bn, ch, warps, xq) for bn in (1, 2, 4, 8, 16, 32) for ch in (1, 2, 4) for warps in (1, 2, 4, 8)
-          for xq in (1, 0)]
+          for xq in (1, 0, 2)]
 #: elements of K per CH step of each kernel (a super-block, a pair of super-blocks, a pair of blocks)
 CH_ELEMS = {"Q4_K": 256, "Q6_K": 512, "Q8_0": 64}
 L2_BYTES = 60e6
 
 
-def sweep1_configs(name: str, out_n: int) -> list[tuple[int, int, int, int]]:
-    """The (BN, CH, warps, XQ) worth timing: 16..128 weight elements per thread per iteration, and at
-    least 64 rows per BN (fewer programs than that leave SMs idle)."""
+def sweep1_configs(name: str, out_n: int, modes: tuple[int, ...] = (1, 0, 2)) -> list[tuple[int, int, int, int]]:
+    """The (BN, CH, warps, XQ) worth timing: 16..128 weight elements per thread per iteration, at least
+    64 rows per BN (fewer programs than that leave SMs idle), x modes ``modes``."""
     return [t for t in SWEEP1 if 16 <= t[0] * t[1] * CH_ELEMS[name] / (32 * t[2]) <= 128
-            and t[0] <= max(1, out_n // 64)]
+            and t[0] <= max(1, out_n // 64) and t[3] in modes]
 
 
 def _sweep1_case(name: str, n: int, k: int, use: str):
@@ -140,12 +140,12 @@ def _sweep1_case(name: str, n: int, k: int, use: str):
 def _precompile(task: tuple) -> int:
     """Child process of the sweep: compile (one launch each) every config of one shape and type, so the
     timing loop finds Triton's cache warm."""
-    name, n, k, use = task
+    name, n, k, use, modes = task
     from shapeplan.runtime.backends.triton.kernels import qgemv
     w = packed(name, n, k)
     x, out_n, kw = _sweep1_case(name, n, k, use)
     done = 0
-    for tiles in sweep1_configs(name, out_n):
+    for tiles in sweep1_configs(name, out_n, modes):
         try:
             qgemv.gemv1(x, w, name, n, k, tiles=tiles, **kw)
             done += 1
@@ -155,10 +155,12 @@ def _precompile(task: tuple) -> int:
     return done
 
 
-def sweep_one_row(qtypes: list[str], presets: list[str], top: int, jobs: int, labels: list[str] | None = None) -> None:
-    """Every (BN, CH, warps, XQ) of qgemv.py's one-row kernel on each decode shape, used as decode uses it
-    (``USE``), weights rotated through enough copies to exceed L2; prints the best configs per shape,
-    the generic GEMV and bf16 cuBLAS for comparison, and ``TUNE`` lines to paste into qgemv.py.
+def sweep_one_row(qtypes: list[str], presets: list[str], top: int, jobs: int, labels: list[str] | None = None,
+                  modes: tuple[int, ...] = (1, 0, 2)) -> None:
+    """Every (BN, CH, warps, XQ) of qgemv.py's one-row kernel on each decode shape (x modes ``modes``),
+    used as decode uses it (``USE``), weights rotated through enough copies to exceed L2; prints the best
+    configs per shape, the shape's current config (``qgemv.config``), the generic GEMV and bf16 cuBLAS
+    for comparison, and ``TUNE`` lines (the best of the swept and the current) to paste into qgemv.py.
     ``jobs`` processes compile the configs first (Triton compiles one kernel at a time per process)."""
     import multiprocessing as mp
     from shapeplan.quant.formats import QTYPES
@@ -169,7 +171,8 @@ def sweep_one_row(qtypes: list[str], presets: list[str], top: int, jobs: int, la
     if jobs > 1:
         t0 = time.perf_counter()
         with mp.get_context("spawn").Pool(jobs) as pool:
-            done = pool.map(_precompile, [(name, n, k, USE[label]) for _, n, k, label, name in cases], chunksize=1)
+            done = pool.map(_precompile, [(name, n, k, USE[label], modes) for _, n, k, label, name in cases],
+                            chunksize=1)
         print(f"# compiled {sum(done)} kernel configs in {time.perf_counter() - t0:.0f} s ({jobs} processes)",
               flush=True)
     best_lines = []
@@ -185,7 +188,9 @@ def sweep_one_row(qtypes: list[str], presets: list[str], top: int, jobs: int, la
             return copies[i[0]]
 
         results = []
-        for tiles in sweep1_configs(name, out_n):
+        current = qgemv.config(name, out_n, k)
+        configs = sweep1_configs(name, out_n, modes)
+        for tiles in configs + ([current] if current not in configs else []):
             try:
                 us = graph_time(lambda: qgemv.gemv1(x, nxt(), name, n, k, tiles=tiles, **kw),
                                 reps=len(copies) * 2, rounds=3)
@@ -205,9 +210,9 @@ def sweep_one_row(qtypes: list[str], presets: list[str], top: int, jobs: int, la
         gb = lambda us: one.numel() / us / 1e3  # noqa: E731
         print(f"{preset:<9} {label:<8} {f'{n}x{k}':>14} {name:<5} {use:<9} generic {generic:7.1f} us "
               f"{gb(generic):5.0f} GB/s | bf16 cuBLAS {bf16:7.1f} us | {len(copies)} copies", flush=True)
-        for us, tiles in results[:top]:
+        for us, tiles in results[:top] + [r for r in results if r[1] == current][:1]:
             print(f"    bn={tiles[0]:<3} ch={tiles[1]} warps={tiles[2]} xq={tiles[3]}  {us:8.1f} us {gb(us):6.0f} GB/s "
-                  f"x{generic / us:5.2f} generic")
+                  f"x{generic / us:5.2f} generic" + ("  (current)" if tiles == current else ""))
         if results:
             us, tiles = results[0]
             qgemv.TUNE[(name, out_n, k)] = tiles          # an --e2e in this run uses the sweep's best tiles
@@ -276,6 +281,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="sweep the one-row Q4_K/Q6_K/Q8_0 kernel (qgemv.py: BN x CH x warps x XQ) on each decode shape")
     ap.add_argument("--shapes", default="", help="--sweep1 only these shapes: labels of SHAPES (qkv,o,gate_up,...), or PRESET:LABEL")
     ap.add_argument("--top", type=int, default=3, help="configs printed per shape by --sweep1")
+    ap.add_argument("--xq", default="1,0,2", help="--sweep1 only these x modes (qgemv.py: 1 quads, 0 tile, 2 int8 codes)")
     ap.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1),
                     help="processes compiling --sweep1's kernels before it times them")
     ap.add_argument("--no-gemv", action="store_true", help="skip the kernel table")
@@ -297,7 +303,8 @@ def main(argv: list[str] | None = None) -> int:
     if not a.no_gemv:
         gemv_table(a.qtypes.split(","), a.presets.split(","), ints(a.m), ints(a.prefill_m), a.sweep)
     if a.sweep1:
-        sweep_one_row(a.qtypes.split(","), a.presets.split(","), a.top, a.jobs, [s for s in a.shapes.split(",") if s])
+        sweep_one_row(a.qtypes.split(","), a.presets.split(","), a.top, a.jobs, [s for s in a.shapes.split(",") if s],
+                      tuple(int(m) for m in a.xq.split(",")))
     if a.e2e:
         e2e(a.e2e.split(","), a.copy_gbs, a.new_tokens, a.prompt_len, a.e2e_configs.split(","), a.profile,
             a.pdl_ab)

@@ -108,7 +108,11 @@ SWITCHES: tuple[Switch, ...] = (
            "tile while the kernel before it ends (H200: llama-1b 1,008 -> 1,075 tok/s; 0: plain launches)"),
     Switch("SHAPEPLAN_QUANT_GEMV_PDL", "bool", False,
            "launch the one-row quantized GEMVs (kernels/qgemv.py) with programmatic dependent launch (Hopper+), "
-           "as the bf16 GEMV is by default (not yet measured on a GPU: off by default)"),
+           "as the bf16 GEMV is by default (off by default: H200, llama-1b Q4_K_M 1,200 tok/s off, 1,123 on)"),
+    Switch("SHAPEPLAN_QUANT_INT8_X", "bool", True,
+           "the one-row quantized GEMVs may read x as int8 codes per block of 32 (one dp4a per weight word, "
+           "x quantized by a kernel before; kernels/qgemv.py XQ = 2) where qgemv.TUNE chose it: ~1 % output "
+           "error against dequantize-then-matmul, as llama.cpp's q8_1 path (0: x stays in the activation dtype)"),
     Switch("SHAPEPLAN_QUANT_ONE_ROW", "bool", True,
            "one row of a Q4_K / Q6_K / Q8_0 weight runs the one-row kernel of kernels/qgemv.py (0: the generic "
            "quantized GEMV of kernels/gguf.py, and the fused quantized ops' unfused path)"),

@@ -195,9 +195,50 @@ def test_one_row_kernel_equals_dequantize_then_matmul(name, nk, tiles, random_by
     _close(qgemv.gemv1(x, packed, name, n, k, tiles=tiles), x @ w.t())
 
 
+def _x8(v: torch.Tensor) -> torch.Tensor:
+    """x as XQ = 2 reads it (qgemv.quantize_x): int8 codes round(x * 127 / max|x|) per block of 32, times
+    the block's scale, in float32 as the kernel computes them."""
+    b = v.reshape(-1, 32)
+    amax = b.abs().amax(1, keepdim=True)
+    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+    return (torch.floor(b * inv + 0.5) * (amax / 127.0)).reshape(v.shape)
+
+
+def _int8_x_linear(name, packed, w, x):
+    """What the XQ = 2 kernel computes for x (float32, after the norm): ``_x8(x) @ W.T``; Q4_K takes its
+    minimum term from the exact Σx per sub-block, so it adds (x - _x8(x)) @ W0.T, W0 = the weight with
+    every code 0 (each sub-block's -dmin * m)."""
+    x8 = _x8(x)
+    y = x8 @ w.t()
+    if name == "Q4_K":
+        zero = packed.clone().view(packed.shape[0], -1, 144)
+        zero[:, :, 16:] = 0
+        y = y + (x - x8) @ dequantize(zero.view(packed.shape), name).t()
+    return y
+
+
+@pytest.mark.parametrize("name", ONE_ROW)
+@pytest.mark.parametrize("tiles", [(4, 1, 4, 2), (2, 2, 1, 2)])
+def test_one_row_kernel_int8_x_exact(name, tiles, triton_kernels):
+    """XQ = 2 (x as int8 codes, one dp4a per weight word) on an x that int8 codes hold exactly (each block
+    a power-of-two scale times codes, one of them ±127): the dequantize-then-matmul result, to fp32
+    rounding; N not a multiple of BN, a partial last iteration with CH = 2."""
+    from shapeplan.runtime.backends.triton.kernels import qgemv
+    n, k = 13, 1536
+    g = torch.Generator().manual_seed(3)
+    packed = packed_weight(name, n, k, seed=n).to(DEV)
+    w = dequantize(packed, name)
+    codes = torch.randint(-127, 128, (k // 32, 32), generator=g).float()
+    codes[:, 0] = 127 * torch.sign(torch.randn(k // 32, generator=g))
+    scale = 2.0 ** -torch.randint(4, 9, (k // 32, 1), generator=g).float()
+    x = (codes * scale).reshape(1, k).to(DEV)
+    assert torch.equal(_x8(x), x)
+    _close(qgemv.gemv1(x, packed, name, n, k, tiles=tiles), x @ w.t())
+
+
 @pytest.mark.parametrize("name", ONE_ROW)
 @pytest.mark.parametrize("case", ["norm", "norm+glu", "res"])
-@pytest.mark.parametrize("xq", [1, 0])
+@pytest.mark.parametrize("xq", [1, 0, 2])
 def test_one_row_kernel_prologue_and_epilogues(name, case, xq, triton_kernels):
     from shapeplan.runtime.backends.triton.kernels import qgemv
     n, k = 18, 1024                                           # GLU: 9 outputs, BN = 4: a partial block
@@ -210,7 +251,19 @@ def test_one_row_kernel_prologue_and_epilogues(name, case, xq, triton_kernels):
     kw = dict(norm_w=s if "norm" in case else None, eps=1e-5, residual=r if case == "res" else None,
               glu="glu" in case)
     y = qgemv.gemv1(x, packed, name, n, k, tiles=(4, 2, 4, xq), **kw)
-    _close(y, _unfused(x, w, kw["norm_w"], kw["residual"], kw["glu"]))
+    if xq != 2:
+        _close(y, _unfused(x, w, kw["norm_w"], kw["residual"], kw["glu"]))
+        return
+    # XQ = 2: the norm applied before the int8 codes; a code may round the other way at a tie (1e-3)
+    xn = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * s if kw["norm_w"] is not None else x
+    want = _unfused(xn, w, None, kw["residual"], kw["glu"])
+    lin = _int8_x_linear(name, packed, w, xn)
+    if kw["glu"]:
+        g_, u_ = lin.chunk(2, dim=-1)
+        lin = torch.nn.functional.silu(g_) * u_
+    lin = lin + kw["residual"] if kw["residual"] is not None else lin
+    torch.testing.assert_close(y, lin, rtol=1e-3, atol=1e-3 * lin.abs().max().item())
+    torch.testing.assert_close(y, want, rtol=3e-2, atol=3e-2 * want.abs().max().item())   # int8 x: ~1 % off
 
 
 @pytest.mark.parametrize("name", ONE_ROW)
@@ -226,7 +279,7 @@ def test_one_row_kernel_16_bit_x(name, dtype, triton_kernels):
     w = dequantize(packed, name)
     x = torch.randn(1, k + 1, generator=g).to(dtype).to(DEV)[:, 1:]       # 2 bytes past an aligned address
     s = (torch.rand(k, generator=g) + 0.5).to(dtype).to(DEV)
-    for xq in (1, 0):
+    for xq in (1, 0, 2):
         y = qgemv.gemv1(x, packed, name, n, k, norm_w=s, eps=1e-5, tiles=(4, 2, 4, xq))
         assert y.dtype == dtype
         want = _unfused(x.float(), w, s.float(), None, False)
@@ -283,11 +336,15 @@ def test_one_row_kernels_compile_for_sm90():
     """Every variant, and with programmatic dependent launch (SHAPEPLAN_QUANT_GEMV_PDL: griddepcontrol
     in the PTX; 3/4: norm + GLU / residual), both ways of reading x."""
     specs = ([f"gemv1:{n}:{m}" for n in ONE_ROW for m in (0, 1, 2, 3, 4)]
-             + [f"gemv1t:{n}:{m}" for n in ONE_ROW for m in (1, 2)])       # XQ = 0: the x tile broadcast
+             + [f"gemv1t:{n}:{m}" for n in ONE_ROW for m in (1, 2)]         # XQ = 0: the x tile broadcast
+             + [f"gemv1i:{n}:{m}" for n in ONE_ROW for m in (1, 2, 3)]      # XQ = 2: x as int8 codes
+             + ["quantx:x:0", "quantx:x:1", "quantx:x:2"])
     res = _compile_sm90(*specs)
     assert all(r["ok"] for r in res.values()), {s: r["error"] for s, r in res.items() if not r["ok"]}
     assert res["gemv1:Q4_K:0"]["vector_loads"]              # Q4_K super-blocks are 16-byte aligned
+    assert all(res[f"gemv1i:{n}:1"]["dp4a"] for n in ONE_ROW)    # XQ = 2: the products are dp4a
     assert all(res[f"gemv1:{n}:{m}"]["griddepcontrol"] == (m >= 3) for n in ONE_ROW for m in (0, 3, 4))
+    assert res["gemv1i:Q4_K:3"]["griddepcontrol"] and res["quantx:x:2"]["griddepcontrol"]
 
 
 def test_one_row_switch_falls_back_to_the_generic_gemv(monkeypatch):
@@ -299,3 +356,19 @@ def test_one_row_switch_falls_back_to_the_generic_gemv(monkeypatch):
     on = qgemv.supports(x, packed, "Q4_K", 256)
     monkeypatch.setenv("SHAPEPLAN_QUANT_ONE_ROW", "0")
     assert on == qgemv.AVAILABLE and not qgemv.supports(x, packed, "Q4_K", 256)
+
+
+def test_int8_x_switch_and_large_default(monkeypatch):
+    """Shapes without a ``TUNE`` entry take x as int8 codes (XQ = 2) from ``LARGE`` weight elements on;
+    ``SHAPEPLAN_QUANT_INT8_X=0`` keeps x in the activation dtype (XQ = 1, the same tile) for those and for
+    the ``TUNE`` entries that chose int8 codes."""
+    from shapeplan.runtime.backends.triton.kernels import qgemv
+    if not qgemv.AVAILABLE:
+        pytest.skip("no Triton")
+    tuned = next(key for key, tiles in qgemv.TUNE.items() if tiles[3] == 2)
+    monkeypatch.setenv("SHAPEPLAN_QUANT_INT8_X", "1")
+    assert qgemv.config("Q4_K", 16384, 4096)[3] == 2 and qgemv.config("Q4_K", 64, 256)[3] == 1
+    assert qgemv.config(*tuned) == qgemv.TUNE[tuned]
+    monkeypatch.setenv("SHAPEPLAN_QUANT_INT8_X", "0")
+    assert qgemv.config("Q4_K", 16384, 4096) == (*qgemv.DEFAULT_LARGE["Q4_K"][:3], 1)
+    assert qgemv.config(*tuned) == (*qgemv.TUNE[tuned][:3], 1)

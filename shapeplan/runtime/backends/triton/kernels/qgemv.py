@@ -42,6 +42,23 @@ so it is bound by instructions, not by memory (~845 GB/s on the LM head, of ~4.2
   session): XQ = 1 wins every small matrix and every Q6_K / Q8_0 shape (llama-1b Q4_K qkv 7.8 -> 6.1 µs,
   o 5.2 -> 4.1, k/v 3.8 -> 2.9, down 13.6 -> 10.1; Q6_K down 14.4 -> 10.0), XQ = 0 the large Q4_K
   matrices with a norm prologue (gate/up 16.4 µs against 17.3, LM head 104.1 against 124.7).
+- **A third way: x as int8 codes (XQ = 2), one ``dp4a`` per weight word.** A kernel before the GEMV
+  (``_quant_x_kernel``, one launch; the norm prologue is applied there) writes x as int8 codes per
+  block of 32 (``round(x * 127 / max|x|)``, four to an int32 word), each block's scale and its exact
+  Σx (Q4_K's minimum term). The GEMV then reads one x word per weight word, in the weights' layout as
+  the quads are, and a single PTX ``dp4a`` multiplies and sums the word's four code pairs; the sum
+  comes out as a float with the same bit trick (the accumulator is the float 1.5 * 2^23), and is
+  scaled by ``d * sc * d_x``: per 4 elements a mask, a dp4a, an add and an FMA instead of per element a
+  permute, an add and an FMA plus x's widening. Q6_K codes become signed bytes ``q - 32`` with an add
+  and an xor per word; Q8_0's codes are signed bytes already. llama.cpp's CUDA path (q8_1) does the
+  same; the cost is x's rounding to 8 bits: about 1 % of the output's scale against
+  dequantize-then-matmul (tests: against the same arithmetic in torch to 1e-3, and exact when int8
+  codes hold x exactly), where the 16-bit modes are exact to fp32 rounding. Measured on the H200
+  (twelfth session, µs per call, the quantize launch included): it wins every large matrix (llama-1b
+  Q4_K gate/up 16.5 -> 11.9, LM head 96.1 -> 56.4 = 2.6 TB/s, Q6_K head 134.6 -> 74.1 = 2.9 TB/s;
+  llama-8b Q4_K gate/up 50.2 -> 31.1, down 27.1 -> 20.6, Q6_K head 296.0 -> 141.5 = 3.0 TB/s) and loses
+  the small ones, where the extra launch (~1.6 µs) is most of the time (1b k/v 2.9 -> 4.4).
+  ``SHAPEPLAN_QUANT_INT8_X=0`` turns every XQ = 2 choice into XQ = 1 (same tile).
 - A program owns BN rows and walks K in CH super-blocks (Q4_K), CH pairs of super-blocks (Q6_K) or
   CH pairs of 32-blocks (Q8_0) per iteration, all their loads in flight together; products stay
   elementwise in float32 and are summed once after the loop; one store per row. No split-K: BN goes
@@ -54,12 +71,12 @@ beside the products and the result scaled at the end; rounding as there (the pro
 rounded to the activation dtype where MatMul and SiluMul round). Everything is launched with device
 tensors only: it captures into the decode plan's CUDA graph.
 
-Programmatic dependent launch (``SHAPEPLAN_QUANT_GEMV_PDL=1``, Hopper+; **off by default: built and
-compiled for sm_90 in CI, not yet measured end to end** (an A/B run on the H200 ran past its limit while
-compiling the PDL variants)), as the bf16 GEMV has it on: the next kernel may launch at
-once, and each iteration waits for the kernel before (``gdc_wait``, a no-op once it has returned) only
-after its weight loads and before its first x load, so the first chunk's weights load while that kernel
-ends.
+Programmatic dependent launch (``SHAPEPLAN_QUANT_GEMV_PDL=1``, Hopper+; **off by default: measured
+slower** (H200, twelfth session, one process, llama-1b Q4_K_M: 1,200.4 tok/s off, 1,122.7 on)), as the
+bf16 GEMV has it on: the next kernel may launch at once, and each iteration waits for the kernel before
+(``gdc_wait``, a no-op once it has returned) only after its weight loads and before its first x load, so
+the first chunk's weights load while that kernel ends; the x quantizer then launches early too and
+waits before reading x.
 """
 from __future__ import annotations
 
@@ -70,24 +87,31 @@ from shapeplan.runtime.backends.triton.kernels.gguf import AVAILABLE, triton, tl
 
 #: qtype -> (BN rows per program, CH chunks per iteration, warps, XQ) when ``TUNE`` has no entry
 DEFAULT: dict[str, tuple[int, int, int, int]] = {"Q4_K": (8, 2, 4, 1), "Q6_K": (4, 1, 4, 1), "Q8_0": (8, 4, 4, 1)}
+#: the same from ``LARGE`` weight elements on (N x K): x as int8 codes, the tiles that won llama-1b's large
+#: matrices (XQ = 2 pays a launch, ~1.5 µs, that small matrices do not earn back)
+DEFAULT_LARGE: dict[str, tuple[int, int, int, int]] = {"Q4_K": (4, 2, 1, 2), "Q6_K": (1, 2, 1, 2), "Q8_0": (2, 4, 1, 2)}
+LARGE = 1 << 24
 #: (qtype, N outputs (GLU: after the gate), K) -> (BN, CH, warps, XQ), measured on the H200
-TUNE: dict[tuple[str, int, int], tuple[int, int, int, int]] = {   # H200, 2026-12-01 (bench.quant_gemv --sweep1)
-    # llama-1b (eleventh session: XQ 0 and 1 swept)
+TUNE: dict[tuple[str, int, int], tuple[int, int, int, int]] = {   # H200, 2026-12-01/02 (bench.quant_gemv --sweep1)
+    # llama-1b (eleventh session: XQ 0 and 1 swept; twelfth: XQ 2 against those, which it won on the
+    # large matrices: gate/up, Q4_K down and the LM head)
     ("Q4_K", 3072, 2048): (4, 4, 2, 1), ("Q6_K", 3072, 2048): (1, 2, 1, 1), ("Q8_0", 3072, 2048): (2, 4, 1, 1),
     ("Q4_K", 2048, 2048): (2, 4, 2, 1), ("Q6_K", 2048, 2048): (1, 2, 1, 1), ("Q8_0", 2048, 2048): (2, 4, 1, 1),
-    ("Q4_K", 8192, 2048): (8, 2, 1, 0), ("Q6_K", 8192, 2048): (2, 1, 1, 1), ("Q8_0", 8192, 2048): (2, 4, 1, 1),
-    ("Q4_K", 2048, 8192): (2, 4, 2, 1), ("Q6_K", 2048, 8192): (1, 2, 1, 1), ("Q8_0", 2048, 8192): (2, 4, 1, 1),
+    ("Q4_K", 8192, 2048): (4, 2, 1, 2), ("Q6_K", 8192, 2048): (1, 2, 1, 2), ("Q8_0", 8192, 2048): (2, 4, 1, 2),
+    ("Q4_K", 2048, 8192): (1, 4, 1, 2), ("Q6_K", 2048, 8192): (1, 2, 1, 1), ("Q8_0", 2048, 8192): (2, 4, 1, 1),
     ("Q4_K", 512, 2048): (1, 4, 2, 1), ("Q6_K", 512, 2048): (1, 2, 1, 1), ("Q8_0", 512, 2048): (2, 4, 1, 1),
-    ("Q4_K", 128256, 2048): (16, 1, 1, 0), ("Q6_K", 128256, 2048): (4, 1, 2, 1), ("Q8_0", 128256, 2048): (2, 4, 1, 1),
-    # llama-8b (Q4_K: eleventh session, XQ 0 and 1 swept for qkv, o, gate/up, down; the rest tenth session,
-    # XQ = 0 then; no Q8_0)
-    ("Q4_K", 6144, 4096): (16, 4, 4, 0), ("Q6_K", 6144, 4096): (2, 1, 1, 0),
-    ("Q4_K", 4096, 4096): (2, 4, 2, 1), ("Q6_K", 4096, 4096): (2, 1, 2, 0),
-    ("Q4_K", 14336, 4096): (8, 1, 1, 0), ("Q6_K", 14336, 4096): (4, 1, 1, 0),
-    ("Q4_K", 4096, 14336): (2, 4, 2, 1), ("Q6_K", 4096, 14336): (1, 1, 1, 0),
-    ("Q4_K", 1024, 4096): (4, 4, 8, 0), ("Q6_K", 1024, 4096): (2, 4, 8, 0),
-    ("Q4_K", 128256, 4096): (16, 1, 1, 0), ("Q6_K", 128256, 4096): (2, 1, 1, 0),
+    ("Q4_K", 128256, 2048): (8, 2, 1, 2), ("Q6_K", 128256, 2048): (2, 1, 1, 2), ("Q8_0", 128256, 2048): (2, 4, 1, 2),
+    # llama-8b (twelfth session: XQ 2 against the earlier tiles (XQ 0 / 1), which it won everywhere but Q4_K k/v;
+    # no Q8_0 entries: those shapes take DEFAULT_LARGE / DEFAULT)
+    ("Q4_K", 6144, 4096): (2, 4, 1, 2), ("Q6_K", 6144, 4096): (1, 2, 1, 2),
+    ("Q4_K", 4096, 4096): (2, 4, 2, 2), ("Q6_K", 4096, 4096): (1, 2, 1, 2),
+    ("Q4_K", 14336, 4096): (2, 4, 1, 2), ("Q6_K", 14336, 4096): (1, 2, 1, 2),
+    ("Q4_K", 4096, 14336): (1, 4, 1, 2), ("Q6_K", 4096, 14336): (1, 2, 1, 2),
+    ("Q4_K", 1024, 4096): (4, 4, 8, 0), ("Q6_K", 1024, 4096): (1, 4, 1, 2),
+    ("Q4_K", 128256, 4096): (8, 2, 1, 2), ("Q6_K", 128256, 4096): (1, 2, 1, 2),
 }
+#: blocks of 32 per program of the x quantizer (XQ = 2)
+QX_BLOCKS = 16
 #: programs below which BN is halved (the H200 has 132 SMs)
 MIN_PROGRAMS = 264
 #: the types with a one-row kernel, and the K each needs (super-block or block pair)
@@ -99,6 +123,8 @@ if AVAILABLE:
     MAGIC = tl.constexpr(0x4B000000)           # float32 bits of 2^23
     TWO23 = tl.constexpr(8388608.0)
     SIGN8 = tl.constexpr(-0x7F7F7F80)          # int32 0x80808080: xor flips each byte's sign bit (q + 128)
+    MAGIC15 = tl.constexpr(0x4B400000)         # float32 bits of 1.5 * 2^23
+    ONE5_23 = tl.constexpr(12582912.0)
 
     @triton.jit
     def _code(v, mask: tl.constexpr):
@@ -194,6 +220,63 @@ if AVAILABLE:
         return t + _byte(q, 3, off, ASM) * x3
 
     @triton.jit
+    def _dp4a(a, b, ASM: tl.constexpr):
+        """Σ_b a_b * b_b over the four signed bytes of the int32 words ``a`` and ``b``, as a float, exactly.
+        ASM (on the GPU): one ``dp4a`` whose accumulator is the float bits of 1.5 * 2^23 (the sum, at most
+        2^16 in size, lands in the mantissa), then one add; the interpreter multiplies the bytes."""
+        if ASM:
+            v = tl.inline_asm_elementwise("dp4a.s32.s32 $0, $1, $2, $3;", "=r,r,r,r",
+                                          [a, b, tl.full(a.shape, MAGIC15, tl.int32)],
+                                          dtype=tl.int32, is_pure=True, pack=1)
+            return v.to(tl.float32, bitcast=True) - ONE5_23
+        t = ((a << 24) >> 24) * ((b << 24) >> 24)
+        t += ((a << 16) >> 24) * ((b << 16) >> 24)
+        t += ((a << 8) >> 24) * ((b << 8) >> 24)
+        t += (a >> 24) * (b >> 24)
+        return t.to(tl.float32)
+
+    @triton.jit
+    def _xblocks(X, XD, XS, bi, mask):
+        """x block ``bi``'s scale and Σx (XQ = 2), loaded in the weights' shape of ``bi``."""
+        return tl.load(XD + bi, mask=mask, other=0.0), tl.load(XS + bi, mask=mask, other=0.0)
+
+    @triton.jit
+    def _quant_x_kernel(X, NW, XW, XD, XS, K, eps, BB: tl.constexpr, NORM: tl.constexpr, CHUNK: tl.constexpr,
+                        PDL: tl.constexpr = False):
+        """x (times rsqrt(mean(x²) + eps) and the norm weight with NORM) as int8 codes per block of 32
+        (XQ = 2): code = round(x * 127 / max|x|), four to an int32 word (element 4j + b in byte b of word
+        j), the block's scale max|x| / 127 in XD and its exact Σx in XS. A program owns BB blocks; with
+        NORM each program sums all of x's squares first (x is at most a few tens of KB: L2 hits). PDL: the
+        GEMV after it may launch at once (and load its first weights), this kernel waits for the one before."""
+        if PDL:
+            gdc_launch_dependents()
+            gdc_wait()
+        rstd = 1.0
+        if NORM:
+            sq = tl.zeros([CHUNK], dtype=tl.float32)
+            for k0 in range(0, K, CHUNK):
+                o = k0 + tl.arange(0, CHUNK)
+                v = tl.load(X + o, mask=o < K, other=0.0).to(tl.float32)
+                sq += v * v
+            rstd = tl.math.rsqrt(tl.sum(sq, axis=0) / K + eps)
+        blk = tl.program_id(0) * BB + tl.arange(0, BB)[:, None, None]            # [BB, 1, 1]
+        j = tl.arange(0, 8)[None, :, None]                                         # [1, 8, 1] word
+        b = tl.arange(0, 4)[None, None, :]                                         # [1, 1, 4] byte
+        ok = blk < K // 32
+        e = blk * 32 + 4 * j + b
+        v = tl.load(X + e, mask=ok, other=0.0).to(tl.float32)
+        if NORM:
+            v = v * rstd * tl.load(NW + e, mask=ok, other=0.0).to(tl.float32)
+        amax = tl.max(tl.max(tl.abs(v), axis=2), axis=1)                           # [BB]
+        inv = tl.where(amax > 0.0, 127.0 / amax, 0.0)
+        q = tl.floor(v * inv[:, None, None] + 0.5).to(tl.int32)                   # -127 .. 127
+        words = tl.sum((q & 0xFF) << (8 * b), axis=2)                              # [BB, 8]; bytes disjoint
+        blk1 = tl.program_id(0) * BB + tl.arange(0, BB)
+        tl.store(XW + blk1[:, None] * 8 + tl.arange(0, 8)[None, :], words, mask=(blk1 < K // 32)[:, None])
+        tl.store(XD + blk1, amax / 127.0, mask=blk1 < K // 32)
+        tl.store(XS + blk1, tl.sum(tl.sum(v, axis=2), axis=1), mask=blk1 < K // 32)
+
+    @triton.jit
     def _ss_total(ss, XQ: tl.constexpr):
         """Σx² of the row from the accumulated squares ``ss`` ([rows, a, b(, c)] with XQ: every row holds
         the same x, row 0's is taken; else the row-less tile [a, b(, c)], all of it). Nested sums: on the
@@ -232,7 +315,7 @@ if AVAILABLE:
         return rows, rows < N, rg, ru
 
     @triton.jit
-    def _q4k_kernel(X, NW, W, R, Y, N, K, HALF, ROW_WORDS, eps, BN: tl.constexpr, CH: tl.constexpr,
+    def _q4k_kernel(X, NW, XD, XS, W, R, Y, N, K, HALF, ROW_WORDS, eps, BN: tl.constexpr, CH: tl.constexpr,
                     NORM: tl.constexpr, RES: tl.constexpr, GLU: tl.constexpr, PDL: tl.constexpr = False,
                     ASM: tl.constexpr = False, XQ: tl.constexpr = True, XB: tl.constexpr = 16,
                     XF16: tl.constexpr = False, NB: tl.constexpr = 16, NF16: tl.constexpr = False):
@@ -247,6 +330,8 @@ if AVAILABLE:
         nc = K // 256
         acc = tl.zeros([BN, CH, 4, 8], dtype=tl.float32)
         acc_u = tl.zeros([BN, CH, 4, 8], dtype=tl.float32)
+        acc_m = tl.zeros([BN, CH, 4, 1], dtype=tl.float32)                        # XQ = 2: Σ dmin m Σx
+        acc_mu = tl.zeros([BN, CH, 4, 1], dtype=tl.float32)
         if XQ:
             ss = tl.zeros([BN, CH, 4, 8], dtype=tl.float32)
         else:
@@ -267,17 +352,32 @@ if AVAILABLE:
             if PDL:
                 gdc_wait()
             for h in tl.static_range(2):
-                xi, xm = _xidx((c * 8 + 2 * p + h) * 8 + w, cok, [BN, CH, 4, 8], [1, 1, 1, 4], XQ)
-                x0, x1, x2, x3, sx, ss = _x4(X, NW, xi, xm, ss, NORM, XQ, XB, XF16, NB, NF16)
+                sub = c * 8 + 2 * p + h                                            # [CH, 4, 1] sub-block
+                xi, xm = _xidx(sub * 8 + w, cok, [BN, CH, 4, 8], [1, 1, 1, 4], XQ)
                 ds, dm = _q4k_scales(hd, s1, s2, s3, p[None], h)                  # [BN, CH, 4, 1]
-                acc += _dot4((qw >> (4 * h)) & 0x0F0F0F0F, x0, x1, x2, x3, 0.0, ASM) * ds - dm * sx
                 if GLU:
                     ds_u, dm_u = _q4k_scales(hdu, s1u, s2u, s3u, p[None], h)
-                    acc_u += _dot4((qwu >> (4 * h)) & 0x0F0F0F0F, x0, x1, x2, x3, 0.0, ASM) * ds_u - dm_u * sx
+                if XQ == 2:                 # x as int8 codes (a word per quad), one scale and Σx per sub-block
+                    xw = tl.load(X + xi, mask=xm, other=0)
+                    xd, xs = _xblocks(X, XD, XS, tl.broadcast_to(sub[None], [BN, CH, 4, 1]), m4)
+                    acc += _dp4a((qw >> (4 * h)) & 0x0F0F0F0F, xw, ASM) * (ds * xd)
+                    acc_m += dm * xs
+                    if GLU:
+                        acc_u += _dp4a((qwu >> (4 * h)) & 0x0F0F0F0F, xw, ASM) * (ds_u * xd)
+                        acc_mu += dm_u * xs
+                else:
+                    x0, x1, x2, x3, sx, ss = _x4(X, NW, xi, xm, ss, NORM, XQ, XB, XF16, NB, NF16)
+                    acc += _dot4((qw >> (4 * h)) & 0x0F0F0F0F, x0, x1, x2, x3, 0.0, ASM) * ds - dm * sx
+                    if GLU:
+                        acc_u += _dot4((qwu >> (4 * h)) & 0x0F0F0F0F, x0, x1, x2, x3, 0.0, ASM) * ds_u - dm_u * sx
         y = tl.sum(tl.sum(tl.sum(acc, axis=3), axis=2), axis=1)
         u = y
         if GLU:
             u = tl.sum(tl.sum(tl.sum(acc_u, axis=3), axis=2), axis=1)
+        if XQ == 2:
+            y -= tl.sum(tl.sum(tl.sum(acc_m, axis=3), axis=2), axis=1)
+            if GLU:
+                u -= tl.sum(tl.sum(tl.sum(acc_mu, axis=3), axis=2), axis=1)
         _finish(y, u, _ss_total(ss, XQ), K, eps, R, Y, rows, ok, NORM, RES, GLU)
 
     # ------------------------------------------------------------------------------------------ Q6_K
@@ -309,7 +409,7 @@ if AVAILABLE:
         return _f16(_word(base + 52, m4, ODD)) * sc
 
     @triton.jit
-    def _q6k_kernel(X, NW, W, R, Y, N, K, HALF, ROW_WORDS, eps, BN: tl.constexpr, CH: tl.constexpr,
+    def _q6k_kernel(X, NW, XD, XS, W, R, Y, N, K, HALF, ROW_WORDS, eps, BN: tl.constexpr, CH: tl.constexpr,
                     NORM: tl.constexpr, RES: tl.constexpr, GLU: tl.constexpr, PDL: tl.constexpr = False,
                     ASM: tl.constexpr = False, XQ: tl.constexpr = True, XB: tl.constexpr = 16,
                     XF16: tl.constexpr = False, NB: tl.constexpr = 16, NF16: tl.constexpr = False):
@@ -344,12 +444,23 @@ if AVAILABLE:
                 for n in tl.static_range(2):
                     xi, xm = _xidx((2 * c + odd) * 64 + 32 * (hg // 4) + 16 * n + 4 * (hg % 4) + w, cok,
                                    [BN, CH, 8, 4], [1, 1, 1, 4], XQ)
-                    x0, x1, x2, x3, _, ss = _x4(X, NW, xi, xm, ss, NORM, XQ, XB, XF16, NB, NF16)
-                    acc += _dot4(_q6k_join(ql, qh, hg[None], n), x0, x1, x2, x3, 32.0, ASM) \
-                        * _q6k_scale(base, m4, hg[None], n, odd)
-                    if GLU:
-                        acc_u += _dot4(_q6k_join(ql_u, qh_u, hg[None], n), x0, x1, x2, x3, 32.0, ASM) \
-                            * _q6k_scale(base_u, m4, hg[None], n, odd)
+                    if XQ == 2:             # x as int8 codes; the codes q - 32 as signed bytes: q + 96, sign flipped
+                        xw = tl.load(X + xi, mask=xm, other=0)
+                        bi = tl.broadcast_to(((2 * c + odd) * 8 + 4 * (hg // 4) + 2 * n + (hg % 4) // 2)[None],
+                                             [BN, CH, 8, 1])
+                        xd, _ = _xblocks(X, XD, XS, bi, m4)
+                        acc += _dp4a((_q6k_join(ql, qh, hg[None], n) + 0x60606060) ^ SIGN8, xw, ASM) \
+                            * (_q6k_scale(base, m4, hg[None], n, odd) * xd)
+                        if GLU:
+                            acc_u += _dp4a((_q6k_join(ql_u, qh_u, hg[None], n) + 0x60606060) ^ SIGN8, xw, ASM) \
+                                * (_q6k_scale(base_u, m4, hg[None], n, odd) * xd)
+                    else:
+                        x0, x1, x2, x3, _, ss = _x4(X, NW, xi, xm, ss, NORM, XQ, XB, XF16, NB, NF16)
+                        acc += _dot4(_q6k_join(ql, qh, hg[None], n), x0, x1, x2, x3, 32.0, ASM) \
+                            * _q6k_scale(base, m4, hg[None], n, odd)
+                        if GLU:
+                            acc_u += _dot4(_q6k_join(ql_u, qh_u, hg[None], n), x0, x1, x2, x3, 32.0, ASM) \
+                                * _q6k_scale(base_u, m4, hg[None], n, odd)
         y = tl.sum(tl.sum(tl.sum(acc, axis=3), axis=2), axis=1)
         u = y
         if GLU:
@@ -373,7 +484,7 @@ if AVAILABLE:
         return _f16(tl.load(base, mask=m3, other=0))
 
     @triton.jit
-    def _q80_kernel(X, NW, W, R, Y, N, K, HALF, ROW_WORDS, eps, BN: tl.constexpr, CH: tl.constexpr,
+    def _q80_kernel(X, NW, XD, XS, W, R, Y, N, K, HALF, ROW_WORDS, eps, BN: tl.constexpr, CH: tl.constexpr,
                     NORM: tl.constexpr, RES: tl.constexpr, GLU: tl.constexpr, PDL: tl.constexpr = False,
                     ASM: tl.constexpr = False, XQ: tl.constexpr = True, XB: tl.constexpr = 16,
                     XF16: tl.constexpr = False, NB: tl.constexpr = 16, NF16: tl.constexpr = False):
@@ -397,16 +508,23 @@ if AVAILABLE:
             if GLU:
                 base_u = ru[:, None, None] + (c * 17)[None]
             for odd in tl.static_range(2):
-                qw = _q80_codes(base, m3, w[None], odd) ^ SIGN8                  # q + 128 per byte
+                qw = _q80_codes(base, m3, w[None], odd)                            # int8 codes
                 if GLU:
-                    qw_u = _q80_codes(base_u, m3, w[None], odd) ^ SIGN8
+                    qw_u = _q80_codes(base_u, m3, w[None], odd)
                 if PDL:
                     gdc_wait()
                 xi, xm = _xidx(c * 16 + 8 * odd + w, cok, [BN, CH, 8], [1, 1, 4], XQ)
-                x0, x1, x2, x3, _, ss = _x4(X, NW, xi, xm, ss, NORM, XQ, XB, XF16, NB, NF16)
-                acc += _dot4(qw, x0, x1, x2, x3, 128.0, ASM) * _q80_scale(base, m3, odd)
-                if GLU:
-                    acc_u += _dot4(qw_u, x0, x1, x2, x3, 128.0, ASM) * _q80_scale(base_u, m3, odd)
+                if XQ == 2:                 # x as int8 codes: one dp4a per word, x's blocks are the weights'
+                    xw = tl.load(X + xi, mask=xm, other=0)
+                    xd, _ = _xblocks(X, XD, XS, tl.broadcast_to((2 * c + odd)[None], [BN, CH, 1]), m3)
+                    acc += _dp4a(qw, xw, ASM) * (_q80_scale(base, m3, odd) * xd)
+                    if GLU:
+                        acc_u += _dp4a(qw_u, xw, ASM) * (_q80_scale(base_u, m3, odd) * xd)
+                else:
+                    x0, x1, x2, x3, _, ss = _x4(X, NW, xi, xm, ss, NORM, XQ, XB, XF16, NB, NF16)
+                    acc += _dot4(qw ^ SIGN8, x0, x1, x2, x3, 128.0, ASM) * _q80_scale(base, m3, odd)   # q + 128
+                    if GLU:
+                        acc_u += _dot4(qw_u ^ SIGN8, x0, x1, x2, x3, 128.0, ASM) * _q80_scale(base_u, m3, odd)
         y = tl.sum(tl.sum(acc, axis=2), axis=1)
         u = y
         if GLU:
@@ -428,15 +546,19 @@ def supports(x: torch.Tensor, packed: torch.Tensor, qtype: str, k: int) -> bool:
 
 
 def config(qtype: str, n: int, k: int) -> tuple[int, int, int, int]:
-    """(BN, CH, warps, XQ) for N outputs and K inputs: ``TUNE``, else ``DEFAULT`` with BN halved until
-    there are ``MIN_PROGRAMS`` programs (or BN is 1)."""
+    """(BN, CH, warps, XQ) for N outputs and K inputs: ``TUNE``, else ``DEFAULT`` (``DEFAULT_LARGE`` from
+    ``LARGE`` weight elements) with BN halved until there are ``MIN_PROGRAMS`` programs (or BN is 1);
+    XQ = 2 becomes 1 with ``SHAPEPLAN_QUANT_INT8_X=0``."""
+    from shapeplan import env
     hit = TUNE.get((qtype, n, k))
-    if hit:
-        return hit
-    bn, ch, warps, xq = DEFAULT[qtype]
-    while bn > 1 and triton.cdiv(n, bn) < MIN_PROGRAMS:
-        bn //= 2
-    return bn, ch, warps, xq
+    if not hit:
+        bn, ch, warps, xq = (DEFAULT_LARGE if n * k >= LARGE else DEFAULT)[qtype]
+        while bn > 1 and triton.cdiv(n, bn) < MIN_PROGRAMS:
+            bn //= 2
+        hit = bn, ch, warps, xq
+    if hit[3] == 2 and not env.get("SHAPEPLAN_QUANT_INT8_X"):
+        hit = (*hit[:3], 1)
+    return hit
 
 
 def _aligned(v: torch.Tensor) -> torch.Tensor:
@@ -463,10 +585,28 @@ def gemv1(x: torch.Tensor, packed: torch.Tensor, qtype: str, n: int, k: int, *, 
     from shapeplan import env
     from shapeplan.runtime.backends.triton.kernels.gemv import pdl_on
     launch = {"launch_pdl": True} if pdl_on(x.device, env.get("SHAPEPLAN_QUANT_GEMV_PDL")) else {}
+    norm = norm_w is not None
+    xd = xs = x
+    if xq == 2:                                   # x quantized first (the norm applied there), then the GEMV
+        x, xd, xs = quantize_x(x, nw if norm else None, eps, k, pdl=bool(launch))
+        nw, norm = x, False
     KERNELS[qtype][(triton.cdiv(out_n, bn),)](
-        x, nw, words, r, y, out_n, k, out_n, words.stride(0), float(eps), BN=bn, CH=ch,
-        NORM=norm_w is not None, RES=residual is not None, GLU=glu, PDL=bool(launch), ASM=not interpreting(),
-        XQ=bool(xq), XB=8 * x.element_size(), XF16=x.dtype == torch.float16, NB=8 * nw.element_size(),
+        x, nw, xd, xs, words, r, y, out_n, k, out_n, words.stride(0), float(eps), BN=bn, CH=ch,
+        NORM=norm, RES=residual is not None, GLU=glu, PDL=bool(launch), ASM=not interpreting(),
+        XQ=xq, XB=8 * x.element_size(), XF16=x.dtype == torch.float16, NB=8 * nw.element_size(),
         NF16=nw.dtype == torch.float16,
         num_warps=warps, **launch)
     return y
+
+
+def quantize_x(x: torch.Tensor, norm_w: torch.Tensor | None, eps: float, k: int, *, pdl: bool = False
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x [1, K] (with ``norm_w``: rms_norm(x) * norm_w) as XQ = 2 reads it: int8 codes per block of 32,
+    four to an int32 word [K / 4], the blocks' scales [K / 32] and their exact sums [K / 32] (float32),
+    in one buffer (module doc)."""
+    buf = torch.empty(k // 4 + 2 * (k // 32), dtype=torch.int32, device=x.device)
+    xw, xd, xs = buf[:k // 4], buf[k // 4:k // 4 + k // 32].view(torch.float32), buf[k // 4 + k // 32:].view(torch.float32)
+    _quant_x_kernel[(triton.cdiv(k // 32, QX_BLOCKS),)](
+        x, norm_w if norm_w is not None else x, xw, xd, xs, k, float(eps), BB=QX_BLOCKS, NORM=norm_w is not None,
+        CHUNK=1024, PDL=pdl, num_warps=4, **({"launch_pdl": True} if pdl else {}))
+    return xw, xd, xs
