@@ -114,7 +114,7 @@ def sweep_gemv(gguf, x, p, q, n: int, k: int) -> None:
 
 #: how decode uses each shape: the one-row kernel's prologue / epilogue there (qgemv.py)
 USE = {"qkv": "norm", "o": "res", "gate_up": "norm+glu", "down": "res", "k|v": "plain", "head": "norm"}
-SWEEP1 = [(bn, ch, warps, xq) for bn in (1, 2, 4, 8, 16, 32) for ch in (1, 2, 4) for warps in (1, 2, 4, 8)
+SWEEP1 = [(bn, ch, warps, xq) for bn in (1, 2, 4, 8, 16, 32) for ch in (1, 2, 4, 8, 16) for warps in (1, 2, 4, 8)
           for xq in (1, 0, 2)]
 #: elements of K per CH step of each kernel (a super-block, a pair of super-blocks, a pair of blocks)
 CH_ELEMS = {"Q4_K": 256, "Q6_K": 512, "Q8_0": 64}
@@ -122,10 +122,11 @@ L2_BYTES = 60e6
 
 
 def sweep1_configs(name: str, out_n: int, modes: tuple[int, ...] = (1, 0, 2)) -> list[tuple[int, int, int, int]]:
-    """The (BN, CH, warps, XQ) worth timing: 16..128 weight elements per thread per iteration, at least
-    64 rows per BN (fewer programs than that leave SMs idle), x modes ``modes``."""
+    """The (BN, CH, warps, XQ) worth timing: 16..128 weight elements per thread per iteration (CH 8 and 16,
+    the long rows' many chunks per iteration, only with more than one warp), at least 64 rows per BN
+    (fewer programs than that leave SMs idle), x modes ``modes``."""
     return [t for t in SWEEP1 if 16 <= t[0] * t[1] * CH_ELEMS[name] / (32 * t[2]) <= 128
-            and t[0] <= max(1, out_n // 64) and t[3] in modes]
+            and t[0] <= max(1, out_n // 64) and t[3] in modes and (t[1] <= 4 or t[2] > 1)]
 
 
 def _sweep1_case(name: str, n: int, k: int, use: str):
