@@ -110,6 +110,40 @@ def test_fused_quantized_ops_equal_the_unfused_graph(ftype, files):
     assert np.isfinite(out[True]["logits"].numpy()).all()
 
 
+@pytest.mark.parametrize("ftype", ["Q4_K_M", "Q8_0"])
+def test_packed_arena_lays_out_stacked_groups(ftype, files):
+    """Off the CPU the packed matrices are copied into one buffer (``importers.gguf._arena``, run here on
+    CPU tensors): the same bytes; q/k/v and gate/up of one type consecutive, so the builder stacks them
+    without a copy; every other start 256-byte aligned; the decoder's logits unchanged."""
+    import numpy as np
+    from shapeplan.importers.gguf import ARENA_ALIGN, _arena
+    from shapeplan.llm.bench import load_model
+    from shapeplan.llm.model import _already_stacked, build_graph
+    from shapeplan.llm.weights import fused_groups
+    from shapeplan.quant.formats import QuantWeight
+    cfg, w = load_model(None, files(ftype), "cpu", "float32")
+    quant = {n: v for n, v in w.items() if isinstance(v, QuantWeight)}
+    arena = _arena(quant, fused_groups(cfg), "cpu")
+    base = next(iter(arena.values())).packed
+    assert all(torch.equal(arena[n].packed, quant[n].packed) for n in quant)
+    assert len({a.packed.untyped_storage().data_ptr() for a in arena.values()}) == 1
+    stacked = 0
+    for group in fused_groups(cfg):
+        ws = [arena.get(n) for n in group]
+        if all(ws) and len({(a.qtype, a.packed.shape[1]) for a in ws}) == 1:
+            assert _already_stacked([a.packed for a in ws], torch.uint8) is not None, group
+            assert ws[0].packed.storage_offset() % ARENA_ALIGN == 0
+            stacked += 1
+    assert stacked >= cfg.num_layers                      # gate/up everywhere (and q/k/v where one type)
+    starts = {a.packed.storage_offset() for a in arena.values()}
+    assert base.untyped_storage().nbytes() - sum(a.nbytes for a in arena.values()) < ARENA_ALIGN * len(starts)
+    ids = torch.tensor([[5, 9, 2, 7, 11]])
+    feeds = {"input_ids": ids, "position": torch.tensor([0]), "length": torch.tensor([ids.shape[1]])}
+    out = [sp.compile(build_graph(cfg, dict(ws), max_kv_cache_length=16), mode="slot_by_slot").run(feeds)["logits"]
+           for ws in (w, {**w, **arena})]
+    assert torch.equal(out[0], out[1]) and np.isfinite(out[0].numpy()).all()
+
+
 def test_tied_embeddings_share_the_packed_table(tmp_path):
     from shapeplan.llm.demo import make_tiny_checkpoint
     ck = make_tiny_checkpoint(str(tmp_path / "tied"), "llama", tie_word_embeddings=True, **DIMS)
