@@ -237,9 +237,10 @@ if AVAILABLE:
         return t.to(tl.float32)
 
     @triton.jit
-    def _xblocks(X, XD, XS, bi, mask):
-        """x block ``bi``'s scale and Σx (XQ = 2), loaded in the weights' shape of ``bi``."""
-        return tl.load(XD + bi, mask=mask, other=0.0), tl.load(XS + bi, mask=mask, other=0.0)
+    def _xblock(P, bi, mask):
+        """x block ``bi``'s scale (P = XD) or Σx (P = XS) for XQ = 2, loaded in the weights' shape of ``bi``
+        (each row its own load, L1 hits: no layout conversion)."""
+        return tl.load(P + bi, mask=mask, other=0.0)
 
     @triton.jit
     def _quant_x_kernel(X, NW, XW, XD, XS, K, eps, BB: tl.constexpr, NORM: tl.constexpr, CHUNK: tl.constexpr,
@@ -360,7 +361,8 @@ if AVAILABLE:
                     ds_u, dm_u = _q4k_scales(hdu, s1u, s2u, s3u, p[None], h)
                 if XQ == 2:                 # x as int8 codes (a word per quad), one scale and Σx per sub-block
                     xw = tl.load(X + xi, mask=xm, other=0)
-                    xd, xs = _xblocks(X, XD, XS, tl.broadcast_to(sub[None], [BN, CH, 4, 1]), m4)
+                    bi = tl.broadcast_to(sub[None], [BN, CH, 4, 1])
+                    xd, xs = _xblock(XD, bi, m4), _xblock(XS, bi, m4)
                     acc += _dp4a((qw >> (4 * h)) & 0x0F0F0F0F, xw, ASM) * (ds * xd)
                     acc_m += dm * xs
                     if GLU:
@@ -449,7 +451,7 @@ if AVAILABLE:
                         xw = tl.load(X + xi, mask=xm, other=0)
                         bi = tl.broadcast_to(((2 * c + odd) * 8 + 4 * (hg // 4) + 2 * n + (hg % 4) // 2)[None],
                                              [BN, CH, 8, 1])
-                        xd, _ = _xblocks(X, XD, XS, bi, m4)
+                        xd = _xblock(XD, bi, m4)
                         acc += _dp4a((_q6k_join(ql, qh, hg[None], n) + 0x60606060) ^ SIGN8, xw, ASM) \
                             * (_q6k_scale(base, m4, hg[None], n, odd) * xd)
                         if GLU:
@@ -517,7 +519,7 @@ if AVAILABLE:
                 xi, xm = _xidx(c * 16 + 8 * odd + w, cok, [BN, CH, 8], [1, 1, 4], XQ)
                 if XQ == 2:                 # x as int8 codes: one dp4a per word, x's blocks are the weights'
                     xw = tl.load(X + xi, mask=xm, other=0)
-                    xd, _ = _xblocks(X, XD, XS, tl.broadcast_to((2 * c + odd)[None], [BN, CH, 1]), m3)
+                    xd = _xblock(XD, tl.broadcast_to((2 * c + odd)[None], [BN, CH, 1]), m3)
                     acc += _dp4a(qw, xw, ASM) * (_q80_scale(base, m3, odd) * xd)
                     if GLU:
                         acc_u += _dp4a(qw_u, xw, ASM) * (_q80_scale(base_u, m3, odd) * xd)
