@@ -68,8 +68,13 @@ def _graph(name: str, n: int, k: int, p: torch.Tensor, m: int) -> Graph:
 
 
 @pytest.mark.parametrize("mode", ["cuda_graphs", "triton"])
-@pytest.mark.parametrize("name,m", [("Q4_K", 1), ("Q6_K", 4), ("Q8_0", 1), ("INT4_G64", 64)])
-def test_captured_plan_matches_slot_by_slot(name, m, mode):
+@pytest.mark.parametrize("name,m,xq", [("Q4_K", 1, 1), ("Q4_K", 1, 2), ("Q6_K", 1, 2), ("Q8_0", 1, 1), ("Q8_0", 1, 2),
+                                       ("Q6_K", 4, 1), ("INT4_G64", 64, 1)])
+def test_captured_plan_matches_slot_by_slot(name, m, xq, mode, monkeypatch):
+    """xq: the one-row kernels' x mode for these shapes (2: x as int8 codes, the quantizing kernel inside
+    the captured graph too)."""
+    from shapeplan.runtime.backends.triton.kernels import qgemv
+    monkeypatch.setattr(qgemv, "DEFAULT", {q: (*t[:3], xq) for q, t in qgemv.DEFAULT.items()})
     n = k = 512
     p = packed_weight(name, n, k).to(DEV)
     ref_eng = sp.compile(_graph(name, n, k, p, m), device=DEV, mode="slot_by_slot")
