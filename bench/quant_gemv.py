@@ -211,7 +211,8 @@ def sweep_one_row(qtypes: list[str], presets: list[str], top: int, jobs: int, la
         gb = lambda us: one.numel() / us / 1e3  # noqa: E731
         print(f"{preset:<9} {label:<8} {f'{n}x{k}':>14} {name:<5} {use:<9} generic {generic:7.1f} us "
               f"{gb(generic):5.0f} GB/s | bf16 cuBLAS {bf16:7.1f} us | {len(copies)} copies", flush=True)
-        for us, tiles in results[:top] + [r for r in results if r[1] == current][:1]:
+        shown = results[:top]
+        for us, tiles in shown + [r for r in results if r[1] == current and r not in shown][:1]:
             print(f"    bn={tiles[0]:<3} ch={tiles[1]} warps={tiles[2]} xq={tiles[3]}  {us:8.1f} us {gb(us):6.0f} GB/s "
                   f"x{generic / us:5.2f} generic" + ("  (current)" if tiles == current else ""))
         if results:
