@@ -25,12 +25,16 @@ step() {                                   # step NAME SET LIMIT_S COMMAND SUMMA
 # Sets: quick (also in --quick), default (a plain run), extra (only by name or with --all).
 GPU_TESTS="tests/gpu tests/llm/test_gpu.py tests/llm/test_decode_attention.py tests/llm/test_triton_reproducible.py tests/ops/test_fused_linear.py
            tests/runtime/triton"
-# the quantized-weight tests on their own step: with the rest they ran past one step's limit (~150 s of kernels
-# per GGUF type); their wheel (gguf) comes from .wheels312
-QUANT_TESTS="tests/gpu/test_quantized.py tests/ops/test_quant_ops.py tests/llm/test_reference_int4.py"
+# the quantized-weight tests on two steps of their own: with the rest they ran past one step's limit (~150 s of
+# kernels per GGUF type; tests/ops/test_quant_ops.py alone took 162 s on the H200, twelfth session); their wheel
+# (gguf) comes from .wheels312
+QUANT_TESTS="tests/ops/test_quant_ops.py"
+QUANT_GPU_TESTS="tests/gpu/test_quantized.py tests/llm/test_reference_int4.py"
 step tests default 300 'python3 -m pytest -q -p no:cacheprovider --ignore=tests/gpu/test_quantized.py $(existing $GPU_TESTS)' \
   'grep -E "[0-9]+ (passed|failed|error)" $L | tail -1'
-step tests_quant default 300 'python3 -m pytest -q -p no:cacheprovider $(existing $QUANT_TESTS)' \
+step tests_quant default 240 'python3 -m pytest -q -p no:cacheprovider $(existing $QUANT_TESTS)' \
+  'grep -E "[0-9]+ (passed|failed|error)" $L | tail -1'
+step tests_quant_gpu default 240 'python3 -m pytest -q -p no:cacheprovider $(existing $QUANT_GPU_TESTS)' \
   'grep -E "[0-9]+ (passed|failed|error)" $L | tail -1'
 step decode quick 150 'python3 -m shapeplan bench --preset llama-1b --device cuda --config triton --json $W/decode.json' \
   'awk '\''$1=="triton" {print "llama-1b triton late_steady " $(NF-2) " tok/s, cold " $2 " s"}'\'' $L'
