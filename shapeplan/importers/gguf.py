@@ -251,10 +251,9 @@ def read_weights(f: GGUFFile, cfg: LlamaConfig, *, device: str | torch.device = 
             out[hf] = QuantWeight(packed, t.qtype, t.shape)
         else:
             out[hf] = (_unpermute(t, heads) if heads else t).to(device)
-    quant = {hf: w for hf, w in out.items() if isinstance(w, QuantWeight)}
     if torch.device(device).type == "cpu":
         return out
-    return {**out, **_arena(quant, fused_groups(cfg), device)}
+    return {**out, **_arena({hf: w for hf, w in out.items() if isinstance(w, QuantWeight)}, fused_groups(cfg), device)}
 
 
 #: start of each packed matrix in the arena (bytes) that does not continue a stacked group
@@ -266,26 +265,21 @@ def _arena(quant: dict[str, QuantWeight], groups: list[list[str]], device: str |
     """``quant``'s packed bytes copied into one device buffer (module doc): a group of ``groups`` whose
     members are all packed in one type (same row bytes) is laid out consecutively, row blocks of one
     stacked matrix; every other matrix, and each group, starts at an ``ARENA_ALIGN`` boundary."""
-    follows: set[str] = set()                   # names placed right after the previous one, no gap
-    order: list[str] = []
-    for g in groups:
-        ws = [quant.get(n) for n in g]
-        if all(w is not None for w in ws) and len({(w.qtype, w.packed.shape[1]) for w in ws}) == 1:
-            order += g
-            follows.update(g[1:])
-    placed = set(order)
-    order += [n for n in quant if n not in placed]
+    blocks = [g for g in groups if all(n in quant for n in g)
+              and len({(quant[n].qtype, quant[n].packed.shape[1]) for n in g}) == 1]
+    grouped = {n for g in blocks for n in g}
+    blocks += [[n] for n in quant if n not in grouped]
     offsets, end = {}, 0
-    for n in order:
-        if n not in follows:
-            end = -(-end // ARENA_ALIGN) * ARENA_ALIGN
-        offsets[n] = end
-        end += quant[n].nbytes
+    for block in blocks:                        # each block aligned, its members back to back
+        end = -(-end // ARENA_ALIGN) * ARENA_ALIGN
+        for n in block:
+            offsets[n] = end
+            end += quant[n].nbytes
     buf = torch.empty(end, dtype=torch.uint8, device=device)
     out = {}
-    for n in order:
+    for n, off in offsets.items():
         w = quant[n]
-        dst = buf[offsets[n]:offsets[n] + w.nbytes].view(w.packed.shape)
+        dst = buf[off:off + w.nbytes].view(w.packed.shape)
         dst.copy_(w.packed)
         out[n] = QuantWeight(dst, w.qtype, w.shape)
     return out

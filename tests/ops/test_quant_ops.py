@@ -211,8 +211,8 @@ def _int8_x_linear(name, packed, w, x):
     x8 = _x8(x)
     y = x8 @ w.t()
     if name == "Q4_K":
-        zero = packed.clone().view(packed.shape[0], -1, 144)
-        zero[:, :, 16:] = 0
+        zero = packed.clone().view(packed.shape[0], -1, QTYPES["Q4_K"].type_size)
+        zero[:, :, 16:] = 0                                   # the codes, after [d, dmin] and the 12 scale bytes
         y = y + (x - x8) @ dequantize(zero.view(packed.shape), name).t()
     return y
 

@@ -357,22 +357,24 @@ if AVAILABLE:
                 sub = c * 8 + 2 * p + h                                            # [CH, 4, 1] sub-block
                 xi, xm = _xidx(sub * 8 + w, cok, [BN, CH, 4, 8], [1, 1, 1, 4], XQ)
                 ds, dm = _q4k_scales(hd, s1, s2, s3, p[None], h)                  # [BN, CH, 4, 1]
+                nib = (qw >> (4 * h)) & 0x0F0F0F0F                                 # this half's codes
                 if GLU:
                     ds_u, dm_u = _q4k_scales(hdu, s1u, s2u, s3u, p[None], h)
+                    nib_u = (qwu >> (4 * h)) & 0x0F0F0F0F
                 if XQ == 2:                 # x as int8 codes (a word per quad), one scale and Σx per sub-block
                     xw = tl.load(X + xi, mask=xm, other=0)
                     bi = tl.broadcast_to(sub[None], [BN, CH, 4, 1])
                     xd, xs = _xblock(XD, bi, m4), _xblock(XS, bi, m4)
-                    acc += _dp4a((qw >> (4 * h)) & 0x0F0F0F0F, xw, ASM) * (ds * xd)
+                    acc += _dp4a(nib, xw, ASM) * (ds * xd)
                     acc_m += dm * xs
                     if GLU:
-                        acc_u += _dp4a((qwu >> (4 * h)) & 0x0F0F0F0F, xw, ASM) * (ds_u * xd)
+                        acc_u += _dp4a(nib_u, xw, ASM) * (ds_u * xd)
                         acc_mu += dm_u * xs
                 else:
                     x0, x1, x2, x3, sx, ss = _x4(X, NW, xi, xm, ss, NORM, XQ, XB, XF16, NB, NF16)
-                    acc += _dot4((qw >> (4 * h)) & 0x0F0F0F0F, x0, x1, x2, x3, 0.0, ASM) * ds - dm * sx
+                    acc += _dot4(nib, x0, x1, x2, x3, 0.0, ASM) * ds - dm * sx
                     if GLU:
-                        acc_u += _dot4((qwu >> (4 * h)) & 0x0F0F0F0F, x0, x1, x2, x3, 0.0, ASM) * ds_u - dm_u * sx
+                        acc_u += _dot4(nib_u, x0, x1, x2, x3, 0.0, ASM) * ds_u - dm_u * sx
         y = tl.sum(tl.sum(tl.sum(acc, axis=3), axis=2), axis=1)
         u = y
         if GLU:
@@ -403,6 +405,12 @@ if AVAILABLE:
     def _q6k_join(ql, qh, hg, n: tl.constexpr):
         """The 6-bit codes of nibble half n, one per byte."""
         return ((ql >> (4 * n)) & 0x0F0F0F0F) | (((qh >> (4 * n + 2 * ((hg % 4) // 2))) & 0x03030303) << 4)
+
+    @triton.jit
+    def _q6k_signed(ql, qh, hg, n: tl.constexpr):
+        """``_q6k_join``'s codes as signed bytes q - 32 (XQ = 2's dp4a): q + 96 has no carry out of its byte,
+        then the sign bit flipped."""
+        return (_q6k_join(ql, qh, hg, n) + 0x60606060) ^ SIGN8
 
     @triton.jit
     def _q6k_scale(base, m4, hg, n: tl.constexpr, ODD: tl.constexpr):
@@ -447,15 +455,15 @@ if AVAILABLE:
                 for n in tl.static_range(2):
                     xi, xm = _xidx((2 * c + odd) * 64 + 32 * (hg // 4) + 16 * n + 4 * (hg % 4) + w, cok,
                                    [BN, CH, 8, 4], [1, 1, 1, 4], XQ)
-                    if XQ == 2:             # x as int8 codes; the codes q - 32 as signed bytes: q + 96, sign flipped
+                    if XQ == 2:             # x as int8 codes, the weights' as signed bytes
                         xw = tl.load(X + xi, mask=xm, other=0)
                         bi = tl.broadcast_to(((2 * c + odd) * 8 + 4 * (hg // 4) + 2 * n + (hg % 4) // 2)[None],
                                              [BN, CH, 8, 1])
                         xd = _xblock(XD, bi, m4)
-                        acc += _dp4a((_q6k_join(ql, qh, hg[None], n) + 0x60606060) ^ SIGN8, xw, ASM) \
+                        acc += _dp4a(_q6k_signed(ql, qh, hg[None], n), xw, ASM) \
                             * (_q6k_scale(base, m4, hg[None], n, odd) * xd)
                         if GLU:
-                            acc_u += _dp4a((_q6k_join(ql_u, qh_u, hg[None], n) + 0x60606060) ^ SIGN8, xw, ASM) \
+                            acc_u += _dp4a(_q6k_signed(ql_u, qh_u, hg[None], n), xw, ASM) \
                                 * (_q6k_scale(base_u, m4, hg[None], n, odd) * xd)
                     else:
                         x0, x1, x2, x3, _, ss = _x4(X, NW, xi, xm, ss, NORM, XQ, XB, XF16, NB, NF16)
@@ -543,7 +551,8 @@ def supports(x: torch.Tensor, packed: torch.Tensor, qtype: str, k: int) -> bool:
     the kernel's step and whose rows are whole int32 words at a 4-byte aligned address; not with
     ``SHAPEPLAN_QUANT_ONE_ROW=0`` (the generic GEMV of gguf.py then runs every one-row call)."""
     from shapeplan import env
-    return (AVAILABLE and qtype in K_MULTIPLE and env.get("SHAPEPLAN_QUANT_ONE_ROW") and x.dim() == 2 and x.shape[0] == 1 and k % K_MULTIPLE[qtype] == 0
+    return (AVAILABLE and qtype in K_MULTIPLE and env.get("SHAPEPLAN_QUANT_ONE_ROW") and x.dim() == 2
+            and x.shape[0] == 1 and k % K_MULTIPLE[qtype] == 0
             and packed.dim() == 2 and packed.stride(1) == 1 and packed.stride(0) % 4 == 0
             and packed.data_ptr() % 4 == 0 and x.dtype in (torch.float16, torch.bfloat16, torch.float32))
 
@@ -607,8 +616,9 @@ def quantize_x(x: torch.Tensor, norm_w: torch.Tensor | None, eps: float, k: int,
     """x [1, K] (with ``norm_w``: rms_norm(x) * norm_w) as XQ = 2 reads it: int8 codes per block of 32,
     four to an int32 word [K / 4], the blocks' scales [K / 32] and their exact sums [K / 32] (float32),
     in one buffer (module doc)."""
-    buf = torch.empty(k // 4 + 2 * (k // 32), dtype=torch.int32, device=x.device)
-    xw, xd, xs = buf[:k // 4], buf[k // 4:k // 4 + k // 32].view(torch.float32), buf[k // 4 + k // 32:].view(torch.float32)
+    nb = k // 32
+    xw, xd, xs = torch.empty(k // 4 + 2 * nb, dtype=torch.int32, device=x.device).split([k // 4, nb, nb])
+    xd, xs = xd.view(torch.float32), xs.view(torch.float32)
     _quant_x_kernel[(triton.cdiv(k // 32, QX_BLOCKS),)](
         x, norm_w if norm_w is not None else x, xw, xd, xs, k, float(eps), BB=QX_BLOCKS, NORM=norm_w is not None,
         CHUNK=1024, PDL=pdl, num_warps=4, **({"launch_pdl": True} if pdl else {}))
