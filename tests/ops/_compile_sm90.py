@@ -68,11 +68,16 @@ def compile_one(kernel: str, name: str, m: int):
                     s_ptr="*bf16", kn_ptr="*bf16", vn_ptr="*bf16")
         ints = ["sq_b", "sq_h", "sk_n", "sk_h", "sk_s", "sv_n", "sv_h", "sv_s", "s_bt", "sc_b", "so_b", "so_h",
                 "skn_b", "skn_h", "svn_b", "svn_h"]
-        consts = dict(HKV=8, G=4, GP=4, D=64, DP=64, NS=64, NSP=64, BPS=1, BS=16, WINDOW=0, ROTATE=True,
-                      INTERLEAVED=False, HALF=32, HALFP=32, WRITE=name == "write", TABLE=True, PDL=m == 1)
+        from shapeplan.runtime.backends.triton.kernels import paged
+        d = 128 if name.endswith("128") else 64            # llama-1b's head dim, or llama-8b's ("write128")
+        tiling = paged._decode_tiling(1, 8, 64, 4, d)       # batch 1, 8 KV heads, 1024 keys of blocks of 16
+        consts = dict(HKV=8, G=4, GP=4, D=d, DP=d, NS=tiling["NS"], BPS=tiling["BPS"], BS=16, WINDOW=0, ROTATE=True,
+                      INTERLEAVED=False, HALF=d // 2, HALFP=d // 2, WRITE=name.startswith("write"), TABLE=True,
+                      PDL=m == 1, MCH=tiling["MCH"])
         sig = {**ptrs, **{a: "i32" for a in ints}, "scale": "fp32", **{c: "constexpr" for c in consts}}
         return triton.compile(ASTSource(fn=paged_jit._paged_decode, signature=sig, constexprs=consts),
-                              target=GPUTarget("cuda", 90, 32), options={"num_warps": 2, "enable_fp_fusion": False})
+                              target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": tiling["num_warps"], "enable_fp_fusion": False})
     if kernel == "argmax":    # the two passes of kernels/argmax.py; m: 1 = PDL
         from shapeplan.runtime.backends.triton.kernels import argmax_jit
         if name == "partial":

@@ -67,13 +67,15 @@ def test_prefill_rotation_of_a_qkv_view_equals_rotary_embedding(interleaved):
 @pytest.mark.parametrize("interleaved", [0, 1])
 @pytest.mark.parametrize("window", [0, 20])
 @pytest.mark.parametrize("programs", [paged.TARGET_PROGRAMS, 6])     # 6: all four blocks in one split
+@pytest.mark.parametrize("chunk", [None, 2])                   # 2: the merge over the live splits in chunks
 def test_the_decode_kernel_writes_as_the_write_kernel_and_attends_as_the_torch_ops(dtype, interleaved, window,
-                                                                                   programs, monkeypatch):
+                                                                                   programs, chunk, monkeypatch):
     """PagedWriteAttention's decode kernel (write of k rotated and v, split-K attention, merge in the last
     program; the rotary tables read at each row's position): pools bit-equal to the write kernel's,
     output as PagedWriteAttention's torch path (PagedCacheWrite + PagedAttention); the counters are
     left zero, so a second step (next position, one more key) is right too."""
     monkeypatch.setattr(paged, "TARGET_PROGRAMS", programs)
+    monkeypatch.setattr(paged, "MERGE_CHUNK", chunk)
     b, hq, hkv, d = 3, 4, 2, 16
     q, kp, vp, bt, _, _ = _case(dtype, b=b, hq=hq, hkv=hkv, d=d)
     g = torch.Generator().manual_seed(9)
@@ -119,8 +121,9 @@ def test_too_few_counters_is_a_clear_error():
 
 def test_the_decode_kernel_compiles_for_sm90():
     """As the H200 compiles it (Triton's ptxas, no GPU needed; the interpreter checks no types): with and
-    without the write, and with programmatic dependent launch (griddepcontrol in the PTX)."""
+    without the write, at head dims 64 and 128 (their tilings differ), and with programmatic dependent launch
+    (griddepcontrol in the PTX)."""
     from tests.ops.test_quant_ops import _compile_sm90
-    res = _compile_sm90("paged:write:0", "paged:write:1", "paged:read:0")
+    res = _compile_sm90("paged:write:0", "paged:write:1", "paged:read:0", "paged:write128:0")   # head dims 64, 128
     assert all(r["ok"] for r in res.values()), {s: r["error"] for s, r in res.items()}
     assert res["paged:write:1"]["griddepcontrol"] and not res["paged:write:0"]["griddepcontrol"]

@@ -20,8 +20,13 @@ from shapeplan.runtime.backends.triton.kernels.paged_jit import _paged_decode, _
 
 #: pass 1 programs aimed at per step (B * Hkv * NS); the split size follows from it
 TARGET_PROGRAMS = 2048
-#: most splits per row and head: pass 2 merges them in one vectorised load ([NS, G, D] floats per program)
+#: most splits per row and head (the merge reads the live ones, MERGE_CHUNK at a time)
 MAX_SPLITS = 64
+#: floats per thread of one step of the merge's loop ([chunk, G, D] per program); the chunk follows from it
+MERGE_FLOATS = 128
+#: overrides of the tiling (bench/decode_attention.py --paged sweeps them): partials per merge step, warps
+MERGE_CHUNK: int | None = None
+DECODE_WARPS: int | None = None
 
 
 def _pow2(n: int) -> int:
@@ -58,6 +63,20 @@ def split_blocks(batch: int, hkv: int, max_blocks: int) -> int:
     return triton.cdiv(max_blocks, per_head)
 
 
+def _decode_tiling(batch: int, hkv: int, max_blocks: int, gp: int, dp: int) -> dict:
+    """The decode kernel's split constants for these shapes (the launch and ``precompile`` share them):
+    4 warps for head dims up to 64, else 2, and merge chunks of MERGE_FLOATS floats per thread. Measured
+    on the H200 at batch 1, 8 KV heads, 1024 keys, pos 128 / 384 (``bench.decode_attention --paged``,
+    2026-12-02): D 64: 6.95 / 7.80 µs a call (chunk 64, 4 warps) against 9.52 / 9.92 with all 64
+    partials in one load on 2 warps (the earlier kernel); D 128: 9.58 / 11.65 (chunk 16, 2 warps)
+    against 19.93 / 22.65; fewer splits (32, 16 per head) were slower everywhere."""
+    bps = split_blocks(batch, hkv, max_blocks)
+    ns = triton.cdiv(max_blocks, bps)
+    warps = DECODE_WARPS or (4 if dp <= 64 else 2)
+    chunk = MERGE_CHUNK or max(2, MERGE_FLOATS * 32 * warps // (gp * dp))
+    return dict(NS=ns, BPS=bps, MCH=max(2, min(_pow2(chunk), _pow2(ns))), num_warps=warps)
+
+
 def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, positions: torch.Tensor,
                            lengths: torch.Tensor, block_tables: torch.Tensor, *, scale: float,
                            window: int = 0, cos: torch.Tensor | None = None, sin: torch.Tensor | None = None,
@@ -76,9 +95,8 @@ def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
     assert s == 1 and q.stride(-1) == 1 and k_pool.stride(-1) == 1 and v_pool.stride(-1) == 1
     g = hq // hkv
     gp, dp = max(_pow2(g), 2), _pow2(d)
-    maxb = block_tables.shape[1]
-    bps = split_blocks(b, hkv, maxb)
-    ns = triton.cdiv(maxb, bps)
+    tiling = _decode_tiling(b, hkv, block_tables.shape[1], gp, dp)
+    ns = tiling["NS"]
     bt = block_tables if block_tables.stride(-1) == 1 else block_tables.contiguous()
     dev = q.device
     if counters is None:
@@ -107,10 +125,9 @@ def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
                                  cos.stride(0) if rotate else 0, out.stride(0), out.stride(1),
                                  k.stride(0) if write else 0, k.stride(1) if write else 0,
                                  v.stride(0) if write else 0, v.stride(1) if write else 0, scale,
-                                 HKV=hkv, G=g, GP=gp, D=d, DP=dp, NS=ns, NSP=max(_pow2(ns), 2), BPS=bps, BS=bs,
-                                 WINDOW=window, ROTATE=rotate, INTERLEAVED=bool(interleaved), HALF=max(1, d // 2),
-                                 HALFP=max(_pow2(d // 2), 1), WRITE=write, TABLE=bool(rotate and rope_table),
-                                 PDL=bool(launch), num_warps=2, **launch,
+                                 HKV=hkv, G=g, GP=gp, D=d, DP=dp, BS=bs, WINDOW=window, ROTATE=rotate,
+                                 INTERLEAVED=bool(interleaved), HALF=max(1, d // 2), HALFP=max(_pow2(d // 2), 1),
+                                 WRITE=write, TABLE=bool(rotate and rope_table), PDL=bool(launch), **tiling, **launch,
                                  enable_fp_fusion=False)   # k's rotation rounds as torch's (and _paged_write's)
     return out
 
@@ -135,8 +152,7 @@ def precompile(part: str, *, batch: int, hq: int, hkv: int, d: int, block_size: 
                             HKV=hkv, HP=_pow2(hkv), D=d, DP=dp, HALF=d // 2, HALFP=max(_pow2(d // 2), 1),
                             BS=block_size, ROTATE=True, INTERLEAVED=False, enable_fp_fusion=False, grid=(batch,))
         return
-    bps = split_blocks(batch, hkv, max_blocks)
-    ns = triton.cdiv(max_blocks, bps)
+    tiling = _decode_tiling(batch, hkv, max_blocks, gp, dp)
     # "decode": PagedWriteAttention's kernel (the LLM graph's decode step: q, k and v views of the q/k/v
     # projection, q rotated inside, this step's k/v written first); the rotary tables [L, D/2]
     row = (hq + 2 * hkv) * d
@@ -144,7 +160,6 @@ def precompile(part: str, *, batch: int, hq: int, hkv: int, d: int, block_size: 
     launch = {"launch_pdl": True} if gemv.pdl_on(torch.device("cuda")) else {}
     _paged_decode.warmup(dtype, dtype, dtype, i64, i64, i32, f32, f32, f32, i32, dtype, dtype, dtype, dtype, dtype,
                          row, d, *sk, *sk, max_blocks, d // 2, hq * d, d, row, d, row, d, d ** -0.5,
-                         HKV=hkv, G=g, GP=gp, D=d, DP=dp, NS=ns, NSP=max(_pow2(ns), 2), BPS=bps, BS=block_size,
-                         WINDOW=window, ROTATE=True, INTERLEAVED=False, HALF=max(1, d // 2),
-                         HALFP=max(_pow2(d // 2), 1), WRITE=True, TABLE=True, PDL=bool(launch), num_warps=2,
-                         enable_fp_fusion=False, grid=(batch * hkv, ns), **launch)
+                         HKV=hkv, G=g, GP=gp, D=d, DP=dp, BS=block_size, WINDOW=window, ROTATE=True,
+                         INTERLEAVED=False, HALF=max(1, d // 2), HALFP=max(_pow2(d // 2), 1), WRITE=True, TABLE=True,
+                         PDL=bool(launch), enable_fp_fusion=False, grid=(batch * hkv, tiling["NS"]), **tiling, **launch)
