@@ -65,14 +65,15 @@ def split_blocks(batch: int, hkv: int, max_blocks: int) -> int:
 
 def _decode_tiling(batch: int, hkv: int, max_blocks: int, gp: int, dp: int) -> dict:
     """The decode kernel's split constants for these shapes (the launch and ``precompile`` share them):
-    4 warps for head dims up to 64, else 2, and merge chunks of MERGE_FLOATS floats per thread. Measured
-    on the H200 at batch 1, 8 KV heads, 1024 keys, pos 128 / 384 (``bench.decode_attention --paged``,
-    2026-12-02): D 64: 6.95 / 7.80 µs a call (chunk 64, 4 warps) against 9.52 / 9.92 with all 64
-    partials in one load on 2 warps (the earlier kernel); D 128: 9.58 / 11.65 (chunk 16, 2 warps)
-    against 19.93 / 22.65; fewer splits (32, 16 per head) were slower everywhere."""
+    4 warps, merge chunks of MERGE_FLOATS floats per thread (64 partials at head dim 64, 32 at 128).
+    Measured on the H200 at batch 1, 8 KV heads, 1024 keys, pos 128 / 384 (``bench.decode_attention
+    --paged``, 2026-12-02, two machines): D 64: 6.94 / 7.75 µs a call against 9.58 / 9.95 with all 64
+    partials in one load on 2 warps (the earlier kernel); D 128: 9.26 / 9.34 against 20.02 / 22.68;
+    chunks of 8 or 16 were slower (a merge step is a round trip to L2), and so were fewer splits (32 or
+    16 per head) everywhere."""
     bps = split_blocks(batch, hkv, max_blocks)
     ns = triton.cdiv(max_blocks, bps)
-    warps = DECODE_WARPS or (4 if dp <= 64 else 2)
+    warps = DECODE_WARPS or 4
     chunk = MERGE_CHUNK or max(2, MERGE_FLOATS * 32 * warps // (gp * dp))
     return dict(NS=ns, BPS=bps, MCH=max(2, min(_pow2(chunk), _pow2(ns))), num_warps=warps)
 
