@@ -26,7 +26,8 @@ step() {                                   # step NAME SET LIMIT_S COMMAND SUMMA
 GPU_TESTS="tests/gpu tests/llm/test_gpu.py tests/llm/test_decode_attention.py tests/llm/test_triton_reproducible.py tests/ops/test_fused_linear.py
            tests/runtime/triton"
 # the quantized-weight tests on two steps of their own: with the rest they ran past one step's limit (~150 s of
-# kernels per GGUF type; tests/ops/test_quant_ops.py alone took 162 s on the H200, twelfth session); their wheel
+# kernels per GGUF type; tests/ops/test_quant_ops.py alone took 162 s on the H200, twelfth session;
+# tests/gpu/test_quantized.py + the int4 reference 294 s with an empty Triton cache, thirteenth); their wheel
 # (gguf) comes from .wheels312
 QUANT_TESTS="tests/ops/test_quant_ops.py"
 QUANT_GPU_TESTS="tests/gpu/test_quantized.py tests/llm/test_reference_int4.py"
@@ -34,7 +35,7 @@ step tests default 300 'python3 -m pytest -q -p no:cacheprovider --ignore=tests/
   'grep -E "[0-9]+ (passed|failed|error)" $L | tail -1'
 step tests_quant default 240 'python3 -m pytest -q -p no:cacheprovider $(existing $QUANT_TESTS)' \
   'grep -E "[0-9]+ (passed|failed|error)" $L | tail -1'
-step tests_quant_gpu default 240 'python3 -m pytest -q -p no:cacheprovider $(existing $QUANT_GPU_TESTS)' \
+step tests_quant_gpu default 330 'python3 -m pytest -q -p no:cacheprovider $(existing $QUANT_GPU_TESTS)' \
   'grep -E "[0-9]+ (passed|failed|error)" $L | tail -1'
 step decode quick 150 'python3 -m shapeplan bench --preset llama-1b --device cuda --config triton --json $W/decode.json' \
   'awk '\''$1=="triton" {print "llama-1b triton late_steady " $(NF-2) " tok/s, cold " $2 " s"}'\'' $L'
@@ -71,6 +72,8 @@ step structured extra 300 'python3 -m bench.structured --preset llama-1b --devic
   'awk -F"|" '\''$2 ~ /json_schema/ && $4 ~ /on/ {printf "N=%s%s tok/s (%s of unconstrained); ", $3, $5, $6}'\'' $L'
 step decode_attention default 60 'python3 -m bench.decode_attention --pos 256' \
   'awk '\''/^sdpa/ {s = $4} /^BEST=/ {b = $0} END {if (b) print "sdpa " s " us/call, " b}'\'' $L'
+step paged_attention default 180 'python3 -m bench.decode_attention --paged --pos 128,384' \
+  'awk '\''$3=="default" {printf "D %s pos %s: %s us; ", $1, $2, $4}'\'' $L'
 step prefill_attention default 60 'python3 -m bench.prefill_attention' \
   'awk '\''$1==512 && $2==1024 && $3=="sdpa" {s = $8} $1==512 && $2==1024 && $3=="efficient" {e = $7}
         END {if (s e) print "512x1024 per call: sdpa " s " us, efficient " e " us"}'\'' $L'
