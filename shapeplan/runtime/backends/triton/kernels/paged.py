@@ -20,7 +20,7 @@ from shapeplan.runtime.backends.triton.kernels.paged_jit import _paged_decode, _
 
 #: pass 1 programs aimed at per step (B * Hkv * NS); the split size follows from it
 TARGET_PROGRAMS = 2048
-#: most splits per row and head (the merge reads the live ones, MERGE_CHUNK at a time)
+#: most splits per row and head (the merge reads the live ones, a chunk at a time)
 MAX_SPLITS = 64
 #: floats per thread of one step of the merge's loop ([chunk, G, D] per program); the chunk follows from it
 MERGE_FLOATS = 128
