@@ -65,15 +65,16 @@ def split_blocks(batch: int, hkv: int, max_blocks: int) -> int:
 
 def _decode_tiling(batch: int, hkv: int, max_blocks: int, gp: int, dp: int) -> dict:
     """The decode kernel's split constants for these shapes (the launch and ``precompile`` share them):
-    4 warps, merge chunks of MERGE_FLOATS floats per thread (64 partials at head dim 64, 32 at 128).
-    Measured on the H200 at batch 1, 8 KV heads, 1024 keys, pos 128 / 384 (``bench.decode_attention
-    --paged``, 2026-12-02, two machines): D 64: 6.94 / 7.75 µs a call against 9.58 / 9.95 with all 64
-    partials in one load on 2 warps (the earlier kernel); D 128: 9.26 / 9.34 against 20.02 / 22.68;
-    chunks of 8 or 16 were slower (a merge step is a round trip to L2), and so were fewer splits (32 or
-    16 per head) everywhere."""
+    merge chunks of MERGE_FLOATS floats per thread; 4 warps where a (row, head) has many splits to merge
+    (16 or more: batch <= 16 at 8 KV heads and 1,024 keys), else 2 as before (the batched steps, whose
+    few splits each walk many blocks: not re-measured). Measured on the H200 at batch 1, 8 KV heads,
+    1,024 keys, pos 128 / 384 (``bench.decode_attention --paged``, 2026-12-02, two machines): D 64:
+    6.94 / 7.75 µs a call (chunks of 64) against 9.58 / 9.95 with all 64 partials in one load on 2 warps
+    (the earlier kernel); D 128: 9.26 / 9.34 (chunks of 32) against 20.02 / 22.68; chunks of 8 or 16
+    were slower (a merge step is a round trip to L2), and so were fewer splits (32 per head) everywhere."""
     bps = split_blocks(batch, hkv, max_blocks)
     ns = triton.cdiv(max_blocks, bps)
-    warps = DECODE_WARPS or 4
+    warps = DECODE_WARPS or (4 if ns >= 16 else 2)
     chunk = MERGE_CHUNK or max(2, MERGE_FLOATS * 32 * warps // (gp * dp))
     return dict(NS=ns, BPS=bps, MCH=max(2, min(_pow2(chunk), _pow2(ns))), num_warps=warps)
 
