@@ -66,6 +66,9 @@ step quant_gemv default 200 'python3 -m bench.quant_gemv --prefill-m 128,512,204
   'grep -iE "Q4_K|Q8_0" $L | head -3 | paste -sd" " | cut -c1-300'
 step quant_e2e default 300 'python3 -m bench.quant_gemv --no-gemv --e2e llama-1b:Q4_K_M,llama-1b:Q8_0,llama-8b:Q4_K_M,llama-8b:Q8_0' \
   'grep -E "llama-(1b|8b)" $L | tail -4 | paste -sd" " | cut -c1-300'
+# the one-row kernel tiles of llama-8b's shapes, CH 8 / 16 included (its Q8_0 shapes were never swept); prints TUNE lines
+step quant_sweep_8b extra 480 'python3 -m bench.quant_gemv --no-gemv --sweep1 --qtypes Q4_K,Q6_K,Q8_0 --presets llama-8b --xq 2,1 --top 2' \
+  'grep -cE "^\s+\(\"Q" $L | sed "s/$/ TUNE lines (see the log)/"'
 step quant_pdl extra 240 'python3 -m bench.quant_gemv --no-gemv --e2e llama-1b:Q4_K_M --e2e-configs triton --pdl-ab 2' \
   'grep -E "^llama-1b" $L | awk '\''{printf "%s %s tok/s; ", $2, $3}'\'''
 step structured extra 300 'python3 -m bench.structured --preset llama-1b --device cuda --json $W/structured.json' \
