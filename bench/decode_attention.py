@@ -95,7 +95,8 @@ def paged(positions: list[int], length: int, layers: int) -> None:
         pk.MERGE_CHUNK, pk.DECODE_WARPS, pk.MAX_SPLITS = keep
         if best:
             (mch, warps, splits), ts = min(best.items(), key=lambda kv: sum(kv[1]))
-            print(f"PAGED_BEST D={d}: merge chunk {mch}, warps {warps}, splits {splits}: "
+            name = "paged.py's default" if mch is None else f"merge chunk {mch}, warps {warps}, splits {splits}"
+            print(f"PAGED_BEST D={d}: {name}: "
                   + ", ".join(f"{t:.2f}" for t in ts) + " us at pos " + ",".join(map(str, positions)))
 
 
