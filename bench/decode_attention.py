@@ -14,6 +14,7 @@ name the fastest tiling per head dim.
 from __future__ import annotations
 
 import argparse
+from unittest import mock
 
 import torch
 
@@ -52,7 +53,6 @@ def paged(positions: list[int], length: int, layers: int) -> None:
     from shapeplan.runtime.backends.triton.kernels import paged as pk
     hq, hkv, bs, dev = 32, 8, 16, "cuda"
     nb = length // bs
-    keep = (pk.MERGE_CHUNK, pk.DECODE_WARPS, pk.MAX_SPLITS)
     print(f"{'D':>4} {'pos':>5} {'chunk,warps,splits':<19} {'us/call':>8} {'max err':>9}")
     for d in (64, 128):
         torch.manual_seed(0)
@@ -78,21 +78,21 @@ def paged(positions: list[int], length: int, layers: int) -> None:
                 q.float(), ks.repeat_interleave(hq // hkv, 0)[None].float(),
                 vs.repeat_interleave(hq // hkv, 0)[None].float(), scale=d ** -0.5)
             for mch, warps, splits in PAGED_VARIANTS:
-                pk.MERGE_CHUNK, pk.DECODE_WARPS, pk.MAX_SPLITS = mch, warps, splits
                 lab = "default" if mch is None else f"{mch},{warps},{splits}"
                 try:
-                    out = pk.paged_decode_attention(q, kp, vp, p, lens, bt, scale=d ** -0.5, counters=cnt).float()
-                    err = (out - ref).abs().max().item()
-                    t = timed(lambda: [pk.paged_decode_attention(q, k_, v_, p, lens, bt, scale=d ** -0.5, cos=cos,
-                                                                 sin=sin, k=kn, v=vn, counters=cnt, rope_table=True)
-                                       for k_, v_ in pools], layers)
+                    with mock.patch.multiple(pk, MERGE_CHUNK=mch, DECODE_WARPS=warps, MAX_SPLITS=splits):
+                        out = pk.paged_decode_attention(q, kp, vp, p, lens, bt, scale=d ** -0.5, counters=cnt)
+                        err = (out.float() - ref).abs().max().item()
+                        t = timed(lambda: [pk.paged_decode_attention(q, k_, v_, p, lens, bt, scale=d ** -0.5,
+                                                                     cos=cos, sin=sin, k=kn, v=vn, counters=cnt,
+                                                                     rope_table=True)
+                                           for k_, v_ in pools], layers)
                 except Exception as e:  # noqa: BLE001 - e.g. out of resources: report the variant and go on
                     print(f"{d:>4} {pos:>5} {lab:<19} FAILED {type(e).__name__}: {str(e)[:120]}")
                     continue
                 print(f"{d:>4} {pos:>5} {lab:<19} {t:>8.2f} {err:>9.1e}", flush=True)
                 if err <= 2e-2:
                     best.setdefault((mch, warps, splits), []).append(t)
-        pk.MERGE_CHUNK, pk.DECODE_WARPS, pk.MAX_SPLITS = keep
         if best:
             (mch, warps, splits), ts = min(best.items(), key=lambda kv: sum(kv[1]))
             name = "paged.py's default" if mch is None else f"merge chunk {mch}, warps {warps}, splits {splits}"

@@ -106,10 +106,9 @@ def _paged_decode(q_ptr, k_ptr, v_ptr, pos_ptr, len_ptr, bt_ptr, m_ptr, l_ptr, a
                   kn_ptr, vn_ptr, sq_b, sq_h, sk_n, sk_h, sk_s, sv_n, sv_h, sv_s, s_bt, sc_b, so_b, so_h,
                   skn_b, skn_h, svn_b, svn_h, scale,
                   HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, DP: tl.constexpr,
-                  NS: tl.constexpr, BPS: tl.constexpr, BS: tl.constexpr, WINDOW: tl.constexpr,
+                  NS: tl.constexpr, BPS: tl.constexpr, MCH: tl.constexpr, BS: tl.constexpr, WINDOW: tl.constexpr,
                   ROTATE: tl.constexpr, INTERLEAVED: tl.constexpr, HALF: tl.constexpr, HALFP: tl.constexpr,
-                  WRITE: tl.constexpr, TABLE: tl.constexpr = False, PDL: tl.constexpr = False,
-                  MCH: tl.constexpr = 8):
+                  WRITE: tl.constexpr, TABLE: tl.constexpr = False, PDL: tl.constexpr = False):
     """One decode step's attention, grid (B * Hkv, NS): program (b, h, split) takes BPS blocks of KV head h
     of row b and the G query heads of its group (rotated by RoPE on load with ROTATE: cos/sin rows at
     c_ptr + b * sc_b, or with TABLE the tables' rows at the row's position, c_ptr + pos * sc_b) and writes an

@@ -261,22 +261,21 @@ if AVAILABLE:
                 v = tl.load(X + o, mask=o < K, other=0.0).to(tl.float32)
                 sq += v * v
             rstd = tl.math.rsqrt(tl.sum(sq, axis=0) / K + eps)
-        blk = tl.program_id(0) * BB + tl.arange(0, BB)[:, None, None]            # [BB, 1, 1]
-        j = tl.arange(0, 8)[None, :, None]                                         # [1, 8, 1] word
-        b = tl.arange(0, 4)[None, None, :]                                         # [1, 1, 4] byte
+        blk = tl.program_id(0) * BB + tl.arange(0, BB)                             # [BB] blocks of 32
         ok = blk < K // 32
-        e = blk * 32 + 4 * j + b
-        v = tl.load(X + e, mask=ok, other=0.0).to(tl.float32)
+        j = tl.arange(0, 8)                                                        # word of the block
+        b = tl.arange(0, 4)[None, None, :]                                         # [1, 1, 4] byte
+        e = blk[:, None, None] * 32 + 4 * j[None, :, None] + b
+        v = tl.load(X + e, mask=ok[:, None, None], other=0.0).to(tl.float32)
         if NORM:
-            v = v * rstd * tl.load(NW + e, mask=ok, other=0.0).to(tl.float32)
+            v = v * rstd * tl.load(NW + e, mask=ok[:, None, None], other=0.0).to(tl.float32)
         amax = tl.max(tl.max(tl.abs(v), axis=2), axis=1)                           # [BB]
         inv = tl.where(amax > 0.0, 127.0 / amax, 0.0)
         q = tl.floor(v * inv[:, None, None] + 0.5).to(tl.int32)                   # -127 .. 127
         words = tl.sum((q & 0xFF) << (8 * b), axis=2)                              # [BB, 8]; bytes disjoint
-        blk1 = tl.program_id(0) * BB + tl.arange(0, BB)
-        tl.store(XW + blk1[:, None] * 8 + tl.arange(0, 8)[None, :], words, mask=(blk1 < K // 32)[:, None])
-        tl.store(XD + blk1, amax / 127.0, mask=blk1 < K // 32)
-        tl.store(XS + blk1, tl.sum(tl.sum(v, axis=2), axis=1), mask=blk1 < K // 32)
+        tl.store(XW + blk[:, None] * 8 + j[None, :], words, mask=ok[:, None])
+        tl.store(XD + blk, amax / 127.0, mask=ok)
+        tl.store(XS + blk, tl.sum(tl.sum(v, axis=2), axis=1), mask=ok)
 
     @triton.jit
     def _ss_total(ss, XQ: tl.constexpr):
