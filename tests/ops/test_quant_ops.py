@@ -180,11 +180,12 @@ def _unfused(x, w, s=None, r=None, glu=False, eps=1e-5):
 @pytest.mark.parametrize("name", ONE_ROW)
 @pytest.mark.parametrize("nk,tiles,random_bytes", [((13, 1024), (4, 1, 4, 1), False), ((13, 1024), (4, 1, 4, 0), False),
                                                    ((7, 1536), (2, 2, 1, 1), True), ((7, 1536), (2, 2, 1, 0), True),
+                                                   ((7, 1536), (2, 2, 1, 1, 3), True),
                                                    ((5, 512), None, False)])
 def test_one_row_kernel_equals_dequantize_then_matmul(name, nk, tiles, random_bytes, triton_kernels):
     """N not a multiple of BN, K over several super-blocks / block pairs (a partial last iteration with
     CH = 2), quantized weights and random bytes (every code and scale bit pattern); x read as quads in
-    the weights' layout (XQ = 1) and as a tile broadcast over the rows (XQ = 0)."""
+    the weights' layout (XQ = 1) and as a tile broadcast over the rows (XQ = 0); the K loop in 3 stages."""
     from shapeplan.runtime.backends.triton.kernels import qgemv
     from tests.quant.test_dequant import random_blocks
     n, k = nk
@@ -218,7 +219,7 @@ def _int8_x_linear(name, packed, w, x):
 
 
 @pytest.mark.parametrize("name", ONE_ROW)
-@pytest.mark.parametrize("tiles", [(4, 1, 4, 2), (2, 2, 1, 2)])
+@pytest.mark.parametrize("tiles", [(4, 1, 4, 2), (2, 2, 1, 2), (2, 2, 1, 2, 3)])
 def test_one_row_kernel_int8_x_exact(name, tiles, triton_kernels):
     """XQ = 2 (x as int8 codes, one dp4a per weight word) on an x that int8 codes hold exactly (each block
     a power-of-two scale times codes, one of them ±127): the dequantize-then-matmul result, to fp32
@@ -334,10 +335,11 @@ def test_fused_quant_ops_through_the_kernels(name, triton_kernels):
 
 def test_one_row_kernels_compile_for_sm90():
     """Every variant, and with programmatic dependent launch (SHAPEPLAN_QUANT_GEMV_PDL: griddepcontrol
-    in the PTX; 3/4: norm + GLU / residual), both ways of reading x."""
+    in the PTX; 3/4: norm + GLU / residual), every way of reading x, and the K loop pipelined (STAGES)."""
     specs = ([f"gemv1:{n}:{m}" for n in ONE_ROW for m in (0, 1, 2, 3, 4)]
              + [f"gemv1t:{n}:{m}" for n in ONE_ROW for m in (1, 2)]         # XQ = 0: the x tile broadcast
              + [f"gemv1i:{n}:{m}" for n in ONE_ROW for m in (1, 2, 3)]      # XQ = 2: x as int8 codes
+             + [f"gemv1s:{n}:{m}" for n in ONE_ROW for m in (1, 2)]         # XQ = 2, K loop in 3 stages
              + ["quantx:x:0", "quantx:x:1", "quantx:x:2"])
     res = _compile_sm90(*specs)
     assert all(r["ok"] for r in res.values()), {s: r["error"] for s, r in res.items() if not r["ok"]}
@@ -345,6 +347,9 @@ def test_one_row_kernels_compile_for_sm90():
     assert all(res[f"gemv1i:{n}:1"]["dp4a"] for n in ONE_ROW)    # XQ = 2: the products are dp4a
     assert all(res[f"gemv1:{n}:{m}"]["griddepcontrol"] == (m >= 3) for n in ONE_ROW for m in (0, 3, 4))
     assert res["gemv1i:Q4_K:3"]["griddepcontrol"] and res["quantx:x:2"]["griddepcontrol"]
+    # STAGES > 1: the pipeliner turned the K loop's loads into cp.async copies; STAGES 1 left them plain
+    assert all(res[f"gemv1s:{n}:{m}"]["cp_async"] and not res[f"gemv1i:{n}:{m}"]["cp_async"]
+               for n in ONE_ROW for m in (1, 2))
 
 
 def test_one_row_switch_falls_back_to_the_generic_gemv(monkeypatch):

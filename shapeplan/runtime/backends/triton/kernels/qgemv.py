@@ -62,9 +62,14 @@ so it is bound by instructions, not by memory (~845 GB/s on the LM head, of ~4.2
 - A program owns BN rows and walks K in CH super-blocks (Q4_K), CH pairs of super-blocks (Q6_K) or
   CH pairs of 32-blocks (Q8_0) per iteration, all their loads in flight together; products stay
   elementwise in float32 and are summed once after the loop; one store per row. No split-K: BN goes
-  down to 1 for few rows. Tunables (BN, CH, warps, XQ) per (type, N, K) in ``TUNE`` (bench/quant_gemv.py
-  ``--sweep1``). x and the norm weight must sit at 8-byte aligned addresses (``gemv1`` copies them
-  otherwise).
+  down to 1 for few rows. Tunables (BN, CH, warps, XQ[, STAGES]) per (type, N, K) in ``TUNE``
+  (bench/quant_gemv.py ``--sweep1``, ``--stages``).
+- **STAGES** (1 when a tile leaves it out): the K loop as ``tl.range(num_stages=STAGES)``. From 2 on,
+  Triton's pipeliner turns the loop's loads into ``cp.async`` copies to shared memory, STAGES - 1
+  iterations ahead, so a program keeps that many more iterations' bytes in flight: a one-warp
+  program's 16 bytes per thread per iteration are otherwise too few to cover DRAM latency at the
+  occupancy these kernels get (Little's law: ~32 KB in flight per SM for the H200's bandwidth).
+- x and the norm weight must sit at 8-byte aligned addresses (``gemv1`` copies them otherwise).
 
 The norm is the bf16 GEMV's: rsqrt(mean(x^2) + eps) is a factor common to the row, so Σx² is summed
 beside the products and the result scaled at the end; rounding as there (the product and the gate are
@@ -91,8 +96,8 @@ DEFAULT: dict[str, tuple[int, int, int, int]] = {"Q4_K": (8, 2, 4, 1), "Q6_K": (
 #: matrices (XQ = 2 pays a launch, ~1.5 µs, that small matrices do not earn back)
 DEFAULT_LARGE: dict[str, tuple[int, int, int, int]] = {"Q4_K": (4, 2, 1, 2), "Q6_K": (1, 2, 1, 2), "Q8_0": (2, 4, 1, 2)}
 LARGE = 1 << 24
-#: (qtype, N outputs (GLU: after the gate), K) -> (BN, CH, warps, XQ), measured on the H200
-TUNE: dict[tuple[str, int, int], tuple[int, int, int, int]] = {   # H200, 2026-12-01/02 (bench.quant_gemv --sweep1)
+#: (qtype, N outputs (GLU: after the gate), K) -> (BN, CH, warps, XQ[, STAGES]), measured on the H200
+TUNE: dict[tuple[str, int, int], tuple[int, ...]] = {   # H200, 2026-12-01/02 (bench.quant_gemv --sweep1)
     # llama-1b (eleventh session: XQ 0 and 1 swept; twelfth: XQ 2 against those, which it won on the
     # large matrices: gate/up and the LM head; then CH 8 / 16 for the down shapes, which won Q4_K and Q8_0:
     # 9.5 -> 8.9 and 19.8 -> 9.3 µs)
@@ -103,13 +108,13 @@ TUNE: dict[tuple[str, int, int], tuple[int, int, int, int]] = {   # H200, 2026-1
     ("Q4_K", 512, 2048): (1, 4, 2, 1), ("Q6_K", 512, 2048): (1, 2, 1, 1), ("Q8_0", 512, 2048): (2, 4, 1, 1),
     ("Q4_K", 128256, 2048): (8, 2, 1, 2), ("Q6_K", 128256, 2048): (2, 1, 1, 2), ("Q8_0", 128256, 2048): (2, 4, 1, 2),
     # llama-8b (twelfth session: XQ 2 against the earlier tiles (XQ 0 / 1), which it won everywhere but Q4_K k/v;
-    # no Q8_0 entries: those shapes take DEFAULT_LARGE / DEFAULT)
-    ("Q4_K", 6144, 4096): (2, 4, 1, 2), ("Q6_K", 6144, 4096): (1, 2, 1, 2),
-    ("Q4_K", 4096, 4096): (2, 4, 2, 2), ("Q6_K", 4096, 4096): (1, 2, 1, 2),
-    ("Q4_K", 14336, 4096): (2, 4, 1, 2), ("Q6_K", 14336, 4096): (1, 2, 1, 2),
-    ("Q4_K", 4096, 14336): (1, 4, 1, 2), ("Q6_K", 4096, 14336): (1, 2, 1, 2),
-    ("Q4_K", 1024, 4096): (4, 4, 8, 0), ("Q6_K", 1024, 4096): (1, 4, 1, 2),
-    ("Q4_K", 128256, 4096): (8, 2, 1, 2), ("Q6_K", 128256, 4096): (1, 2, 1, 2),
+    # fourteenth: XQ 2 with CH 8 / 16, and the Q8_0 shapes for the first time: 8b Q8_0 226 -> 286 tok/s)
+    ("Q4_K", 6144, 4096): (2, 2, 1, 2), ("Q6_K", 6144, 4096): (1, 2, 1, 2), ("Q8_0", 6144, 4096): (1, 16, 2, 2),
+    ("Q4_K", 4096, 4096): (1, 4, 1, 2), ("Q6_K", 4096, 4096): (2, 1, 1, 2), ("Q8_0", 4096, 4096): (2, 16, 4, 2),
+    ("Q4_K", 14336, 4096): (2, 4, 1, 2), ("Q6_K", 14336, 4096): (1, 2, 1, 2), ("Q8_0", 14336, 4096): (1, 16, 2, 2),
+    ("Q4_K", 4096, 14336): (1, 4, 1, 2), ("Q6_K", 4096, 14336): (1, 2, 1, 2), ("Q8_0", 4096, 14336): (1, 16, 2, 2),
+    ("Q4_K", 1024, 4096): (2, 16, 2, 2), ("Q6_K", 1024, 4096): (1, 4, 1, 2), ("Q8_0", 1024, 4096): (1, 16, 2, 2),
+    ("Q4_K", 128256, 4096): (8, 2, 1, 2), ("Q6_K", 128256, 4096): (2, 1, 1, 2), ("Q8_0", 128256, 4096): (1, 16, 2, 2),
 }
 #: blocks of 32 per program of the x quantizer (XQ = 2)
 QX_BLOCKS = 16
@@ -319,7 +324,8 @@ if AVAILABLE:
     def _q4k_kernel(X, NW, XD, XS, W, R, Y, N, K, HALF, ROW_WORDS, eps, BN: tl.constexpr, CH: tl.constexpr,
                     NORM: tl.constexpr, RES: tl.constexpr, GLU: tl.constexpr, PDL: tl.constexpr = False,
                     ASM: tl.constexpr = False, XQ: tl.constexpr = True, XB: tl.constexpr = 16,
-                    XF16: tl.constexpr = False, NB: tl.constexpr = 16, NF16: tl.constexpr = False):
+                    XF16: tl.constexpr = False, NB: tl.constexpr = 16, NF16: tl.constexpr = False,
+                    STAGES: tl.constexpr = 1):
         """Q4_K super-block (36 words): [d|dmin] [scales x 3] [qs x 32]; qs word 4 + 8p + w holds, in
         byte b, elements 32*(2p) + 4w + b (low nibble) and 32*(2p+1) + 4w + b (high nibble): x quad
         8(2p + h) + w of the super-block for nibble half h."""
@@ -337,7 +343,7 @@ if AVAILABLE:
             ss = tl.zeros([BN, CH, 4, 8], dtype=tl.float32)
         else:
             ss = tl.zeros([CH, 4, 8], dtype=tl.float32)
-        for c0 in range(0, nc, CH):
+        for c0 in tl.range(0, nc, CH, num_stages=STAGES):
             c = c0 + ci
             cok = c < nc
             m4 = ok[:, None, None, None] & cok[None]                              # [BN, CH, 1, 1]
@@ -422,7 +428,8 @@ if AVAILABLE:
     def _q6k_kernel(X, NW, XD, XS, W, R, Y, N, K, HALF, ROW_WORDS, eps, BN: tl.constexpr, CH: tl.constexpr,
                     NORM: tl.constexpr, RES: tl.constexpr, GLU: tl.constexpr, PDL: tl.constexpr = False,
                     ASM: tl.constexpr = False, XQ: tl.constexpr = True, XB: tl.constexpr = 16,
-                    XF16: tl.constexpr = False, NB: tl.constexpr = 16, NF16: tl.constexpr = False):
+                    XF16: tl.constexpr = False, NB: tl.constexpr = 16, NF16: tl.constexpr = False,
+                    STAGES: tl.constexpr = 1):
         """Q6_K super-block (210 bytes): [ql 128][qh 64][scales int8 16][d]; two per pair of 105 words,
         the second 2 bytes off word alignment. With hg = 4h + g (h: half, g: 16-element group) and
         nibble half n, element 128h + 64n + 16g + 4w + b is byte b of ql word 4hg + w (nibble n) and
@@ -438,7 +445,7 @@ if AVAILABLE:
             ss = tl.zeros([BN, CH, 8, 4], dtype=tl.float32)
         else:
             ss = tl.zeros([CH, 8, 4], dtype=tl.float32)
-        for c0 in range(0, npairs, CH):
+        for c0 in tl.range(0, npairs, CH, num_stages=STAGES):
             c = c0 + ci
             cok = c < npairs
             m4 = ok[:, None, None, None] & cok[None]
@@ -497,7 +504,8 @@ if AVAILABLE:
     def _q80_kernel(X, NW, XD, XS, W, R, Y, N, K, HALF, ROW_WORDS, eps, BN: tl.constexpr, CH: tl.constexpr,
                     NORM: tl.constexpr, RES: tl.constexpr, GLU: tl.constexpr, PDL: tl.constexpr = False,
                     ASM: tl.constexpr = False, XQ: tl.constexpr = True, XB: tl.constexpr = 16,
-                    XF16: tl.constexpr = False, NB: tl.constexpr = 16, NF16: tl.constexpr = False):
+                    XF16: tl.constexpr = False, NB: tl.constexpr = 16, NF16: tl.constexpr = False,
+                    STAGES: tl.constexpr = 1):
         """Q8_0 blocks [d f16][32 int8], two per pair of 17 words; CH pairs per iteration. Element
         64c + 32*odd + 4w + b is byte b of code word w of block ``odd`` of pair c: x quad 16c + 8odd + w."""
         rows, ok, rg, ru = _program_rows(W, N, HALF, ROW_WORDS, BN, PDL)
@@ -510,7 +518,7 @@ if AVAILABLE:
             ss = tl.zeros([BN, CH, 8], dtype=tl.float32)
         else:
             ss = tl.zeros([CH, 8], dtype=tl.float32)
-        for c0 in range(0, npairs, CH):
+        for c0 in tl.range(0, npairs, CH, num_stages=STAGES):
             c = c0 + ci
             cok = c < npairs
             m3 = ok[:, None, None] & cok[None]                                    # [BN, CP, 1]
@@ -556,8 +564,8 @@ def supports(x: torch.Tensor, packed: torch.Tensor, qtype: str, k: int) -> bool:
             and packed.data_ptr() % 4 == 0 and x.dtype in (torch.float16, torch.bfloat16, torch.float32))
 
 
-def config(qtype: str, n: int, k: int) -> tuple[int, int, int, int]:
-    """(BN, CH, warps, XQ) for N outputs and K inputs: ``TUNE``, else ``DEFAULT`` (``DEFAULT_LARGE`` from
+def config(qtype: str, n: int, k: int) -> tuple[int, ...]:
+    """(BN, CH, warps, XQ[, STAGES]) for N outputs and K inputs: ``TUNE``, else ``DEFAULT`` (``DEFAULT_LARGE`` from
     ``LARGE`` weight elements) with BN halved until there are ``MIN_PROGRAMS`` programs (or BN is 1);
     XQ = 2 becomes 1 with ``SHAPEPLAN_QUANT_INT8_X=0``."""
     from shapeplan import env
@@ -568,7 +576,7 @@ def config(qtype: str, n: int, k: int) -> tuple[int, int, int, int]:
             bn //= 2
         hit = bn, ch, warps, xq
     if hit[3] == 2 and not env.get("SHAPEPLAN_QUANT_INT8_X"):
-        hit = (*hit[:3], 1)
+        hit = (*hit[:3], 1, *hit[4:])
     return hit
 
 
@@ -582,11 +590,12 @@ def _aligned(v: torch.Tensor) -> torch.Tensor:
 
 def gemv1(x: torch.Tensor, packed: torch.Tensor, qtype: str, n: int, k: int, *, norm_w: torch.Tensor | None = None,
           eps: float = 0.0, residual: torch.Tensor | None = None, glu: bool = False,
-          tiles: tuple[int, int, int, int] | None = None) -> torch.Tensor:
-    """The one-row quantized GEMV (module doc): x [1, K], W [n, k] packed -> [1, n] (GLU: [1, n / 2])."""
+          tiles: tuple[int, ...] | None = None) -> torch.Tensor:
+    """The one-row quantized GEMV (module doc): x [1, K], W [n, k] packed -> [1, n] (GLU: [1, n / 2]);
+    ``tiles`` (BN, CH, warps, XQ[, STAGES]) instead of ``config``'s."""
     x = _aligned(x)
     out_n = n // 2 if glu else n
-    bn, ch, warps, xq = tiles or config(qtype, out_n, k)
+    bn, ch, warps, xq, stages = (*(tiles or config(qtype, out_n, k)), 1)[:5]
     words = packed.view(torch.int32)                                               # [n, row bytes / 4]
     y = torch.empty(1, out_n, dtype=x.dtype, device=x.device)
     r = residual.reshape(1, out_n) if residual is not None else y
@@ -605,7 +614,7 @@ def gemv1(x: torch.Tensor, packed: torch.Tensor, qtype: str, n: int, k: int, *, 
         x, nw, xd, xs, words, r, y, out_n, k, out_n, words.stride(0), float(eps), BN=bn, CH=ch,
         NORM=norm, RES=residual is not None, GLU=glu, PDL=bool(launch), ASM=not interpreting(),
         XQ=xq, XB=8 * x.element_size(), XF16=x.dtype == torch.float16, NB=8 * nw.element_size(),
-        NF16=nw.dtype == torch.float16,
+        NF16=nw.dtype == torch.float16, STAGES=stages,
         num_warps=warps, **launch)
     return y
 
