@@ -130,20 +130,23 @@ def sweep1_configs(name: str, out_n: int, modes: tuple[int, ...] = (1, 0, 2)) ->
             and t[0] <= max(1, out_n // 64) and t[3] in modes and (t[1] <= 4 or t[2] > 1)]
 
 
-def staged_configs(name: str, out_n: int, current: tuple[int, ...], stages: tuple[int, ...]) -> list[tuple[int, ...]]:
+def staged_configs(name: str, out_n: int, current: tuple[int, ...], stages: tuple[int, ...],
+                   pfs: tuple[int, ...] = (0,)) -> list[tuple[int, ...]]:
     """``--stages``: small tiles (BN, CH <= 4, 1-2 warps, 16..64 weight elements per thread per iteration:
     the pipeliner keeps the rest in flight) in the current tile's x mode, and the current tile, each at
-    every stage count of ``stages``."""
+    every stage count of ``stages`` (and, Q4_K, with and without the register prefetch: ``pfs``)."""
     base = [t for t in SWEEP1 if t[0] <= 4 and t[1] <= 4 and t[2] <= 2 and t[3] == current[3]
             and 16 <= t[0] * t[1] * CH_ELEMS[name] / (32 * t[2]) <= 64 and t[0] <= max(1, out_n // 64)]
     base += [tuple(current[:4])] if tuple(current[:4]) not in base else []
-    return [(*t, st) for t in base for st in stages]
+    return [(*t, st, pf) if pf else (*t, st) for t in base for st in stages
+            for pf in (pfs if name == "Q4_K" else (0,))]
 
 
-def _configs(name: str, out_n: int, k: int, modes: tuple[int, ...], stages: tuple[int, ...]) -> list[tuple[int, ...]]:
+def _configs(name: str, out_n: int, k: int, modes: tuple[int, ...], stages: tuple[int, ...],
+             pfs: tuple[int, ...] = (0,)) -> list[tuple[int, ...]]:
     from shapeplan.runtime.backends.triton.kernels import qgemv
     if stages:
-        return staged_configs(name, out_n, qgemv.config(name, out_n, k), stages)
+        return staged_configs(name, out_n, qgemv.config(name, out_n, k), stages, pfs)
     return sweep1_configs(name, out_n, modes)
 
 
@@ -159,12 +162,12 @@ def _sweep1_case(name: str, n: int, k: int, use: str):
 def _precompile(task: tuple) -> int:
     """Child process of the sweep: compile (one launch each) every config of one shape and type, so the
     timing loop finds Triton's cache warm."""
-    name, n, k, use, modes, stages = task
+    name, n, k, use, modes, stages, pfs = task
     from shapeplan.runtime.backends.triton.kernels import qgemv
     w = packed(name, n, k)
     x, out_n, kw = _sweep1_case(name, n, k, use)
     done = 0
-    for tiles in _configs(name, out_n, k, modes, stages):
+    for tiles in _configs(name, out_n, k, modes, stages, pfs):
         try:
             qgemv.gemv1(x, w, name, n, k, tiles=tiles, **kw)
             done += 1
@@ -175,7 +178,7 @@ def _precompile(task: tuple) -> int:
 
 
 def sweep_one_row(qtypes: list[str], presets: list[str], top: int, jobs: int, labels: list[str] | None = None,
-                  modes: tuple[int, ...] = (1, 0, 2), stages: tuple[int, ...] = ()) -> None:
+                  modes: tuple[int, ...] = (1, 0, 2), stages: tuple[int, ...] = (), pfs: tuple[int, ...] = (0,)) -> None:
     """Every (BN, CH, warps, XQ) of qgemv.py's one-row kernel on each decode shape (x modes ``modes``),
     used as decode uses it (``USE``), weights rotated through enough copies to exceed L2; prints the best
     configs per shape, the shape's current config (``qgemv.config``), the generic GEMV and bf16 cuBLAS
@@ -191,7 +194,7 @@ def sweep_one_row(qtypes: list[str], presets: list[str], top: int, jobs: int, la
     if jobs > 1:
         t0 = time.perf_counter()
         with mp.get_context("spawn").Pool(jobs) as pool:
-            done = pool.map(_precompile, [(name, n, k, USE[label], modes, stages) for _, n, k, label, name in cases],
+            done = pool.map(_precompile, [(name, n, k, USE[label], modes, stages, pfs) for _, n, k, label, name in cases],
                             chunksize=1)
         print(f"# compiled {sum(done)} kernel configs in {time.perf_counter() - t0:.0f} s ({jobs} processes)",
               flush=True)
@@ -209,7 +212,7 @@ def sweep_one_row(qtypes: list[str], presets: list[str], top: int, jobs: int, la
 
         results = []
         current = qgemv.config(name, out_n, k)
-        configs = _configs(name, out_n, k, modes, stages)
+        configs = _configs(name, out_n, k, modes, stages, pfs)
         for tiles in configs + ([current] if current not in configs and not stages else []):
             try:
                 us = graph_time(lambda: qgemv.gemv1(x, nxt(), name, n, k, tiles=tiles, **kw),
@@ -233,7 +236,7 @@ def sweep_one_row(qtypes: list[str], presets: list[str], top: int, jobs: int, la
         shown = results[:top]
         cur = [r for r in results if r[1] == current or (stages and r[1] == (*current[:4], 1))]
         for us, tiles in shown + [r for r in cur if r not in shown][:1]:
-            st = f" stages={tiles[4]}" if len(tiles) > 4 else ""
+            st = (f" stages={tiles[4]}" if len(tiles) > 4 else "") + (f" pf={tiles[5]}" if len(tiles) > 5 else "")
             now = tiles == current or (stages and tiles == (*current[:4], 1) and len(current) == 4)
             print(f"    bn={tiles[0]:<3} ch={tiles[1]} warps={tiles[2]} xq={tiles[3]}{st}  {us:8.1f} us {gb(us):6.0f} GB/s "
                   f"x{generic / us:5.2f} generic" + ("  (current)" if now else ""))
@@ -308,6 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--xq", default="1,0,2", help="--sweep1 only these x modes (qgemv.py: 1 quads, 0 tile, 2 int8 codes)")
     ap.add_argument("--stages", default="", help="--sweep1 the staged family instead: small tiles in the current "
                     "x mode at these K-loop stage counts (qgemv.py STAGES), e.g. 1,2,3")
+    ap.add_argument("--pf", default="0", help="with --stages: Q4_K's register prefetch off / on (qgemv.py PF), e.g. 0,1")
     ap.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1),
                     help="processes compiling --sweep1's kernels before it times them")
     ap.add_argument("--no-gemv", action="store_true", help="skip the kernel table")
@@ -330,7 +334,8 @@ def main(argv: list[str] | None = None) -> int:
         gemv_table(a.qtypes.split(","), a.presets.split(","), ints(a.m), ints(a.prefill_m), a.sweep)
     if a.sweep1:
         sweep_one_row(a.qtypes.split(","), a.presets.split(","), a.top, a.jobs, [s for s in a.shapes.split(",") if s],
-                      tuple(int(m) for m in a.xq.split(",")), tuple(ints(a.stages)))
+                      tuple(int(m) for m in a.xq.split(",")), tuple(ints(a.stages)),
+                      tuple(ints(a.pf)))
     if a.e2e:
         e2e(a.e2e.split(","), a.copy_gbs, a.new_tokens, a.prompt_len, a.e2e_configs.split(","), a.profile,
             a.pdl_ab)

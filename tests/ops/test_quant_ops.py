@@ -180,12 +180,13 @@ def _unfused(x, w, s=None, r=None, glu=False, eps=1e-5):
 @pytest.mark.parametrize("name", ONE_ROW)
 @pytest.mark.parametrize("nk,tiles,random_bytes", [((13, 1024), (4, 1, 4, 1), False), ((13, 1024), (4, 1, 4, 0), False),
                                                    ((7, 1536), (2, 2, 1, 1), True), ((7, 1536), (2, 2, 1, 0), True),
-                                                   ((7, 1536), (2, 2, 1, 1, 3), True),
+                                                   ((7, 1536), (2, 2, 1, 1, 3), True), ((7, 1536), (2, 2, 1, 1, 1, 1), True),
                                                    ((5, 512), None, False)])
 def test_one_row_kernel_equals_dequantize_then_matmul(name, nk, tiles, random_bytes, triton_kernels):
     """N not a multiple of BN, K over several super-blocks / block pairs (a partial last iteration with
     CH = 2), quantized weights and random bytes (every code and scale bit pattern); x read as quads in
-    the weights' layout (XQ = 1) and as a tile broadcast over the rows (XQ = 0); the K loop in 3 stages."""
+    the weights' layout (XQ = 1) and as a tile broadcast over the rows (XQ = 0); the K loop in 3 stages, and
+    Q4_K's next words prefetched into registers (PF; the other types ignore it)."""
     from shapeplan.runtime.backends.triton.kernels import qgemv
     from tests.quant.test_dequant import random_blocks
     n, k = nk
@@ -219,7 +220,7 @@ def _int8_x_linear(name, packed, w, x):
 
 
 @pytest.mark.parametrize("name", ONE_ROW)
-@pytest.mark.parametrize("tiles", [(4, 1, 4, 2), (2, 2, 1, 2), (2, 2, 1, 2, 3)])
+@pytest.mark.parametrize("tiles", [(4, 1, 4, 2), (2, 2, 1, 2), (2, 2, 1, 2, 3), (2, 2, 1, 2, 1, 1)])
 def test_one_row_kernel_int8_x_exact(name, tiles, triton_kernels):
     """XQ = 2 (x as int8 codes, one dp4a per weight word) on an x that int8 codes hold exactly (each block
     a power-of-two scale times codes, one of them ±127): the dequantize-then-matmul result, to fp32
@@ -340,6 +341,7 @@ def test_one_row_kernels_compile_for_sm90():
              + [f"gemv1t:{n}:{m}" for n in ONE_ROW for m in (1, 2)]         # XQ = 0: the x tile broadcast
              + [f"gemv1i:{n}:{m}" for n in ONE_ROW for m in (1, 2, 3)]      # XQ = 2: x as int8 codes
              + [f"gemv1s:{n}:{m}" for n in ONE_ROW for m in (1, 2)]         # XQ = 2, K loop in 3 stages
+             + ["gemv1p:Q4_K:1", "gemv1p:Q4_K:2"]                          # XQ = 2, Q4_K's register prefetch
              + ["quantx:x:0", "quantx:x:1", "quantx:x:2"])
     res = _compile_sm90(*specs)
     assert all(r["ok"] for r in res.values()), {s: r["error"] for s, r in res.items() if not r["ok"]}

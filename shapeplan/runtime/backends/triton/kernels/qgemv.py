@@ -321,11 +321,19 @@ if AVAILABLE:
         return rows, rows < N, rg, ru
 
     @triton.jit
+    def _q4k_words(rp, c, m4, woff):
+        """The code words [BN, CH, 4, 8] and the [d|dmin] and three scale words [BN, CH, 1, 1] of super-blocks
+        ``c`` of rows ``rp``."""
+        sb = rp[:, None, None, None] + (c * 36)[None]                             # [BN, CH, 1, 1]
+        return (tl.load(sb + woff, mask=m4, other=0), tl.load(sb, mask=m4, other=0),
+                tl.load(sb + 1, mask=m4, other=0), tl.load(sb + 2, mask=m4, other=0), tl.load(sb + 3, mask=m4, other=0))
+
+    @triton.jit
     def _q4k_kernel(X, NW, XD, XS, W, R, Y, N, K, HALF, ROW_WORDS, eps, BN: tl.constexpr, CH: tl.constexpr,
                     NORM: tl.constexpr, RES: tl.constexpr, GLU: tl.constexpr, PDL: tl.constexpr = False,
                     ASM: tl.constexpr = False, XQ: tl.constexpr = True, XB: tl.constexpr = 16,
                     XF16: tl.constexpr = False, NB: tl.constexpr = 16, NF16: tl.constexpr = False,
-                    STAGES: tl.constexpr = 1):
+                    STAGES: tl.constexpr = 1, PF: tl.constexpr = False):
         """Q4_K super-block (36 words): [d|dmin] [scales x 3] [qs x 32]; qs word 4 + 8p + w holds, in
         byte b, elements 32*(2p) + 4w + b (low nibble) and 32*(2p+1) + 4w + b (high nibble): x quad
         8(2p + h) + w of the super-block for nibble half h."""
@@ -343,19 +351,26 @@ if AVAILABLE:
             ss = tl.zeros([BN, CH, 4, 8], dtype=tl.float32)
         else:
             ss = tl.zeros([CH, 4, 8], dtype=tl.float32)
+        if PF:                              # the first iteration's words, loaded before the loop
+            m4 = ok[:, None, None, None] & (ci < nc)[None]
+            qw, hd, s1, s2, s3 = _q4k_words(rg, ci, m4, woff)
+            qwu, hdu, s1u, s2u, s3u = qw, hd, s1, s2, s3
+            if GLU:
+                qwu, hdu, s1u, s2u, s3u = _q4k_words(ru, ci, m4, woff)
         for c0 in tl.range(0, nc, CH, num_stages=STAGES):
             c = c0 + ci
             cok = c < nc
             m4 = ok[:, None, None, None] & cok[None]                              # [BN, CH, 1, 1]
-            sb = rg[:, None, None, None] + (c * 36)[None]                         # [BN, CH, 1, 1]
-            qw = tl.load(sb + woff, mask=m4, other=0)                              # [BN, CH, 4, 8]
-            hd, s1 = tl.load(sb, mask=m4, other=0), tl.load(sb + 1, mask=m4, other=0)
-            s2, s3 = tl.load(sb + 2, mask=m4, other=0), tl.load(sb + 3, mask=m4, other=0)
-            if GLU:
-                sbu = ru[:, None, None, None] + (c * 36)[None]
-                qwu = tl.load(sbu + woff, mask=m4, other=0)
-                hdu, s1u = tl.load(sbu, mask=m4, other=0), tl.load(sbu + 1, mask=m4, other=0)
-                s2u, s3u = tl.load(sbu + 2, mask=m4, other=0), tl.load(sbu + 3, mask=m4, other=0)
+            if PF:                          # the next iteration's words in flight during this one's arithmetic
+                mn = ok[:, None, None, None] & (c + CH < nc)[None]
+                nqw, nhd, ns1, ns2, ns3 = _q4k_words(rg, c + CH, mn, woff)
+                nqwu, nhdu, ns1u, ns2u, ns3u = nqw, nhd, ns1, ns2, ns3
+                if GLU:
+                    nqwu, nhdu, ns1u, ns2u, ns3u = _q4k_words(ru, c + CH, mn, woff)
+            else:
+                qw, hd, s1, s2, s3 = _q4k_words(rg, c, m4, woff)
+                if GLU:
+                    qwu, hdu, s1u, s2u, s3u = _q4k_words(ru, c, m4, woff)
             if PDL:
                 gdc_wait()
             for h in tl.static_range(2):
@@ -380,6 +395,9 @@ if AVAILABLE:
                     acc += _dot4(nib, x0, x1, x2, x3, 0.0, ASM) * ds - dm * sx
                     if GLU:
                         acc_u += _dot4(nib_u, x0, x1, x2, x3, 0.0, ASM) * ds_u - dm_u * sx
+            if PF:
+                qw, hd, s1, s2, s3 = nqw, nhd, ns1, ns2, ns3
+                qwu, hdu, s1u, s2u, s3u = nqwu, nhdu, ns1u, ns2u, ns3u
         y = tl.sum(tl.sum(tl.sum(acc, axis=3), axis=2), axis=1)
         u = y
         if GLU:
@@ -592,10 +610,11 @@ def gemv1(x: torch.Tensor, packed: torch.Tensor, qtype: str, n: int, k: int, *, 
           eps: float = 0.0, residual: torch.Tensor | None = None, glu: bool = False,
           tiles: tuple[int, ...] | None = None) -> torch.Tensor:
     """The one-row quantized GEMV (module doc): x [1, K], W [n, k] packed -> [1, n] (GLU: [1, n / 2]);
-    ``tiles`` (BN, CH, warps, XQ[, STAGES]) instead of ``config``'s."""
+    ``tiles`` (BN, CH, warps, XQ[, STAGES[, PF]]) instead of ``config``'s."""
     x = _aligned(x)
     out_n = n // 2 if glu else n
-    bn, ch, warps, xq, stages = (*(tiles or config(qtype, out_n, k)), 1)[:5]
+    t = tuple(tiles or config(qtype, out_n, k))
+    bn, ch, warps, xq, stages, pf = t + (1, 0)[len(t) - 4:]
     words = packed.view(torch.int32)                                               # [n, row bytes / 4]
     y = torch.empty(1, out_n, dtype=x.dtype, device=x.device)
     r = residual.reshape(1, out_n) if residual is not None else y
@@ -614,7 +633,7 @@ def gemv1(x: torch.Tensor, packed: torch.Tensor, qtype: str, n: int, k: int, *, 
         x, nw, xd, xs, words, r, y, out_n, k, out_n, words.stride(0), float(eps), BN=bn, CH=ch,
         NORM=norm, RES=residual is not None, GLU=glu, PDL=bool(launch), ASM=not interpreting(),
         XQ=xq, XB=8 * x.element_size(), XF16=x.dtype == torch.float16, NB=8 * nw.element_size(),
-        NF16=nw.dtype == torch.float16, STAGES=stages,
+        NF16=nw.dtype == torch.float16, STAGES=stages, **({"PF": bool(pf)} if qtype == "Q4_K" else {}),
         num_warps=warps, **launch)
     return y
 
