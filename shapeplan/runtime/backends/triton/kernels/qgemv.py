@@ -62,13 +62,23 @@ so it is bound by instructions, not by memory (~845 GB/s on the LM head, of ~4.2
 - A program owns BN rows and walks K in CH super-blocks (Q4_K), CH pairs of super-blocks (Q6_K) or
   CH pairs of 32-blocks (Q8_0) per iteration, all their loads in flight together; products stay
   elementwise in float32 and are summed once after the loop; one store per row. No split-K: BN goes
-  down to 1 for few rows. Tunables (BN, CH, warps, XQ[, STAGES]) per (type, N, K) in ``TUNE``
-  (bench/quant_gemv.py ``--sweep1``, ``--stages``).
-- **STAGES** (1 when a tile leaves it out): the K loop as ``tl.range(num_stages=STAGES)``. From 2 on,
-  Triton's pipeliner turns the loop's loads into ``cp.async`` copies to shared memory, STAGES - 1
-  iterations ahead, so a program keeps that many more iterations' bytes in flight: a one-warp
-  program's 16 bytes per thread per iteration are otherwise too few to cover DRAM latency at the
-  occupancy these kernels get (Little's law: ~32 KB in flight per SM for the H200's bandwidth).
+  down to 1 for few rows. Tunables (BN, CH, warps, XQ[, STAGES[, PF]]) per (type, N, K) in ``TUNE``
+  (bench/quant_gemv.py ``--sweep1``; ``--stages`` / ``--pf`` for the last two).
+- **Bytes in flight.** A one-warp program loads 16-64 bytes per thread per iteration and then waits for
+  them; at the occupancy these kernels get (58-128 registers a thread) that is less than the ~32 KB per
+  SM that the H200's bandwidth times DRAM latency asks for, so the large matrices run at 1.1-2.8 TB/s.
+  Two ways to keep the next iteration's bytes in flight, both per shape in ``TUNE`` and off when a
+  tile leaves them out:
+  **STAGES** (default 1): the K loop as ``tl.range(num_stages=STAGES)``: from 2 on, Triton's pipeliner
+  turns every load of the loop (x's too) into ``cp.async`` copies to shared memory, STAGES - 1
+  iterations ahead. Swept on every llama-1b / 8b shape (H200, fourteenth session): it won only
+  llama-1b's Q8_0 k/v (6.0 -> 5.0 µs) and lost elsewhere (the copies, their commit groups and the
+  shared memory per program cost more than the latency they hide).
+  **PF** (Q4_K only, default 0): the next iteration's weight words are loaded into registers before this
+  iteration's arithmetic (a double buffer the loop carries): it won llama-8b's qkv, o, down and k/v
+  (qkv 11.7 -> 10.9, o 8.8 -> 8.2, down 20.0 -> 18.7 µs) and lost on gate/up and the LM head (31.0 ->
+  32.2, 104.2 -> 109.5), whose tiles hold the most registers already (offline sm_90 compile: 104 and
+  158 a thread; 128 and 168 with the second buffer, against 69 -> 79 for the residual tile 2x4x1).
 - x and the norm weight must sit at 8-byte aligned addresses (``gemv1`` copies them otherwise).
 
 The norm is the bf16 GEMV's: rsqrt(mean(x^2) + eps) is a factor common to the row, so Σx² is summed
@@ -96,24 +106,25 @@ DEFAULT: dict[str, tuple[int, int, int, int]] = {"Q4_K": (8, 2, 4, 1), "Q6_K": (
 #: matrices (XQ = 2 pays a launch, ~1.5 µs, that small matrices do not earn back)
 DEFAULT_LARGE: dict[str, tuple[int, int, int, int]] = {"Q4_K": (4, 2, 1, 2), "Q6_K": (1, 2, 1, 2), "Q8_0": (2, 4, 1, 2)}
 LARGE = 1 << 24
-#: (qtype, N outputs (GLU: after the gate), K) -> (BN, CH, warps, XQ[, STAGES]), measured on the H200
+#: (qtype, N outputs (GLU: after the gate), K) -> (BN, CH, warps, XQ[, STAGES[, PF]]), measured on the H200
 TUNE: dict[tuple[str, int, int], tuple[int, ...]] = {   # H200, 2026-12-01/02 (bench.quant_gemv --sweep1)
     # llama-1b (eleventh session: XQ 0 and 1 swept; twelfth: XQ 2 against those, which it won on the
     # large matrices: gate/up and the LM head; then CH 8 / 16 for the down shapes, which won Q4_K and Q8_0:
-    # 9.5 -> 8.9 and 19.8 -> 9.3 µs)
+    # 9.5 -> 8.9 and 19.8 -> 9.3 µs; fourteenth: STAGES 2 / 3 swept on every shape, which won only Q8_0 k/v, 6.0 -> 5.0 µs)
     ("Q4_K", 3072, 2048): (4, 4, 2, 1), ("Q6_K", 3072, 2048): (1, 2, 1, 1), ("Q8_0", 3072, 2048): (2, 4, 1, 1),
     ("Q4_K", 2048, 2048): (2, 4, 2, 1), ("Q6_K", 2048, 2048): (1, 2, 1, 1), ("Q8_0", 2048, 2048): (2, 4, 1, 1),
     ("Q4_K", 8192, 2048): (4, 2, 1, 2), ("Q6_K", 8192, 2048): (1, 2, 1, 2), ("Q8_0", 8192, 2048): (2, 4, 1, 2),
     ("Q4_K", 2048, 8192): (4, 16, 4, 1), ("Q6_K", 2048, 8192): (1, 2, 1, 1), ("Q8_0", 2048, 8192): (1, 16, 2, 1),
-    ("Q4_K", 512, 2048): (1, 4, 2, 1), ("Q6_K", 512, 2048): (1, 2, 1, 1), ("Q8_0", 512, 2048): (2, 4, 1, 1),
+    ("Q4_K", 512, 2048): (1, 4, 2, 1), ("Q6_K", 512, 2048): (1, 2, 1, 1), ("Q8_0", 512, 2048): (2, 4, 1, 1, 3),
     ("Q4_K", 128256, 2048): (8, 2, 1, 2), ("Q6_K", 128256, 2048): (2, 1, 1, 2), ("Q8_0", 128256, 2048): (2, 4, 1, 2),
     # llama-8b (twelfth session: XQ 2 against the earlier tiles (XQ 0 / 1), which it won everywhere but Q4_K k/v;
-    # fourteenth: XQ 2 with CH 8 / 16, and the Q8_0 shapes for the first time: 8b Q8_0 226 -> 286 tok/s)
-    ("Q4_K", 6144, 4096): (2, 2, 1, 2), ("Q6_K", 6144, 4096): (1, 2, 1, 2), ("Q8_0", 6144, 4096): (1, 16, 2, 2),
-    ("Q4_K", 4096, 4096): (1, 4, 1, 2), ("Q6_K", 4096, 4096): (2, 1, 1, 2), ("Q8_0", 4096, 4096): (2, 16, 4, 2),
+    # fourteenth: XQ 2 with CH 8 / 16, and the Q8_0 shapes for the first time (8b Q8_0 226 -> 286 tok/s); then
+    # Q4_K's register prefetch (PF, the 6th element), which won qkv 11.7 -> 10.9, o 8.8 -> 8.2, down 20.0 -> 18.7 µs)
+    ("Q4_K", 6144, 4096): (2, 4, 1, 2, 1, 1), ("Q6_K", 6144, 4096): (1, 2, 1, 2), ("Q8_0", 6144, 4096): (1, 16, 2, 2),
+    ("Q4_K", 4096, 4096): (2, 4, 1, 2, 1, 1), ("Q6_K", 4096, 4096): (2, 1, 1, 2), ("Q8_0", 4096, 4096): (2, 16, 4, 2),
     ("Q4_K", 14336, 4096): (2, 4, 1, 2), ("Q6_K", 14336, 4096): (1, 2, 1, 2), ("Q8_0", 14336, 4096): (1, 16, 2, 2),
-    ("Q4_K", 4096, 14336): (1, 4, 1, 2), ("Q6_K", 4096, 14336): (1, 2, 1, 2), ("Q8_0", 4096, 14336): (1, 16, 2, 2),
-    ("Q4_K", 1024, 4096): (2, 16, 2, 2), ("Q6_K", 1024, 4096): (1, 4, 1, 2), ("Q8_0", 1024, 4096): (1, 16, 2, 2),
+    ("Q4_K", 4096, 14336): (2, 4, 1, 2, 1, 1), ("Q6_K", 4096, 14336): (1, 2, 1, 2), ("Q8_0", 4096, 14336): (1, 16, 2, 2),
+    ("Q4_K", 1024, 4096): (2, 16, 2, 2, 1, 1), ("Q6_K", 1024, 4096): (1, 4, 1, 2), ("Q8_0", 1024, 4096): (1, 16, 2, 2),
     ("Q4_K", 128256, 4096): (8, 2, 1, 2), ("Q6_K", 128256, 4096): (2, 1, 1, 2), ("Q8_0", 128256, 4096): (1, 16, 2, 2),
 }
 #: blocks of 32 per program of the x quantizer (XQ = 2)
@@ -583,7 +594,7 @@ def supports(x: torch.Tensor, packed: torch.Tensor, qtype: str, k: int) -> bool:
 
 
 def config(qtype: str, n: int, k: int) -> tuple[int, ...]:
-    """(BN, CH, warps, XQ[, STAGES]) for N outputs and K inputs: ``TUNE``, else ``DEFAULT`` (``DEFAULT_LARGE`` from
+    """(BN, CH, warps, XQ[, STAGES[, PF]]) for N outputs and K inputs: ``TUNE``, else ``DEFAULT`` (``DEFAULT_LARGE`` from
     ``LARGE`` weight elements) with BN halved until there are ``MIN_PROGRAMS`` programs (or BN is 1);
     XQ = 2 becomes 1 with ``SHAPEPLAN_QUANT_INT8_X=0``."""
     from shapeplan import env
