@@ -142,10 +142,11 @@ T0=$(date +%s)
       xgrammar apache-tvm-ffi \
       && echo "installed the wheels of ${WHEELS:-.wheels312}" || echo "gpu_all: installing ${WHEELS:-.wheels312} failed"
   fi
-  # bytecode up front (a fresh machine otherwise compiles it inside the first timed run), and the CUDA
-  # libraries read once, so that the first benchmark's start-up is not the machine's first torch run
-  python3 -m compileall -q shapeplan bench > /dev/null
-  python3 -m compileall -q "$(python3 -c 'import os, triton; print(os.path.dirname(triton.__file__))')" > /dev/null
+  # bytecode up front, and the CUDA libraries read once, so that the first benchmark's start-up is not the
+  # machine's first torch run. The lent machines set PYTHONDONTWRITEBYTECODE=1 and ship torch with no .pyc
+  # at all (fourteenth session: 0 for 2,141 files), so without this every process compiles torch from
+  # source (~4 s of each `import torch`); `pip install` leaves the bytecode in place on a user's machine
+  python3 -m compileall -q -j 16 shapeplan bench "$(python3 -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))')" > /dev/null 2>&1
   python3 -c "import torch; torch.ones(1, device='cuda') @ torch.ones(1, 1, device='cuda')" 2>/dev/null \
     || echo "gpu_all: CUDA is not available here: the GPU benchmarks will say that they measured nothing"
 } > "$W/machine.log" 2>&1
