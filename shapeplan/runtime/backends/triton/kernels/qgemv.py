@@ -354,8 +354,12 @@ if AVAILABLE:
         w = tl.arange(0, 8)[None, None, :]                                         # [1, 1, 8]
         woff = tl.max_contiguous(tl.broadcast_to(4 + 8 * p[None] + w[None], [BN, CH, 4, 8]), [1, 1, 1, 4])
         nc = K // 256
-        acc = tl.zeros([BN, CH, 4, 8], dtype=tl.float32)
-        acc_u = tl.zeros([BN, CH, 4, 8], dtype=tl.float32)
+        if XQ == 2:                         # one float per sub-block: its integer dot times its two scales
+            acc = tl.zeros([BN, CH, 4, 1], dtype=tl.float32)
+            acc_u = tl.zeros([BN, CH, 4, 1], dtype=tl.float32)
+        else:
+            acc = tl.zeros([BN, CH, 4, 8], dtype=tl.float32)
+            acc_u = tl.zeros([BN, CH, 4, 8], dtype=tl.float32)
         acc_m = tl.zeros([BN, CH, 4, 1], dtype=tl.float32)                        # XQ = 2: Σ dmin m Σx
         acc_mu = tl.zeros([BN, CH, 4, 1], dtype=tl.float32)
         if XQ:
@@ -396,10 +400,10 @@ if AVAILABLE:
                     xw = tl.load(X + xi, mask=xm, other=0)
                     bi = tl.broadcast_to(sub[None], [BN, CH, 4, 1])
                     xd, xs = _xblock(XD, bi, m4), _xblock(XS, bi, m4)
-                    acc += _dp4a(nib, xw, ASM) * (ds * xd)
+                    acc += tl.sum(_dp4a(nib, xw, ASM), axis=3, keep_dims=True) * (ds * xd)   # exact integer sums
                     acc_m += dm * xs
                     if GLU:
-                        acc_u += _dp4a(nib_u, xw, ASM) * (ds_u * xd)
+                        acc_u += tl.sum(_dp4a(nib_u, xw, ASM), axis=3, keep_dims=True) * (ds_u * xd)
                         acc_mu += dm_u * xs
                 else:
                     x0, x1, x2, x3, sx, ss = _x4(X, NW, xi, xm, ss, NORM, XQ, XB, XF16, NB, NF16)
