@@ -75,10 +75,16 @@ so it is bound by instructions, not by memory (~845 GB/s on the LM head, of ~4.2
   llama-1b's Q8_0 k/v (6.0 -> 5.0 µs) and lost elsewhere (the copies, their commit groups and the
   shared memory per program cost more than the latency they hide).
   **PF** (Q4_K only, default 0): the next iteration's weight words are loaded into registers before this
-  iteration's arithmetic (a double buffer the loop carries): it won llama-8b's qkv, o, down and k/v
-  (qkv 11.7 -> 10.9, o 8.8 -> 8.2, down 20.0 -> 18.7 µs) and lost on gate/up and the LM head (31.0 ->
-  32.2, 104.2 -> 109.5), whose tiles hold the most registers already (offline sm_90 compile: 104 and
-  158 a thread; 128 and 168 with the second buffer, against 69 -> 79 for the residual tile 2x4x1).
+  iteration's arithmetic (a double buffer the loop carries). On the kernel before the next point it won
+  llama-8b's qkv, o, down and k/v (qkv 11.7 -> 10.9, o 8.8 -> 8.2, down 20.0 -> 18.7 µs) and lost on
+  gate/up and the heads; after it, only 8b k/v keeps it (5.1 µs).
+- **Q4_K with int8 x keeps one float per sub-block**: the 8 words' dp4a results are exact integers, so
+  they are summed first and multiplied by the sub-block's scale and x's block scale once. The earlier
+  [BN, CH, 4, 8] accumulator made Triton convert each product from the words' layout to the scales'
+  inside the loop (four `convert_layout`s: 32 `SHFL` and ~40 `FSEL` per iteration); without them the
+  llama-8b gate/up tile's loop is 427 -> 367 instructions and 104 -> 80 registers (offline sm_90), and on
+  the H200 qkv 11.7 -> 10.5, o 8.8 -> 8.0, gate/up 31.0 -> 30.1, down 20.0 -> 18.1, head 104.2 -> 98.8 µs
+  (with re-swept tiles). Q6_K and Q8_0 have no conversion in their loops.
 - x and the norm weight must sit at 8-byte aligned addresses (``gemv1`` copies them otherwise).
 
 The norm is the bf16 GEMV's: rsqrt(mean(x^2) + eps) is a factor common to the row, so Σx² is summed
@@ -110,22 +116,25 @@ LARGE = 1 << 24
 TUNE: dict[tuple[str, int, int], tuple[int, ...]] = {   # H200, 2026-12-01/02 (bench.quant_gemv --sweep1)
     # llama-1b (eleventh session: XQ 0 and 1 swept; twelfth: XQ 2 against those, which it won on the
     # large matrices: gate/up and the LM head; then CH 8 / 16 for the down shapes, which won Q4_K and Q8_0:
-    # 9.5 -> 8.9 and 19.8 -> 9.3 µs; fourteenth: STAGES 2 / 3 swept on every shape, which won only Q8_0 k/v, 6.0 -> 5.0 µs)
+    # 9.5 -> 8.9 and 19.8 -> 9.3 µs; fourteenth: STAGES 2 / 3 swept on every shape, which won only Q8_0 k/v, 6.0 -> 5.0 µs;
+    # Q4_K's one float per sub-block: gate/up 11.9 -> 11.3, head 56.4 -> 55.9 at BN 4)
     ("Q4_K", 3072, 2048): (4, 4, 2, 1), ("Q6_K", 3072, 2048): (1, 2, 1, 1), ("Q8_0", 3072, 2048): (2, 4, 1, 1),
     ("Q4_K", 2048, 2048): (2, 4, 2, 1), ("Q6_K", 2048, 2048): (1, 2, 1, 1), ("Q8_0", 2048, 2048): (2, 4, 1, 1),
     ("Q4_K", 8192, 2048): (4, 2, 1, 2), ("Q6_K", 8192, 2048): (1, 2, 1, 2), ("Q8_0", 8192, 2048): (2, 4, 1, 2),
     ("Q4_K", 2048, 8192): (4, 16, 4, 1), ("Q6_K", 2048, 8192): (1, 2, 1, 1), ("Q8_0", 2048, 8192): (1, 16, 2, 1),
     ("Q4_K", 512, 2048): (1, 4, 2, 1), ("Q6_K", 512, 2048): (1, 2, 1, 1), ("Q8_0", 512, 2048): (2, 4, 1, 1, 3),
-    ("Q4_K", 128256, 2048): (8, 2, 1, 2), ("Q6_K", 128256, 2048): (2, 1, 1, 2), ("Q8_0", 128256, 2048): (2, 4, 1, 2),
+    ("Q4_K", 128256, 2048): (4, 2, 1, 2), ("Q6_K", 128256, 2048): (2, 1, 1, 2), ("Q8_0", 128256, 2048): (2, 4, 1, 2),
     # llama-8b (twelfth session: XQ 2 against the earlier tiles (XQ 0 / 1), which it won everywhere but Q4_K k/v;
     # fourteenth: XQ 2 with CH 8 / 16, and the Q8_0 shapes for the first time (8b Q8_0 226 -> 286 tok/s); then
-    # Q4_K's register prefetch (PF, the 6th element), which won qkv 11.7 -> 10.9, o 8.8 -> 8.2, down 20.0 -> 18.7 µs)
-    ("Q4_K", 6144, 4096): (2, 4, 1, 2, 1, 1), ("Q6_K", 6144, 4096): (1, 2, 1, 2), ("Q8_0", 6144, 4096): (1, 16, 2, 2),
-    ("Q4_K", 4096, 4096): (2, 4, 1, 2, 1, 1), ("Q6_K", 4096, 4096): (2, 1, 1, 2), ("Q8_0", 4096, 4096): (2, 16, 4, 2),
+    # Q4_K's register prefetch (PF, the 6th element); then Q4_K's one float per sub-block, after which PF won only
+    # k/v and the heads moved to BN 4: qkv 11.7 -> 10.5, o 8.8 -> 8.0, gate/up 31.0 -> 30.1, down 20.0 -> 18.1,
+    # head 104.2 -> 98.8 µs)
+    ("Q4_K", 6144, 4096): (2, 4, 1, 2), ("Q6_K", 6144, 4096): (1, 2, 1, 2), ("Q8_0", 6144, 4096): (1, 16, 2, 2),
+    ("Q4_K", 4096, 4096): (2, 4, 1, 2), ("Q6_K", 4096, 4096): (2, 1, 1, 2), ("Q8_0", 4096, 4096): (2, 16, 4, 2),
     ("Q4_K", 14336, 4096): (2, 4, 1, 2), ("Q6_K", 14336, 4096): (1, 2, 1, 2), ("Q8_0", 14336, 4096): (1, 16, 2, 2),
-    ("Q4_K", 4096, 14336): (2, 4, 1, 2, 1, 1), ("Q6_K", 4096, 14336): (1, 2, 1, 2), ("Q8_0", 4096, 14336): (1, 16, 2, 2),
+    ("Q4_K", 4096, 14336): (2, 4, 1, 2), ("Q6_K", 4096, 14336): (1, 2, 1, 2), ("Q8_0", 4096, 14336): (1, 16, 2, 2),
     ("Q4_K", 1024, 4096): (2, 16, 2, 2, 1, 1), ("Q6_K", 1024, 4096): (1, 4, 1, 2), ("Q8_0", 1024, 4096): (1, 16, 2, 2),
-    ("Q4_K", 128256, 4096): (8, 2, 1, 2), ("Q6_K", 128256, 4096): (2, 1, 1, 2), ("Q8_0", 128256, 4096): (1, 16, 2, 2),
+    ("Q4_K", 128256, 4096): (4, 2, 1, 2), ("Q6_K", 128256, 4096): (2, 1, 1, 2), ("Q8_0", 128256, 4096): (1, 16, 2, 2),
 }
 #: blocks of 32 per program of the x quantizer (XQ = 2)
 QX_BLOCKS = 16
