@@ -158,6 +158,19 @@ def write_checkpoint(preset: str, dtype: str, path: str) -> int:
     return sum(t.numel() * t.element_size() for t in w.values())
 
 
+def torch_bytecode_note() -> str:
+    """'' when torch's modules have bytecode, else a line saying that every process compiles torch from
+    source here (the lent H200 machines ship torch without .pyc and set PYTHONDONTWRITEBYTECODE=1: ~4 s
+    of each `import torch`; `pip install` leaves the bytecode on a user's machine)."""
+    import importlib.util
+    if os.path.exists(importlib.util.cache_from_source(torch.__file__)):
+        return ""
+    site = os.path.dirname(os.path.dirname(torch.__file__))
+    return (f"note: torch has no bytecode here (dont_write_bytecode={int(sys.flags.dont_write_bytecode)}): every "
+            f"process compiles it from source, seconds of each import; `python3 -m compileall -q -j 0 {site}` "
+            f"makes it what `pip install` leaves")
+
+
 def generate_cmd(a: argparse.Namespace) -> int:
     """Time the real ``shapeplan generate`` command (see the module docstring)."""
     import compileall
@@ -171,6 +184,9 @@ def generate_cmd(a: argparse.Namespace) -> int:
     print(f"checkpoint: {a.preset} {a.dtype}, {nbytes / 1e9:.2f} GB in {ckpt} "
           f"(written in {time.perf_counter() - t0:.1f} s, not timed)", flush=True)
     compileall.compile_dir(os.path.join(ROOT, "shapeplan"), quiet=2)
+    note = torch_bytecode_note()
+    if note:
+        print(note, flush=True)
     cache = a.cache_dir or os.path.join(work, "cache")
     cmd = [sys.executable, "-m", "shapeplan", "generate", "--model", ckpt, "--prompt", a.prompt,
            "--max-new-tokens", str(a.new_tokens), "--device", a.device, "--timings"]
