@@ -378,4 +378,18 @@ def test_int8_x_switch_and_large_default(monkeypatch):
     assert qgemv.config(*tuned) == qgemv.TUNE[tuned]
     monkeypatch.setenv("SHAPEPLAN_QUANT_INT8_X", "0")
     assert qgemv.config("Q4_K", 16384, 4096) == (*qgemv.DEFAULT_LARGE["Q4_K"][:3], 1)
-    assert qgemv.config(*tuned) == (*qgemv.TUNE[tuned][:3], 1)
+    for key in [tuned] + [k for k, t in qgemv.TUNE.items() if len(t) > 4 and t[3] == 2][:1]:
+        t = qgemv.TUNE[key]
+        assert qgemv.config(*key) == (*t[:3], 1, *t[4:])      # STAGES / PF kept
+
+
+def test_one_row_tune_table_is_well_formed():
+    """Every ``TUNE`` entry: (BN, CH, warps, XQ[, STAGES[, PF]]) with powers of two where the kernel's
+    aranges need them, a known x mode, STAGES >= 1 and PF only where a kernel reads it (Q4_K): a typo
+    there would be ignored or fail only at the first launch on a GPU."""
+    from shapeplan.runtime.backends.triton.kernels import qgemv
+    for (qtype, n, k), t in qgemv.TUNE.items():
+        assert qtype in qgemv.K_MULTIPLE and k % qgemv.K_MULTIPLE[qtype] == 0 and 4 <= len(t) <= 6, (qtype, n, k, t)
+        bn, ch, warps, xq, stages, pf = t + (1, 0)[len(t) - 4:]
+        assert all(v > 0 and v & (v - 1) == 0 for v in (bn, ch, warps)), t
+        assert xq in (0, 1, 2) and stages >= 1 and pf in (0, 1) and (pf == 0 or qtype == "Q4_K"), (qtype, n, k, t)
