@@ -178,7 +178,8 @@ def _precompile(task: tuple) -> int:
 
 
 def sweep_one_row(qtypes: list[str], presets: list[str], top: int, jobs: int, labels: list[str] | None = None,
-                  modes: tuple[int, ...] = (1, 0, 2), stages: tuple[int, ...] = (), pfs: tuple[int, ...] = (0,)) -> None:
+                  modes: tuple[int, ...] = (1, 0, 2), stages: tuple[int, ...] = (),
+                  pfs: tuple[int, ...] = (0,)) -> None:
     """Every (BN, CH, warps, XQ) of qgemv.py's one-row kernel on each decode shape (x modes ``modes``),
     used as decode uses it (``USE``), weights rotated through enough copies to exceed L2; prints the best
     configs per shape, the shape's current config (``qgemv.config``), the generic GEMV and bf16 cuBLAS
@@ -194,8 +195,8 @@ def sweep_one_row(qtypes: list[str], presets: list[str], top: int, jobs: int, la
     if jobs > 1:
         t0 = time.perf_counter()
         with mp.get_context("spawn").Pool(jobs) as pool:
-            done = pool.map(_precompile, [(name, n, k, USE[label], modes, stages, pfs) for _, n, k, label, name in cases],
-                            chunksize=1)
+            tasks = [(name, n, k, USE[label], modes, stages, pfs) for _, n, k, label, name in cases]
+            done = pool.map(_precompile, tasks, chunksize=1)
         print(f"# compiled {sum(done)} kernel configs in {time.perf_counter() - t0:.0f} s ({jobs} processes)",
               flush=True)
     best_lines = []
@@ -238,7 +239,8 @@ def sweep_one_row(qtypes: list[str], presets: list[str], top: int, jobs: int, la
         for us, tiles in shown + [r for r in cur if r not in shown][:1]:
             st = (f" stages={tiles[4]}" if len(tiles) > 4 else "") + (f" pf={tiles[5]}" if len(tiles) > 5 else "")
             now = tiles == current or (stages and tiles == (*current[:4], 1) and len(current) == 4)
-            print(f"    bn={tiles[0]:<3} ch={tiles[1]} warps={tiles[2]} xq={tiles[3]}{st}  {us:8.1f} us {gb(us):6.0f} GB/s "
+            print(f"    bn={tiles[0]:<3} ch={tiles[1]} warps={tiles[2]} xq={tiles[3]}{st}  {us:8.1f} us "
+                  f"{gb(us):6.0f} GB/s "
                   f"x{generic / us:5.2f} generic" + ("  (current)" if now else ""))
         if results:
             us, tiles = results[0]
@@ -311,7 +313,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--xq", default="1,0,2", help="--sweep1 only these x modes (qgemv.py: 1 quads, 0 tile, 2 int8 codes)")
     ap.add_argument("--stages", default="", help="--sweep1 the staged family instead: small tiles in the current "
                     "x mode at these K-loop stage counts (qgemv.py STAGES), e.g. 1,2,3")
-    ap.add_argument("--pf", default="0", help="with --stages: Q4_K's register prefetch off / on (qgemv.py PF), e.g. 0,1")
+    ap.add_argument("--pf", default="0",
+                    help="with --stages: Q4_K's register prefetch off / on (qgemv.py PF), e.g. 0,1")
     ap.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1),
                     help="processes compiling --sweep1's kernels before it times them")
     ap.add_argument("--no-gemv", action="store_true", help="skip the kernel table")

@@ -125,7 +125,8 @@ def main(specs: list[str]) -> int:
             k = compile_one(kernel, name, int(m))
             ptx = k.asm["ptx"]
             out[spec] = {"ok": bool(k.asm.get("cubin")), "error": "", "vector_loads": "ld.global.v4" in ptx,
-                         "griddepcontrol": "griddepcontrol.wait" in ptx, "dp4a": "dp4a.s32.s32" in ptx, "cp_async": "cp.async" in ptx,
+                         "griddepcontrol": "griddepcontrol.wait" in ptx, "dp4a": "dp4a.s32.s32" in ptx,
+                         "cp_async": "cp.async" in ptx,
                          "shared": ptx.count("st.shared"), "cvt_rn_f32": ptx.count("cvt.rn.f32.s32"),
                          "regs": getattr(k, "n_regs", None), "spills": getattr(k, "n_spills", None)}
         except TypeError as e:                            # another ASTSource signature

@@ -180,7 +180,8 @@ def _unfused(x, w, s=None, r=None, glu=False, eps=1e-5):
 @pytest.mark.parametrize("name", ONE_ROW)
 @pytest.mark.parametrize("nk,tiles,random_bytes", [((13, 1024), (4, 1, 4, 1), False), ((13, 1024), (4, 1, 4, 0), False),
                                                    ((7, 1536), (2, 2, 1, 1), True), ((7, 1536), (2, 2, 1, 0), True),
-                                                   ((7, 1536), (2, 2, 1, 1, 3), True), ((7, 1536), (2, 2, 1, 1, 1, 1), True),
+                                                   ((7, 1536), (2, 2, 1, 1, 3), True),
+                                                   ((7, 1536), (2, 2, 1, 1, 1, 1), True),
                                                    ((5, 512), None, False)])
 def test_one_row_kernel_equals_dequantize_then_matmul(name, nk, tiles, random_bytes, triton_kernels):
     """N not a multiple of BN, K over several super-blocks / block pairs (a partial last iteration with

@@ -116,7 +116,8 @@ LARGE = 1 << 24
 TUNE: dict[tuple[str, int, int], tuple[int, ...]] = {   # H200, 2026-12-01/02 (bench.quant_gemv --sweep1)
     # llama-1b (eleventh session: XQ 0 and 1 swept; twelfth: XQ 2 against those, which it won on the
     # large matrices: gate/up and the LM head; then CH 8 / 16 for the down shapes, which won Q4_K and Q8_0:
-    # 9.5 -> 8.9 and 19.8 -> 9.3 µs; fourteenth: STAGES 2 / 3 swept on every shape, which won only Q8_0 k/v, 6.0 -> 5.0 µs;
+    # 9.5 -> 8.9 and 19.8 -> 9.3 µs; fourteenth: STAGES 2 / 3 swept on every shape, which won only Q8_0 k/v,
+    # 6.0 -> 5.0 µs;
     # Q4_K's one float per sub-block: gate/up 11.9 -> 11.3, head 56.4 -> 55.9 at BN 4)
     ("Q4_K", 3072, 2048): (4, 4, 2, 1), ("Q6_K", 3072, 2048): (1, 2, 1, 1), ("Q8_0", 3072, 2048): (2, 4, 1, 1),
     ("Q4_K", 2048, 2048): (2, 4, 2, 1), ("Q6_K", 2048, 2048): (1, 2, 1, 1), ("Q8_0", 2048, 2048): (2, 4, 1, 1),
@@ -607,8 +608,8 @@ def supports(x: torch.Tensor, packed: torch.Tensor, qtype: str, k: int) -> bool:
 
 
 def config(qtype: str, n: int, k: int) -> tuple[int, ...]:
-    """(BN, CH, warps, XQ[, STAGES[, PF]]) for N outputs and K inputs: ``TUNE``, else ``DEFAULT`` (``DEFAULT_LARGE`` from
-    ``LARGE`` weight elements) with BN halved until there are ``MIN_PROGRAMS`` programs (or BN is 1);
+    """(BN, CH, warps, XQ[, STAGES[, PF]]) for N outputs and K inputs: ``TUNE``, else ``DEFAULT``
+    (``DEFAULT_LARGE`` from ``LARGE`` weight elements) with BN halved until there are ``MIN_PROGRAMS`` programs (or BN is 1);
     XQ = 2 becomes 1 with ``SHAPEPLAN_QUANT_INT8_X=0``."""
     from shapeplan import env
     hit = TUNE.get((qtype, n, k))
