@@ -170,7 +170,9 @@ _efficient_failed: list[str] = []
 
 
 def _efficient_attention(q, k, v, mask, scale: float):
-    """SDPA's memory-efficient kernel on CUDA, or None (SDPA then chooses).
+    """SDPA's memory-efficient kernel on CUDA, or None (SDPA then chooses). ``mask``: an additive bias
+    [M, L] for every row and head (``CachedAttention``) or [B, 1, M, L], one per row (``PagedAttention``'s
+    prefill).
 
     Why: on Hopper, torch >= 2.11 picks cuDNN attention, which builds a cuDNN graph per thread and per
     shape at its first call (its cache is thread-local): 52-69 ms per call on a new thread on the H200
@@ -186,12 +188,16 @@ def _efficient_attention(q, k, v, mask, scale: float):
     it is not tried again in this process (a FALLBACK event says why)."""
     if _PREFILL_ATTENTION not in ("auto", "efficient") or _efficient_failed or not q.is_cuda or mask is None:
         return None
-    if mask.dtype != q.dtype or mask.dim() != 2 or not mask.is_contiguous() or mask.shape[-1] % 16:
-        return None                           # the kernel wants an additive bias with aligned rows
     b, h, m, _ = q.shape
+    if mask.dim() == 4 and mask.shape[1] == 1 and mask.shape[0] in (1, b):   # one bias per row (paged prefill)
+        pass
+    elif mask.dim() != 2:
+        return None
+    if mask.dtype != q.dtype or not mask.is_contiguous() or mask.shape[-1] % 16:
+        return None                           # the kernel wants an additive bias with aligned rows
     if _PREFILL_ATTENTION == "auto" and m * mask.shape[-1] > EFFICIENT_MAX_SCORES:
         return None
-    bias = mask.expand(b, h, m, mask.shape[-1])
+    bias = mask.expand(b, h, m, mask.shape[-1])                  # heads (and rows, for a 2-D mask) by stride 0
     try:
         cuda = torch.backends.cuda
         if not cuda.mem_efficient_sdp_enabled() or \
@@ -202,7 +208,7 @@ def _efficient_attention(q, k, v, mask, scale: float):
     except Exception as e:  # noqa: BLE001 - e.g. another torch's signature: SDPA decides, visibly
         _efficient_failed.append(f"{type(e).__name__}: {e}")
         from shapeplan import diagnostics
-        diagnostics.record("FALLBACK", "CachedAttention: memory-efficient kernel unavailable, using SDPA",
+        diagnostics.record("FALLBACK", "prefill attention: memory-efficient kernel unavailable, using SDPA",
                            reason=_efficient_failed[-1][:300])
         return None
 
@@ -335,7 +341,9 @@ def paged_attention(q, k_pool, v_pool, positions, lengths, block_tables, cos=Non
     On CUDA a decode step (S = 1) runs a Triton split-K kernel that reads only the row's live blocks
     (and merges the splits in its last program);
     elsewhere (and for prefill) the row's blocks are gathered and SDPA runs over them with the causal
-    mask: every row is computed on its own, so a row's result does not depend on the other rows."""
+    mask: every row is computed on its own, so a row's result does not depend on the other rows. A CUDA
+    prefill takes SDPA's memory-efficient kernel directly where its score matrix is small, as
+    ``CachedAttention`` does (``_efficient_attention``: no cuDNN graph built per thread and shape)."""
     b, hq, s, d = q.shape
     kern = _paged_kernels() if q.is_cuda else None
     if s == 1 and kern is not None:
@@ -361,7 +369,9 @@ def paged_attention(q, k_pool, v_pool, positions, lengths, block_tables, cos=Non
     qg = q.reshape(b, hkv, g * s, d)                                                 # [B, Hkv, G*S, D]
     bias = torch.zeros((), dtype=q.dtype, device=q.device).where(mask, torch.full((), float("-inf"), dtype=q.dtype,
                                                                                    device=q.device))
-    out = F.scaled_dot_product_attention(qg, kk, vv, attn_mask=bias, scale=scale or None)
+    out = _efficient_attention(qg, kk, vv, bias, scale or d ** -0.5)                  # as CachedAttention
+    if out is None:
+        out = F.scaled_dot_product_attention(qg, kk, vv, attn_mask=bias, scale=scale or None)
     out = out.reshape(b, hq, s, d)
     live = (lengths.reshape(-1, 1, 1, 1) > 0)
     return torch.where(live, out, torch.zeros((), dtype=out.dtype, device=out.device))
