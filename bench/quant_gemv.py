@@ -214,7 +214,8 @@ def sweep_one_row(qtypes: list[str], presets: list[str], top: int, jobs: int, la
         results = []
         current = qgemv.config(name, out_n, k)
         configs = _configs(name, out_n, k, modes, stages, pfs)
-        for tiles in configs + ([current] if current not in configs and not stages else []):
+        now = qgemv.full_tiles(current)
+        for tiles in configs + ([] if now in map(qgemv.full_tiles, configs) else [current]):
             try:
                 us = graph_time(lambda: qgemv.gemv1(x, nxt(), name, n, k, tiles=tiles, **kw),
                                 reps=len(copies) * 2, rounds=3)
@@ -235,13 +236,12 @@ def sweep_one_row(qtypes: list[str], presets: list[str], top: int, jobs: int, la
         print(f"{preset:<9} {label:<8} {f'{n}x{k}':>14} {name:<5} {use:<9} generic {generic:7.1f} us "
               f"{gb(generic):5.0f} GB/s | bf16 cuBLAS {bf16:7.1f} us | {len(copies)} copies", flush=True)
         shown = results[:top]
-        cur = [r for r in results if r[1] == current or (stages and r[1] == (*current[:4], 1))]
+        cur = [r for r in results if qgemv.full_tiles(r[1]) == now]
         for us, tiles in shown + [r for r in cur if r not in shown][:1]:
             st = (f" stages={tiles[4]}" if len(tiles) > 4 else "") + (f" pf={tiles[5]}" if len(tiles) > 5 else "")
-            now = tiles == current or (stages and tiles == (*current[:4], 1) and len(current) == 4)
             print(f"    bn={tiles[0]:<3} ch={tiles[1]} warps={tiles[2]} xq={tiles[3]}{st}  {us:8.1f} us "
                   f"{gb(us):6.0f} GB/s "
-                  f"x{generic / us:5.2f} generic" + ("  (current)" if now else ""))
+                  f"x{generic / us:5.2f} generic" + ("  (current)" if qgemv.full_tiles(tiles) == now else ""))
         if results:
             us, tiles = results[0]
             qgemv.TUNE[(name, out_n, k)] = tiles          # an --e2e in this run uses the sweep's best tiles

@@ -189,10 +189,8 @@ def _efficient_attention(q, k, v, mask, scale: float):
     if _PREFILL_ATTENTION not in ("auto", "efficient") or _efficient_failed or not q.is_cuda or mask is None:
         return None
     b, h, m, _ = q.shape
-    if mask.dim() == 4 and mask.shape[1] == 1 and mask.shape[0] in (1, b):   # one bias per row (paged prefill)
-        pass
-    elif mask.dim() != 2:
-        return None
+    if mask.dim() != 2 and not (mask.dim() == 4 and mask.shape[1] == 1 and mask.shape[0] in (1, b)):
+        return None                           # [M, L] for all, or [B, 1, M, L]: one bias per row (paged prefill)
     if mask.dtype != q.dtype or not mask.is_contiguous() or mask.shape[-1] % 16:
         return None                           # the kernel wants an additive bias with aligned rows
     if _PREFILL_ATTENTION == "auto" and m * mask.shape[-1] > EFFICIENT_MAX_SCORES:

@@ -391,6 +391,6 @@ def test_one_row_tune_table_is_well_formed():
     from shapeplan.runtime.backends.triton.kernels import qgemv
     for (qtype, n, k), t in qgemv.TUNE.items():
         assert qtype in qgemv.K_MULTIPLE and k % qgemv.K_MULTIPLE[qtype] == 0 and 4 <= len(t) <= 6, (qtype, n, k, t)
-        bn, ch, warps, xq, stages, pf = t + (1, 0)[len(t) - 4:]
+        bn, ch, warps, xq, stages, pf = qgemv.full_tiles(t)
         assert all(v > 0 and v & (v - 1) == 0 for v in (bn, ch, warps)), t
         assert xq in (0, 1, 2) and stages >= 1 and pf in (0, 1) and (pf == 0 or qtype == "Q4_K"), (qtype, n, k, t)

@@ -350,6 +350,16 @@ if AVAILABLE:
                 tl.load(sb + 1, mask=m4, other=0), tl.load(sb + 2, mask=m4, other=0), tl.load(sb + 3, mask=m4, other=0))
 
     @triton.jit
+    def _q4k_rows(rg, ru, c, m4, woff, GLU: tl.constexpr):
+        """``_q4k_words`` of the gate rows ``rg``, then of the up rows ``ru`` (GLU; else the gate's again)."""
+        qw, hd, s1, s2, s3 = _q4k_words(rg, c, m4, woff)
+        if GLU:
+            qwu, hdu, s1u, s2u, s3u = _q4k_words(ru, c, m4, woff)
+        else:
+            qwu, hdu, s1u, s2u, s3u = qw, hd, s1, s2, s3
+        return qw, hd, s1, s2, s3, qwu, hdu, s1u, s2u, s3u
+
+    @triton.jit
     def _q4k_kernel(X, NW, XD, XS, W, R, Y, N, K, HALF, ROW_WORDS, eps, BN: tl.constexpr, CH: tl.constexpr,
                     NORM: tl.constexpr, RES: tl.constexpr, GLU: tl.constexpr, PDL: tl.constexpr = False,
                     ASM: tl.constexpr = False, XQ: tl.constexpr = True, XB: tl.constexpr = 16,
@@ -370,32 +380,21 @@ if AVAILABLE:
         else:
             acc = tl.zeros([BN, CH, 4, 8], dtype=tl.float32)
             acc_u = tl.zeros([BN, CH, 4, 8], dtype=tl.float32)
-        acc_m = tl.zeros([BN, CH, 4, 1], dtype=tl.float32)                        # XQ = 2: Σ dmin m Σx
-        acc_mu = tl.zeros([BN, CH, 4, 1], dtype=tl.float32)
         if XQ:
             ss = tl.zeros([BN, CH, 4, 8], dtype=tl.float32)
         else:
             ss = tl.zeros([CH, 4, 8], dtype=tl.float32)
         if PF:                              # the first iteration's words, loaded before the loop
-            m4 = ok[:, None, None, None] & (ci < nc)[None]
-            qw, hd, s1, s2, s3 = _q4k_words(rg, ci, m4, woff)
-            qwu, hdu, s1u, s2u, s3u = qw, hd, s1, s2, s3
-            if GLU:
-                qwu, hdu, s1u, s2u, s3u = _q4k_words(ru, ci, m4, woff)
+            qw, hd, s1, s2, s3, qwu, hdu, s1u, s2u, s3u = _q4k_rows(
+                rg, ru, ci, ok[:, None, None, None] & (ci < nc)[None], woff, GLU)
         for c0 in tl.range(0, nc, CH, num_stages=STAGES):
             c = c0 + ci
             cok = c < nc
             m4 = ok[:, None, None, None] & cok[None]                              # [BN, CH, 1, 1]
             if PF:                          # the next iteration's words in flight during this one's arithmetic
-                mn = ok[:, None, None, None] & (c + CH < nc)[None]
-                nqw, nhd, ns1, ns2, ns3 = _q4k_words(rg, c + CH, mn, woff)
-                nqwu, nhdu, ns1u, ns2u, ns3u = nqw, nhd, ns1, ns2, ns3
-                if GLU:
-                    nqwu, nhdu, ns1u, ns2u, ns3u = _q4k_words(ru, c + CH, mn, woff)
+                nxt = _q4k_rows(rg, ru, c + CH, ok[:, None, None, None] & (c + CH < nc)[None], woff, GLU)
             else:
-                qw, hd, s1, s2, s3 = _q4k_words(rg, c, m4, woff)
-                if GLU:
-                    qwu, hdu, s1u, s2u, s3u = _q4k_words(ru, c, m4, woff)
+                qw, hd, s1, s2, s3, qwu, hdu, s1u, s2u, s3u = _q4k_rows(rg, ru, c, m4, woff, GLU)
             if PDL:
                 gdc_wait()
             for h in tl.static_range(2):
@@ -410,27 +409,21 @@ if AVAILABLE:
                     xw = tl.load(X + xi, mask=xm, other=0)
                     bi = tl.broadcast_to(sub[None], [BN, CH, 4, 1])
                     xd, xs = _xblock(XD, bi, m4), _xblock(XS, bi, m4)
-                    acc += tl.sum(_dp4a(nib, xw, ASM), axis=3, keep_dims=True) * (ds * xd)   # exact integer sums
-                    acc_m += dm * xs
+                    # the 8 words' dp4a sums are exact integers: summed first, then the scales and Σx's minimum term
+                    acc += tl.sum(_dp4a(nib, xw, ASM), axis=3, keep_dims=True) * (ds * xd) - dm * xs
                     if GLU:
-                        acc_u += tl.sum(_dp4a(nib_u, xw, ASM), axis=3, keep_dims=True) * (ds_u * xd)
-                        acc_mu += dm_u * xs
+                        acc_u += tl.sum(_dp4a(nib_u, xw, ASM), axis=3, keep_dims=True) * (ds_u * xd) - dm_u * xs
                 else:
                     x0, x1, x2, x3, sx, ss = _x4(X, NW, xi, xm, ss, NORM, XQ, XB, XF16, NB, NF16)
                     acc += _dot4(nib, x0, x1, x2, x3, 0.0, ASM) * ds - dm * sx
                     if GLU:
                         acc_u += _dot4(nib_u, x0, x1, x2, x3, 0.0, ASM) * ds_u - dm_u * sx
             if PF:
-                qw, hd, s1, s2, s3 = nqw, nhd, ns1, ns2, ns3
-                qwu, hdu, s1u, s2u, s3u = nqwu, nhdu, ns1u, ns2u, ns3u
+                qw, hd, s1, s2, s3, qwu, hdu, s1u, s2u, s3u = nxt
         y = tl.sum(tl.sum(tl.sum(acc, axis=3), axis=2), axis=1)
         u = y
         if GLU:
             u = tl.sum(tl.sum(tl.sum(acc_u, axis=3), axis=2), axis=1)
-        if XQ == 2:
-            y -= tl.sum(tl.sum(tl.sum(acc_m, axis=3), axis=2), axis=1)
-            if GLU:
-                u -= tl.sum(tl.sum(tl.sum(acc_mu, axis=3), axis=2), axis=1)
         _finish(y, u, _ss_total(ss, XQ), K, eps, R, Y, rows, ok, NORM, RES, GLU)
 
     # ------------------------------------------------------------------------------------------ Q6_K
@@ -623,6 +616,12 @@ def config(qtype: str, n: int, k: int) -> tuple[int, ...]:
     return hit
 
 
+def full_tiles(tiles: tuple[int, ...]) -> tuple[int, int, int, int, int, int]:
+    """(BN, CH, warps, XQ[, STAGES[, PF]]) with the left-out elements at their defaults (STAGES 1, PF 0)."""
+    t = tuple(tiles)
+    return t + (1, 0)[len(t) - 4:]
+
+
 def _aligned(v: torch.Tensor) -> torch.Tensor:
     """``v`` [1, K] with unit stride at an 8-byte aligned address (the kernels read x and the norm weight
     as 64-bit words): ``v`` itself, else a copy."""
@@ -638,8 +637,7 @@ def gemv1(x: torch.Tensor, packed: torch.Tensor, qtype: str, n: int, k: int, *, 
     ``tiles`` (BN, CH, warps, XQ[, STAGES[, PF]]) instead of ``config``'s."""
     x = _aligned(x)
     out_n = n // 2 if glu else n
-    t = tuple(tiles or config(qtype, out_n, k))
-    bn, ch, warps, xq, stages, pf = t + (1, 0)[len(t) - 4:]
+    bn, ch, warps, xq, stages, pf = full_tiles(tiles or config(qtype, out_n, k))
     words = packed.view(torch.int32)                                               # [n, row bytes / 4]
     y = torch.empty(1, out_n, dtype=x.dtype, device=x.device)
     r = residual.reshape(1, out_n) if residual is not None else y
