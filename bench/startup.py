@@ -206,13 +206,15 @@ def generate_cmd(a: argparse.Namespace) -> int:
             rows.append({"run": label, "error": f"exit status {rc}: {err.strip()[-600:]}"})
             continue
         phases = json.loads(line[len("timings "):])
+        parts = next((json.loads(ln[len("warm-up parts "):]) for ln in err.splitlines()
+                      if ln.startswith("warm-up parts {")), {})
         rows.append({"run": label, "wall": round(wall, 4), **phases,
-                     "exit + unaccounted": round(wall - phases["in process"], 4)})
+                     "exit + unaccounted": round(wall - phases["in process"], 4), "warm-up parts": parts})
     dev = torch.cuda.get_device_name() if a.device.startswith("cuda") and torch.cuda.is_available() else a.device
     print(f"\n`shapeplan generate` on {dev}: {a.preset} {a.dtype} random checkpoint, {a.new_tokens} new tokens, "
           f"each run a fresh process (one new SHAPEPLAN_CACHE_DIR: first cold, then warm)")
     ok = [r for r in rows if "error" not in r]
-    names = ["wall"] + [k for k in (ok[0] if ok else {}) if k not in ("run", "wall")]
+    names = ["wall"] + [k for k in (ok[0] if ok else {}) if k not in ("run", "wall", "warm-up parts")]
     print(f"{'phase (s)':<24}" + "".join(f"{r['run']:>10}" for r in rows))
     for n in names:
         print(f"{n:<24}" + "".join(f"{r.get(n, float('nan')):>10.3f}" if "error" not in r else f"{'FAILED':>10}"
@@ -220,6 +222,9 @@ def generate_cmd(a: argparse.Namespace) -> int:
     for r in rows:
         if "error" in r:
             print(f"{r['run']}: {r['error']}")
+        elif r["warm-up parts"]:            # each part of the CUDA warm-up, start-end since the process started
+            print(f"{r['run']} warm-up parts (s): "
+                  + ", ".join(f"{n} {s:.2f}-{e:.2f}" for n, (s, e) in r["warm-up parts"].items()))
     if a.json_path:
         with open(a.json_path, "w", encoding="utf-8") as f:
             json.dump(rows, f, indent=2)

@@ -104,6 +104,7 @@ def _generate(args: argparse.Namespace) -> int:
         phases["output + close"] = t_end - t_loaded - (m.total_s if m is not None else 0.0)
         phases["in process"] = (before or 0.0) + t_end - t0
         print_timings(phases)
+        print_warmup_parts(t0 - (before or 0.0))
     return 0
 
 
@@ -136,6 +137,20 @@ def start_cuda_init(device: str) -> threading.Thread | None:
     t = threading.Thread(target=init, name="shapeplan-cuda-init", daemon=True)
     t.start()
     return t
+
+
+def print_warmup_parts(origin: float, file=None) -> None:
+    """The CUDA warm-up's parts (``llm/warmup.py``: each loads its libraries and kernel modules on its own
+    thread) as start-end seconds since ``origin`` (the process start, ``time.perf_counter`` clock), then
+    one ``warm-up parts {json}`` line; nothing when no warm-up ran."""
+    from shapeplan.llm import warmup
+    if not warmup.timings:
+        return
+    file = file if file is not None else sys.stderr
+    parts = {name: (round(a - origin, 4), round(b - origin, 4)) for name, a, b in warmup.timings}
+    print("warm-up parts (s since the process started): "
+          + ", ".join(f"{n} {a:.3f}-{b:.3f}" for n, (a, b) in parts.items()), file=file)
+    print("warm-up parts " + json.dumps(parts), file=file)
 
 
 def print_timings(phases: dict[str, float], file=None) -> None:

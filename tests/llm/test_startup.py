@@ -123,3 +123,22 @@ def test_bench_startup_generate_cmd_on_cpu(tmp_path, capsys):
     r = rows[0]
     assert r["wall"] >= r["in process"] > 0 and r["decode"] > 0
     assert "exit + unaccounted" in out and "weights" in out
+
+
+def test_generate_timings_print_the_warm_up_parts(monkeypatch):
+    """`--timings` names each CUDA warm-up part with its start and end since the process started (a table
+    line, then one `warm-up parts {json}` line that bench/startup.py reads); nothing without a warm-up."""
+    import io
+
+    from shapeplan.commands.generate import print_warmup_parts
+    from shapeplan.llm import warmup
+    monkeypatch.setattr(warmup, "timings", [("gemms", 10.5, 11.25), ("attention", 10.5, 12.0)])
+    out = io.StringIO()
+    print_warmup_parts(10.0, file=out)
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "warm-up parts (s since the process started): gemms 0.500-1.250, attention 0.500-2.000"
+    assert json.loads(lines[1][len("warm-up parts "):]) == {"gemms": [0.5, 1.25], "attention": [0.5, 2.0]}
+    monkeypatch.setattr(warmup, "timings", [])
+    out = io.StringIO()
+    print_warmup_parts(10.0, file=out)
+    assert out.getvalue() == ""
