@@ -119,9 +119,8 @@ SWITCHES: tuple[Switch, ...] = (
     Switch("SHAPEPLAN_CUDA_WARM", "bool", True,
            "the LLM pipeline's CUDA warm-up (loads cuBLAS, attention, index, cache-write and elementwise kernels "
            "while the graph is built)"),
-    Switch("SHAPEPLAN_CUDA_WARM_THREADS", "int", 1,
-           "1: the CUDA warm-up's parts one after another (any other value: each on its own thread; slower with "
-           "torch 2.11 / CUDA 13 on the H200: docs/gpu.md)"),
+    Switch("SHAPEPLAN_CUDA_WARM_THREADS", "int", 4,
+           "1: the CUDA warm-up's parts one after another (any other value: each on its own thread)"),
     Switch("SHAPEPLAN_STARTUP_SWITCH_INTERVAL", "float", 0.0002,
            "GIL switch interval in seconds while a CUDA LLM pipeline starts (0: Python's 5 ms; docs/gpu.md)"),
     Switch("SHAPEPLAN_WEIGHTS_STREAM", "bool", True,

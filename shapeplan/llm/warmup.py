@@ -7,20 +7,21 @@ call once they are loaded (docs/benchmarks/decode.md round 5). So, on CUDA, the 
 calls the model's own op kernels (the registered ones the plan will run) once, on zero tensors with the
 model's hidden and MLP sizes, heads, dtype and KV length: the same kernels, loaded while the main thread
 builds and optimizes the graph. The kernels are called in five independent parts (``parts``: GEMMs,
-attention, index ops, the KV cache write, elementwise), one after another (``SHAPEPLAN_CUDA_WARM_THREADS``
-other than 1: each on its own thread, so that their modules load side by side; that won in round 7,
-docs/benchmarks/decode.md, and lost 2.1 s against 0.86 s with torch 2.11 / CUDA 13 in the fifteenth
-session). The thread does almost no Python work (a first version ran a one-layer copy of the model
-through the engine; its graph build competed with the main thread's for the GIL and gained nothing);
-torch releases the GIL inside its kernels, so the loading overlaps construction.
+attention, index ops, the KV cache write, elementwise), each on its own thread (``SHAPEPLAN_CUDA_WARM_THREADS``:
+1 runs them one after another),
+so each part's libraries and modules load beside the others' instead of after them
+(docs/benchmarks/decode.md round 7: on the H200 the first GEMM, the first attention, the first gathers and
+the first ArgMax each cost 40-110 ms, one after another ~0.43 s). The threads do almost no Python work
+(a first version ran a one-layer copy of the model through the engine; its graph build competed with
+the main thread's for the GIL and gained nothing); torch releases the GIL inside its kernels, so the
+loading overlaps construction.
 
 The pipeline joins the thread before its first request runs: torch keeps one cuBLAS handle per thread
 and a 32 MiB workspace per handle, and a handle released by a finished thread is the one the next
 thread takes, so the request's thread reuses it instead of allocating a second workspace (measured:
-+33.6 MB of memory beyond weights when the two overlapped). The thread holds the device's capture lock
-while it launches, so no CUDA graph capture in the process runs beside it (a capture waits for it). It
-warms the prefill only: a decode step would wait for the decode-attention kernels, which a cold start is
-still compiling. Best effort: a failure is recorded
++33.6 MB of memory beyond weights when the two overlapped). The thread holds the device's capture lock while it launches, so no CUDA graph capture in the process
+runs beside it (a capture waits for it). It warms the prefill only: a decode step would wait for the
+decode-attention kernels, which a cold start is still compiling. Best effort: a failure is recorded
 and changes nothing else. Memory: one layer's weights, freed when it ends (only the GEMM part uses
 cuBLAS, so one handle and workspace, as before). ``SHAPEPLAN_CUDA_WARM=0`` turns it off.
 """
@@ -100,10 +101,10 @@ def short_switch_interval() -> Callable[[], None]:
 
 
 def threads() -> int:
-    """``SHAPEPLAN_CUDA_WARM_THREADS``: 1 (the default) runs the warm-up's parts one after another; any
-    other value runs each part on its own thread. The threads won in round 7 (torch 2.x, CUDA 12); with
-    torch 2.11 / CUDA 13 on the H200 (fifteenth session) the five parts took 2.1 s side by side against
-    0.86 s one after another, and `shapeplan generate` ran 1.8 s longer (docs/benchmarks/decode.md)."""
+    """``SHAPEPLAN_CUDA_WARM_THREADS``: 1 runs the warm-up's parts one after another; any other value
+    (default 4) runs each part on its own thread. Fifteenth session (H200, torch 2.11 / CUDA 13, the
+    generate command's second run): one machine ran 1.8 s faster with 1, the next 0.3-0.8 s faster with 4
+    (docs/benchmarks/decode.md); the default stays until more machines decide it."""
     return max(1, env.get("SHAPEPLAN_CUDA_WARM_THREADS"))
 
 
