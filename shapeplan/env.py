@@ -91,6 +91,9 @@ SWITCHES: tuple[Switch, ...] = (
     Switch("SHAPEPLAN_TRITON_CTYPES", "bool", True,
            "load and launch our kernels through the CUDA driver API (0: Triton's own C helper and per-signature "
            "launchers; docs/gpu.md)"),
+    Switch("SHAPEPLAN_TRITON_STAMP_KEY", "bool", True,
+           "key Triton's kernel cache by the installation stamp in every lookup (0: Triton's own key, a hash "
+           "of its library: 0.5-1.4 s per process where a lookup bypasses the compile manifest)"),
     Switch("SHAPEPLAN_TRITON_EARLY_IMPORT", "bool", True,
            "import Triton (unpatched) with shapeplan.llm (0: the first triton-mode engine imports it)"),
     # ---- LLM pipeline

@@ -25,7 +25,8 @@ SCRIPT = textwrap.dedent("""
     diagnostics.enable(["COMPILE", "FALLBACK"], level="detailed")
     from shapeplan.runtime.backends.triton import env, workers as triton_workers
     from shapeplan.runtime.backends.triton.kernels.rows_jit import _silu_mul_kernel
-    env.patch()
+    if os.environ.get("PATCH", "1") == "1":
+        env.patch()
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -44,12 +45,15 @@ SCRIPT = textwrap.dedent("""
     src = ASTSource(_silu_mul_kernel, sig, {(7,): block}, {(0,): [["tt.divisibility", 16]]})
     t = time.perf_counter()
     k = triton.compiler.compile(src, target=target, options=options)
+    from shapeplan.runtime.backends.triton.compile_worker import tritons_key
     from triton.runtime.cache import triton_key
+    own = tritons_key or triton_key                  # Triton's function (replaced by the stamp key at import)
     print(json.dumps({"cubin": len(k.asm["cubin"]), "hits": hits, "listener": listener_ok,
-                      "triton_key_computed": triton_key.cache_info().currsize, "hash": k.hash,
+                      "triton_key_computed": own.cache_info().currsize, "hash": k.hash,
                       "seconds": time.perf_counter() - t,
                       "events": [[e.category, e.message, e.fields.get("reason")] for e in diagnostics.events()],
-                      "wrapped": triton.compiler.compile is triton_workers.compile_kernel}))
+                      "wrapped": triton.compiler.compile is triton_workers.compile_kernel,
+                      "stamped": getattr(triton_key, "shapeplan_stamp", None) == triton_workers.stamp()}))
     """)
 
 
@@ -336,3 +340,19 @@ def test_a_job_says_whether_the_worker_builds_a_launcher(tmp_path, launcher):
     if launcher == "0":
         assert reply["launcher"] is False
         assert reply["launcher_s"] < 0.05         # nothing was built after the compile
+
+
+def test_an_unpatched_compile_uses_the_stamp_key(tmp_path):
+    """Without ``env.patch()`` (Triton's own compile, no manifest) the cache is still keyed by the
+    installation stamp since ``triton.env``'s import: Triton's hash of its library is never computed, and
+    a second process hits what the first compiled. ``SHAPEPLAN_TRITON_STAMP_KEY=0``: Triton's own key."""
+    first = _run(tmp_path, 32, PATCH="0")
+    assert not first["wrapped"] and first["stamped"] and first["triton_key_computed"] == 0
+    again = _run(tmp_path, 32, PATCH="0")
+    assert again["hash"] == first["hash"] and again["triton_key_computed"] == 0
+    if first["listener"]:
+        assert first["hits"] == [False] and again["hits"] == [True]
+    own = _run(tmp_path, 32, PATCH="0", SHAPEPLAN_TRITON_STAMP_KEY="0")
+    assert not own["stamped"] and own["triton_key_computed"] == 1
+    if own["listener"]:
+        assert own["hits"] == [False]              # another key: not the stamped entry
