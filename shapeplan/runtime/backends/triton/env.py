@@ -43,13 +43,13 @@ except AttributeError:
     pass
 
 
-
 def _stamp_key() -> None:
     """Triton's cache key from the installation stamp (module doc), unless switched off or interpreting."""
     from shapeplan import env
     if env.get("SHAPEPLAN_TRITON_STAMP_KEY") and not interpreting():
         from shapeplan.runtime.backends.triton import compile_worker, workers
         compile_worker.use_stamp(workers.stamp())
+
 
 _patch_lock = threading.Lock()
 _patched = False
