@@ -47,7 +47,7 @@ def compile_one(kernel: str, name: str, m: int):
                               target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
     if kernel == "quantx":    # XQ = 2's x quantizer (qgemv.py); m: 1 = with the norm, 2 = 1 + PDL
         from shapeplan.runtime.backends.triton.kernels import qgemv
-        consts = dict(BB=qgemv.QX_BLOCKS, NORM=m >= 1, CHUNK=1024, PDL=m == 2)
+        consts = dict(BB=qgemv.QX_BLOCKS, NORM=m >= 1, CHUNK=qgemv.QX_CHUNK, PDL=m == 2)
         sig = {"X": "*bf16", "NW": "*bf16", "XW": "*i32", "XD": "*fp32", "XS": "*fp32", "K": "i32", "eps": "fp32",
                **{c: "constexpr" for c in consts}}
         return triton.compile(ASTSource(fn=qgemv._quant_x_kernel, signature=sig, constexprs=consts),

@@ -239,6 +239,26 @@ def test_one_row_kernel_int8_x_exact(name, tiles, triton_kernels):
     _close(qgemv.gemv1(x, packed, name, n, k, tiles=tiles), x @ w.t())
 
 
+@pytest.mark.parametrize("k", [160, 1024, 5120])
+def test_x_quantizer_with_the_norm(k, triton_kernels):
+    """XQ = 2's x quantizer with the norm (qgemv.quantize_x): per block of 32 of rms_norm(x) * s, the scale
+    max|x| / 127, the exact sum, and the codes round(x * 127 / max|x|), byte b of word j = element 4j + b;
+    K below one chunk (masked), at one, and past QX_CHUNK (a second, partial chunk of the sum of squares)."""
+    from shapeplan.runtime.backends.triton.kernels import qgemv
+    g = torch.Generator().manual_seed(k)
+    x = torch.randn(1, k, generator=g).to(DEV)
+    s = (torch.rand(k, generator=g) + 0.5).to(DEV)
+    xw, xd, xs = qgemv.quantize_x(x, s, 1e-5, k)
+    xn = (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * s).reshape(-1, 32)
+    amax = xn.abs().amax(1)
+    torch.testing.assert_close(xd, amax / 127.0, rtol=1e-5, atol=0)
+    torch.testing.assert_close(xs, xn.sum(1), rtol=1e-4, atol=1e-5)
+    codes = xw.view(torch.int8).reshape(-1, 32).float()
+    want = torch.floor(xn * (127.0 / amax[:, None]) + 0.5)
+    assert (codes - want).abs().max().item() <= 1                   # a tie may round the other way
+    assert (codes == want).float().mean().item() > 0.99
+
+
 @pytest.mark.parametrize("name", ONE_ROW)
 @pytest.mark.parametrize("case", ["norm", "norm+glu", "res"])
 @pytest.mark.parametrize("xq", [1, 0, 2])

@@ -137,8 +137,11 @@ TUNE: dict[tuple[str, int, int], tuple[int, ...]] = {   # H200, 2026-12-01/02 (b
     ("Q4_K", 1024, 4096): (2, 16, 2, 2, 1, 1), ("Q6_K", 1024, 4096): (1, 4, 1, 2), ("Q8_0", 1024, 4096): (1, 16, 2, 2),
     ("Q4_K", 128256, 4096): (4, 2, 1, 2), ("Q6_K", 128256, 4096): (2, 1, 1, 2), ("Q8_0", 128256, 4096): (1, 16, 2, 2),
 }
-#: blocks of 32 per program of the x quantizer (XQ = 2)
+#: blocks of 32 per program of the x quantizer (XQ = 2), and the most elements of x its norm's sum of
+#: squares loads at once (4,096: llama-8b's hidden size in one load, 32 floats a thread; was 1,024, so
+#: llama-8b's sum took four loads one after another)
 QX_BLOCKS = 16
+QX_CHUNK = 4096
 #: programs below which BN is halved (the H200 has 132 SMs)
 MIN_PROGRAMS = 264
 #: the types with a one-row kernel, and the K each needs (super-block or block pair)
@@ -274,19 +277,13 @@ if AVAILABLE:
         """x (times rsqrt(mean(x²) + eps) and the norm weight with NORM) as int8 codes per block of 32
         (XQ = 2): code = round(x * 127 / max|x|), four to an int32 word (element 4j + b in byte b of word
         j), the block's scale max|x| / 127 in XD and its exact Σx in XS. A program owns BB blocks; with
-        NORM each program sums all of x's squares first (x is at most a few tens of KB: L2 hits). PDL: the
-        GEMV after it may launch at once (and load its first weights), this kernel waits for the one before."""
+        NORM each program sums all of x's squares too (x is at most a few tens of KB: L2 hits), in chunks
+        of CHUNK (the launcher's: all of x up to 4,096 elements, one load), after its own blocks' loads are
+        issued, so the two wait together. PDL: the GEMV after it may launch at once (and load its first
+        weights), this kernel waits for the one before."""
         if PDL:
             gdc_launch_dependents()
             gdc_wait()
-        rstd = 1.0
-        if NORM:
-            sq = tl.zeros([CHUNK], dtype=tl.float32)
-            for k0 in range(0, K, CHUNK):
-                o = k0 + tl.arange(0, CHUNK)
-                v = tl.load(X + o, mask=o < K, other=0.0).to(tl.float32)
-                sq += v * v
-            rstd = tl.math.rsqrt(tl.sum(sq, axis=0) / K + eps)
         blk = tl.program_id(0) * BB + tl.arange(0, BB)                             # [BB] blocks of 32
         ok = blk < K // 32
         j = tl.arange(0, 8)                                                        # word of the block
@@ -294,7 +291,13 @@ if AVAILABLE:
         e = blk[:, None, None] * 32 + 4 * j[None, :, None] + b
         v = tl.load(X + e, mask=ok[:, None, None], other=0.0).to(tl.float32)
         if NORM:
-            v = v * rstd * tl.load(NW + e, mask=ok[:, None, None], other=0.0).to(tl.float32)
+            nw = tl.load(NW + e, mask=ok[:, None, None], other=0.0).to(tl.float32)
+            sq = tl.zeros([CHUNK], dtype=tl.float32)
+            for k0 in range(0, K, CHUNK):
+                o = k0 + tl.arange(0, CHUNK)
+                xs = tl.load(X + o, mask=o < K, other=0.0).to(tl.float32)
+                sq += xs * xs
+            v = v * tl.math.rsqrt(tl.sum(sq, axis=0) / K + eps) * nw
         amax = tl.max(tl.max(tl.abs(v), axis=2), axis=1)                           # [BB]
         inv = tl.where(amax > 0.0, 127.0 / amax, 0.0)
         q = tl.floor(v * inv[:, None, None] + 0.5).to(tl.int32)                   # -127 .. 127
@@ -671,5 +674,6 @@ def quantize_x(x: torch.Tensor, norm_w: torch.Tensor | None, eps: float, k: int,
     xd, xs = xd.view(torch.float32), xs.view(torch.float32)
     _quant_x_kernel[(triton.cdiv(k // 32, QX_BLOCKS),)](
         x, norm_w if norm_w is not None else x, xw, xd, xs, k, float(eps), BB=QX_BLOCKS, NORM=norm_w is not None,
-        CHUNK=1024, PDL=pdl, num_warps=4, **({"launch_pdl": True} if pdl else {}))
+        CHUNK=min(triton.next_power_of_2(k), QX_CHUNK), PDL=pdl, num_warps=4,
+        **({"launch_pdl": True} if pdl else {}))
     return xw, xd, xs
