@@ -136,11 +136,15 @@ T0=$(date +%s)
   date -u
   nvidia-smi --query-gpu=name,driver_version,memory.used,clocks.sm --format=csv,noheader
   python3 -c "import sys, torch, triton; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
-  if [ -d "${WHEELS:-.wheels312}" ]; then
-    python3 -m pip install -q --no-index --find-links "${WHEELS:-.wheels312}" fastapi uvicorn openai jsonschema \
-      gguf httpx && python3 -m pip install -q --no-index --no-deps --find-links "${WHEELS:-.wheels312}" \
-      xgrammar apache-tvm-ffi \
-      && echo "installed the wheels of ${WHEELS:-.wheels312}" || echo "gpu_all: installing ${WHEELS:-.wheels312} failed"
+  if [ -d "${WHEELS:-.wheels312}" ]; then        # each package on its own: one missing wheel costs only its steps
+    got=(); missing=()
+    for pkg in gguf jsonschema fastapi uvicorn openai httpx; do
+      python3 -m pip install -q --no-index --find-links "${WHEELS:-.wheels312}" "$pkg" > /dev/null 2>&1 \
+        && got+=("$pkg") || missing+=("$pkg")
+    done
+    python3 -m pip install -q --no-index --no-deps --find-links "${WHEELS:-.wheels312}" xgrammar apache-tvm-ffi \
+      > /dev/null 2>&1 && got+=(xgrammar) || missing+=(xgrammar)
+    echo "wheels of ${WHEELS:-.wheels312}: installed ${got[*]:-nothing}; missing ${missing[*]:-nothing}"
   fi
   # bytecode up front, and the CUDA libraries read once, so that the first benchmark's start-up is not the
   # machine's first torch run. The lent machines set PYTHONDONTWRITEBYTECODE=1 and ship torch with no .pyc
