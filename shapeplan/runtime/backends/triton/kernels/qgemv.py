@@ -295,8 +295,8 @@ if AVAILABLE:
             sq = tl.zeros([CHUNK], dtype=tl.float32)
             for k0 in range(0, K, CHUNK):
                 o = k0 + tl.arange(0, CHUNK)
-                xs = tl.load(X + o, mask=o < K, other=0.0).to(tl.float32)
-                sq += xs * xs
+                xo = tl.load(X + o, mask=o < K, other=0.0).to(tl.float32)
+                sq += xo * xo
             v = v * tl.math.rsqrt(tl.sum(sq, axis=0) / K + eps) * nw
         amax = tl.max(tl.max(tl.abs(v), axis=2), axis=1)                           # [BB]
         inv = tl.where(amax > 0.0, 127.0 / amax, 0.0)
