@@ -240,8 +240,8 @@ def sweep_one_row(qtypes: list[str], presets: list[str], top: int, jobs: int, la
         for us, tiles in shown + [r for r in cur if r not in shown][:1]:
             st = (f" stages={tiles[4]}" if len(tiles) > 4 else "") + (f" pf={tiles[5]}" if len(tiles) > 5 else "")
             print(f"    bn={tiles[0]:<3} ch={tiles[1]} warps={tiles[2]} xq={tiles[3]}{st}  {us:8.1f} us "
-                  f"{gb(us):6.0f} GB/s "
-                  f"x{generic / us:5.2f} generic" + ("  (current)" if qgemv.full_tiles(tiles) == now else ""))
+                  f"{gb(us):6.0f} GB/s x{generic / us:5.2f} generic"
+                  + ("  (current)" if qgemv.full_tiles(tiles) == now else ""))
         if results:
             us, tiles = results[0]
             qgemv.TUNE[(name, out_n, k)] = tiles          # an --e2e in this run uses the sweep's best tiles

@@ -140,8 +140,8 @@ def start_cuda_init(device: str) -> threading.Thread | None:
 
 
 def print_warmup_parts(origin: float, file=None) -> None:
-    """The CUDA warm-up's parts (``llm/warmup.py``: each loads its libraries and kernel modules on its own
-    thread) as start-end seconds since ``origin`` (the process start, ``time.perf_counter`` clock), then
+    """The CUDA warm-up's parts (``llm/warmup.py``: each loads the libraries and kernel modules of some of
+    the model's ops) as start-end seconds since ``origin`` (the process start, ``time.perf_counter`` clock), then
     one ``warm-up parts {json}`` line; nothing when no warm-up ran."""
     from shapeplan.llm import warmup
     if not warmup.timings:

@@ -43,14 +43,6 @@ except AttributeError:
     pass
 
 
-def _stamp_key() -> None:
-    """Triton's cache key from the installation stamp (module doc), unless switched off or interpreting."""
-    from shapeplan import env
-    if env.get("SHAPEPLAN_TRITON_STAMP_KEY") and not interpreting():
-        from shapeplan.runtime.backends.triton import compile_worker, workers
-        compile_worker.use_stamp(workers.stamp())
-
-
 _patch_lock = threading.Lock()
 _patched = False
 
@@ -76,6 +68,14 @@ def patched() -> bool:
 
 def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def _stamp_key() -> None:
+    """Triton's cache key from the installation stamp (module doc), unless switched off or interpreting."""
+    from shapeplan import env
+    if env.get("SHAPEPLAN_TRITON_STAMP_KEY") and not interpreting():
+        from shapeplan.runtime.backends.triton import compile_worker, workers
+        compile_worker.use_stamp(workers.stamp())
 
 
 _stamp_key()

@@ -605,8 +605,8 @@ def supports(x: torch.Tensor, packed: torch.Tensor, qtype: str, k: int) -> bool:
 
 def config(qtype: str, n: int, k: int) -> tuple[int, ...]:
     """(BN, CH, warps, XQ[, STAGES[, PF]]) for N outputs and K inputs: ``TUNE``, else ``DEFAULT``
-    (``DEFAULT_LARGE`` from ``LARGE`` weight elements) with BN halved until there are ``MIN_PROGRAMS`` programs (or BN is 1);
-    XQ = 2 becomes 1 with ``SHAPEPLAN_QUANT_INT8_X=0``."""
+    (``DEFAULT_LARGE`` from ``LARGE`` weight elements) with BN halved until there are ``MIN_PROGRAMS``
+    programs (or BN is 1); XQ = 2 becomes 1 with ``SHAPEPLAN_QUANT_INT8_X=0``."""
     from shapeplan import env
     hit = TUNE.get((qtype, n, k))
     if not hit:
