@@ -116,18 +116,19 @@ def sweep_gemv(gguf, x, p, q, n: int, k: int) -> None:
 #: how decode uses each shape: the one-row kernel's prologue / epilogue there (qgemv.py)
 USE = {"qkv": "norm", "o": "res", "gate_up": "norm+glu", "down": "res", "k|v": "plain", "head": "norm"}
 SWEEP1 = [(bn, ch, warps, xq) for bn in (1, 2, 4, 8, 16, 32) for ch in (1, 2, 4, 8, 16) for warps in (1, 2, 4, 8)
-          for xq in (1, 0, 2)]
+          for xq in (1, 0, 2, 3)]
 #: elements of K per CH step of each kernel (a super-block, a pair of super-blocks, a pair of blocks)
 CH_ELEMS = {"Q4_K": 256, "Q6_K": 512, "Q8_0": 64}
 L2_BYTES = 60e6
 
 
-def sweep1_configs(name: str, out_n: int, modes: tuple[int, ...] = (1, 0, 2)) -> list[tuple[int, int, int, int]]:
+def sweep1_configs(name: str, out_n: int, modes: tuple[int, ...] = (1, 0, 2, 3)) -> list[tuple[int, int, int, int]]:
     """The (BN, CH, warps, XQ) worth timing: 16..128 weight elements per thread per iteration (CH 8 and 16,
     the long rows' many chunks per iteration, only with more than one warp), at least 64 rows per BN
     (fewer programs than that leave SMs idle), x modes ``modes``."""
     return [t for t in SWEEP1 if 16 <= t[0] * t[1] * CH_ELEMS[name] / (32 * t[2]) <= 128
-            and t[0] <= max(1, out_n // 64) and t[3] in modes and (t[1] <= 4 or t[2] > 1)]
+            and t[0] <= max(1, out_n // 64) and t[3] in modes and (t[1] <= 4 or t[2] > 1)
+            and (t[3] < 3 or name == "Q4_K")]
 
 
 def staged_configs(name: str, out_n: int, current: tuple[int, ...], stages: tuple[int, ...],
@@ -147,7 +148,11 @@ def _configs(name: str, out_n: int, k: int, modes: tuple[int, ...], stages: tupl
     from shapeplan.runtime.backends.triton.kernels import qgemv
     if stages:
         return staged_configs(name, out_n, qgemv.config(name, out_n, k), stages, pfs)
-    return sweep1_configs(name, out_n, modes)
+    family = sweep1_configs(name, out_n, modes)
+    if name != "Q4_K" or tuple(pfs) == (0,):
+        return family
+    # Q4_K's register prefetch on the whole family (not in the integer-dot kernel, XQ = 3)
+    return [(*t, 1, pf) if pf else t for t in family for pf in pfs if not pf or t[3] < 3]
 
 
 def _sweep1_case(name: str, n: int, k: int, use: str):
@@ -178,7 +183,7 @@ def _precompile(task: tuple) -> int:
 
 
 def sweep_one_row(qtypes: list[str], presets: list[str], top: int, jobs: int, labels: list[str] | None = None,
-                  modes: tuple[int, ...] = (1, 0, 2), stages: tuple[int, ...] = (),
+                  modes: tuple[int, ...] = (1, 0, 2, 3), stages: tuple[int, ...] = (),
                   pfs: tuple[int, ...] = (0,)) -> None:
     """Every (BN, CH, warps, XQ) of qgemv.py's one-row kernel on each decode shape (x modes ``modes``),
     used as decode uses it (``USE``), weights rotated through enough copies to exceed L2; prints the best
@@ -310,11 +315,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="sweep the one-row Q4_K/Q6_K/Q8_0 kernel (qgemv.py: BN x CH x warps x XQ) on each decode shape")
     ap.add_argument("--shapes", default="", help="--sweep1 only these shapes: labels of SHAPES (qkv,o,gate_up,...), or PRESET:LABEL")
     ap.add_argument("--top", type=int, default=3, help="configs printed per shape by --sweep1")
-    ap.add_argument("--xq", default="1,0,2", help="--sweep1 only these x modes (qgemv.py: 1 quads, 0 tile, 2 int8 codes)")
+    ap.add_argument("--xq", default="1,0,2,3",
+                    help="--sweep1 only these x modes (qgemv.py: 1 quads, 0 tile, 2 int8 codes, 3 int8 codes with "
+                    "integer dots: Q4_K)")
     ap.add_argument("--stages", default="", help="--sweep1 the staged family instead: small tiles in the current "
                     "x mode at these K-loop stage counts (qgemv.py STAGES), e.g. 1,2,3")
     ap.add_argument("--pf", default="0",
-                    help="with --stages: Q4_K's register prefetch off / on (qgemv.py PF), e.g. 0,1")
+                    help="Q4_K's register prefetch off / on (qgemv.py PF) in --sweep1's family (with --stages: "
+                    "the staged family's), e.g. 0,1")
     ap.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1),
                     help="processes compiling --sweep1's kernels before it times them")
     ap.add_argument("--no-gemv", action="store_true", help="skip the kernel table")

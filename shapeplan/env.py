@@ -114,7 +114,7 @@ SWITCHES: tuple[Switch, ...] = (
            "as the bf16 GEMV is by default (off by default: H200, llama-1b Q4_K_M 1,200 tok/s off, 1,123 on)"),
     Switch("SHAPEPLAN_QUANT_INT8_X", "bool", True,
            "the one-row quantized GEMVs may read x as int8 codes per block of 32 (one dp4a per weight word, "
-           "x quantized by a kernel before; kernels/qgemv.py XQ = 2) where qgemv.TUNE chose it: ~1 % output "
+           "x quantized by a kernel before; kernels/qgemv.py XQ = 2 and 3) where qgemv.TUNE chose it: ~1 % output "
            "error against dequantize-then-matmul, as llama.cpp's q8_1 path (0: x stays in the activation dtype)"),
     Switch("SHAPEPLAN_QUANT_ONE_ROW", "bool", True,
            "one row of a Q4_K / Q6_K / Q8_0 weight runs the one-row kernel of kernels/qgemv.py (0: the generic "

@@ -220,16 +220,24 @@ def _int8_x_linear(name, packed, w, x):
     return y
 
 
-@pytest.mark.parametrize("name", ONE_ROW)
-@pytest.mark.parametrize("tiles", [(4, 1, 4, 2), (2, 2, 1, 2), (2, 2, 1, 2, 3), (2, 2, 1, 2, 1, 1)])
-def test_one_row_kernel_int8_x_exact(name, tiles, triton_kernels):
-    """XQ = 2 (x as int8 codes, one dp4a per weight word) on an x that int8 codes hold exactly (each block
-    a power-of-two scale times codes, one of them ±127): the dequantize-then-matmul result, to fp32
-    rounding; N not a multiple of BN, a partial last iteration with CH = 2."""
+#: the int8-x tiles: XQ = 2 for every type (K loop in 3 stages, Q4_K's register prefetch), XQ = 3 for Q4_K
+INT8_X = ([(name, t) for name in ONE_ROW for t in [(4, 1, 4, 2), (2, 2, 1, 2), (2, 2, 1, 2, 3), (2, 2, 1, 2, 1, 1)]]
+          + [("Q4_K", t) for t in [(4, 1, 4, 3), (2, 2, 1, 3), (2, 2, 1, 3, 3)]])
+
+
+@pytest.mark.parametrize("name,tiles", INT8_X)
+@pytest.mark.parametrize("n,random_bytes", [(13, False), (16, True)])
+def test_one_row_kernel_int8_x_exact(name, tiles, n, random_bytes, triton_kernels):
+    """XQ = 2 / 3 (x as int8 codes, one dp4a per weight word) on an x that int8 codes hold exactly (each
+    block a power-of-two scale times codes, one of them ±127): the dequantize-then-matmul result, to fp32
+    rounding. N = 13: not a multiple of BN, a partial last iteration with CH = 2 (masked loads); N = 16
+    with random bytes: every code and 6-bit scale / minimum pattern, and for XQ = 3 the unmasked launch
+    (EVEN) where BN and CH divide N and K / 256."""
     from shapeplan.runtime.backends.triton.kernels import qgemv
-    n, k = 13, 1536
+    from tests.quant.test_dequant import random_blocks
+    k = 1536
     g = torch.Generator().manual_seed(3)
-    packed = packed_weight(name, n, k, seed=n).to(DEV)
+    packed = (random_blocks(name, n, k, seed=n) if random_bytes else packed_weight(name, n, k, seed=n)).to(DEV)
     w = dequantize(packed, name)
     codes = torch.randint(-127, 128, (k // 32, 32), generator=g).float()
     codes[:, 0] = 127 * torch.sign(torch.randn(k // 32, generator=g))
@@ -259,9 +267,8 @@ def test_x_quantizer_with_the_norm(k, triton_kernels):
     assert (codes == want).float().mean().item() > 0.99
 
 
-@pytest.mark.parametrize("name", ONE_ROW)
+@pytest.mark.parametrize("name,xq", [(name, xq) for name in ONE_ROW for xq in (1, 0, 2)] + [("Q4_K", 3)])
 @pytest.mark.parametrize("case", ["norm", "norm+glu", "res"])
-@pytest.mark.parametrize("xq", [1, 0, 2])
 def test_one_row_kernel_prologue_and_epilogues(name, case, xq, triton_kernels):
     from shapeplan.runtime.backends.triton.kernels import qgemv
     n, k = 18, 1024                                           # GLU: 9 outputs, BN = 4: a partial block
@@ -274,10 +281,10 @@ def test_one_row_kernel_prologue_and_epilogues(name, case, xq, triton_kernels):
     kw = dict(norm_w=s if "norm" in case else None, eps=1e-5, residual=r if case == "res" else None,
               glu="glu" in case)
     y = qgemv.gemv1(x, packed, name, n, k, tiles=(4, 2, 4, xq), **kw)
-    if xq != 2:
+    if xq < 2:
         _close(y, _unfused(x, w, kw["norm_w"], kw["residual"], kw["glu"]))
         return
-    # XQ = 2: the norm applied before the int8 codes; a code may round the other way at a tie (1e-3)
+    # XQ = 2 / 3: the norm applied before the int8 codes; a code may round the other way at a tie (1e-3)
     xn = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * s if kw["norm_w"] is not None else x
     want = _unfused(xn, w, None, kw["residual"], kw["glu"])
     lin = _int8_x_linear(name, packed, w, xn)
@@ -302,7 +309,7 @@ def test_one_row_kernel_16_bit_x(name, dtype, triton_kernels):
     w = dequantize(packed, name)
     x = torch.randn(1, k + 1, generator=g).to(dtype).to(DEV)[:, 1:]       # 2 bytes past an aligned address
     s = (torch.rand(k, generator=g) + 0.5).to(dtype).to(DEV)
-    for xq in (1, 0, 2):
+    for xq in (1, 0, 2) + ((3,) if name in qgemv.KERNELS_I8 else ()):
         y = qgemv.gemv1(x, packed, name, n, k, norm_w=s, eps=1e-5, tiles=(4, 2, 4, xq))
         assert y.dtype == dtype
         want = _unfused(x.float(), w, s.float(), None, False)
@@ -363,6 +370,7 @@ def test_one_row_kernels_compile_for_sm90():
              + [f"gemv1i:{n}:{m}" for n in ONE_ROW for m in (1, 2, 3)]      # XQ = 2: x as int8 codes
              + [f"gemv1s:{n}:{m}" for n in ONE_ROW for m in (1, 2)]         # XQ = 2, K loop in 3 stages
              + ["gemv1p:Q4_K:1", "gemv1p:Q4_K:2"]                          # XQ = 2, Q4_K's register prefetch
+             + [f"gemv1q:Q4_K:{m}" for m in (1, 2, 4)]                     # XQ = 3, Q4_K's integer dots
              + ["quantx:x:0", "quantx:x:1", "quantx:x:2"])
     res = _compile_sm90(*specs)
     assert all(r["ok"] for r in res.values()), {s: r["error"] for s, r in res.items() if not r["ok"]}
@@ -373,6 +381,7 @@ def test_one_row_kernels_compile_for_sm90():
     # STAGES > 1: the pipeliner turned the K loop's loads into cp.async copies; STAGES 1 left them plain
     assert all(res[f"gemv1s:{n}:{m}"]["cp_async"] and not res[f"gemv1i:{n}:{m}"]["cp_async"]
                for n in ONE_ROW for m in (1, 2))
+    assert res["gemv1q:Q4_K:1"]["dp4a"] and res["gemv1q:Q4_K:4"]["griddepcontrol"]
 
 
 def test_one_row_switch_falls_back_to_the_generic_gemv(monkeypatch):
@@ -413,4 +422,5 @@ def test_one_row_tune_table_is_well_formed():
         assert qtype in qgemv.K_MULTIPLE and k % qgemv.K_MULTIPLE[qtype] == 0 and 4 <= len(t) <= 6, (qtype, n, k, t)
         bn, ch, warps, xq, stages, pf = qgemv.full_tiles(t)
         assert all(v > 0 and v & (v - 1) == 0 for v in (bn, ch, warps)), t
-        assert xq in (0, 1, 2) and stages >= 1 and pf in (0, 1) and (pf == 0 or qtype == "Q4_K"), (qtype, n, k, t)
+        assert xq in (0, 1, 2, 3) and stages >= 1 and pf in (0, 1) and (pf == 0 or qtype == "Q4_K"), (qtype, n, k, t)
+        assert xq < 3 or (qtype in qgemv.KERNELS_I8 and pf == 0), (qtype, n, k, t)   # XQ 3: its own kernel, no PF

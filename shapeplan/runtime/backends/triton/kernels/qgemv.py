@@ -58,7 +58,7 @@ so it is bound by instructions, not by memory (~845 GB/s on the LM head, of ~4.2
   Q4_K gate/up 16.5 -> 11.9, LM head 96.1 -> 56.4 = 2.6 TB/s, Q6_K head 134.6 -> 74.1 = 2.9 TB/s;
   llama-8b Q4_K gate/up 50.2 -> 31.1, down 27.1 -> 20.6, Q6_K head 296.0 -> 141.5 = 3.0 TB/s) and loses
   the small ones, where the extra launch (~1.6 µs) is most of the time (1b k/v 2.9 -> 4.4).
-  ``SHAPEPLAN_QUANT_INT8_X=0`` turns every XQ = 2 choice into XQ = 1 (same tile).
+  ``SHAPEPLAN_QUANT_INT8_X=0`` turns every XQ = 2 (or 3) choice into XQ = 1 (same tile).
 - A program owns BN rows and walks K in CH super-blocks (Q4_K), CH pairs of super-blocks (Q6_K) or
   CH pairs of 32-blocks (Q8_0) per iteration, all their loads in flight together; products stay
   elementwise in float32 and are summed once after the loop; one store per row. No split-K: BN goes
@@ -85,6 +85,22 @@ so it is bound by instructions, not by memory (~845 GB/s on the LM head, of ~4.2
   llama-8b gate/up tile's loop is 427 -> 367 instructions and 104 -> 80 registers (offline sm_90), and on
   the H200 qkv 11.7 -> 10.5, o 8.8 -> 8.0, gate/up 31.0 -> 30.1, down 20.0 -> 18.1, head 104.2 -> 98.8 µs
   (with re-swept tiles). Q6_K and Q8_0 have no conversion in their loops.
+- **XQ = 3 (Q4_K): the same int8 x, integer dots** (``_q4k_i8_kernel``, chosen per shape in ``TUNE``). The
+  dp4a results stay integers (no magic-number subtraction per word) and are summed as integers; the
+  sub-block's 6-bit scale multiplies that sum in one integer multiply-add that lands the product in a
+  float's mantissa (|dot * scale| < 2^22); the 8 scales and 8 minimums of a super-block are unpacked four
+  to a word by masks (no per-sub-block select chain), one ``prmt`` per byte; shapes whose BN and CH divide
+  N and K / 256 launch it without masks. Offline sm_90, llama-8b gate/up tile: 528 -> 424 instructions,
+  80 -> 64 registers. H200 (sixteenth session, same tiles, two interleaved rounds): llama-8b o 8.7 ->
+  7.9 µs, down 18.8 -> 17.2, the 1b head 56.5 -> 54.5; qkv, gate/up, k/v and the 8b head tied; the 1b
+  gate/up lost (11.8 -> 13.3), so XQ 2 keeps it. Fewer instructions alone bought little: the loop waits
+  for its loads, not for issue slots. Tried and dropped there: each group of 8 code words loaded as two
+  [.., 4] tiles so that a thread holds a sub-block's 8 words (no shuffle in the sum, 352 instructions):
+  slower (8b head 98.8 -> 121.6 µs: each 16-byte load then covers every other 16 bytes of a warp's span);
+  the program's whole rows asked of L2 first (``prefetch.global.L2``, one per line and thread): slower on
+  every shape (gate/up 31.2 -> 34.7 µs); ``volatile`` loads to pin the register prefetch's loads at the
+  top of the loop (ptxas sinks them to its end): ``ld.volatile`` is a system-scope strong load (128
+  registers, x's loads no longer shared).
 - x and the norm weight must sit at 8-byte aligned addresses (``gemv1`` copies them otherwise).
 
 The norm is the bf16 GEMV's: rsqrt(mean(x^2) + eps) is a factor common to the row, so Σx² is summed
@@ -118,22 +134,24 @@ TUNE: dict[tuple[str, int, int], tuple[int, ...]] = {   # H200, 2026-12-01/02 (b
     # large matrices: gate/up and the LM head; then CH 8 / 16 for the down shapes, which won Q4_K and Q8_0:
     # 9.5 -> 8.9 and 19.8 -> 9.3 µs; fourteenth: STAGES 2 / 3 swept on every shape, which won only Q8_0 k/v,
     # 6.0 -> 5.0 µs;
-    # Q4_K's one float per sub-block: gate/up 11.9 -> 11.3, head 56.4 -> 55.9 at BN 4)
+    # Q4_K's one float per sub-block: gate/up 11.9 -> 11.3, head 56.4 -> 55.9 at BN 4; sixteenth: XQ 3 on the same
+    # tiles won the head, 56.5 -> 54.5, and lost gate/up, 11.8 -> 13.3)
     ("Q4_K", 3072, 2048): (4, 4, 2, 1), ("Q6_K", 3072, 2048): (1, 2, 1, 1), ("Q8_0", 3072, 2048): (2, 4, 1, 1),
     ("Q4_K", 2048, 2048): (2, 4, 2, 1), ("Q6_K", 2048, 2048): (1, 2, 1, 1), ("Q8_0", 2048, 2048): (2, 4, 1, 1),
     ("Q4_K", 8192, 2048): (4, 2, 1, 2), ("Q6_K", 8192, 2048): (1, 2, 1, 2), ("Q8_0", 8192, 2048): (2, 4, 1, 2),
     ("Q4_K", 2048, 8192): (4, 16, 4, 1), ("Q6_K", 2048, 8192): (1, 2, 1, 1), ("Q8_0", 2048, 8192): (1, 16, 2, 1),
     ("Q4_K", 512, 2048): (1, 4, 2, 1), ("Q6_K", 512, 2048): (1, 2, 1, 1), ("Q8_0", 512, 2048): (2, 4, 1, 1, 3),
-    ("Q4_K", 128256, 2048): (4, 2, 1, 2), ("Q6_K", 128256, 2048): (2, 1, 1, 2), ("Q8_0", 128256, 2048): (2, 4, 1, 2),
+    ("Q4_K", 128256, 2048): (4, 2, 1, 3), ("Q6_K", 128256, 2048): (2, 1, 1, 2), ("Q8_0", 128256, 2048): (2, 4, 1, 2),
     # llama-8b (twelfth session: XQ 2 against the earlier tiles (XQ 0 / 1), which it won everywhere but Q4_K k/v;
     # fourteenth: XQ 2 with CH 8 / 16, and the Q8_0 shapes for the first time (8b Q8_0 226 -> 286 tok/s); then
     # Q4_K's register prefetch (PF, the 6th element); then Q4_K's one float per sub-block, after which PF won only
     # k/v and the heads moved to BN 4: qkv 11.7 -> 10.5, o 8.8 -> 8.0, gate/up 31.0 -> 30.1, down 20.0 -> 18.1,
-    # head 104.2 -> 98.8 µs)
+    # head 104.2 -> 98.8 µs; sixteenth: XQ 3 (integer dots) on the same tiles won o 8.7 -> 7.9 and down 18.8 -> 17.2,
+    # tied qkv, gate/up, k/v and the head)
     ("Q4_K", 6144, 4096): (2, 4, 1, 2), ("Q6_K", 6144, 4096): (1, 2, 1, 2), ("Q8_0", 6144, 4096): (1, 16, 2, 2),
-    ("Q4_K", 4096, 4096): (2, 4, 1, 2), ("Q6_K", 4096, 4096): (2, 1, 1, 2), ("Q8_0", 4096, 4096): (2, 16, 4, 2),
+    ("Q4_K", 4096, 4096): (2, 4, 1, 3), ("Q6_K", 4096, 4096): (2, 1, 1, 2), ("Q8_0", 4096, 4096): (2, 16, 4, 2),
     ("Q4_K", 14336, 4096): (2, 4, 1, 2), ("Q6_K", 14336, 4096): (1, 2, 1, 2), ("Q8_0", 14336, 4096): (1, 16, 2, 2),
-    ("Q4_K", 4096, 14336): (2, 4, 1, 2), ("Q6_K", 4096, 14336): (1, 2, 1, 2), ("Q8_0", 4096, 14336): (1, 16, 2, 2),
+    ("Q4_K", 4096, 14336): (2, 4, 1, 3), ("Q6_K", 4096, 14336): (1, 2, 1, 2), ("Q8_0", 4096, 14336): (1, 16, 2, 2),
     ("Q4_K", 1024, 4096): (2, 16, 2, 2, 1, 1), ("Q6_K", 1024, 4096): (1, 4, 1, 2), ("Q8_0", 1024, 4096): (1, 16, 2, 2),
     ("Q4_K", 128256, 4096): (4, 2, 1, 2), ("Q6_K", 128256, 4096): (2, 1, 1, 2), ("Q8_0", 128256, 4096): (1, 16, 2, 2),
 }
@@ -429,6 +447,105 @@ if AVAILABLE:
             u = tl.sum(tl.sum(tl.sum(acc_u, axis=3), axis=2), axis=1)
         _finish(y, u, _ss_total(ss, XQ), K, eps, R, Y, rows, ok, NORM, RES, GLU)
 
+    # ------------------------------------------------------------------- Q4_K with int8 x, integer dots
+    @triton.jit
+    def _ld(ptr, mask, EVEN: tl.constexpr):
+        """A load, unmasked when EVEN (every row and chunk of the launch exists)."""
+        if EVEN:
+            return tl.load(ptr)
+        return tl.load(ptr, mask=mask, other=0)
+
+    @triton.jit
+    def _ubyte(v, b, ASM: tl.constexpr):
+        """Byte b (a tensor) of int32 ``v`` as an unsigned int: one ``prmt`` on the GPU."""
+        if not ASM:
+            return (v >> (8 * b)) & 0xFF
+        return tl.inline_asm_elementwise("prmt.b32 $0, $1, 0, $2;", "=r,r,r", [v, 0x4440 + b],
+                                         dtype=tl.int32, is_pure=True, pack=1)
+
+    @triton.jit
+    def _fbyte(v, b, ASM: tl.constexpr):
+        """Byte b (a tensor) of int32 ``v`` as a float, exactly: ``prmt`` under 2^23's exponent, one add."""
+        if not ASM:
+            return _code(v >> (8 * b), 0xFF)
+        bits = tl.inline_asm_elementwise("prmt.b32 $0, $1, $2, $3;", "=r,r,r,r",
+                                         [v, tl.full(v.shape, MAGIC, tl.int32), 0x7540 + b],
+                                         dtype=tl.int32, is_pure=True, pack=1)
+        return bits.to(tl.float32, bitcast=True) - TWO23
+
+    @triton.jit
+    def _idp4a(a, b, ASM: tl.constexpr):
+        """Σ_b a_b * b_b over the four signed bytes of the int32 words ``a`` and ``b``, as an int32."""
+        if ASM:
+            return tl.inline_asm_elementwise("dp4a.s32.s32 $0, $1, $2, 0;", "=r,r,r", [a, b],
+                                             dtype=tl.int32, is_pure=True, pack=1)
+        t = ((a << 24) >> 24) * ((b << 24) >> 24)
+        t += ((a << 16) >> 24) * ((b << 16) >> 24)
+        t += ((a << 8) >> 24) * ((b << 8) >> 24)
+        return t + (a >> 24) * (b >> 24)
+
+    @triton.jit
+    def _q4k_i8_rows(rp, c, m, woff, EVEN: tl.constexpr):
+        """Super-blocks ``c`` of rows ``rp``: the code words [BN, CH, 4, 8], the [d|dmin] word and the three
+        scale words ([BN, CH, 1, 1])."""
+        sb = rp[:, None, None, None] + (c * 36)[None]
+        return _ld(sb + woff, m, EVEN), _ld(sb, m, EVEN), _ld(sb + 1, m, EVEN), _ld(sb + 2, m, EVEN), _ld(sb + 3, m, EVEN)
+
+    @triton.jit
+    def _q4k_i8_sub(acc, qw, hd, s1, s2, s3, xw, xd, xs, hi, bsel, h: tl.constexpr, ASM: tl.constexpr):
+        """``acc`` + sub-block 2p + h of each super-block: its integer dot with x's codes times its 6-bit
+        scale (an integer multiply-add whose result is the mantissa of a float), times d and x's block
+        scale, minus dmin * its 6-bit minimum * x's block sum. A super-block's 8 scales and 8 minimums are
+        taken four to a word by masks and shifts (sub-blocks 0-3: the low 6 bits of scale words 1 / 2;
+        4-7: word 3's nibbles joined with the top 2 bits of words 1 / 2); ``hi`` picks the word, ``bsel``
+        the byte."""
+        sc = tl.where(hi, (s3 & 0x0F0F0F0F) | ((s1 >> 2) & 0x30303030), s1 & 0x3F3F3F3F)
+        mn = tl.where(hi, ((s3 >> 4) & 0x0F0F0F0F) | ((s2 >> 2) & 0x30303030), s2 & 0x3F3F3F3F)
+        dot = tl.sum(_idp4a((qw >> (4 * h)) & 0x0F0F0F0F, xw, ASM), axis=3, keep_dims=True)   # |dot| < 61,000
+        # |dot * scale| < 2^22: added to the bits of 1.5 * 2^23 it is that float's mantissa, exactly
+        p = (dot * _ubyte(sc, bsel + h, ASM) + MAGIC15).to(tl.float32, bitcast=True) - ONE5_23
+        return acc + p * (_f16(hd) * xd) - (_f16(hd >> 16) * _fbyte(mn, bsel + h, ASM)) * xs
+
+    @triton.jit
+    def _q4k_i8_kernel(X, NW, XD, XS, W, R, Y, N, K, HALF, ROW_WORDS, eps, BN: tl.constexpr, CH: tl.constexpr,
+                       NORM: tl.constexpr, RES: tl.constexpr, GLU: tl.constexpr, PDL: tl.constexpr = False,
+                       ASM: tl.constexpr = False, STAGES: tl.constexpr = 1, EVEN: tl.constexpr = False):
+        """Q4_K against x as int8 codes with integer dots (XQ = 3; module doc), the layout of ``_q4k_kernel``.
+        NORM is applied by the x quantizer (ignored here). EVEN: no masks."""
+        rows, ok, rg, ru = _program_rows(W, N, HALF, ROW_WORDS, BN, PDL)
+        ci = tl.arange(0, CH)[:, None, None]                                       # [CH, 1, 1]
+        p = tl.arange(0, 4)[None, :, None]                                         # [1, 4, 1] group of 8 words
+        w = tl.arange(0, 8)[None, None, :]                                         # [1, 1, 8]
+        woff = tl.max_contiguous(tl.broadcast_to(4 + 8 * p[None] + w[None], [BN, CH, 4, 8]), [1, 1, 1, 4])
+        hi = p[None] >= 2                                                          # sub-blocks 2p + h >= 4
+        bsel = 2 * (p[None] % 2)                                                   # their byte: 2(p % 2) + h
+        nc = K // 256
+        acc = tl.zeros([BN, CH, 4, 1], dtype=tl.float32)
+        acc_u = tl.zeros([BN, CH, 4, 1], dtype=tl.float32)
+        for c0 in tl.range(0, nc, CH, num_stages=STAGES):
+            c = c0 + ci
+            cok = c < nc
+            m4 = ok[:, None, None, None] & cok[None]                              # [BN, CH, 1, 1]
+            qw, hd, s1, s2, s3 = _q4k_i8_rows(rg, c, m4, woff, EVEN)
+            if GLU:
+                qwu, hdu, s1u, s2u, s3u = _q4k_i8_rows(ru, c, m4, woff, EVEN)
+            if PDL:
+                gdc_wait()
+            for h in tl.static_range(2):
+                sub = c * 8 + 2 * p + h                                            # [CH, 4, 1] sub-block
+                xi, xm = _xidx(sub * 8 + w, cok, [BN, CH, 4, 8], [1, 1, 1, 4], 1)
+                xw = _ld(X + xi, xm, EVEN)
+                bi = tl.broadcast_to(sub[None], [BN, CH, 4, 1])
+                xd, xs = _ld(XD + bi, m4, EVEN), _ld(XS + bi, m4, EVEN)
+                acc = _q4k_i8_sub(acc, qw, hd, s1, s2, s3, xw, xd, xs, hi, bsel, h, ASM)
+                if GLU:
+                    acc_u = _q4k_i8_sub(acc_u, qwu, hdu, s1u, s2u, s3u, xw, xd, xs, hi, bsel, h, ASM)
+        y = tl.sum(tl.sum(tl.sum(acc, axis=3), axis=2), axis=1)
+        u = y
+        if GLU:
+            u = tl.sum(tl.sum(tl.sum(acc_u, axis=3), axis=2), axis=1)
+        _finish(y, u, 0.0, K, eps, R, Y, rows, ok, False, RES, GLU)
+
     # ------------------------------------------------------------------------------------------ Q6_K
     @triton.jit
     def _word(wp, mask, SHIFTED: tl.constexpr):
@@ -589,6 +706,8 @@ if AVAILABLE:
         _finish(y, u, _ss_total(ss, XQ), K, eps, R, Y, rows, ok, NORM, RES, GLU)
 
     KERNELS = {"Q4_K": _q4k_kernel, "Q6_K": _q6k_kernel, "Q8_0": _q80_kernel}
+    #: the types with an integer-dot kernel for int8 x (XQ = 3)
+    KERNELS_I8 = {"Q4_K": _q4k_i8_kernel}
 
 
 # --------------------------------------------------------------------------------------- launching
@@ -606,7 +725,7 @@ def supports(x: torch.Tensor, packed: torch.Tensor, qtype: str, k: int) -> bool:
 def config(qtype: str, n: int, k: int) -> tuple[int, ...]:
     """(BN, CH, warps, XQ[, STAGES[, PF]]) for N outputs and K inputs: ``TUNE``, else ``DEFAULT``
     (``DEFAULT_LARGE`` from ``LARGE`` weight elements) with BN halved until there are ``MIN_PROGRAMS``
-    programs (or BN is 1); XQ = 2 becomes 1 with ``SHAPEPLAN_QUANT_INT8_X=0``."""
+    programs (or BN is 1); XQ = 2 or 3 becomes 1 with ``SHAPEPLAN_QUANT_INT8_X=0``."""
     from shapeplan import env
     hit = TUNE.get((qtype, n, k))
     if not hit:
@@ -614,7 +733,7 @@ def config(qtype: str, n: int, k: int) -> tuple[int, ...]:
         while bn > 1 and triton.cdiv(n, bn) < MIN_PROGRAMS:
             bn //= 2
         hit = bn, ch, warps, xq
-    if hit[3] == 2 and not env.get("SHAPEPLAN_QUANT_INT8_X"):
+    if hit[3] >= 2 and not env.get("SHAPEPLAN_QUANT_INT8_X"):
         hit = (*hit[:3], 1, *hit[4:])
     return hit
 
@@ -652,15 +771,20 @@ def gemv1(x: torch.Tensor, packed: torch.Tensor, qtype: str, n: int, k: int, *, 
     launch = {"launch_pdl": True} if pdl_on(x.device, env.get("SHAPEPLAN_QUANT_GEMV_PDL")) else {}
     norm = norm_w is not None
     xd = xs = x
-    if xq == 2:                                   # x quantized first (the norm applied there), then the GEMV
+    if xq >= 2:                                   # x quantized first (the norm applied there), then the GEMV
         x, xd, xs = quantize_x(x, nw if norm else None, eps, k, pdl=bool(launch))
         nw, norm = x, False
-    KERNELS[qtype][(triton.cdiv(out_n, bn),)](
-        x, nw, xd, xs, words, r, y, out_n, k, out_n, words.stride(0), float(eps), BN=bn, CH=ch,
-        NORM=norm, RES=residual is not None, GLU=glu, PDL=bool(launch), ASM=not interpreting(),
+    grid, common = (triton.cdiv(out_n, bn),), dict(RES=residual is not None, GLU=glu, PDL=bool(launch),
+                                                   ASM=not interpreting(), STAGES=stages, num_warps=warps, **launch)
+    if xq == 3:                                   # Q4_K's integer-dot kernel (config() keeps XQ 3 to Q4_K)
+        KERNELS_I8[qtype][grid](x, nw, xd, xs, words, r, y, out_n, k, out_n, words.stride(0), float(eps), BN=bn,
+                                CH=ch, NORM=False, EVEN=out_n % bn == 0 and (k // K_MULTIPLE[qtype]) % ch == 0,
+                                **common)
+        return y
+    KERNELS[qtype][grid](
+        x, nw, xd, xs, words, r, y, out_n, k, out_n, words.stride(0), float(eps), BN=bn, CH=ch, NORM=norm,
         XQ=xq, XB=8 * x.element_size(), XF16=x.dtype == torch.float16, NB=8 * nw.element_size(),
-        NF16=nw.dtype == torch.float16, STAGES=stages, **({"PF": bool(pf)} if qtype == "Q4_K" else {}),
-        num_warps=warps, **launch)
+        NF16=nw.dtype == torch.float16, **({"PF": bool(pf)} if qtype == "Q4_K" else {}), **common)
     return y
 
 
