@@ -184,7 +184,7 @@ def _arg(x: torch.Tensor, axis: int, keepdims: int, select_last_index: int, larg
     if select_last_index:
         n = x.shape[a]
         idx = (n - 1) - f(torch.flip(x, (a,)), dim=a, keepdim=bool(keepdims))
-    elif x.is_cuda and a == x.dim() - 1 and x.shape[-1] >= TWO_STAGE_MIN and x.dtype.is_floating_point \
+    elif x.is_cuda and a == x.dim() - 1 and x.shape[-1] >= TRITON_MIN and x.dtype.is_floating_point \
             and x.dtype != torch.float64 and _argmax_kernels() is not None:       # two small Triton kernels
         idx = _argmax_kernels().argmax(x.reshape(-1, x.shape[-1]), largest).reshape(x.shape[:-1])
         idx = idx.unsqueeze(-1) if keepdims else idx
@@ -197,8 +197,12 @@ def _arg(x: torch.Tensor, axis: int, keepdims: int, select_last_index: int, larg
 
 #: ArgMax/ArgMin over a last axis at least this long runs in two stages on CUDA (e.g. over a 128,256-entry
 #: vocabulary: torch's single reduction over one row runs on one block, ~36 us on the H200): the two
-#: Triton kernels of kernels/argmax.py, or (no Triton) torch's kernels in ``arg_two_stage``
+#: Triton kernels of kernels/argmax.py from ``TRITON_MIN`` entries, or (no Triton) torch's kernels in
+#: ``arg_two_stage`` from ``TWO_STAGE_MIN`` (its blocks must divide the row). ``TRITON_MIN`` takes in
+#: 32,000-entry vocabularies (Llama-2, llama-125m), whose one-block torch reduction took 10.7 us of a
+#: 314 us llama-125m decode step on the H200 (sixteenth session's profile)
 TWO_STAGE_MIN = 32768
+TRITON_MIN = 16384
 _argmax_state: list = []
 
 

@@ -32,10 +32,12 @@ def test_argmax_equals_torch(dtype, largest):
 def test_the_argmax_op_takes_the_kernels_on_long_rows():
     """ArgMax on a vocabulary-long row (the LLM's greedy pick) through the op, keepdims both ways."""
     from shapeplan.ops import reduce as R
-    x = torch.randn(2, 3, R.TWO_STAGE_MIN + 5, generator=torch.Generator().manual_seed(1)).to(DEV)
-    for keep in (0, 1):
-        got = R._arg(x, -1, keep, 0, True)
-        assert torch.equal(got.cpu(), torch.argmax(x.cpu(), dim=-1, keepdim=bool(keep)))
+    for n in (R.TWO_STAGE_MIN + 5, 32000):                  # 128k-class and 32k-class vocabularies
+        x = torch.randn(2, 3, n, generator=torch.Generator().manual_seed(1)).to(DEV)
+        for keep in (0, 1):
+            got = R._arg(x, -1, keep, 0, True)
+            assert torch.equal(got.cpu(), torch.argmax(x.cpu(), dim=-1, keepdim=bool(keep)))
+    assert R.TRITON_MIN <= 32000 <= R.TWO_STAGE_MIN          # the Triton kernels take 32k rows, torch's two stages not
 
 
 def test_both_passes_compile_for_sm90():
