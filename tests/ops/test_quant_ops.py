@@ -336,6 +336,8 @@ def test_one_row_kernel_dispatch(triton_kernels, monkeypatch):
     _close(gguf.matmul(x, off, QTYPES["Q8_0"], 4, 512), x @ w.t())
     _close(gguf.matmul(x.expand(2, 512), packed, QTYPES["Q8_0"], 4, 512), x.expand(2, 512) @ w.t())
     assert calls == ["Q8_0"]
+    with pytest.raises(ValueError, match="x mode 3 .* not Q8_0"):           # integer dots: Q4_K only
+        real(x, packed, "Q8_0", 4, 512, tiles=(2, 2, 1, 3))
 
 
 @pytest.mark.parametrize("name", ["Q4_K", "Q5_K"])          # the one-row kernel, and the unfused fallback

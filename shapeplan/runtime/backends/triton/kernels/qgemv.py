@@ -98,9 +98,10 @@ so it is bound by instructions, not by memory (~845 GB/s on the LM head, of ~4.2
   [.., 4] tiles so that a thread holds a sub-block's 8 words (no shuffle in the sum, 352 instructions):
   slower (8b head 98.8 -> 121.6 µs: each 16-byte load then covers every other 16 bytes of a warp's span);
   the program's whole rows asked of L2 first (``prefetch.global.L2``, one per line and thread): slower on
-  every shape (gate/up 31.2 -> 34.7 µs); ``volatile`` loads to pin the register prefetch's loads at the
-  top of the loop (ptxas sinks them to its end): ``ld.volatile`` is a system-scope strong load (128
-  registers, x's loads no longer shared).
+  every shape (gate/up 31.2 -> 34.7 µs); a register prefetch (PF) in this kernel: ptxas sank the next
+  iteration's loads from the loop's top to its end (64 registers), so it could hide nothing; ``volatile``
+  loads to pin them: ``ld.volatile`` is a system-scope strong load (128 registers, x's loads no longer
+  shared). XQ = 3 takes no PF.
 - x and the norm weight must sit at 8-byte aligned addresses (``gemv1`` copies them otherwise).
 
 The norm is the bf16 GEMV's: rsqrt(mean(x^2) + eps) is a factor common to the row, so Σx² is summed
@@ -776,7 +777,9 @@ def gemv1(x: torch.Tensor, packed: torch.Tensor, qtype: str, n: int, k: int, *, 
         nw, norm = x, False
     grid, common = (triton.cdiv(out_n, bn),), dict(RES=residual is not None, GLU=glu, PDL=bool(launch),
                                                    ASM=not interpreting(), STAGES=stages, num_warps=warps, **launch)
-    if xq == 3:                                   # Q4_K's integer-dot kernel (config() keeps XQ 3 to Q4_K)
+    if xq == 3:                                   # the integer-dot kernel (Q4_K's; TUNE holds XQ 3 for Q4_K only)
+        if qtype not in KERNELS_I8:
+            raise ValueError(f"qgemv: x mode 3 (integer dots) exists for {sorted(KERNELS_I8)}, not {qtype}")
         KERNELS_I8[qtype][grid](x, nw, xd, xs, words, r, y, out_n, k, out_n, words.stride(0), float(eps), BN=bn,
                                 CH=ch, NORM=False, EVEN=out_n % bn == 0 and (k // K_MULTIPLE[qtype]) % ch == 0,
                                 **common)
