@@ -12,6 +12,7 @@ weight-bandwidth floor, weight memory vs the file's tensor bytes).
     python3 -m bench.quant_gemv --no-gemv --sweep1 --shapes head --e2e llama-1b:Q4_K_M   # e2e with the swept tiles
     python3 -m bench.quant_gemv --no-gemv --sweep1 --stages 1,2,3 --qtypes Q4_K,Q6_K,Q8_0   # the K loop pipelined
     python3 -m bench.quant_gemv --no-gemv --e2e llama-1b:Q4_K_M --e2e-configs triton --pdl-ab 2   # PDL off/on A/B
+    ncu --clock-control none -k regex:_q4k -c 1 python3 -m bench.quant_gemv --once llama-8b:gate_up:Q4_K  # counters
 
 Without CUDA it says so and exits 0. Copy bandwidth for the floor: --copy-gbs (4,230 GB/s: the H200's
 measured device-to-device copy).
@@ -303,6 +304,24 @@ def e2e(specs: list[str], copy_gbs: float, new_tokens: int, prompt_len: int, con
             torch.cuda.empty_cache()
 
 
+def once(spec: str, calls: int = 3) -> None:
+    """``--once PRESET:LABEL:QTYPE[:TILES]``: the one-row kernel of one decode shape called ``calls`` times and
+    nothing else, for a profiler to attach to (``ncu -k regex:_q4k ... python3 -m bench.quant_gemv --no-gemv
+    --once llama-8b:gate_up:Q4_K``: bench/README.md). The weight is random words: the kernel's instructions
+    and loads do not depend on the values. TILES: BN/CH/warps/XQ[/STAGES[/PF]] instead of ``qgemv.config``'s."""
+    from shapeplan.runtime.backends.triton.kernels import qgemv
+    preset, label, name, *tiles = spec.split(":")
+    n, k = next((n, k) for n, k, lab in SHAPES[preset] if lab == label)
+    words = k // CH_ELEMS[name] * {"Q4_K": 36, "Q6_K": 105, "Q8_0": 17}[name]
+    w = torch.randint(-2**31, 2**31 - 1, (n, words), dtype=torch.int32, device="cuda").view(torch.uint8)
+    x, out_n, kw = _sweep1_case(name, n, k, USE[label])
+    t = tuple(int(v) for v in tiles[0].split("/")) if tiles else qgemv.config(name, out_n, k)
+    for _ in range(calls):
+        qgemv.gemv1(x, w, name, n, k, tiles=t, **kw)
+    torch.cuda.synchronize()
+    print(f"once: {preset} {label} {n}x{k} {name} tiles {t}, {calls} calls")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--qtypes", default="Q4_K,Q5_K,Q6_K,Q8_0,Q4_0,INT4_G64,INT8_G128",
@@ -332,6 +351,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="after each --e2e model, a per-kernel table of its decode over N tokens")
     ap.add_argument("--pdl-ab", type=int, default=0, metavar="R",
                     help="each --e2e config R times with SHAPEPLAN_QUANT_GEMV_PDL=0 and =1, interleaved (one model load)")
+    ap.add_argument("--once", default="", metavar="PRESET:LABEL:QTYPE[:TILES]",
+                    help="only call one shape's one-row kernel a few times (for ncu), e.g. llama-8b:gate_up:Q4_K")
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--copy-gbs", type=float, default=4230.0, help="copy bandwidth of the floor, GB/s")
@@ -341,6 +362,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
     ints = lambda s: [int(v) for v in s.split(",") if v]  # noqa: E731
+    if a.once:
+        once(a.once)
+        return 0
     if not a.no_gemv:
         gemv_table(a.qtypes.split(","), a.presets.split(","), ints(a.m), ints(a.prefill_m), a.sweep)
     if a.sweep1:
