@@ -31,9 +31,9 @@ import torch
 from shapeplan.llm.bench import cuda_graph
 
 SHAPES = {"llama-1b": [(3072, 2048, "qkv"), (2048, 2048, "o"), (16384, 2048, "gate_up"), (2048, 8192, "down"),
-                       (512, 2048, "k|v"), (128256, 2048, "head")],
+                       (512, 2048, "k|v"), (128256, 2048, "head"), (2560, 2048, "qk")],
           "llama-8b": [(6144, 4096, "qkv"), (4096, 4096, "o"), (28672, 4096, "gate_up"), (4096, 14336, "down"),
-                       (1024, 4096, "k|v"), (128256, 4096, "head")]}
+                       (1024, 4096, "k|v"), (128256, 4096, "head"), (5120, 4096, "qk")]}
 
 
 def graph_time(fn, reps: int = 20, rounds: int = 5) -> float:
@@ -115,7 +115,8 @@ def sweep_gemv(gguf, x, p, q, n: int, k: int) -> None:
 
 
 #: how decode uses each shape: the one-row kernel's prologue / epilogue there (qgemv.py)
-USE = {"qkv": "norm", "o": "res", "gate_up": "norm+glu", "down": "res", "k|v": "plain", "head": "norm"}
+#: how decode calls each shape ("qk": q and k stacked without v, Q4_K_M's mixed layers; "k|v": the float path's)
+USE = {"qkv": "norm", "o": "res", "gate_up": "norm+glu", "down": "res", "k|v": "plain", "head": "norm", "qk": "norm"}
 SWEEP1 = [(bn, ch, warps, xq) for bn in (1, 2, 4, 8, 16, 32) for ch in (1, 2, 4, 8, 16) for warps in (1, 2, 4, 8)
           for xq in (1, 0, 2, 3)]
 #: elements of K per CH step of each kernel (a super-block, a pair of super-blocks, a pair of blocks)

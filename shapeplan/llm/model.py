@@ -52,7 +52,7 @@ norm: one kernel on the triton backend, bit-identical to Add + RMSNormalization 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -146,16 +146,35 @@ class _Builder:
     def _quant_matmul(self, x: Value, packed: Value, qtype: str, n: int, k: int) -> Value:
         return self.g.op.QuantMatMul(x, packed, qtype=qtype, n=n, k=k, _domain=SP)
 
+    def _by_type(self, prefix: str, projs: list[str], fused: str, one: Callable[[list[str], str], Any]) -> tuple:
+        """The projections ``projs`` of ``prefix`` whose weights mix quantized types (Q4_K_M puts some
+        layers' ``v_proj`` in Q6_K), as one stacked op per type: ``one(subset, fused_name)`` builds the op of
+        a same-type subset (a Split's values for two or more, a value for one); the outputs come back in
+        the order of ``projs``. A weight that is not quantized is a subset of its own."""
+        groups: dict[Any, list[str]] = {}
+        for p in projs:
+            w = self.w[prefix + p + ".weight"]
+            groups.setdefault(w.qtype if isinstance(w, QuantWeight) else ("float", p), []).append(p)
+        out: dict[str, Value] = {}
+        for subset in groups.values():
+            ys = one(subset, fused + "." + "+".join(subset) if len(subset) > 1 else "")
+            out.update(zip(subset, ys if len(subset) > 1 else (ys,)))
+        return tuple(out[p] for p in projs)
+
     def fused_linear(self, x: Value, prefix: str, projs: list[str], fused: str, bias: bool = False) -> tuple:
         """``[x @ W_p.T (+ b_p) for p in projs]`` as one MatMul (+ Add) and a Split on the last axis.
-        Quantized weights fuse only when they share a type (Q4_K_M files mix Q4_K and Q6_K): otherwise
-        one QuantMatMul each."""
+        Quantized weights stack only when they share a type (Q4_K_M files mix Q4_K and Q6_K): one
+        QuantMatMul per type then (``_by_type``)."""
         names = [prefix + p for p in projs]
         ws = [self.w[n + ".weight"] for n in names]
         sizes = np.array([int(w.shape[0]) for w in ws], np.int64)
         if any(isinstance(w, QuantWeight) for w in ws):
             if not all(isinstance(w, QuantWeight) and w.qtype == ws[0].qtype for w in ws):
-                return tuple(self.linear(x, n, bias) for n in names)
+                def one(sub: list[str], name: str) -> Any:
+                    if len(sub) > 1:
+                        return self.fused_linear(x, prefix, sub, name, bias)
+                    return self.linear(x, prefix + sub[0], bias)
+                return self._by_type(prefix, projs, fused, one)
             y = self._quant_matmul(x, self.stacked_packed([n + ".weight" for n in names], prefix + fused + ".weight"),
                                    ws[0].qtype, int(sizes.sum()), ws[0].shape[1])
         else:
@@ -170,13 +189,20 @@ class _Builder:
         RMSNormMatMul (QuantRMSNormMatMul for quantized weights of one type): split back into one value
         per projection, or with ``glu`` (gate, up) the SiLU gate (one value). ``projs == [""]``: the
         single weight ``prefix + ".weight"``. Quantized weights of different types (Q4_K_M mixes Q4_K
-        and Q6_K) do not stack: one fused op per projection, each with the norm."""
+        and Q6_K) stack per type (``_by_type``: q and k in one op, a Q6_K v in another), each op with the
+        norm; a GLU's gate and up of different types, one op each."""
         names = [prefix + p for p in projs] if projs != [""] else [prefix]
         ws = [self.w[n + ".weight"] for n in names]
         quant = [isinstance(w, QuantWeight) for w in ws]
         if len(names) > 1 and any(quant) and not (all(quant) and all(w.qtype == ws[0].qtype for w in ws)):
-            ys = [self.norm_linear(h, norm, n, [""], "", bias) for n in names]
-            return self.silu_mul(*ys) if glu else tuple(ys)
+            if glu:
+                return self.silu_mul(*[self.norm_linear(h, norm, n, [""], "", bias) for n in names])
+
+            def one(sub: list[str], name: str) -> Any:
+                if len(sub) > 1:
+                    return self.norm_linear(h, norm, prefix, sub, name, bias)
+                return self.norm_linear(h, norm, prefix + sub[0], [""], "", bias)
+            return self._by_type(prefix, projs, fused, one)
         eps, act = self.cfg.rms_norm_eps, "silu_mul" if glu else ""
         if all(quant):
             packed = self.packed(names[0] + ".weight") if len(names) == 1 else \

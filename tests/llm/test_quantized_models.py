@@ -81,9 +81,12 @@ def test_q4_k_m_mixed_types_split_the_fused_projections(files):
     pipe = _pipe(files("Q4_K_M"))
     mm = {(n.attrs["qtype"], int(n.attrs["n"])) for n in _quant_nodes(pipe) if n.op_type != "QuantGather"}
     # layer 0 (Q4_K everywhere): q/k/v fused (256 + 2 * 128 rows); layer 1 (a "more bits" layer): V in
-    # Q6_K, so q, k and v are separate; the LM head (320 rows) in Q6_K; gate/up fused in both layers
-    assert ("Q4_K", 512) in mm and ("Q4_K", 256) in mm and ("Q4_K", 128) in mm and ("Q6_K", 128) in mm
-    assert ("Q6_K", 320) in mm and ("Q4_K", 1024) in mm and ("Q6_K", 256) in mm
+    # Q6_K, so q and k stay fused (256 + 128 rows, one op) and v is its own; the LM head (320 rows) in
+    # Q6_K; gate/up fused in both layers; o (256 rows) in Q4_K, down in Q4_K (layer 0) and Q6_K (layer 1)
+    assert mm == {("Q4_K", 512), ("Q4_K", 384), ("Q6_K", 128), ("Q4_K", 256), ("Q6_K", 320), ("Q4_K", 1024),
+                  ("Q6_K", 256)}, mm
+    norm_ops = [n for n in pipe.graph.nodes if n.op_type == "QuantRMSNormMatMul"]
+    assert len(norm_ops) == 2 + 2 + 1 + 2    # layer 0: q/k/v, gate/up; layer 1: q+k, v, gate/up; the head: last token, all
     res = _pipe(files("Q4_K_M"), mode="emulated_replay").generate(PROMPT, max_new_tokens=12)
     assert res.token_ids == pipe.generate(PROMPT, max_new_tokens=12).token_ids      # replay == reference
 
@@ -135,6 +138,11 @@ def test_packed_arena_lays_out_stacked_groups(ftype, files):
             assert ws[0].packed.storage_offset() % ARENA_ALIGN == 0
             stacked += 1
     assert stacked >= cfg.num_layers                      # gate/up everywhere (and q/k/v where one type)
+    for group in fused_groups(cfg):                       # a mixed group (Q4_K_M's Q6_K v): q and k stacked
+        types = [arena[n].qtype for n in group if n in arena]
+        if len(set(types)) > 1:
+            same = [arena[n].packed for n in group if arena[n].qtype == types[0]]
+            assert len(same) < 2 or _already_stacked(same, torch.uint8) is not None, group
     starts = {a.packed.storage_offset() for a in arena.values()}
     assert base.untyped_storage().nbytes() - sum(a.nbytes for a in arena.values()) < ARENA_ALIGN * len(starts)
     ids = torch.tensor([[5, 9, 2, 7, 11]])
