@@ -69,7 +69,8 @@ step quant_e2e default 300 'python3 -m bench.quant_gemv --no-gemv --e2e llama-1b
 # Nsight Compute's counters on one llama-8b Q4_K gate/up call (the nvidia-h200 kind runs on Firecracker, where ncu reads them)
 step quant_ncu extra 150 'N=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
 $N --clock-control none -k regex:_q4k -c 1 --section SpeedOfLight --section Occupancy --section WarpStateStats \
-  --section MemoryWorkloadAnalysis --section SchedulerStats python3 -m bench.quant_gemv --once llama-8b:gate_up:Q4_K' \
+  --section MemoryWorkloadAnalysis --section SchedulerStats --section SourceCounters \
+  python3 -m bench.quant_gemv --once llama-8b:gate_up:Q4_K' \
   'grep -E "DRAM Throughput|Achieved Occupancy|Stall Long Scoreboard" $L | sed "s/  */ /g" | paste -sd";"'
 # the one-row kernel tiles of llama-8b's shapes, CH 8 / 16 included (its Q8_0 shapes were never swept); prints TUNE lines
 step quant_sweep_8b extra 480 'python3 -m bench.quant_gemv --no-gemv --sweep1 --qtypes Q4_K,Q6_K,Q8_0 --presets llama-8b --xq 2,1 --top 2' \
