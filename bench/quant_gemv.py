@@ -310,11 +310,11 @@ def once(spec: str, calls: int = 3) -> None:
     nothing else, for a profiler to attach to (``ncu -k regex:_q4k ... python3 -m bench.quant_gemv --no-gemv
     --once llama-8b:gate_up:Q4_K``: bench/README.md). The weight is random words: the kernel's instructions
     and loads do not depend on the values. TILES: BN/CH/warps/XQ[/STAGES[/PF]] instead of ``qgemv.config``'s."""
+    from shapeplan.quant.formats import QTYPES
     from shapeplan.runtime.backends.triton.kernels import qgemv
     preset, label, name, *tiles = spec.split(":")
     n, k = next((n, k) for n, k, lab in SHAPES[preset] if lab == label)
-    words = k // CH_ELEMS[name] * {"Q4_K": 36, "Q6_K": 105, "Q8_0": 17}[name]
-    w = torch.randint(-2**31, 2**31 - 1, (n, words), dtype=torch.int32, device="cuda").view(torch.uint8)
+    w = torch.randint(0, 256, (n, QTYPES[name].row_bytes(k)), dtype=torch.uint8, device="cuda")
     x, out_n, kw = _sweep1_case(name, n, k, USE[label])
     t = tuple(int(v) for v in tiles[0].split("/")) if tiles else qgemv.config(name, out_n, k)
     for _ in range(calls):

@@ -29,7 +29,7 @@ def compile_one(kernel: str, name: str, m: int):
     if kernel in ("gemv1", "gemv1t", "gemv1i", "gemv1s", "gemv1p", "gemv1q"):  # the one-row Q4_K / Q6_K / Q8_0
         # kernel (x as quads, XQ = 1; gemv1t: x tile broadcast, XQ = 0; gemv1i: x as int8 codes, XQ = 2, no norm in
         # the kernel then; gemv1s: gemv1i with its K loop in 3 stages; gemv1p: gemv1i with Q4_K's register
-        # prefetch; gemv1q: Q4_K's integer-dot kernel, XQ = 3, unmasked (EVEN));
+        # prefetch; gemv1q: Q4_K's integer dots, XQ = 3, unmasked (EVEN));
         # m: 0 plain, 1 norm + GLU, 2 residual, 3/4 = 1/2 + PDL
         from shapeplan.runtime.backends.triton.kernels import qgemv
         xq = {"gemv1": 1, "gemv1t": 0, "gemv1i": 2, "gemv1s": 2, "gemv1p": 2, "gemv1q": 3}[kernel]
@@ -39,13 +39,9 @@ def compile_one(kernel: str, name: str, m: int):
         bn, ch, warps, _ = qgemv.DEFAULT[name]
         consts = dict(BN=bn, CH=ch, NORM=m in (1, 3) and xq < 2, RES=m in (2, 4), GLU=m in (1, 3), PDL=m >= 3,
                       ASM=True, STAGES=3 if kernel == "gemv1s" else 1)
-        if xq == 3:
-            fn = qgemv.KERNELS_I8[name]
-            consts.update(EVEN=True)
-        else:
-            fn = qgemv.KERNELS[name]
-            consts.update(XQ=xq, XB=16, XF16=False, NB=16, NF16=False,
-                          **({"PF": kernel == "gemv1p"} if name == "Q4_K" else {}))
+        fn = qgemv.KERNELS[name]
+        consts.update(XQ=xq, XB=16, XF16=False, NB=16, NF16=False,
+                      **({"PF": kernel == "gemv1p", "EVEN": xq == 3} if name == "Q4_K" else {}))
         sig = {**ptrs, **{a: "i32" for a in args}, "eps": "fp32", **{c: "constexpr" for c in consts}}
         names = list(sig)
         attrs = {(names.index(p),): [["tt.divisibility", 16]] for p in ("X", "NW", "W", "K", "ROW_WORDS")}

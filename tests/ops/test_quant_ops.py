@@ -309,7 +309,7 @@ def test_one_row_kernel_16_bit_x(name, dtype, triton_kernels):
     w = dequantize(packed, name)
     x = torch.randn(1, k + 1, generator=g).to(dtype).to(DEV)[:, 1:]       # 2 bytes past an aligned address
     s = (torch.rand(k, generator=g) + 0.5).to(dtype).to(DEV)
-    for xq in (1, 0, 2) + ((3,) if name in qgemv.KERNELS_I8 else ()):
+    for xq in (1, 0, 2) + ((3,) if name in qgemv.INT_DOTS else ()):
         y = qgemv.gemv1(x, packed, name, n, k, norm_w=s, eps=1e-5, tiles=(4, 2, 4, xq))
         assert y.dtype == dtype
         want = _unfused(x.float(), w, s.float(), None, False)
@@ -425,4 +425,4 @@ def test_one_row_tune_table_is_well_formed():
         bn, ch, warps, xq, stages, pf = qgemv.full_tiles(t)
         assert all(v > 0 and v & (v - 1) == 0 for v in (bn, ch, warps)), t
         assert xq in (0, 1, 2, 3) and stages >= 1 and pf in (0, 1) and (pf == 0 or qtype == "Q4_K"), (qtype, n, k, t)
-        assert xq < 3 or (qtype in qgemv.KERNELS_I8 and pf == 0), (qtype, n, k, t)   # XQ 3: its own kernel, no PF
+        assert xq < 3 or (qtype in qgemv.INT_DOTS and pf == 0), (qtype, n, k, t)   # XQ 3: Q4_K's, no PF

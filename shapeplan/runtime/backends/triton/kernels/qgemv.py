@@ -85,7 +85,7 @@ so it is bound by instructions, not by memory (~845 GB/s on the LM head, of ~4.2
   llama-8b gate/up tile's loop is 427 -> 367 instructions and 104 -> 80 registers (offline sm_90), and on
   the H200 qkv 11.7 -> 10.5, o 8.8 -> 8.0, gate/up 31.0 -> 30.1, down 20.0 -> 18.1, head 104.2 -> 98.8 µs
   (with re-swept tiles). Q6_K and Q8_0 have no conversion in their loops.
-- **XQ = 3 (Q4_K): the same int8 x, integer dots** (``_q4k_i8_kernel``, chosen per shape in ``TUNE``). The
+- **XQ = 3 (Q4_K): the same int8 x, integer dots** (``_q4k_i8_sub``, chosen per shape in ``TUNE``). The
   dp4a results stay integers (no magic-number subtraction per word) and are summed as integers; the
   sub-block's 6-bit scale multiplies that sum in one integer multiply-add that lands the product in a
   float's mantissa (|dot * scale| < 2^22); the 8 scales and 8 minimums of a super-block are unpacked four
@@ -166,6 +166,8 @@ QX_BLOCKS = 16
 QX_CHUNK = 4096
 #: programs below which BN is halved (the H200 has 132 SMs)
 MIN_PROGRAMS = 264
+#: the types whose one-row kernel has x mode 3 (int8 x, integer dots)
+INT_DOTS = frozenset({"Q4_K"})
 #: the types with a one-row kernel, and the K each needs (super-block or block pair)
 K_MULTIPLE = {"Q4_K": 256, "Q6_K": 512, "Q8_0": 64}
 
@@ -184,14 +186,15 @@ if AVAILABLE:
         return ((v & mask) | MAGIC).to(tl.float32, bitcast=True) - TWO23
 
     @triton.jit
-    def _byte(v, b: tl.constexpr, off: tl.constexpr, ASM: tl.constexpr):
-        """Byte b of int32 ``v`` (unsigned) minus ``off``, as a float, exactly. ASM (on the GPU): one byte
-        permute builds the float bits of 2^23 + byte (``prmt`` takes the byte into bits 0..7 and 0x4B
-        into bits 24..31), one add subtracts 2^23 + off; the interpreter takes ``_code`` of the byte."""
+    def _byte(v, b, off: tl.constexpr, ASM: tl.constexpr):
+        """Byte b (a constant, or a tensor of byte indices) of int32 ``v`` (unsigned) minus ``off``, as a
+        float, exactly. ASM (on the GPU): one byte permute builds the float bits of 2^23 + byte (``prmt``
+        takes the byte into bits 0..7 and 0x4B into bits 24..31), one add subtracts 2^23 + off; the
+        interpreter takes ``_code`` of the byte."""
         if not ASM:
             return _code(v >> (8 * b), 0xFF) - off
         bits = tl.inline_asm_elementwise("prmt.b32 $0, $1, $2, $3;", "=r,r,r,r",
-                                         [v, tl.full(v.shape, MAGIC, tl.int32), tl.full(v.shape, 0x7540 + b, tl.int32)],
+                                         [v, tl.full(v.shape, MAGIC, tl.int32), tl.full(v.shape, 0x7540, tl.int32) + b],
                                          dtype=tl.int32, is_pure=True, pack=1)
         return bits.to(tl.float32, bitcast=True) - (TWO23 + off)
 
@@ -272,26 +275,36 @@ if AVAILABLE:
         return t + _byte(q, 3, off, ASM) * x3
 
     @triton.jit
-    def _dp4a(a, b, ASM: tl.constexpr):
-        """Σ_b a_b * b_b over the four signed bytes of the int32 words ``a`` and ``b``, as a float, exactly.
-        ASM (on the GPU): one ``dp4a`` whose accumulator is the float bits of 1.5 * 2^23 (the sum, at most
-        2^16 in size, lands in the mantissa), then one add; the interpreter multiplies the bytes."""
+    def _idp4a(a, b, c, ASM: tl.constexpr):
+        """c + Σ_b a_b * b_b over the four signed bytes of the int32 words ``a`` and ``b``, as an int32
+        (one ``dp4a`` on the GPU)."""
         if ASM:
-            v = tl.inline_asm_elementwise("dp4a.s32.s32 $0, $1, $2, $3;", "=r,r,r,r",
-                                          [a, b, tl.full(a.shape, MAGIC15, tl.int32)],
-                                          dtype=tl.int32, is_pure=True, pack=1)
-            return v.to(tl.float32, bitcast=True) - ONE5_23
+            return tl.inline_asm_elementwise("dp4a.s32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c],
+                                             dtype=tl.int32, is_pure=True, pack=1)
         t = ((a << 24) >> 24) * ((b << 24) >> 24)
         t += ((a << 16) >> 24) * ((b << 16) >> 24)
         t += ((a << 8) >> 24) * ((b << 8) >> 24)
-        t += (a >> 24) * (b >> 24)
-        return t.to(tl.float32)
+        return c + t + (a >> 24) * (b >> 24)
+
+    @triton.jit
+    def _dp4a(a, b, ASM: tl.constexpr):
+        """Σ_b a_b * b_b as ``_idp4a`` sums it, as a float, exactly: the accumulator is the float bits of
+        1.5 * 2^23 (the sum, at most 2^16 in size, lands in the mantissa), then one add."""
+        v = _idp4a(a, b, tl.full(a.shape, MAGIC15, tl.int32), ASM)
+        return v.to(tl.float32, bitcast=True) - ONE5_23
 
     @triton.jit
     def _xblock(P, bi, mask):
         """x block ``bi``'s scale (P = XD) or Σx (P = XS) for XQ = 2, loaded in the weights' shape of ``bi``
         (each row its own load, L1 hits: no layout conversion)."""
         return tl.load(P + bi, mask=mask, other=0.0)
+
+    @triton.jit
+    def _ld(ptr, mask, EVEN: tl.constexpr):
+        """A load, unmasked when EVEN (every row and chunk of the launch exists)."""
+        if EVEN:
+            return tl.load(ptr)
+        return tl.load(ptr, mask=mask, other=0)
 
     @triton.jit
     def _quant_x_kernel(X, NW, XW, XD, XS, K, eps, BB: tl.constexpr, NORM: tl.constexpr, CHUNK: tl.constexpr,
@@ -367,39 +380,74 @@ if AVAILABLE:
         return rows, rows < N, rg, ru
 
     @triton.jit
-    def _q4k_words(rp, c, m4, woff):
+    def _q4k_words(rp, c, m4, woff, EVEN: tl.constexpr):
         """The code words [BN, CH, 4, 8] and the [d|dmin] and three scale words [BN, CH, 1, 1] of super-blocks
-        ``c`` of rows ``rp``."""
+        ``c`` of rows ``rp`` (EVEN: unmasked)."""
         sb = rp[:, None, None, None] + (c * 36)[None]                             # [BN, CH, 1, 1]
-        return (tl.load(sb + woff, mask=m4, other=0), tl.load(sb, mask=m4, other=0),
-                tl.load(sb + 1, mask=m4, other=0), tl.load(sb + 2, mask=m4, other=0), tl.load(sb + 3, mask=m4, other=0))
+        return (_ld(sb + woff, m4, EVEN), _ld(sb, m4, EVEN), _ld(sb + 1, m4, EVEN), _ld(sb + 2, m4, EVEN),
+                _ld(sb + 3, m4, EVEN))
 
     @triton.jit
-    def _q4k_rows(rg, ru, c, m4, woff, GLU: tl.constexpr):
+    def _q4k_rows(rg, ru, c, m4, woff, GLU: tl.constexpr, EVEN: tl.constexpr = False):
         """``_q4k_words`` of the gate rows ``rg``, then of the up rows ``ru`` (GLU; else the gate's again)."""
-        qw, hd, s1, s2, s3 = _q4k_words(rg, c, m4, woff)
+        qw, hd, s1, s2, s3 = _q4k_words(rg, c, m4, woff, EVEN)
         if GLU:
-            qwu, hdu, s1u, s2u, s3u = _q4k_words(ru, c, m4, woff)
+            qwu, hdu, s1u, s2u, s3u = _q4k_words(ru, c, m4, woff, EVEN)
         else:
             qwu, hdu, s1u, s2u, s3u = qw, hd, s1, s2, s3
         return qw, hd, s1, s2, s3, qwu, hdu, s1u, s2u, s3u
+
+    @triton.jit
+    def _ubyte(v, b, ASM: tl.constexpr):
+        """Byte b (a tensor) of int32 ``v`` as an unsigned int: one ``prmt`` on the GPU."""
+        if not ASM:
+            return (v >> (8 * b)) & 0xFF
+        return tl.inline_asm_elementwise("prmt.b32 $0, $1, 0, $2;", "=r,r,r", [v, 0x4440 + b],
+                                         dtype=tl.int32, is_pure=True, pack=1)
+
+    @triton.jit
+    def _q4k_packed_scales(s1, s2, s3, hi):
+        """XQ = 3: a super-block's 8 6-bit scales and 8 minimums, four to a word, by masks and shifts
+        (sub-blocks 0-3: the low 6 bits of scale words 1 / 2; 4-7: word 3's nibbles joined with the top 2
+        bits of words 1 / 2); ``hi`` (sub-block >= 4) picks the word."""
+        sc = tl.where(hi, (s3 & 0x0F0F0F0F) | ((s1 >> 2) & 0x30303030), s1 & 0x3F3F3F3F)
+        mn = tl.where(hi, ((s3 >> 4) & 0x0F0F0F0F) | ((s2 >> 2) & 0x30303030), s2 & 0x3F3F3F3F)
+        return sc, mn
+
+    @triton.jit
+    def _q4k_i8_sub(acc, nib, hd, sc, mn, xw, xd, xs, b, ASM: tl.constexpr):
+        """XQ = 3: ``acc`` + a sub-block of each super-block: the integer dot of its codes ``nib`` with x's
+        codes, times its 6-bit scale (byte ``b`` of ``sc``; an integer multiply-add whose result is the
+        mantissa of a float), times d and x's block scale, minus dmin * its 6-bit minimum * x's block sum."""
+        dot = tl.sum(_idp4a(nib, xw, tl.full(nib.shape, 0, tl.int32), ASM), axis=3, keep_dims=True)  # |dot| < 61,000
+        # |dot * scale| < 2^22: added to the bits of 1.5 * 2^23 it is that float's mantissa, exactly
+        p = (dot * _ubyte(sc, b, ASM) + MAGIC15).to(tl.float32, bitcast=True) - ONE5_23
+        return acc + p * (_f16(hd) * xd) - (_f16(hd >> 16) * _byte(mn, b, 0.0, ASM)) * xs
+
+    @triton.jit
+    def _x8(X, XD, XS, xi, xm, bi, m4, EVEN: tl.constexpr):
+        """XQ >= 2: x's code words at ``xi`` and the scale and Σx of its blocks ``bi`` ([BN, CH, 4, 1])."""
+        return _ld(X + xi, xm, EVEN), _ld(XD + bi, m4, EVEN), _ld(XS + bi, m4, EVEN)
 
     @triton.jit
     def _q4k_kernel(X, NW, XD, XS, W, R, Y, N, K, HALF, ROW_WORDS, eps, BN: tl.constexpr, CH: tl.constexpr,
                     NORM: tl.constexpr, RES: tl.constexpr, GLU: tl.constexpr, PDL: tl.constexpr = False,
                     ASM: tl.constexpr = False, XQ: tl.constexpr = True, XB: tl.constexpr = 16,
                     XF16: tl.constexpr = False, NB: tl.constexpr = 16, NF16: tl.constexpr = False,
-                    STAGES: tl.constexpr = 1, PF: tl.constexpr = False):
+                    STAGES: tl.constexpr = 1, PF: tl.constexpr = False, EVEN: tl.constexpr = False):
         """Q4_K super-block (36 words): [d|dmin] [scales x 3] [qs x 32]; qs word 4 + 8p + w holds, in
         byte b, elements 32*(2p) + 4w + b (low nibble) and 32*(2p+1) + 4w + b (high nibble): x quad
-        8(2p + h) + w of the super-block for nibble half h."""
+        8(2p + h) + w of the super-block for nibble half h. EVEN: no masks (the launcher sets it for XQ = 3
+        only, where it was measured)."""
         rows, ok, rg, ru = _program_rows(W, N, HALF, ROW_WORDS, BN, PDL)
         ci = tl.arange(0, CH)[:, None, None]                                       # [CH, 1, 1]
         p = tl.arange(0, 4)[None, :, None]                                         # [1, 4, 1]
         w = tl.arange(0, 8)[None, None, :]                                         # [1, 1, 8]
         woff = tl.max_contiguous(tl.broadcast_to(4 + 8 * p[None] + w[None], [BN, CH, 4, 8]), [1, 1, 1, 4])
         nc = K // 256
-        if XQ == 2:                         # one float per sub-block: its integer dot times its two scales
+        hi = p[None] >= 2                                                          # XQ = 3: sub-blocks 2p + h >= 4,
+        bsel = 2 * (p[None] % 2)                                                   # their byte 2(p % 2) + h
+        if XQ >= 2:                         # one float per sub-block: its integer dot times its two scales
             acc = tl.zeros([BN, CH, 4, 1], dtype=tl.float32)
             acc_u = tl.zeros([BN, CH, 4, 1], dtype=tl.float32)
         else:
@@ -419,30 +467,40 @@ if AVAILABLE:
             if PF:                          # the next iteration's words in flight during this one's arithmetic
                 nxt = _q4k_rows(rg, ru, c + CH, ok[:, None, None, None] & (c + CH < nc)[None], woff, GLU)
             else:
-                qw, hd, s1, s2, s3, qwu, hdu, s1u, s2u, s3u = _q4k_rows(rg, ru, c, m4, woff, GLU)
+                qw, hd, s1, s2, s3, qwu, hdu, s1u, s2u, s3u = _q4k_rows(rg, ru, c, m4, woff, GLU, EVEN)
             if PDL:
                 gdc_wait()
+            if XQ == 3:
+                sc, mn = _q4k_packed_scales(s1, s2, s3, hi)
+                if GLU:
+                    sc_u, mn_u = _q4k_packed_scales(s1u, s2u, s3u, hi)
             for h in tl.static_range(2):
                 sub = c * 8 + 2 * p + h                                            # [CH, 4, 1] sub-block
                 xi, xm = _xidx(sub * 8 + w, cok, [BN, CH, 4, 8], [1, 1, 1, 4], XQ)
-                ds, dm = _q4k_scales(hd, s1, s2, s3, p[None], h)                  # [BN, CH, 4, 1]
-                nib = (qw >> (4 * h)) & 0x0F0F0F0F                                 # this half's codes
-                if GLU:
-                    ds_u, dm_u = _q4k_scales(hdu, s1u, s2u, s3u, p[None], h)
-                    nib_u = (qwu >> (4 * h)) & 0x0F0F0F0F
-                if XQ == 2:                 # x as int8 codes (a word per quad), one scale and Σx per sub-block
-                    xw = tl.load(X + xi, mask=xm, other=0)
-                    bi = tl.broadcast_to(sub[None], [BN, CH, 4, 1])
-                    xd, xs = _xblock(XD, bi, m4), _xblock(XS, bi, m4)
-                    # the 8 words' dp4a sums are exact integers: summed first, then the scales and Σx's minimum term
-                    acc += tl.sum(_dp4a(nib, xw, ASM), axis=3, keep_dims=True) * (ds * xd) - dm * xs
+                bi = tl.broadcast_to(sub[None], [BN, CH, 4, 1])                    # XQ >= 2: x's blocks
+                if XQ == 3:                 # int8 x, integer dots (module doc)
+                    xw, xd, xs = _x8(X, XD, XS, xi, xm, bi, m4, EVEN)
+                    acc = _q4k_i8_sub(acc, (qw >> (4 * h)) & 0x0F0F0F0F, hd, sc, mn, xw, xd, xs, bsel + h, ASM)
                     if GLU:
-                        acc_u += tl.sum(_dp4a(nib_u, xw, ASM), axis=3, keep_dims=True) * (ds_u * xd) - dm_u * xs
+                        acc_u = _q4k_i8_sub(acc_u, (qwu >> (4 * h)) & 0x0F0F0F0F, hdu, sc_u, mn_u, xw, xd, xs,
+                                            bsel + h, ASM)
                 else:
-                    x0, x1, x2, x3, sx, ss = _x4(X, NW, xi, xm, ss, NORM, XQ, XB, XF16, NB, NF16)
-                    acc += _dot4(nib, x0, x1, x2, x3, 0.0, ASM) * ds - dm * sx
+                    ds, dm = _q4k_scales(hd, s1, s2, s3, p[None], h)                  # [BN, CH, 4, 1]
+                    nib = (qw >> (4 * h)) & 0x0F0F0F0F                                 # this half's codes
                     if GLU:
-                        acc_u += _dot4(nib_u, x0, x1, x2, x3, 0.0, ASM) * ds_u - dm_u * sx
+                        ds_u, dm_u = _q4k_scales(hdu, s1u, s2u, s3u, p[None], h)
+                        nib_u = (qwu >> (4 * h)) & 0x0F0F0F0F
+                    if XQ == 2:                 # x as int8 codes (a word per quad), one scale and Σx per sub-block
+                        xw, xd, xs = _x8(X, XD, XS, xi, xm, bi, m4, False)
+                        # the 8 words' dp4a sums are exact integers: summed first, then the scales and Σx's minimum term
+                        acc += tl.sum(_dp4a(nib, xw, ASM), axis=3, keep_dims=True) * (ds * xd) - dm * xs
+                        if GLU:
+                            acc_u += tl.sum(_dp4a(nib_u, xw, ASM), axis=3, keep_dims=True) * (ds_u * xd) - dm_u * xs
+                    else:
+                        x0, x1, x2, x3, sx, ss = _x4(X, NW, xi, xm, ss, NORM, XQ, XB, XF16, NB, NF16)
+                        acc += _dot4(nib, x0, x1, x2, x3, 0.0, ASM) * ds - dm * sx
+                        if GLU:
+                            acc_u += _dot4(nib_u, x0, x1, x2, x3, 0.0, ASM) * ds_u - dm_u * sx
             if PF:
                 qw, hd, s1, s2, s3, qwu, hdu, s1u, s2u, s3u = nxt
         y = tl.sum(tl.sum(tl.sum(acc, axis=3), axis=2), axis=1)
@@ -450,105 +508,6 @@ if AVAILABLE:
         if GLU:
             u = tl.sum(tl.sum(tl.sum(acc_u, axis=3), axis=2), axis=1)
         _finish(y, u, _ss_total(ss, XQ), K, eps, R, Y, rows, ok, NORM, RES, GLU)
-
-    # ------------------------------------------------------------------- Q4_K with int8 x, integer dots
-    @triton.jit
-    def _ld(ptr, mask, EVEN: tl.constexpr):
-        """A load, unmasked when EVEN (every row and chunk of the launch exists)."""
-        if EVEN:
-            return tl.load(ptr)
-        return tl.load(ptr, mask=mask, other=0)
-
-    @triton.jit
-    def _ubyte(v, b, ASM: tl.constexpr):
-        """Byte b (a tensor) of int32 ``v`` as an unsigned int: one ``prmt`` on the GPU."""
-        if not ASM:
-            return (v >> (8 * b)) & 0xFF
-        return tl.inline_asm_elementwise("prmt.b32 $0, $1, 0, $2;", "=r,r,r", [v, 0x4440 + b],
-                                         dtype=tl.int32, is_pure=True, pack=1)
-
-    @triton.jit
-    def _fbyte(v, b, ASM: tl.constexpr):
-        """Byte b (a tensor) of int32 ``v`` as a float, exactly: ``prmt`` under 2^23's exponent, one add."""
-        if not ASM:
-            return _code(v >> (8 * b), 0xFF)
-        bits = tl.inline_asm_elementwise("prmt.b32 $0, $1, $2, $3;", "=r,r,r,r",
-                                         [v, tl.full(v.shape, MAGIC, tl.int32), 0x7540 + b],
-                                         dtype=tl.int32, is_pure=True, pack=1)
-        return bits.to(tl.float32, bitcast=True) - TWO23
-
-    @triton.jit
-    def _idp4a(a, b, ASM: tl.constexpr):
-        """Σ_b a_b * b_b over the four signed bytes of the int32 words ``a`` and ``b``, as an int32."""
-        if ASM:
-            return tl.inline_asm_elementwise("dp4a.s32.s32 $0, $1, $2, 0;", "=r,r,r", [a, b],
-                                             dtype=tl.int32, is_pure=True, pack=1)
-        t = ((a << 24) >> 24) * ((b << 24) >> 24)
-        t += ((a << 16) >> 24) * ((b << 16) >> 24)
-        t += ((a << 8) >> 24) * ((b << 8) >> 24)
-        return t + (a >> 24) * (b >> 24)
-
-    @triton.jit
-    def _q4k_i8_rows(rp, c, m, woff, EVEN: tl.constexpr):
-        """Super-blocks ``c`` of rows ``rp``: the code words [BN, CH, 4, 8], the [d|dmin] word and the three
-        scale words ([BN, CH, 1, 1])."""
-        sb = rp[:, None, None, None] + (c * 36)[None]
-        return _ld(sb + woff, m, EVEN), _ld(sb, m, EVEN), _ld(sb + 1, m, EVEN), _ld(sb + 2, m, EVEN), _ld(sb + 3, m, EVEN)
-
-    @triton.jit
-    def _q4k_i8_sub(acc, qw, hd, s1, s2, s3, xw, xd, xs, hi, bsel, h: tl.constexpr, ASM: tl.constexpr):
-        """``acc`` + sub-block 2p + h of each super-block: its integer dot with x's codes times its 6-bit
-        scale (an integer multiply-add whose result is the mantissa of a float), times d and x's block
-        scale, minus dmin * its 6-bit minimum * x's block sum. A super-block's 8 scales and 8 minimums are
-        taken four to a word by masks and shifts (sub-blocks 0-3: the low 6 bits of scale words 1 / 2;
-        4-7: word 3's nibbles joined with the top 2 bits of words 1 / 2); ``hi`` picks the word, ``bsel``
-        the byte."""
-        sc = tl.where(hi, (s3 & 0x0F0F0F0F) | ((s1 >> 2) & 0x30303030), s1 & 0x3F3F3F3F)
-        mn = tl.where(hi, ((s3 >> 4) & 0x0F0F0F0F) | ((s2 >> 2) & 0x30303030), s2 & 0x3F3F3F3F)
-        dot = tl.sum(_idp4a((qw >> (4 * h)) & 0x0F0F0F0F, xw, ASM), axis=3, keep_dims=True)   # |dot| < 61,000
-        # |dot * scale| < 2^22: added to the bits of 1.5 * 2^23 it is that float's mantissa, exactly
-        p = (dot * _ubyte(sc, bsel + h, ASM) + MAGIC15).to(tl.float32, bitcast=True) - ONE5_23
-        return acc + p * (_f16(hd) * xd) - (_f16(hd >> 16) * _fbyte(mn, bsel + h, ASM)) * xs
-
-    @triton.jit
-    def _q4k_i8_kernel(X, NW, XD, XS, W, R, Y, N, K, HALF, ROW_WORDS, eps, BN: tl.constexpr, CH: tl.constexpr,
-                       NORM: tl.constexpr, RES: tl.constexpr, GLU: tl.constexpr, PDL: tl.constexpr = False,
-                       ASM: tl.constexpr = False, STAGES: tl.constexpr = 1, EVEN: tl.constexpr = False):
-        """Q4_K against x as int8 codes with integer dots (XQ = 3; module doc), the layout of ``_q4k_kernel``.
-        NORM is applied by the x quantizer (ignored here). EVEN: no masks."""
-        rows, ok, rg, ru = _program_rows(W, N, HALF, ROW_WORDS, BN, PDL)
-        ci = tl.arange(0, CH)[:, None, None]                                       # [CH, 1, 1]
-        p = tl.arange(0, 4)[None, :, None]                                         # [1, 4, 1] group of 8 words
-        w = tl.arange(0, 8)[None, None, :]                                         # [1, 1, 8]
-        woff = tl.max_contiguous(tl.broadcast_to(4 + 8 * p[None] + w[None], [BN, CH, 4, 8]), [1, 1, 1, 4])
-        hi = p[None] >= 2                                                          # sub-blocks 2p + h >= 4
-        bsel = 2 * (p[None] % 2)                                                   # their byte: 2(p % 2) + h
-        nc = K // 256
-        acc = tl.zeros([BN, CH, 4, 1], dtype=tl.float32)
-        acc_u = tl.zeros([BN, CH, 4, 1], dtype=tl.float32)
-        for c0 in tl.range(0, nc, CH, num_stages=STAGES):
-            c = c0 + ci
-            cok = c < nc
-            m4 = ok[:, None, None, None] & cok[None]                              # [BN, CH, 1, 1]
-            qw, hd, s1, s2, s3 = _q4k_i8_rows(rg, c, m4, woff, EVEN)
-            if GLU:
-                qwu, hdu, s1u, s2u, s3u = _q4k_i8_rows(ru, c, m4, woff, EVEN)
-            if PDL:
-                gdc_wait()
-            for h in tl.static_range(2):
-                sub = c * 8 + 2 * p + h                                            # [CH, 4, 1] sub-block
-                xi, xm = _xidx(sub * 8 + w, cok, [BN, CH, 4, 8], [1, 1, 1, 4], 1)
-                xw = _ld(X + xi, xm, EVEN)
-                bi = tl.broadcast_to(sub[None], [BN, CH, 4, 1])
-                xd, xs = _ld(XD + bi, m4, EVEN), _ld(XS + bi, m4, EVEN)
-                acc = _q4k_i8_sub(acc, qw, hd, s1, s2, s3, xw, xd, xs, hi, bsel, h, ASM)
-                if GLU:
-                    acc_u = _q4k_i8_sub(acc_u, qwu, hdu, s1u, s2u, s3u, xw, xd, xs, hi, bsel, h, ASM)
-        y = tl.sum(tl.sum(tl.sum(acc, axis=3), axis=2), axis=1)
-        u = y
-        if GLU:
-            u = tl.sum(tl.sum(tl.sum(acc_u, axis=3), axis=2), axis=1)
-        _finish(y, u, 0.0, K, eps, R, Y, rows, ok, False, RES, GLU)
 
     # ------------------------------------------------------------------------------------------ Q6_K
     @triton.jit
@@ -710,8 +669,6 @@ if AVAILABLE:
         _finish(y, u, _ss_total(ss, XQ), K, eps, R, Y, rows, ok, NORM, RES, GLU)
 
     KERNELS = {"Q4_K": _q4k_kernel, "Q6_K": _q6k_kernel, "Q8_0": _q80_kernel}
-    #: the types with an integer-dot kernel for int8 x (XQ = 3)
-    KERNELS_I8 = {"Q4_K": _q4k_i8_kernel}
 
 
 # --------------------------------------------------------------------------------------- launching
@@ -778,19 +735,15 @@ def gemv1(x: torch.Tensor, packed: torch.Tensor, qtype: str, n: int, k: int, *, 
     if xq >= 2:                                   # x quantized first (the norm applied there), then the GEMV
         x, xd, xs = quantize_x(x, nw if norm else None, eps, k, pdl=bool(launch))
         nw, norm = x, False
-    grid, common = (triton.cdiv(out_n, bn),), dict(RES=residual is not None, GLU=glu, PDL=bool(launch),
-                                                   ASM=not interpreting(), STAGES=stages, num_warps=warps, **launch)
-    if xq == 3:                                   # the integer-dot kernel (Q4_K's; TUNE holds XQ 3 for Q4_K only)
-        if qtype not in KERNELS_I8:
-            raise ValueError(f"qgemv: x mode 3 (integer dots) exists for {sorted(KERNELS_I8)}, not {qtype}")
-        KERNELS_I8[qtype][grid](x, nw, xd, xs, words, r, y, out_n, k, out_n, words.stride(0), float(eps), BN=bn,
-                                CH=ch, NORM=False, EVEN=out_n % bn == 0 and (k // K_MULTIPLE[qtype]) % ch == 0,
-                                **common)
-        return y
-    KERNELS[qtype][grid](
-        x, nw, xd, xs, words, r, y, out_n, k, out_n, words.stride(0), float(eps), BN=bn, CH=ch, NORM=norm,
+    if xq == 3 and qtype not in INT_DOTS:
+        raise ValueError(f"qgemv: x mode 3 (integer dots) exists for {sorted(INT_DOTS)}, not {qtype}")
+    q4k = {"PF": bool(pf), "EVEN": xq == 3 and out_n % bn == 0 and (k // K_MULTIPLE[qtype]) % ch == 0}
+    KERNELS[qtype][(triton.cdiv(out_n, bn),)](
+        x, nw, xd, xs, words, r, y, out_n, k, out_n, words.stride(0), float(eps), BN=bn, CH=ch,
+        NORM=norm, RES=residual is not None, GLU=glu, PDL=bool(launch), ASM=not interpreting(),
         XQ=xq, XB=8 * x.element_size(), XF16=x.dtype == torch.float16, NB=8 * nw.element_size(),
-        NF16=nw.dtype == torch.float16, **({"PF": bool(pf)} if qtype == "Q4_K" else {}), **common)
+        NF16=nw.dtype == torch.float16, STAGES=stages, **(q4k if qtype == "Q4_K" else {}),
+        num_warps=warps, **launch)
     return y
 
 
