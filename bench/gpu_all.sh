@@ -136,7 +136,7 @@ wanted() {                                 # wanted INDEX: does this run include
 O=${OUT:-/tmp/gpu_all}; W=$(mktemp -d /tmp/gpu_all.XXXX); C=$W/caches; mkdir -p "$O" "$C"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONPYCACHEPREFIX=${PYTHONPYCACHEPREFIX:-/tmp/sp_pycache}    # site-packages may be read-only
-export W O GPU_TESTS QUANT_TESTS; export -f existing     # O: where plots go ($OUT)
+export W O GPU_TESTS QUANT_TESTS QUANT_GPU_TESTS; export -f existing     # O: where plots go ($OUT)
 T0=$(date +%s)
 {
   date -u
