@@ -142,3 +142,59 @@ def test_generate_timings_print_the_warm_up_parts(monkeypatch):
     out = io.StringIO()
     print_warmup_parts(10.0, file=out)
     assert out.getvalue() == ""
+
+
+# ------------------------------------------------------------------ the tokenizer parsed while torch imports
+def test_early_reads_only_for_the_shapeplan_generate_and_chat_commands():
+    """``_early`` recognises the console script and ``python -m shapeplan`` (argv[0] is ``-m`` while the
+    package imports), and only ``generate`` / ``chat`` with ``--model``."""
+    from shapeplan import _early
+    assert _early.cli_args(["/venv/bin/shapeplan", "generate"], []) == ["generate"]
+    assert _early.cli_args(["-m", "chat", "--model", "d"], ["python", "-m", "shapeplan", "chat", "--model", "d"]) \
+        == ["chat", "--model", "d"]
+    assert _early.cli_args(["-m", "generate"], ["python", "-m", "other", "generate"]) is None
+    assert _early.cli_args(["train.py", "generate", "--model", "d"], ["python", "train.py", "generate"]) is None
+    assert _early.model_dir(["generate", "--prompt", "hi", "--model", "d"]) == "d"
+    assert _early.model_dir(["chat", "--model=e"]) == "e"
+    assert _early.model_dir(["serve", "--model", "d"]) is None
+    assert _early.model_dir(["generate", "--prompt", "hi"]) is None
+    assert _early.model_dir(["generate", "--model"]) is None
+
+
+def test_early_tokenizer_is_the_one_the_pipeline_takes(checkpoints):
+    """Started as the command would start it, the parse's ``tokenizers.Tokenizer`` object is the one
+    ``llm.Tokenizer`` keeps (taken once: the next load parses the file itself) and encodes as a fresh one."""
+    from shapeplan import _early
+    from shapeplan.llm.tokenizer import Tokenizer
+    path = checkpoints("llama")
+    real = os.path.realpath(os.path.join(path, "tokenizer.json"))
+    _early.start(["/venv/bin/shapeplan", "generate", "--model", path, "--prompt", "x"], [])
+    thread, _, box = _early._pending[real]
+    thread.join()
+    assert len(box) == 1
+    tok = Tokenizer(path)
+    assert tok._tok is box[0] and real not in _early._pending
+    again = Tokenizer(path)
+    assert again._tok is not box[0]
+    assert tok.encode(PROMPT) == again.encode(PROMPT) and tok.vocab_size == again.vocab_size
+
+
+def test_early_tokenizer_is_dropped_when_the_file_changed(checkpoints, tmp_path):
+    """A tokenizer.json rewritten after the early parse (size or modification time) is parsed again."""
+    import shutil
+
+    from shapeplan import _early
+    from shapeplan.llm.tokenizer import Tokenizer
+    d = tmp_path / "ckpt"
+    shutil.copytree(checkpoints("llama"), d)
+    tj = str(d / "tokenizer.json")
+    _early.start(["/venv/bin/shapeplan", "chat", f"--model={d}"], [])
+    early = _early._pending[os.path.realpath(tj)][2]
+    st = os.stat(tj)
+    os.utime(tj, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    tok = Tokenizer(str(d))
+    assert early and tok._tok is not early[0]
+    assert tok.encode(PROMPT) == Tokenizer(checkpoints("llama")).encode(PROMPT)
+    assert _early.tokenizer(tj) is None
+    assert _early.start(["/venv/bin/shapeplan", "generate", "--model", str(tmp_path / "missing")], []) is None
+    assert not _early._pending
