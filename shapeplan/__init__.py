@@ -3,11 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from shapeplan import _early
-
-_early.start()      # the command's torch-free reads (its tokenizer) on a thread while torch imports below
-
-from shapeplan import env as _env  # noqa: E402
+from shapeplan import env as _env
 from shapeplan.errors import (CacheError, CapacityError, CaptureError, ExecutionError, InjectedFault, InputError,
                               LifecycleError, ModelError, QueueFullError, RequestAborted, ShapeError,
                               ShapeplanError, SwitchError,

@@ -6,7 +6,6 @@ import os
 from datetime import datetime
 from typing import Any
 
-from shapeplan import _early
 from shapeplan.errors import ModelError
 
 
@@ -17,7 +16,7 @@ class Tokenizer:
         if not os.path.exists(tj):
             raise ModelError(f"{path}: no tokenizer.json (a fast tokenizer file is needed)")
         try:
-            self._tok = _early.tokenizer(tj) or _Tok.from_file(tj)     # parsed while torch imported, if it was
+            self._tok = _Tok.from_file(tj)
         except Exception as e:
             raise ModelError(f"{tj}: cannot load tokenizer: {e}") from None
         cfg: dict[str, Any] = {}
