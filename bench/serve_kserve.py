@@ -1,7 +1,8 @@
 """KServe v2 serving: N concurrent batch-1 gRPC clients against ``shapeplan serve``, with dynamic batching
 on and off (throughput, p50/p99 latency), next to in-process ``engine.run`` at the largest bucket; and
 the per-request protocol overhead (one client, one request at a time: gRPC and HTTP round trip minus
-in-process ``engine.run``) for a 1x768 float input.
+in-process ``engine.run``) for a 1x768 float input, beside grpcio's own floor: the round trip of the same
+request bytes through a bare grpcio server (its own process) whose one rpc returns its request.
 
 The server runs in its own process (``python -m shapeplan serve --model-repository TMP``) serving the
 model twice, "batched" (dynamic batching, max_batch_size, window, ``--instances``) and "unbatched"
@@ -276,6 +277,36 @@ def sequential(fn: Any, n: int, idle_s: float = 0.0) -> float:
     return float(np.median(ts))
 
 
+#: a bare grpcio server in its own process whose one rpc returns its request: the round trip of the same bytes
+#: with nothing of ours in it (grpcio's own floor for the overhead rows)
+ECHO_SERVER = """
+import grpc
+from concurrent import futures
+same = lambda b: b
+s = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+s.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+    "echo.Echo", {"Echo": grpc.unary_unary_rpc_method_handler(lambda req, ctx: req, same, same)}),))
+port = s.add_insecure_port("127.0.0.1:0")
+s.start()
+print(port, flush=True)
+s.wait_for_termination()
+"""
+
+
+def echo_floor(raw: bytes, n: int) -> float:
+    """Median seconds of a round trip of ``raw`` through ``ECHO_SERVER``."""
+    import grpc
+    p = subprocess.Popen([sys.executable, "-c", ECHO_SERVER], stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(p.stdout.readline())
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+            echo = ch.unary_unary("/echo.Echo/Echo")
+            return sequential(lambda: echo(raw), n)
+    finally:
+        p.terminate()
+        p.wait(timeout=30)
+
+
 def overhead(grpc_addr: str, http_addr: str, n: int, device: str, mode: str) -> dict[str, float]:
     import grpc
 
@@ -302,6 +333,7 @@ def overhead(grpc_addr: str, http_addr: str, n: int, device: str, mode: str) -> 
         live = ch.unary_unary("/inference.GRPCInferenceService/ServerLive")
         res["grpc_live_ms"] = sequential(lambda: live(b""), n) * 1e3       # the transport alone
         res["grpc_ms"] = sequential(lambda: call(raw), n) * 1e3
+    res["grpc_echo_ms"] = echo_floor(raw, n) * 1e3
     head = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 768],
                                    "parameters": {"binary_data_size": 768 * 4}}],
                        "outputs": [{"name": "y", "parameters": {"binary_data": True}}]}).encode()
@@ -433,9 +465,10 @@ def report(r: dict[str, Any], args: argparse.Namespace) -> None:
         for key, label in (("grpc_ms", "gRPC (grpcio, raw bytes)"), ("http_ms", "HTTP (binary extension)"),
                            ("tritonclient_grpc_ms", "gRPC (tritonclient.grpc)"),
                            ("grpc_live_ms", "  transport alone: gRPC ServerLive"),
+                           ("grpc_echo_ms", "  grpcio echo of the same bytes"),
                            ("http_live_ms", "  transport alone: HTTP health/live")):
             if key in o:
-                over = "" if "live" in key else f"{o[key] - o['engine_ms']:.3f}"
+                over = "" if "live" in key or "echo" in key else f"{o[key] - o['engine_ms']:.3f}"
                 print(f"{label:<34}{o[key]:>10.3f}{over:>26}")
 
 
