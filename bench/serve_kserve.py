@@ -293,12 +293,16 @@ s.wait_for_termination()
 """
 
 
-def echo_floor(raw: bytes, n: int) -> float:
-    """Median seconds of a round trip of ``raw`` through ``ECHO_SERVER``."""
+def echo_floor(raw: bytes, n: int) -> float | None:
+    """Median seconds of a round trip of ``raw`` through ``ECHO_SERVER`` (None when it did not start)."""
     import grpc
     p = subprocess.Popen([sys.executable, "-c", ECHO_SERVER], stdout=subprocess.PIPE, text=True)
     try:
-        port = int(p.stdout.readline())
+        line = p.stdout.readline().strip()
+        if not line.isdigit():
+            print(f"grpcio echo server did not start (it printed {line!r}): no echo row", file=sys.stderr)
+            return None
+        port = int(line)
         with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
             echo = ch.unary_unary("/echo.Echo/Echo")
             return sequential(lambda: echo(raw), n)
@@ -333,7 +337,9 @@ def overhead(grpc_addr: str, http_addr: str, n: int, device: str, mode: str) -> 
         live = ch.unary_unary("/inference.GRPCInferenceService/ServerLive")
         res["grpc_live_ms"] = sequential(lambda: live(b""), n) * 1e3       # the transport alone
         res["grpc_ms"] = sequential(lambda: call(raw), n) * 1e3
-    res["grpc_echo_ms"] = echo_floor(raw, n) * 1e3
+    echo = echo_floor(raw, n)
+    if echo is not None:
+        res["grpc_echo_ms"] = echo * 1e3
     head = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 768],
                                    "parameters": {"binary_data_size": 768 * 4}}],
                        "outputs": [{"name": "y", "parameters": {"binary_data": True}}]}).encode()
