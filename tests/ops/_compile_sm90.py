@@ -37,10 +37,9 @@ def compile_one(kernel: str, name: str, m: int):
                 "R": "*bf16", "Y": "*bf16"}
         args = ["N", "K", "HALF", "ROW_WORDS"]
         bn, ch, warps, _ = qgemv.DEFAULT[name]
-        consts = dict(BN=bn, CH=ch, NORM=m in (1, 3) and xq < 2, RES=m in (2, 4), GLU=m in (1, 3), PDL=m >= 3,
-                      ASM=True, STAGES=3 if kernel == "gemv1s" else 1)
         fn = qgemv.KERNELS[name]
-        consts.update(XQ=xq, XB=16, XF16=False, NB=16, NF16=False,
+        consts = dict(BN=bn, CH=ch, NORM=m in (1, 3) and xq < 2, RES=m in (2, 4), GLU=m in (1, 3), PDL=m >= 3,
+                      ASM=True, XQ=xq, XB=16, XF16=False, NB=16, NF16=False, STAGES=3 if kernel == "gemv1s" else 1,
                       **({"PF": kernel == "gemv1p", "EVEN": xq == 3} if name == "Q4_K" else {}))
         sig = {**ptrs, **{a: "i32" for a in args}, "eps": "fp32", **{c: "constexpr" for c in consts}}
         names = list(sig)

@@ -294,12 +294,6 @@ if AVAILABLE:
         return v.to(tl.float32, bitcast=True) - ONE5_23
 
     @triton.jit
-    def _xblock(P, bi, mask):
-        """x block ``bi``'s scale (P = XD) or Σx (P = XS) for XQ = 2, loaded in the weights' shape of ``bi``
-        (each row its own load, L1 hits: no layout conversion)."""
-        return tl.load(P + bi, mask=mask, other=0.0)
-
-    @triton.jit
     def _ld(ptr, mask, EVEN: tl.constexpr):
         """A load, unmasked when EVEN (every row and chunk of the launch exists)."""
         if EVEN:
@@ -445,8 +439,9 @@ if AVAILABLE:
         w = tl.arange(0, 8)[None, None, :]                                         # [1, 1, 8]
         woff = tl.max_contiguous(tl.broadcast_to(4 + 8 * p[None] + w[None], [BN, CH, 4, 8]), [1, 1, 1, 4])
         nc = K // 256
-        hi = p[None] >= 2                                                          # XQ = 3: sub-blocks 2p + h >= 4,
-        bsel = 2 * (p[None] % 2)                                                   # their byte 2(p % 2) + h
+        if XQ == 3:
+            hi = p[None] >= 2                                                      # sub-blocks 2p + h >= 4,
+            bsel = 2 * (p[None] % 2)                                               # their byte 2(p % 2) + h
         if XQ >= 2:                         # one float per sub-block: its integer dot times its two scales
             acc = tl.zeros([BN, CH, 4, 1], dtype=tl.float32)
             acc_u = tl.zeros([BN, CH, 4, 1], dtype=tl.float32)
@@ -491,7 +486,7 @@ if AVAILABLE:
                         ds_u, dm_u = _q4k_scales(hdu, s1u, s2u, s3u, p[None], h)
                         nib_u = (qwu >> (4 * h)) & 0x0F0F0F0F
                     if XQ == 2:                 # x as int8 codes (a word per quad), one scale and Σx per sub-block
-                        xw, xd, xs = _x8(X, XD, XS, xi, xm, bi, m4, False)
+                        xw, xd, xs = _x8(X, XD, XS, xi, xm, bi, m4, EVEN)      # (after the scales: measured order)
                         # the 8 words' dp4a sums are exact integers: summed first, then the scales and Σx's minimum term
                         acc += tl.sum(_dp4a(nib, xw, ASM), axis=3, keep_dims=True) * (ds * xd) - dm * xs
                         if GLU:
@@ -584,7 +579,7 @@ if AVAILABLE:
                         xw = tl.load(X + xi, mask=xm, other=0)
                         bi = tl.broadcast_to(((2 * c + odd) * 8 + 4 * (hg // 4) + 2 * n + (hg % 4) // 2)[None],
                                              [BN, CH, 8, 1])
-                        xd = _xblock(XD, bi, m4)
+                        xd = _ld(XD + bi, m4, False)
                         acc += _dp4a(_q6k_signed(ql, qh, hg[None], n), xw, ASM) \
                             * (_q6k_scale(base, m4, hg[None], n, odd) * xd)
                         if GLU:
@@ -653,7 +648,7 @@ if AVAILABLE:
                 xi, xm = _xidx(c * 16 + 8 * odd + w, cok, [BN, CH, 8], [1, 1, 4], XQ)
                 if XQ == 2:                 # x as int8 codes: one dp4a per word, x's blocks are the weights'
                     xw = tl.load(X + xi, mask=xm, other=0)
-                    xd = _xblock(XD, tl.broadcast_to((2 * c + odd)[None], [BN, CH, 1]), m3)
+                    xd = _ld(XD + tl.broadcast_to((2 * c + odd)[None], [BN, CH, 1]), m3, False)
                     acc += _dp4a(qw, xw, ASM) * (_q80_scale(base, m3, odd) * xd)
                     if GLU:
                         acc_u += _dp4a(qw_u, xw, ASM) * (_q80_scale(base_u, m3, odd) * xd)
@@ -730,13 +725,13 @@ def gemv1(x: torch.Tensor, packed: torch.Tensor, qtype: str, n: int, k: int, *, 
     from shapeplan import env
     from shapeplan.runtime.backends.triton.kernels.gemv import pdl_on
     launch = {"launch_pdl": True} if pdl_on(x.device, env.get("SHAPEPLAN_QUANT_GEMV_PDL")) else {}
+    if xq == 3 and qtype not in INT_DOTS:
+        raise ValueError(f"qgemv: x mode 3 (integer dots) exists for {sorted(INT_DOTS)}, not {qtype}")
     norm = norm_w is not None
     xd = xs = x
     if xq >= 2:                                   # x quantized first (the norm applied there), then the GEMV
         x, xd, xs = quantize_x(x, nw if norm else None, eps, k, pdl=bool(launch))
         nw, norm = x, False
-    if xq == 3 and qtype not in INT_DOTS:
-        raise ValueError(f"qgemv: x mode 3 (integer dots) exists for {sorted(INT_DOTS)}, not {qtype}")
     q4k = {"PF": bool(pf), "EVEN": xq == 3 and out_n % bn == 0 and (k // K_MULTIPLE[qtype]) % ch == 0}
     KERNELS[qtype][(triton.cdiv(out_n, bn),)](
         x, nw, xd, xs, words, r, y, out_n, k, out_n, words.stride(0), float(eps), BN=bn, CH=ch,
