@@ -30,6 +30,7 @@ import http.client
 import json
 import multiprocessing as mp
 import os
+import queue
 import re
 import subprocess
 import sys
@@ -46,6 +47,7 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 LIGHT = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light")
 INFER = "/inference.GRPCInferenceService/ModelInfer"
+STREAM_INFER = "/inference.GRPCInferenceService/ModelStreamInfer"
 NP_TO_KSERVE = {"float32": "FP32", "float16": "FP16", "int64": "INT64", "int32": "INT32"}
 
 
@@ -285,7 +287,8 @@ from concurrent import futures
 same = lambda b: b
 s = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
 s.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
-    "echo.Echo", {"Echo": grpc.unary_unary_rpc_method_handler(lambda req, ctx: req, same, same)}),))
+    "echo.Echo", {"Echo": grpc.unary_unary_rpc_method_handler(lambda req, ctx: req, same, same),
+                  "Stream": grpc.stream_stream_rpc_method_handler(lambda reqs, ctx: reqs, same, same)}),))
 port = s.add_insecure_port("127.0.0.1:0")
 s.start()
 print(port, flush=True)
@@ -293,19 +296,42 @@ s.wait_for_termination()
 """
 
 
-def echo_floor(raw: bytes, n: int) -> float | None:
-    """Median seconds of a round trip of ``raw`` through ``ECHO_SERVER`` (None when it did not start)."""
+class _Stream:
+    """One bidirectional stream driven a message at a time from this thread: ``send(raw)`` writes a
+    message and returns the response (each response is read before the next message is written)."""
+
+    def __init__(self, channel: Any, method: str) -> None:
+        self._q: queue.Queue = queue.Queue()
+        self._responses = channel.stream_stream(method)(iter(self._q.get, None))
+
+    def send(self, raw: bytes) -> bytes:
+        self._q.put(raw)
+        return next(self._responses)
+
+    def close(self) -> None:
+        self._q.put(None)
+        for _ in self._responses:
+            pass
+
+
+def echo_floor(raw: bytes, n: int) -> dict[str, float]:
+    """Median ms of a round trip of ``raw`` through ``ECHO_SERVER``, as a unary call and on a stream
+    (empty when it did not start)."""
     import grpc
     p = subprocess.Popen([sys.executable, "-c", ECHO_SERVER], stdout=subprocess.PIPE, text=True)
     try:
         line = p.stdout.readline().strip()
         if not line.isdigit():
             print(f"grpcio echo server did not start (it printed {line!r}): no echo row", file=sys.stderr)
-            return None
+            return {}
         port = int(line)
         with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
             echo = ch.unary_unary("/echo.Echo/Echo")
-            return sequential(lambda: echo(raw), n)
+            res = {"grpc_echo_ms": sequential(lambda: echo(raw), n) * 1e3}
+            stream = _Stream(ch, "/echo.Echo/Stream")
+            res["grpc_stream_echo_ms"] = sequential(lambda: stream.send(raw), n) * 1e3
+            stream.close()
+            return res
     finally:
         p.terminate()
         p.wait(timeout=30)
@@ -337,9 +363,10 @@ def overhead(grpc_addr: str, http_addr: str, n: int, device: str, mode: str) -> 
         live = ch.unary_unary("/inference.GRPCInferenceService/ServerLive")
         res["grpc_live_ms"] = sequential(lambda: live(b""), n) * 1e3       # the transport alone
         res["grpc_ms"] = sequential(lambda: call(raw), n) * 1e3
-    echo = echo_floor(raw, n)
-    if echo is not None:
-        res["grpc_echo_ms"] = echo * 1e3
+        stream = _Stream(ch, STREAM_INFER)
+        res["grpc_stream_ms"] = sequential(lambda: stream.send(raw), n) * 1e3
+        stream.close()
+    res.update(echo_floor(raw, n))
     head = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 768],
                                    "parameters": {"binary_data_size": 768 * 4}}],
                        "outputs": [{"name": "y", "parameters": {"binary_data": True}}]}).encode()
@@ -365,6 +392,15 @@ def overhead(grpc_addr: str, http_addr: str, n: int, device: str, mode: str) -> 
         i = tg.InferInput("x", [1, 768], "FP32")
         i.set_data_from_numpy(x)
         res["tritonclient_grpc_ms"] = sequential(lambda: c.infer("mlp768", [i]), n) * 1e3
+        answered = threading.Event()
+        c.start_stream(callback=lambda result, error: answered.set())
+
+        def stream_infer() -> None:
+            answered.clear()
+            c.async_stream_infer("mlp768", [i])
+            answered.wait()
+        res["tritonclient_stream_ms"] = sequential(stream_infer, n) * 1e3
+        c.stop_stream()
         c.close()
     except ImportError:
         pass
@@ -470,8 +506,11 @@ def report(r: dict[str, Any], args: argparse.Namespace) -> None:
             print(f"{'  same, 1 ms asleep before each':<34}{o['engine_idle_ms']:>10.3f}")
         for key, label in (("grpc_ms", "gRPC (grpcio, raw bytes)"), ("http_ms", "HTTP (binary extension)"),
                            ("tritonclient_grpc_ms", "gRPC (tritonclient.grpc)"),
+                           ("grpc_stream_ms", "gRPC stream (ModelStreamInfer)"),
+                           ("tritonclient_stream_ms", "gRPC stream (tritonclient)"),
                            ("grpc_live_ms", "  transport alone: gRPC ServerLive"),
                            ("grpc_echo_ms", "  grpcio echo of the same bytes"),
+                           ("grpc_stream_echo_ms", "  same, on a stream"),
                            ("http_live_ms", "  transport alone: HTTP health/live")):
             if key in o:
                 over = "" if "live" in key or "echo" in key else f"{o[key] - o['engine_ms']:.3f}"

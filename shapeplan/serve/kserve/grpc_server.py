@@ -3,9 +3,10 @@
 The service is registered by hand (one table, rpc name -> handler) with raw-bytes (de)serialization,
 so that a request that is not valid protobuf is this server's INVALID_ARGUMENT, not grpcio's
 INTERNAL. Messages come from ``shapeplan.serve.kserve.proto`` (no generated ``_pb2_grpc`` module);
-``ModelInfer`` reads and writes its messages with ``wire`` (zero-copy inputs) and falls back to upb
-for what ``wire`` does not read. A message over ``max_request_bytes`` is refused by grpcio itself
-with RESOURCE_EXHAUSTED.
+``ModelInfer`` and ``ModelStreamInfer`` (Triton's streaming extension) read and write their messages
+with ``wire`` (zero-copy inputs) and fall back to upb for what ``wire`` does not read. A message over
+``max_request_bytes`` is refused by grpcio itself with RESOURCE_EXHAUSTED (on a stream: the stream
+ends with that status).
 
 Why asyncio: every rpc is handled on one event-loop thread, which hands requests to the models'
 worker threads and gets each batch's results back in one hand-off. The thread-pool server ran each
@@ -93,6 +94,58 @@ def _infer_handler(repo: Any) -> grpc.RpcMethodHandler:
     return grpc.unary_unary_rpc_method_handler(call)
 
 
+STREAM_MAX_IN_FLIGHT = 256
+"""Requests of one ``ModelStreamInfer`` stream being served at once; the stream's next request is read
+when one finishes (HTTP/2 flow control then holds the client back), so one stream cannot queue
+without bound."""
+
+
+def _stream_infer_handler(repo: Any) -> grpc.RpcMethodHandler:
+    """Triton's streaming extension: requests come on one bidirectional stream and are served
+    concurrently (those of a batched model batch together, with each other and with unary calls); each
+    gets one ``ModelStreamInferResponse``, in the order they finish (the response carries the
+    request's ``id``). A bad request gets a response with its ``error_message`` and the stream goes on."""
+    async def one(raw: bytes) -> bytes:
+        req: Any = None
+        try:
+            req = wire.read_infer_request(raw) or _parse("ModelStreamInfer", pb.ModelInferRequest, raw)
+            model = repo.get(req.model_name, req.model_version)
+            decoded = protocol.decode_grpc(req)
+            outputs = await model.infer(decoded)
+            return protocol.encode_grpc(req.model_name, model.version, decoded, outputs, stream=True)
+        except Exception as e:  # noqa: BLE001 - every failure is this request's own response
+            return wire.stream_error(describe(e), *((req.model_name, req.model_version, req.id)
+                                                    if req is not None else ("", "", "")))
+
+    async def call(_requests: Any, context: Any) -> None:     # read with context.read()
+        slots = asyncio.Semaphore(STREAM_MAX_IN_FLIGHT)
+        writing = asyncio.Lock()                    # one write at a time on a call
+        tasks: set[asyncio.Task] = set()
+
+        async def serve(raw: bytes) -> None:
+            try:
+                response = await one(raw)
+                async with writing:
+                    await context.write(response)
+            except (grpc.aio.UsageError, grpc.aio.AbortError, asyncio.InvalidStateError):
+                pass                                # the call ended (client gone): nobody to answer
+            finally:
+                slots.release()
+
+        try:
+            while (raw := await context.read()) is not grpc.aio.EOF:
+                await slots.acquire()
+                task = asyncio.ensure_future(serve(raw))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            while tasks:                            # the client closed its side: finish what it sent
+                await asyncio.wait(set(tasks))
+        finally:
+            for task in tasks:
+                task.cancel()
+    return grpc.stream_stream_rpc_method_handler(call)
+
+
 class _Loop:
     """The process's one event-loop thread for gRPC, started on first use and kept (it idles in epoll)."""
     _lock = threading.Lock()
@@ -113,8 +166,9 @@ class GrpcServer:
     def __init__(self, repo: Any, host: str, port: int, *, max_request_bytes: int) -> None:
         service = Service(repo)
         handlers = {name: _handler(name, getattr(service, name), req_cls)
-                    for name, (req_cls, _) in pb.METHODS.items() if name != "ModelInfer"}
+                    for name, (req_cls, _) in pb.METHODS.items() if name not in ("ModelInfer", "ModelStreamInfer")}
         handlers["ModelInfer"] = _infer_handler(repo)
+        handlers["ModelStreamInfer"] = _stream_infer_handler(repo)
         address = f"{'[' + host + ']' if ':' in host else host}:{port}"
 
         async def make() -> tuple[Any, int]:

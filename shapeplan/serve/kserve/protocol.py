@@ -321,11 +321,12 @@ def decode_grpc(msg: Any) -> InferRequest:
     return InferRequest(feeds, outputs=[o.name for o in msg.outputs] or None, id=msg.id)
 
 
-def encode_grpc(model: str, version: str, req: InferRequest, outputs: dict[str, np.ndarray]) -> bytes:
-    """A serialized ``ModelInferResponse``: raw contents, one per output, as Triton sends them (the arrays
-    are written in place, not copied first)."""
+def encode_grpc(model: str, version: str, req: InferRequest, outputs: dict[str, np.ndarray], *,
+                stream: bool = False) -> bytes:
+    """A serialized ``ModelInferResponse`` (``stream``: a ``ModelStreamInferResponse`` holding it): raw
+    contents, one per output, as Triton sends them (the arrays are written in place, not copied first)."""
     return wire.infer_response(model, version, req.id, [(name, datatype_of_array(a), a.shape, _raw(a))
-                                                        for name, a in outputs.items()])
+                                                        for name, a in outputs.items()], stream=stream)
 
 
 def _raw(a: np.ndarray) -> Any:

@@ -1,4 +1,5 @@
-"""``ModelInferRequest`` / ``ModelInferResponse`` in the protobuf wire format, by hand, for the infer rpc.
+"""``ModelInferRequest`` / ``ModelInferResponse`` (and ``ModelStreamInferResponse``) in the protobuf wire
+format, by hand, for the infer rpcs.
 
 Why not upb: parsing a request copies each ``raw_input_contents`` entry into upb's arena and again into a
 Python ``bytes`` when it is read (two copies of 602 KB for one ResNet-50 input), and building a response
@@ -173,10 +174,11 @@ def _put_str(out: bytearray, num: int, s: str) -> None:
 
 
 def infer_response(model_name: str, model_version: str, id: str,
-                   outputs: Sequence[tuple[str, str, Sequence[int], Any]]) -> bytes:
+                   outputs: Sequence[tuple[str, str, Sequence[int], Any]], *, stream: bool = False) -> bytes:
     """A ``ModelInferResponse``: ``outputs`` are (name, datatype, shape, raw contents as any buffer), each
-    output's contents in ``raw_output_contents`` in the same order (as Triton sends them). The bytes are
-    the ones upb writes for the same message."""
+    output's contents in ``raw_output_contents`` in the same order (as Triton sends them). With ``stream``
+    it is wrapped as a ``ModelStreamInferResponse``'s ``infer_response`` (in the same join, no second
+    copy). The bytes are the ones upb writes for the same message."""
     head = bytearray()
     _put_str(head, 1, model_name)
     _put_str(head, 2, model_version)
@@ -201,4 +203,25 @@ def infer_response(model_name: str, model_version: str, id: str,
         tag = bytearray([6 << 3 | _LEN])
         _put_varint(tag, n)
         parts += [tag, data] if n else [tag]
+    if stream:
+        envelope = bytearray([2 << 3 | _LEN])
+        _put_varint(envelope, sum(memoryview(p).nbytes for p in parts))
+        parts.insert(0, envelope)
     return b"".join(parts)
+
+
+def stream_error(message: str, model_name: str, model_version: str, id: str) -> bytes:
+    """A ``ModelStreamInferResponse`` that carries a request's error: ``error_message``, and an
+    ``infer_response`` with the request's model and id only (so that a client with several requests in
+    flight on the stream knows which one failed; empty when the request could not be read)."""
+    inner = bytearray()
+    _put_str(inner, 1, model_name)
+    _put_str(inner, 2, model_version)
+    _put_str(inner, 3, id)
+    out = bytearray()
+    _put_str(out, 1, message)
+    if inner:
+        out.append(2 << 3 | _LEN)
+        _put_varint(out, len(inner))
+        out += inner
+    return bytes(out)
