@@ -12,6 +12,8 @@ weight-bandwidth floor, weight memory vs the file's tensor bytes).
     python3 -m bench.quant_gemv --no-gemv --sweep1 --shapes head --e2e llama-1b:Q4_K_M   # e2e with the swept tiles
     python3 -m bench.quant_gemv --no-gemv --sweep1 --stages 1,2,3 --qtypes Q4_K,Q6_K,Q8_0   # the K loop pipelined
     python3 -m bench.quant_gemv --no-gemv --e2e llama-1b:Q4_K_M --e2e-configs triton --pdl-ab 2   # PDL off/on A/B
+    python3 -m bench.quant_gemv --no-gemv --e2e llama-8b:Q4_K_M --e2e-configs triton --repack-ab 2  # Q4_K vs Q4_K_R
+    python3 -m bench.quant_gemv --qtypes Q4_K,Q4_K_R --m 1                # the one-row kernel on both layouts
     ncu --clock-control none -k regex:_q4k -c 1 python3 -m bench.quant_gemv --once llama-8b:gate_up:Q4_K  # counters
 
 Without CUDA it says so and exits 0. Copy bandwidth for the floor: --copy-gbs (4,230 GB/s: the H200's
@@ -262,11 +264,13 @@ def sweep_one_row(qtypes: list[str], presets: list[str], top: int, jobs: int, la
 
 
 def e2e(specs: list[str], copy_gbs: float, new_tokens: int, prompt_len: int, configs: list[str],
-        profile_tokens: int = 0, pdl_rounds: int = 0) -> None:
+        profile_tokens: int = 0, pdl_rounds: int = 0, repack_rounds: int = 0) -> None:
     """Decode tok/s of presets written by ``shapeplan quantize --preset`` and loaded back from the file;
     ``profile_tokens``: then the per-kernel table of the last config's decode (bench/decode.py);
     ``pdl_rounds``: each config that many times with ``SHAPEPLAN_QUANT_GEMV_PDL`` off and on, interleaved
-    (one model load; each row builds and captures its own plans, so the switch applies to it)."""
+    (one model load; each row builds and captures its own plans, so the switch applies to it);
+    ``repack_rounds``: the same with ``SHAPEPLAN_Q4K_REPACK`` (applied at load: the model is loaded twice,
+    in the file's Q4_K layout and as Q4_K_R, and the rows alternate between the two)."""
     from shapeplan.llm.bench import bench_prompt, load_model, run_config
     from shapeplan.quant.formats import QuantWeight
     from shapeplan.quant.writer import write_preset_gguf
@@ -278,18 +282,23 @@ def e2e(specs: list[str], copy_gbs: float, new_tokens: int, prompt_len: int, con
             path = os.path.join(d, f"{preset}-{ftype}.gguf")
             summary = write_preset_gguf(preset, path, ftype, device="cuda")
             torch.cuda.empty_cache()
-            before = torch.cuda.memory_allocated()
-            cfg, weights = load_model(None, path, "cuda", "bfloat16")
-            mem = torch.cuda.memory_allocated() - before
-            per_token = sum(w.nbytes for n, w in weights.items() if isinstance(w, QuantWeight)
-                            and (n != "model.embed_tokens.weight" or cfg.tie_word_embeddings))
+            loads = {}                                  # SHAPEPLAN_Q4K_REPACK value (None: as set) -> model
+            for repack in (["0", "1"] if repack_rounds else [None]):
+                before = torch.cuda.memory_allocated()
+                with mock.patch.dict(os.environ, {} if repack is None else {"SHAPEPLAN_Q4K_REPACK": repack}):
+                    cfg, weights = load_model(None, path, "cuda", "bfloat16")
+                loads[repack] = cfg, weights, torch.cuda.memory_allocated() - before
             file_mb = summary.bytes / 1e6
-            runs = [(c, pdl) for c in configs for pdl in (["0", "1"] * pdl_rounds or [None])]
-            for config, pdl in runs:
+            runs = [(c, pdl, rp) for c in configs for pdl in (["0", "1"] * pdl_rounds or [None])
+                    for rp in (["0", "1"] * repack_rounds or [None])]
+            for config, pdl, rp in runs:
+                cfg, weights, mem = loads[rp]
+                per_token = sum(w.nbytes for n, w in weights.items() if isinstance(w, QuantWeight)
+                                and (n != "model.embed_tokens.weight" or cfg.tie_word_embeddings))
                 with mock.patch.dict(os.environ, {} if pdl is None else {"SHAPEPLAN_QUANT_GEMV_PDL": pdl}):
                     row = run_config(cfg, weights, config, device="cuda", prompt=bench_prompt(cfg.vocab_size, prompt_len),
                                      new_tokens=new_tokens, max_kv_cache_length=1024, max_prefill_length=prompt_len)
-                label = config if pdl is None else f"{config}/pdl{pdl}"
+                label = config + ("" if pdl is None else f"/pdl{pdl}") + ("" if rp is None else f"/repack{rp}")
                 if not row.ok:
                     print(f"{spec:<18} {label:<8} FAILED: {row.error}")
                     continue
@@ -299,9 +308,10 @@ def e2e(specs: list[str], copy_gbs: float, new_tokens: int, prompt_len: int, con
                       f"{mem / 1e6:>10.1f} {file_mb:>8.1f} {mem / summary.bytes - 1:>6.1%}")
             if profile_tokens:
                 from bench.decode import profile
+                cfg, weights, _ = loads[None if not repack_rounds else "1"]
                 profile(cfg, weights, configs[-1], prompt_len=prompt_len, max_kv_cache_length=1024,
                         tokens=profile_tokens, rows=30, dtype=cfg.torch_dtype)
-            del weights
+            del weights, loads
             torch.cuda.empty_cache()
 
 
@@ -352,6 +362,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="after each --e2e model, a per-kernel table of its decode over N tokens")
     ap.add_argument("--pdl-ab", type=int, default=0, metavar="R",
                     help="each --e2e config R times with SHAPEPLAN_QUANT_GEMV_PDL=0 and =1, interleaved (one model load)")
+    ap.add_argument("--repack-ab", type=int, default=0, metavar="R",
+                    help="each --e2e config R times with the model loaded in the file's Q4_K layout and as Q4_K_R "
+                    "(SHAPEPLAN_Q4K_REPACK=0 / 1: two loads), interleaved")
     ap.add_argument("--once", default="", metavar="PRESET:LABEL:QTYPE[:TILES]",
                     help="only call one shape's one-row kernel a few times (for ncu), e.g. llama-8b:gate_up:Q4_K")
     ap.add_argument("--new-tokens", type=int, default=256)
@@ -374,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
                       tuple(ints(a.pf)))
     if a.e2e:
         e2e(a.e2e.split(","), a.copy_gbs, a.new_tokens, a.prompt_len, a.e2e_configs.split(","), a.profile,
-            a.pdl_ab)
+            a.pdl_ab, a.repack_ab)
     return 0
 
 

@@ -142,6 +142,9 @@ _DECODERS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 
 def dequantize(packed: torch.Tensor, name: str) -> torch.Tensor:
     """uint8 ``[..., R]`` rows of ``name`` blocks -> float32 ``[..., R / type_size * block]``."""
+    if name == "Q4_K_R":                        # our layout of Q4_K: back to the file's, then as Q4_K
+        from shapeplan.quant.formats import unrepack_q4k
+        packed, name = unrepack_q4k(packed), "Q4_K"
     q = qtype(name)
     lead, r = packed.shape[:-1], packed.shape[-1]
     blocks = packed.reshape(-1, q.type_size)

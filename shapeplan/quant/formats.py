@@ -15,6 +15,15 @@ Besides the GGUF types there are the load-time types of ``from_pretrained(quanti
 
 ``tile`` is how the kernels see a 256-element chunk of a row: ``(sub-blocks, elements each)``, one
 scale per sub-block (shapeplan/runtime/backends/triton/kernels/gguf.py).
+
+One type is a layout of our own, made at load from a GGUF type (``SHAPEPLAN_Q4K_REPACK``; the GGUF
+importer's device arena, shapeplan/importers/gguf.py): ``Q4_K_R``, Q4_K with each row's super-blocks
+split in two runs, first every super-block's 128 code bytes, then every super-block's 16 header bytes
+(``[d|dmin][scales x 12]``), in the same order. Same bytes per row (so rows still stack and permute), and
+a row of K = 256 S elements is ``[codes 128 S][headers 16 S]``: the codes of a super-block start at a
+multiple of 128 bytes from the row (in the file's layout they sit 16 bytes into each 144-byte block, so
+every other super-block's codes straddle one more 32-byte sector). ``repack_q4k`` / ``unrepack_q4k``
+convert; a file written by shapeplan is always in the file's layout.
 """
 from __future__ import annotations
 
@@ -55,6 +64,7 @@ QTYPES: dict[str, QType] = {q.name: q for q in (
     _t("Q2_K", 10, 256, 84, "q2_k", (16, 16)),
     _t("Q3_K", 11, 256, 110, "q3_k", (16, 16)),
     _t("Q4_K", 12, 256, 144, "q4_k", (8, 32)),
+    _t("Q4_K_R", None, 256, 144, "q4_k_r", (8, 32)),          # Q4_K, codes and headers apart (module doc)
     _t("Q5_K", 13, 256, 176, "q5_k", (8, 32)),
     _t("Q6_K", 14, 256, 210, "q6_k", (16, 16)),
     _t("IQ4_NL", 20, 32, 18, "iq4_nl", (8, 32)),
@@ -115,3 +125,25 @@ class QuantWeight:
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         from shapeplan.quant.dequant import dequantize
         return dequantize(self.packed, self.qtype).to(dtype)
+
+
+def repack_q4k(packed: torch.Tensor) -> torch.Tensor:
+    """Q4_K rows uint8 ``[..., 144 S]`` -> the same rows in ``Q4_K_R``'s layout (module doc), a new tensor."""
+    lead, s = packed.shape[:-1], _superblocks(packed)
+    sb = packed.reshape(*lead, s, 144)
+    return torch.cat([sb[..., 16:].reshape(*lead, 128 * s), sb[..., :16].reshape(*lead, 16 * s)], dim=-1)
+
+
+def unrepack_q4k(packed: torch.Tensor) -> torch.Tensor:
+    """``Q4_K_R`` rows uint8 ``[..., 144 S]`` -> the same rows in Q4_K's (the file's) layout, a new tensor."""
+    lead, s = packed.shape[:-1], _superblocks(packed)
+    codes = packed[..., :128 * s].reshape(*lead, s, 128)
+    heads = packed[..., 128 * s:].reshape(*lead, s, 16)
+    return torch.cat([heads, codes], dim=-1).reshape(*lead, 144 * s)
+
+
+def _superblocks(packed: torch.Tensor) -> int:
+    if packed.dtype != torch.uint8 or packed.shape[-1] % 144:
+        raise ModelError(f"Q4_K rows must be uint8 [..., 144 S] (whole super-blocks), got {packed.dtype} "
+                         f"{list(packed.shape)}")
+    return packed.shape[-1] // 144

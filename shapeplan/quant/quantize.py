@@ -90,6 +90,9 @@ def quantize(w: torch.Tensor, name: str, *, tensor: str = "<tensor>") -> torch.T
     """Float ``[N, K]`` -> packed uint8 ``[N, K // block * type_size]`` of type ``name`` (computed in
     float32 on ``w``'s device)."""
     q = qtype(name, tensor=tensor)
+    if name == "Q4_K_R":                        # Q4_K's bytes in our layout (shapeplan/quant/formats.py)
+        from shapeplan.quant.formats import repack_q4k
+        return repack_q4k(quantize(w, "Q4_K", tensor=tensor))
     if w.dim() != 2 or w.shape[1] % q.block:
         raise InputError(f"tensor {tensor!r}: {name} needs a 2-D weight whose rows are a multiple of "
                          f"{q.block} elements, got shape {list(w.shape)}")

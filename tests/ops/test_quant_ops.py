@@ -163,7 +163,7 @@ def test_every_kernel_compiles_for_sm90():
 
 
 # ------------------------------------------------------------------ the one-row kernels (qgemv.py)
-ONE_ROW = ["Q4_K", "Q6_K", "Q8_0"]
+ONE_ROW = ["Q4_K", "Q4_K_R", "Q6_K", "Q8_0"]
 
 
 def _unfused(x, w, s=None, r=None, glu=False, eps=1e-5):
@@ -213,16 +213,18 @@ def _int8_x_linear(name, packed, w, x):
     every code 0 (each sub-block's -dmin * m)."""
     x8 = _x8(x)
     y = x8 @ w.t()
-    if name == "Q4_K":
-        zero = packed.clone().view(packed.shape[0], -1, QTYPES["Q4_K"].type_size)
+    if name in ("Q4_K", "Q4_K_R"):
+        from shapeplan.quant.formats import unrepack_q4k
+        file_layout = unrepack_q4k(packed) if name == "Q4_K_R" else packed
+        zero = file_layout.clone().view(packed.shape[0], -1, QTYPES["Q4_K"].type_size)
         zero[:, :, 16:] = 0                                   # the codes, after [d, dmin] and the 12 scale bytes
-        y = y + (x - x8) @ dequantize(zero.view(packed.shape), name).t()
+        y = y + (x - x8) @ dequantize(zero.view(packed.shape), "Q4_K").t()
     return y
 
 
 #: the int8-x tiles: XQ = 2 for every type (K loop in 3 stages, Q4_K's register prefetch), XQ = 3 for Q4_K
 INT8_X = ([(name, t) for name in ONE_ROW for t in [(4, 1, 4, 2), (2, 2, 1, 2), (2, 2, 1, 2, 3), (2, 2, 1, 2, 1, 1)]]
-          + [("Q4_K", t) for t in [(4, 1, 4, 3), (2, 2, 1, 3), (2, 2, 1, 3, 3)]])
+          + [(name, t) for name in ("Q4_K", "Q4_K_R") for t in [(4, 1, 4, 3), (2, 2, 1, 3), (2, 2, 1, 3, 3)]])
 
 
 @pytest.mark.parametrize("name,tiles", INT8_X)
@@ -267,7 +269,7 @@ def test_x_quantizer_with_the_norm(k, triton_kernels):
     assert (codes == want).float().mean().item() > 0.99
 
 
-@pytest.mark.parametrize("name,xq", [(name, xq) for name in ONE_ROW for xq in (1, 0, 2)] + [("Q4_K", 3)])
+@pytest.mark.parametrize("name,xq", [(name, xq) for name in ONE_ROW for xq in (1, 0, 2)] + [("Q4_K", 3), ("Q4_K_R", 3)])
 @pytest.mark.parametrize("case", ["norm", "norm+glu", "res"])
 def test_one_row_kernel_prologue_and_epilogues(name, case, xq, triton_kernels):
     from shapeplan.runtime.backends.triton.kernels import qgemv
@@ -340,7 +342,7 @@ def test_one_row_kernel_dispatch(triton_kernels, monkeypatch):
         real(x, packed, "Q8_0", 4, 512, tiles=(2, 2, 1, 3))
 
 
-@pytest.mark.parametrize("name", ["Q4_K", "Q5_K"])          # the one-row kernel, and the unfused fallback
+@pytest.mark.parametrize("name", ["Q4_K", "Q4_K_R", "Q5_K"])    # the one-row kernel, and the unfused fallback
 def test_fused_quant_ops_through_the_kernels(name, triton_kernels):
     """QuantRMSNormMatMul / QuantMatMulAdd with the Triton kernels (one row: fused; three rows: the norm,
     the GEMV and the gate / add) against the torch reference (the unfused ops)."""
@@ -371,12 +373,13 @@ def test_one_row_kernels_compile_for_sm90():
              + [f"gemv1t:{n}:{m}" for n in ONE_ROW for m in (1, 2)]         # XQ = 0: the x tile broadcast
              + [f"gemv1i:{n}:{m}" for n in ONE_ROW for m in (1, 2, 3)]      # XQ = 2: x as int8 codes
              + [f"gemv1s:{n}:{m}" for n in ONE_ROW for m in (1, 2)]         # XQ = 2, K loop in 3 stages
-             + ["gemv1p:Q4_K:1", "gemv1p:Q4_K:2"]                          # XQ = 2, Q4_K's register prefetch
-             + [f"gemv1q:Q4_K:{m}" for m in (1, 2, 4)]                     # XQ = 3, Q4_K's integer dots
+             + [f"gemv1p:{n}:{m}" for n in ("Q4_K", "Q4_K_R") for m in (1, 2)]   # XQ = 2, Q4_K's register prefetch
+             + [f"gemv1q:{n}:{m}" for n in ("Q4_K", "Q4_K_R") for m in (1, 2, 4)]   # XQ = 3, Q4_K's integer dots
              + ["quantx:x:0", "quantx:x:1", "quantx:x:2"])
     res = _compile_sm90(*specs)
     assert all(r["ok"] for r in res.values()), {s: r["error"] for s, r in res.items() if not r["ok"]}
     assert res["gemv1:Q4_K:0"]["vector_loads"]              # Q4_K super-blocks are 16-byte aligned
+    assert res["gemv1:Q4_K_R:0"]["vector_loads"] and res["gemv1q:Q4_K_R:1"]["vector_loads"]   # and Q4_K_R's codes
     assert all(res[f"gemv1i:{n}:1"]["dp4a"] for n in ONE_ROW)    # XQ = 2: the products are dp4a
     assert all(res[f"gemv1:{n}:{m}"]["griddepcontrol"] == (m >= 3) for n in ONE_ROW for m in (0, 3, 4))
     assert res["gemv1i:Q4_K:3"]["griddepcontrol"] and res["quantx:x:2"]["griddepcontrol"]

@@ -6,19 +6,23 @@ import numpy as np
 import pytest
 import torch
 
+from shapeplan.errors import ModelError
 from shapeplan.quant.dequant import dequantize
-from shapeplan.quant.formats import GGUF_TYPES, QTYPES, QuantTypeError, QuantWeight, qtype
+from shapeplan.quant.formats import GGUF_TYPES, QTYPES, QuantTypeError, QuantWeight, qtype, repack_q4k, unrepack_q4k
 
 gguf = pytest.importorskip("gguf")
 
 #: byte offsets of each type's float16 fields in a block (random bytes there could be inf / nan)
 F16_FIELDS = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0], "Q2_K": [80, 82],
               "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208], "IQ4_NL": [0], "IQ4_XS": [0],
-              "INT8_G64": [0], "INT8_G128": [0], "INT4_G64": [0, 2], "INT4_G128": [0, 2]}
+              "INT8_G64": [0], "INT8_G128": [0], "INT4_G64": [0, 2], "INT4_G128": [0, 2],
+              "Q4_K_R": [0, 2]}               # Q4_K's, before the repack (random_blocks)
 
 
 def random_blocks(name: str, rows: int, k: int, seed: int = 0) -> torch.Tensor:
     """Random packed bytes of ``name`` (every bit pattern of codes and scales) with finite f16 fields."""
+    if name == "Q4_K_R":
+        return repack_q4k(random_blocks("Q4_K", rows, k, seed))
     q = QTYPES[name]
     rng = np.random.default_rng(seed)
     raw = rng.integers(0, 256, size=(rows, q.row_bytes(k)), dtype=np.uint8)
@@ -74,3 +78,19 @@ def test_quant_weight_checks_its_bytes():
         QuantWeight(torch.zeros(4, 100, dtype=torch.uint8), "Q4_K", (4, 256))
     w = QuantWeight(random_blocks("Q4_K", 4, 256), "Q4_K", (4, 256))
     assert w.rows(slice(1, 3)).shape == (2, 256) and w.nbytes == 4 * 144
+
+
+def test_q4_k_r_is_q4_k_repacked():
+    """Q4_K_R (our layout: a row's code bytes, then its header bytes) holds the same bytes as Q4_K, so it
+    dequantizes to the same values, and the repack round-trips; a row of whole super-blocks only."""
+    packed = random_blocks("Q4_K", 5, 1024, seed=4)
+    r = repack_q4k(packed)
+    assert r.shape == packed.shape and not torch.equal(r, packed)
+    s = 1024 // 256
+    assert torch.equal(r[:, :128 * s].reshape(5, s, 128), packed.reshape(5, s, 144)[:, :, 16:])
+    assert torch.equal(r[:, 128 * s:].reshape(5, s, 16), packed.reshape(5, s, 144)[:, :, :16])
+    assert torch.equal(unrepack_q4k(r), packed)
+    assert torch.equal(dequantize(r, "Q4_K_R"), dequantize(packed, "Q4_K"))
+    assert torch.equal(dequantize(r[1:3], "Q4_K_R"), dequantize(packed[1:3], "Q4_K"))     # rows stay rows
+    with pytest.raises(ModelError, match=r"uint8 \[\.\.\., 144 S\]"):
+        repack_q4k(packed[:, :100])

@@ -34,7 +34,7 @@ except ImportError:                       # the op module imports us; CPU instal
 CHUNK = 256
 #: kernel family -> decoder id (constexpr KIND)
 KINDS = {"int8": 0, "int4": 1, "q4_0": 2, "q5_0": 3, "q5_1": 4, "iq4_nl": 5,
-         "q2_k": 10, "q3_k": 11, "q4_k": 12, "q5_k": 13, "q6_k": 14, "iq4_xs": 15}
+         "q2_k": 10, "q3_k": 11, "q4_k": 12, "q5_k": 13, "q6_k": 14, "iq4_xs": 15, "q4_k_r": 16}
 
 #: decode GEMV tuning: rows per program, warps, chunks decoded per loop iteration (their loads are in
 #: flight together), and the programs below which split-K is used (0: the device's SM count)
@@ -153,12 +153,13 @@ if AVAILABLE:
         return sc, mn
 
     @triton.jit
-    def _dec_q45_k(sbk, sb, t, mask, mask_s, FIVE: tl.constexpr):   # [d][dmin][scales 12]([qh 32])[qs 128]
+    def _dec_q45_k(sbk, qs, sb, t, mask, mask_s, FIVE: tl.constexpr):   # [d][dmin][scales 12]([qh 32])[qs 128]
+        """``sbk``: the super-block's header ([d][dmin][scales]); ``qs``: its 128 code bytes (in the file's
+        layout 16 / 48 bytes further, in Q4_K_R's apart)."""
         sc, mn = _scale_min_k4(sbk, sb, mask_s)
         d = _f16(sbk, mask_s) * sc.to(tl.float32)
         dm = _f16(sbk + 2, mask_s) * mn.to(tl.float32)
-        qs = 48 if FIVE else 16
-        q = (_byte(sbk + qs + (sb // 2) * 32 + t, mask) >> ((sb % 2) * 4)) & 15
+        q = (_byte(qs + (sb // 2) * 32 + t, mask) >> ((sb % 2) * 4)) & 15
         if FIVE:
             q = q | (((_byte(sbk + 16 + t, mask) >> sb) & 1) << 4)
         return d * q.to(tl.float32) - dm
@@ -214,9 +215,11 @@ if AVAILABLE:
             elif KIND == 11:
                 w = _dec_q3_k(sbk, sb, e, mask_s, mask_s)
             elif KIND == 12:
-                w = _dec_q45_k(sbk, sb, t, mask_s, mask_s, False)
+                w = _dec_q45_k(sbk, sbk + 16, sb, t, mask_s, mask_s, False)
             elif KIND == 13:
-                w = _dec_q45_k(sbk, sb, t, mask_s, mask_s, True)
+                w = _dec_q45_k(sbk, sbk + 48, sb, t, mask_s, mask_s, True)
+            elif KIND == 16:                # Q4_K_R: a row is [codes 128 x S][headers 16 x S]
+                w = _dec_q45_k(p + tl.cdiv(K, 256) * 128 + c * 16, p + c * 128, sb, t, mask_s, mask_s, False)
             elif KIND == 14:
                 w = _dec_q6_k(sbk, sb, e, mask_s, mask_s)
             else:

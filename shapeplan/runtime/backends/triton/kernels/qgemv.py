@@ -167,9 +167,11 @@ QX_CHUNK = 4096
 #: programs below which BN is halved (the H200 has 132 SMs)
 MIN_PROGRAMS = 264
 #: the types whose one-row kernel has x mode 3 (int8 x, integer dots)
-INT_DOTS = frozenset({"Q4_K"})
+INT_DOTS = frozenset({"Q4_K", "Q4_K_R"})
 #: the types with a one-row kernel, and the K each needs (super-block or block pair)
-K_MULTIPLE = {"Q4_K": 256, "Q6_K": 512, "Q8_0": 64}
+K_MULTIPLE = {"Q4_K": 256, "Q4_K_R": 256, "Q6_K": 512, "Q8_0": 64}
+#: types that run another type's kernel, and take its tiles: Q4_K_R is Q4_K's bytes in another order
+TUNED_AS = {"Q4_K_R": "Q4_K"}
 
 if AVAILABLE:
     from shapeplan.runtime.backends.triton.kernels.gemv_jit import _finish, gdc_launch_dependents, gdc_wait
@@ -374,19 +376,26 @@ if AVAILABLE:
         return rows, rows < N, rg, ru
 
     @triton.jit
-    def _q4k_words(rp, c, m4, woff, EVEN: tl.constexpr):
+    def _q4k_words(rp, c, m4, woff, nc, EVEN: tl.constexpr, REPACK: tl.constexpr):
         """The code words [BN, CH, 4, 8] and the [d|dmin] and three scale words [BN, CH, 1, 1] of super-blocks
-        ``c`` of rows ``rp`` (EVEN: unmasked)."""
-        sb = rp[:, None, None, None] + (c * 36)[None]                             # [BN, CH, 1, 1]
-        return (_ld(sb + woff, m4, EVEN), _ld(sb, m4, EVEN), _ld(sb + 1, m4, EVEN), _ld(sb + 2, m4, EVEN),
+        ``c`` of rows ``rp`` (EVEN: unmasked). REPACK (Q4_K_R): a row of ``nc`` super-blocks is their code
+        words, 32 each, then their header words, 4 each; else 36-word super-blocks, codes at word 4."""
+        if REPACK:
+            cw = rp[:, None, None, None] + (c * 32)[None]                         # [BN, CH, 1, 1]
+            sb = rp[:, None, None, None] + (nc * 32 + c * 4)[None]
+        else:
+            sb = rp[:, None, None, None] + (c * 36)[None]
+            cw = sb
+        return (_ld(cw + woff, m4, EVEN), _ld(sb, m4, EVEN), _ld(sb + 1, m4, EVEN), _ld(sb + 2, m4, EVEN),
                 _ld(sb + 3, m4, EVEN))
 
     @triton.jit
-    def _q4k_rows(rg, ru, c, m4, woff, GLU: tl.constexpr, EVEN: tl.constexpr = False):
+    def _q4k_rows(rg, ru, c, m4, woff, nc, GLU: tl.constexpr, EVEN: tl.constexpr = False,
+                  REPACK: tl.constexpr = False):
         """``_q4k_words`` of the gate rows ``rg``, then of the up rows ``ru`` (GLU; else the gate's again)."""
-        qw, hd, s1, s2, s3 = _q4k_words(rg, c, m4, woff, EVEN)
+        qw, hd, s1, s2, s3 = _q4k_words(rg, c, m4, woff, nc, EVEN, REPACK)
         if GLU:
-            qwu, hdu, s1u, s2u, s3u = _q4k_words(ru, c, m4, woff, EVEN)
+            qwu, hdu, s1u, s2u, s3u = _q4k_words(ru, c, m4, woff, nc, EVEN, REPACK)
         else:
             qwu, hdu, s1u, s2u, s3u = qw, hd, s1, s2, s3
         return qw, hd, s1, s2, s3, qwu, hdu, s1u, s2u, s3u
@@ -428,16 +437,19 @@ if AVAILABLE:
                     NORM: tl.constexpr, RES: tl.constexpr, GLU: tl.constexpr, PDL: tl.constexpr = False,
                     ASM: tl.constexpr = False, XQ: tl.constexpr = True, XB: tl.constexpr = 16,
                     XF16: tl.constexpr = False, NB: tl.constexpr = 16, NF16: tl.constexpr = False,
-                    STAGES: tl.constexpr = 1, PF: tl.constexpr = False, EVEN: tl.constexpr = False):
+                    STAGES: tl.constexpr = 1, PF: tl.constexpr = False, EVEN: tl.constexpr = False,
+                    REPACK: tl.constexpr = False):
         """Q4_K super-block (36 words): [d|dmin] [scales x 3] [qs x 32]; qs word 4 + 8p + w holds, in
         byte b, elements 32*(2p) + 4w + b (low nibble) and 32*(2p+1) + 4w + b (high nibble): x quad
         8(2p + h) + w of the super-block for nibble half h. EVEN: no masks (the launcher sets it for XQ = 3
-        only, where it was measured)."""
+        only, where it was measured). REPACK: the weight is Q4_K_R (the same words, a row's code words
+        first and its header words after them: ``_q4k_words``)."""
         rows, ok, rg, ru = _program_rows(W, N, HALF, ROW_WORDS, BN, PDL)
         ci = tl.arange(0, CH)[:, None, None]                                       # [CH, 1, 1]
         p = tl.arange(0, 4)[None, :, None]                                         # [1, 4, 1]
         w = tl.arange(0, 8)[None, None, :]                                         # [1, 1, 8]
-        woff = tl.max_contiguous(tl.broadcast_to(4 + 8 * p[None] + w[None], [BN, CH, 4, 8]), [1, 1, 1, 4])
+        woff = tl.max_contiguous(tl.broadcast_to((0 if REPACK else 4) + 8 * p[None] + w[None], [BN, CH, 4, 8]),
+                                 [1, 1, 1, 4])
         nc = K // 256
         if XQ == 3:
             hi = p[None] >= 2                                                      # sub-blocks 2p + h >= 4,
@@ -454,15 +466,16 @@ if AVAILABLE:
             ss = tl.zeros([CH, 4, 8], dtype=tl.float32)
         if PF:                              # the first iteration's words, loaded before the loop
             qw, hd, s1, s2, s3, qwu, hdu, s1u, s2u, s3u = _q4k_rows(
-                rg, ru, ci, ok[:, None, None, None] & (ci < nc)[None], woff, GLU)
+                rg, ru, ci, ok[:, None, None, None] & (ci < nc)[None], woff, nc, GLU, False, REPACK)
         for c0 in tl.range(0, nc, CH, num_stages=STAGES):
             c = c0 + ci
             cok = c < nc
             m4 = ok[:, None, None, None] & cok[None]                              # [BN, CH, 1, 1]
             if PF:                          # the next iteration's words in flight during this one's arithmetic
-                nxt = _q4k_rows(rg, ru, c + CH, ok[:, None, None, None] & (c + CH < nc)[None], woff, GLU)
+                nxt = _q4k_rows(rg, ru, c + CH, ok[:, None, None, None] & (c + CH < nc)[None], woff, nc, GLU,
+                                False, REPACK)
             else:
-                qw, hd, s1, s2, s3, qwu, hdu, s1u, s2u, s3u = _q4k_rows(rg, ru, c, m4, woff, GLU, EVEN)
+                qw, hd, s1, s2, s3, qwu, hdu, s1u, s2u, s3u = _q4k_rows(rg, ru, c, m4, woff, nc, GLU, EVEN, REPACK)
             if PDL:
                 gdc_wait()
             if XQ == 3:
@@ -663,7 +676,7 @@ if AVAILABLE:
             u = tl.sum(tl.sum(acc_u, axis=2), axis=1)
         _finish(y, u, _ss_total(ss, XQ), K, eps, R, Y, rows, ok, NORM, RES, GLU)
 
-    KERNELS = {"Q4_K": _q4k_kernel, "Q6_K": _q6k_kernel, "Q8_0": _q80_kernel}
+    KERNELS = {"Q4_K": _q4k_kernel, "Q4_K_R": _q4k_kernel, "Q6_K": _q6k_kernel, "Q8_0": _q80_kernel}
 
 
 # --------------------------------------------------------------------------------------- launching
@@ -683,6 +696,7 @@ def config(qtype: str, n: int, k: int) -> tuple[int, ...]:
     (``DEFAULT_LARGE`` from ``LARGE`` weight elements) with BN halved until there are ``MIN_PROGRAMS``
     programs (or BN is 1); XQ = 2 or 3 becomes 1 with ``SHAPEPLAN_QUANT_INT8_X=0``."""
     from shapeplan import env
+    qtype = TUNED_AS.get(qtype, qtype)
     hit = TUNE.get((qtype, n, k))
     if not hit:
         bn, ch, warps, xq = (DEFAULT_LARGE if n * k >= LARGE else DEFAULT)[qtype]
@@ -732,12 +746,13 @@ def gemv1(x: torch.Tensor, packed: torch.Tensor, qtype: str, n: int, k: int, *, 
     if xq >= 2:                                   # x quantized first (the norm applied there), then the GEMV
         x, xd, xs = quantize_x(x, nw if norm else None, eps, k, pdl=bool(launch))
         nw, norm = x, False
-    q4k = {"PF": bool(pf), "EVEN": xq == 3 and out_n % bn == 0 and (k // K_MULTIPLE[qtype]) % ch == 0}
+    q4k = {"PF": bool(pf), "EVEN": xq == 3 and out_n % bn == 0 and (k // K_MULTIPLE[qtype]) % ch == 0,
+           "REPACK": qtype == "Q4_K_R"}
     KERNELS[qtype][(triton.cdiv(out_n, bn),)](
         x, nw, xd, xs, words, r, y, out_n, k, out_n, words.stride(0), float(eps), BN=bn, CH=ch,
         NORM=norm, RES=residual is not None, GLU=glu, PDL=bool(launch), ASM=not interpreting(),
         XQ=xq, XB=8 * x.element_size(), XF16=x.dtype == torch.float16, NB=8 * nw.element_size(),
-        NF16=nw.dtype == torch.float16, STAGES=stages, **(q4k if qtype == "Q4_K" else {}),
+        NF16=nw.dtype == torch.float16, STAGES=stages, **(q4k if qtype in ("Q4_K", "Q4_K_R") else {}),
         num_warps=warps, **launch)
     return y
 
