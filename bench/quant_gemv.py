@@ -12,8 +12,8 @@ weight-bandwidth floor, weight memory vs the file's tensor bytes).
     python3 -m bench.quant_gemv --no-gemv --sweep1 --shapes head --e2e llama-1b:Q4_K_M   # e2e with the swept tiles
     python3 -m bench.quant_gemv --no-gemv --sweep1 --stages 1,2,3 --qtypes Q4_K,Q6_K,Q8_0   # the K loop pipelined
     python3 -m bench.quant_gemv --no-gemv --e2e llama-1b:Q4_K_M --e2e-configs triton --pdl-ab 2   # PDL off/on A/B
-    python3 -m bench.quant_gemv --no-gemv --e2e llama-8b:Q4_K_M --e2e-configs triton --repack-ab 2  # Q4_K vs Q4_K_R
-    python3 -m bench.quant_gemv --qtypes Q4_K,Q4_K_R --m 1                # the one-row kernel on both layouts
+    python3 -m bench.quant_gemv --no-gemv --e2e llama-8b:Q4_K_M --e2e-configs triton --repack-ab 2  # file layout vs ours
+    python3 -m bench.quant_gemv --qtypes Q4_K,Q4_K_R,Q8_0,Q8_0_R --m 1    # the one-row kernel on both layouts
     ncu --clock-control none -k regex:_q4k -c 1 python3 -m bench.quant_gemv --once llama-8b:gate_up:Q4_K  # counters
 
 Without CUDA it says so and exits 0. Copy bandwidth for the floor: --copy-gbs (4,230 GB/s: the H200's
@@ -126,13 +126,19 @@ CH_ELEMS = {"Q4_K": 256, "Q6_K": 512, "Q8_0": 64}
 L2_BYTES = 60e6
 
 
+def _base(name: str) -> str:
+    """The GGUF type whose kernel (and tile family) a type runs: our layouts Q4_K_R / Q8_0_R run Q4_K's / Q8_0's."""
+    from shapeplan.runtime.backends.triton.kernels import qgemv
+    return qgemv.TUNED_AS.get(name, name)
+
+
 def sweep1_configs(name: str, out_n: int, modes: tuple[int, ...] = (1, 0, 2, 3)) -> list[tuple[int, int, int, int]]:
     """The (BN, CH, warps, XQ) worth timing: 16..128 weight elements per thread per iteration (CH 8 and 16,
     the long rows' many chunks per iteration, only with more than one warp), at least 64 rows per BN
     (fewer programs than that leave SMs idle), x modes ``modes``."""
-    return [t for t in SWEEP1 if 16 <= t[0] * t[1] * CH_ELEMS[name] / (32 * t[2]) <= 128
+    return [t for t in SWEEP1 if 16 <= t[0] * t[1] * CH_ELEMS[_base(name)] / (32 * t[2]) <= 128
             and t[0] <= max(1, out_n // 64) and t[3] in modes and (t[1] <= 4 or t[2] > 1)
-            and (t[3] < 3 or name == "Q4_K")]
+            and (t[3] < 3 or _base(name) == "Q4_K")]
 
 
 def staged_configs(name: str, out_n: int, current: tuple[int, ...], stages: tuple[int, ...],
@@ -141,10 +147,10 @@ def staged_configs(name: str, out_n: int, current: tuple[int, ...], stages: tupl
     the pipeliner keeps the rest in flight) in the current tile's x mode, and the current tile, each at
     every stage count of ``stages`` (and, Q4_K, with and without the register prefetch: ``pfs``)."""
     base = [t for t in SWEEP1 if t[0] <= 4 and t[1] <= 4 and t[2] <= 2 and t[3] == current[3]
-            and 16 <= t[0] * t[1] * CH_ELEMS[name] / (32 * t[2]) <= 64 and t[0] <= max(1, out_n // 64)]
+            and 16 <= t[0] * t[1] * CH_ELEMS[_base(name)] / (32 * t[2]) <= 64 and t[0] <= max(1, out_n // 64)]
     base += [tuple(current[:4])] if tuple(current[:4]) not in base else []
     return [(*t, st, pf) if pf else (*t, st) for t in base for st in stages
-            for pf in (pfs if name == "Q4_K" else (0,))]
+            for pf in (pfs if _base(name) == "Q4_K" else (0,))]
 
 
 def _configs(name: str, out_n: int, k: int, modes: tuple[int, ...], stages: tuple[int, ...],
@@ -153,7 +159,7 @@ def _configs(name: str, out_n: int, k: int, modes: tuple[int, ...], stages: tupl
     if stages:
         return staged_configs(name, out_n, qgemv.config(name, out_n, k), stages, pfs)
     family = sweep1_configs(name, out_n, modes)
-    if name != "Q4_K" or tuple(pfs) == (0,):
+    if _base(name) != "Q4_K" or tuple(pfs) == (0,):
         return family
     # Q4_K's register prefetch on the whole family (not in the integer-dot kernel, XQ = 3)
     return [(*t, 1, pf) if pf else t for t in family for pf in pfs if not pf or t[3] < 3]
@@ -269,8 +275,8 @@ def e2e(specs: list[str], copy_gbs: float, new_tokens: int, prompt_len: int, con
     ``profile_tokens``: then the per-kernel table of the last config's decode (bench/decode.py);
     ``pdl_rounds``: each config that many times with ``SHAPEPLAN_QUANT_GEMV_PDL`` off and on, interleaved
     (one model load; each row builds and captures its own plans, so the switch applies to it);
-    ``repack_rounds``: the same with ``SHAPEPLAN_Q4K_REPACK`` (applied at load: the model is loaded twice,
-    in the file's Q4_K layout and as Q4_K_R, and the rows alternate between the two)."""
+    ``repack_rounds``: the same with ``SHAPEPLAN_QUANT_REPACK`` (applied at load: the model is loaded twice,
+    in the file's layout and with Q4_K / Q8_0 as Q4_K_R / Q8_0_R, and the rows alternate between the two)."""
     from shapeplan.llm.bench import bench_prompt, load_model, run_config
     from shapeplan.quant.formats import QuantWeight
     from shapeplan.quant.writer import write_preset_gguf
@@ -282,10 +288,10 @@ def e2e(specs: list[str], copy_gbs: float, new_tokens: int, prompt_len: int, con
             path = os.path.join(d, f"{preset}-{ftype}.gguf")
             summary = write_preset_gguf(preset, path, ftype, device="cuda")
             torch.cuda.empty_cache()
-            loads = {}                                  # SHAPEPLAN_Q4K_REPACK value (None: as set) -> model
+            loads = {}                                  # SHAPEPLAN_QUANT_REPACK value (None: as set) -> model
             for repack in (["0", "1"] if repack_rounds else [None]):
                 before = torch.cuda.memory_allocated()
-                with mock.patch.dict(os.environ, {} if repack is None else {"SHAPEPLAN_Q4K_REPACK": repack}):
+                with mock.patch.dict(os.environ, {} if repack is None else {"SHAPEPLAN_QUANT_REPACK": repack}):
                     cfg, weights = load_model(None, path, "cuda", "bfloat16")
                 loads[repack] = cfg, weights, torch.cuda.memory_allocated() - before
             file_mb = summary.bytes / 1e6
@@ -363,8 +369,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pdl-ab", type=int, default=0, metavar="R",
                     help="each --e2e config R times with SHAPEPLAN_QUANT_GEMV_PDL=0 and =1, interleaved (one model load)")
     ap.add_argument("--repack-ab", type=int, default=0, metavar="R",
-                    help="each --e2e config R times with the model loaded in the file's Q4_K layout and as Q4_K_R "
-                    "(SHAPEPLAN_Q4K_REPACK=0 / 1: two loads), interleaved")
+                    help="each --e2e config R times with the model loaded in the file's layout and with Q4_K / Q8_0 "
+                    "as Q4_K_R / Q8_0_R (SHAPEPLAN_QUANT_REPACK=0 / 1: two loads), interleaved")
     ap.add_argument("--once", default="", metavar="PRESET:LABEL:QTYPE[:TILES]",
                     help="only call one shape's one-row kernel a few times (for ncu), e.g. llama-8b:gate_up:Q4_K")
     ap.add_argument("--new-tokens", type=int, default=256)

@@ -18,9 +18,9 @@ caching allocator (up to ~1 MB apiece: llama-1b Q8_0 measured + 4.4-5.6 % over i
 with them, + 0.0 % with the arena, as 1b and 8b Q4_K_M; H200, 2026-12-02). On the CPU the packed bytes
 stay views of the file's memory map.
 
-With ``SHAPEPLAN_Q4K_REPACK=1`` each Q4_K matrix is rewritten in the arena, on the device, as ``Q4_K_R`` (the
-same bytes, each row's codes first: shapeplan/quant/formats.py); the arena's grouping is by the file's
-types, so a stacked group stays stacked.
+With ``SHAPEPLAN_QUANT_REPACK=1`` each Q4_K and Q8_0 matrix is rewritten in the arena, on the device, as
+``Q4_K_R`` / ``Q8_0_R`` (the same bytes, each row's codes first: shapeplan/quant/formats.py); the
+arena's grouping is by the file's types, so a stacked group stays stacked.
 
 Two things differ from a Hugging Face checkpoint:
 
@@ -48,7 +48,7 @@ from shapeplan.ir.dtypes import dtype_name
 from shapeplan.ir.graph import Graph
 from shapeplan.llm.config import LlamaConfig
 from shapeplan.llm.weights import expected_shapes, fused_groups
-from shapeplan.quant.formats import QTYPES, QuantTypeError, QuantWeight, repack_q4k
+from shapeplan.quant.formats import QTYPES, REPACK_OF, QuantTypeError, QuantWeight, repack
 
 SUPPORTED_ARCHITECTURES = ("llama",)
 
@@ -288,17 +288,16 @@ def _arena(quant: dict[str, QuantWeight], groups: list[list[str]], device: str |
             end += quant[n].nbytes
     buf = torch.empty(end, dtype=torch.uint8, device=device)
     from shapeplan import env
-    repack = env.get("SHAPEPLAN_Q4K_REPACK")
+    layouts = REPACK_OF if env.get("SHAPEPLAN_QUANT_REPACK") else {}
     out = {}
     for n, off in offsets.items():
         w = quant[n]
         dst = buf[off:off + w.nbytes].view(w.packed.shape)
         dst.copy_(w.packed)
-        if repack and w.qtype == "Q4_K":        # our layout, made on the device (one matrix's temporary)
-            dst.copy_(repack_q4k(dst))
-            out[n] = QuantWeight(dst, "Q4_K_R", w.shape)
-        else:
-            out[n] = QuantWeight(dst, w.qtype, w.shape)
+        name = layouts.get(w.qtype, w.qtype)
+        if name != w.qtype:                     # our layout, made on the device (one matrix's temporary)
+            dst.copy_(repack(dst, name))
+        out[n] = QuantWeight(dst, name, w.shape)
     return out
 
 

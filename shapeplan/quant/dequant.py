@@ -11,7 +11,7 @@ from typing import Callable
 
 import torch
 
-from shapeplan.quant.formats import IQ4_VALUES, qtype
+from shapeplan.quant.formats import IQ4_VALUES, REPACKED, qtype, unrepack
 
 
 def _f16(b: torch.Tensor, at: int) -> torch.Tensor:
@@ -142,9 +142,8 @@ _DECODERS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 
 def dequantize(packed: torch.Tensor, name: str) -> torch.Tensor:
     """uint8 ``[..., R]`` rows of ``name`` blocks -> float32 ``[..., R / type_size * block]``."""
-    if name == "Q4_K_R":                        # our layout of Q4_K: back to the file's, then as Q4_K
-        from shapeplan.quant.formats import unrepack_q4k
-        packed, name = unrepack_q4k(packed), "Q4_K"
+    if name in REPACKED:                        # our layout of a GGUF type: back to the file's, then as that type
+        packed, name = unrepack(packed, name), REPACKED[name][0]
     q = qtype(name)
     lead, r = packed.shape[:-1], packed.shape[-1]
     blocks = packed.reshape(-1, q.type_size)

@@ -16,14 +16,16 @@ Besides the GGUF types there are the load-time types of ``from_pretrained(quanti
 ``tile`` is how the kernels see a 256-element chunk of a row: ``(sub-blocks, elements each)``, one
 scale per sub-block (shapeplan/runtime/backends/triton/kernels/gguf.py).
 
-One type is a layout of our own, made at load from a GGUF type (``SHAPEPLAN_Q4K_REPACK``; the GGUF
-importer's device arena, shapeplan/importers/gguf.py): ``Q4_K_R``, Q4_K with each row's super-blocks
-split in two runs, first every super-block's 128 code bytes, then every super-block's 16 header bytes
-(``[d|dmin][scales x 12]``), in the same order. Same bytes per row (so rows still stack and permute), and
-a row of K = 256 S elements is ``[codes 128 S][headers 16 S]``: the codes of a super-block start at a
-multiple of 128 bytes from the row (in the file's layout they sit 16 bytes into each 144-byte block, so
-every other super-block's codes straddle one more 32-byte sector). ``repack_q4k`` / ``unrepack_q4k``
-convert; a file written by shapeplan is always in the file's layout.
+Two types are layouts of our own, made at load from a GGUF type (``SHAPEPLAN_QUANT_REPACK``; the GGUF
+importer's device arena, shapeplan/importers/gguf.py): ``Q4_K_R`` and ``Q8_0_R`` hold the bytes of Q4_K
+and Q8_0 with each row's blocks split in two runs, first every block's code bytes, then every block's
+header bytes (Q4_K: 128 code bytes and the 16-byte ``[d|dmin][scales x 12]``; Q8_0: 32 codes and the
+2-byte ``d``), in the same order. Same bytes per row, so rows still stack and permute. A row's codes then
+start every block at a multiple of the code run's size: in the file's layout a Q4_K super-block's codes
+sit 16 bytes into its 144 bytes (every other super-block's codes straddle one more 32-byte sector), and
+a Q8_0 block's 2 bytes into its 34 (so the one-row kernel reads them as 32-bit words realigned with funnel
+shifts, never as 16-byte loads). ``repack`` / ``unrepack`` convert; a file written by shapeplan is always
+in the file's layout.
 """
 from __future__ import annotations
 
@@ -65,6 +67,7 @@ QTYPES: dict[str, QType] = {q.name: q for q in (
     _t("Q3_K", 11, 256, 110, "q3_k", (16, 16)),
     _t("Q4_K", 12, 256, 144, "q4_k", (8, 32)),
     _t("Q4_K_R", None, 256, 144, "q4_k_r", (8, 32)),          # Q4_K, codes and headers apart (module doc)
+    _t("Q8_0_R", None, 32, 34, "q8_0_r", (8, 32)),            # Q8_0, the same
     _t("Q5_K", 13, 256, 176, "q5_k", (8, 32)),
     _t("Q6_K", 14, 256, 210, "q6_k", (16, 16)),
     _t("IQ4_NL", 20, 32, 18, "iq4_nl", (8, 32)),
@@ -127,23 +130,32 @@ class QuantWeight:
         return dequantize(self.packed, self.qtype).to(dtype)
 
 
-def repack_q4k(packed: torch.Tensor) -> torch.Tensor:
-    """Q4_K rows uint8 ``[..., 144 S]`` -> the same rows in ``Q4_K_R``'s layout (module doc), a new tensor."""
-    lead, s = packed.shape[:-1], _superblocks(packed)
-    sb = packed.reshape(*lead, s, 144)
-    return torch.cat([sb[..., 16:].reshape(*lead, 128 * s), sb[..., :16].reshape(*lead, 16 * s)], dim=-1)
+#: our layouts (module doc): name -> (the GGUF type whose bytes it holds, header bytes at the start of its blocks)
+REPACKED: dict[str, tuple[str, int]] = {"Q4_K_R": ("Q4_K", 16), "Q8_0_R": ("Q8_0", 2)}
+#: GGUF type -> our layout of it
+REPACK_OF = {src: name for name, (src, _) in REPACKED.items()}
 
 
-def unrepack_q4k(packed: torch.Tensor) -> torch.Tensor:
-    """``Q4_K_R`` rows uint8 ``[..., 144 S]`` -> the same rows in Q4_K's (the file's) layout, a new tensor."""
-    lead, s = packed.shape[:-1], _superblocks(packed)
-    codes = packed[..., :128 * s].reshape(*lead, s, 128)
-    heads = packed[..., 128 * s:].reshape(*lead, s, 16)
-    return torch.cat([heads, codes], dim=-1).reshape(*lead, 144 * s)
+def repack(packed: torch.Tensor, name: str) -> torch.Tensor:
+    """Rows uint8 ``[..., R]`` of ``REPACKED[name]``'s GGUF type -> the same rows in layout ``name``
+    (every block's codes, then every block's header), a new tensor."""
+    lead, ts, head, nb = _blocks(packed, name)
+    b = packed.reshape(*lead, nb, ts)
+    return torch.cat([b[..., head:].reshape(*lead, nb * (ts - head)), b[..., :head].reshape(*lead, nb * head)], dim=-1)
 
 
-def _superblocks(packed: torch.Tensor) -> int:
-    if packed.dtype != torch.uint8 or packed.shape[-1] % 144:
-        raise ModelError(f"Q4_K rows must be uint8 [..., 144 S] (whole super-blocks), got {packed.dtype} "
+def unrepack(packed: torch.Tensor, name: str) -> torch.Tensor:
+    """Rows in layout ``name`` -> the same rows in the GGUF type's (the file's) layout, a new tensor."""
+    lead, ts, head, nb = _blocks(packed, name)
+    codes = packed[..., :nb * (ts - head)].reshape(*lead, nb, ts - head)
+    heads = packed[..., nb * (ts - head):].reshape(*lead, nb, head)
+    return torch.cat([heads, codes], dim=-1).reshape(*lead, nb * ts)
+
+
+def _blocks(packed: torch.Tensor, name: str) -> tuple[tuple[int, ...], int, int, int]:
+    src, head = REPACKED[name]
+    ts = QTYPES[src].type_size
+    if packed.dtype != torch.uint8 or packed.shape[-1] % ts:
+        raise ModelError(f"{src} rows must be uint8 [..., {ts} x blocks] (whole blocks), got {packed.dtype} "
                          f"{list(packed.shape)}")
-    return packed.shape[-1] // 144
+    return tuple(packed.shape[:-1]), ts, head, packed.shape[-1] // ts

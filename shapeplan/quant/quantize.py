@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from shapeplan.errors import InputError
-from shapeplan.quant.formats import QTYPES, QuantWeight, qtype
+from shapeplan.quant.formats import QTYPES, REPACKED, QuantWeight, qtype, repack
 
 #: elements per chunk of rows quantized at once (bounds the temporaries of the K-quant searches)
 CHUNK_ELEMENTS = 1 << 22
@@ -90,9 +90,8 @@ def quantize(w: torch.Tensor, name: str, *, tensor: str = "<tensor>") -> torch.T
     """Float ``[N, K]`` -> packed uint8 ``[N, K // block * type_size]`` of type ``name`` (computed in
     float32 on ``w``'s device)."""
     q = qtype(name, tensor=tensor)
-    if name == "Q4_K_R":                        # Q4_K's bytes in our layout (shapeplan/quant/formats.py)
-        from shapeplan.quant.formats import repack_q4k
-        return repack_q4k(quantize(w, "Q4_K", tensor=tensor))
+    if name in REPACKED:                        # a GGUF type's bytes in our layout (shapeplan/quant/formats.py)
+        return repack(quantize(w, REPACKED[name][0], tensor=tensor), name)
     if w.dim() != 2 or w.shape[1] % q.block:
         raise InputError(f"tensor {tensor!r}: {name} needs a 2-D weight whose rows are a multiple of "
                          f"{q.block} elements, got shape {list(w.shape)}")

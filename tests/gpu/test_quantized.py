@@ -115,9 +115,10 @@ def test_gguf_model_on_cuda(tmp_path):
     assert len(bf.generate("Explain KV caching", max_new_tokens=16).token_ids) == 16
 
 
-def test_q4k_repacked_model_on_cuda(tmp_path, monkeypatch):
-    """SHAPEPLAN_Q4K_REPACK=1: the Q4_K matrices land in the device arena as Q4_K_R, and the tokens are the
-    CPU reference's (file layout) in every mode."""
+@pytest.mark.parametrize("ftype", ["Q4_K_M", "Q8_0"])
+def test_repacked_model_on_cuda(ftype, tmp_path, monkeypatch):
+    """SHAPEPLAN_QUANT_REPACK=1: the Q4_K / Q8_0 matrices land in the device arena as Q4_K_R / Q8_0_R, and
+    the tokens are the CPU reference's (file layout) in every mode."""
     from shapeplan.cli import main
     from shapeplan.importers.gguf import read_gguf
     from shapeplan.llm.demo import make_tiny_checkpoint
@@ -125,13 +126,14 @@ def test_q4k_repacked_model_on_cuda(tmp_path, monkeypatch):
     ck = make_tiny_checkpoint(str(tmp_path / "hf"), "llama", hidden=256, intermediate_size=512, heads=4,
                               kv_heads=2, num_layers=2)
     path = str(tmp_path / "m.gguf")
-    assert main(["quantize", ck, path, "--type", "Q4_K_M"]) == 0
+    assert main(["quantize", ck, path, "--type", ftype]) == 0
     kw = dict(dtype="float32", max_prefill_length=32, max_kv_cache_length=96)
     want = sp.llm.GenerationPipeline.from_pretrained(path, mode="slot_by_slot", **kw).generate(
         "Explain KV caching", max_new_tokens=16).token_ids
-    monkeypatch.setenv("SHAPEPLAN_Q4K_REPACK", "1")
+    monkeypatch.setenv("SHAPEPLAN_QUANT_REPACK", "1")
     _, weights, _ = read_gguf(path, device=DEV)
-    assert {w.qtype for w in weights.values() if isinstance(w, QuantWeight)} == {"Q4_K_R", "Q6_K"}
+    assert {w.qtype for w in weights.values() if isinstance(w, QuantWeight)} == \
+        ({"Q4_K_R", "Q6_K"} if ftype == "Q4_K_M" else {"Q8_0_R"})
     for mode in ("slot_by_slot", "cuda_graphs", "triton"):
         pipe = sp.llm.GenerationPipeline.from_pretrained(path, device=DEV, mode=mode, **kw)
         assert pipe.generate("Explain KV caching", max_new_tokens=16).token_ids == want, mode

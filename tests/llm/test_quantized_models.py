@@ -152,34 +152,36 @@ def test_packed_arena_lays_out_stacked_groups(ftype, files):
     assert torch.equal(out[0], out[1]) and np.isfinite(out[0].numpy()).all()
 
 
-def test_q4k_repack_in_the_arena(files, monkeypatch):
-    """``SHAPEPLAN_Q4K_REPACK=1``: the arena stores each Q4_K matrix as Q4_K_R (our layout: a row's codes,
-    then its headers), the same values; the stacked groups stay stacked (q/k/v, gate/up); Q6_K untouched;
-    the decoder's logits bit for bit those of the file's layout, in slot_by_slot and emulated replay."""
+@pytest.mark.parametrize("ftype", ["Q4_K_M", "Q8_0"])
+def test_repacked_layouts_in_the_arena(ftype, files, monkeypatch):
+    """``SHAPEPLAN_QUANT_REPACK=1``: the arena stores each Q4_K / Q8_0 matrix as Q4_K_R / Q8_0_R (our
+    layouts: a row's codes, then its headers), the same values; the stacked groups stay stacked (q/k/v,
+    gate/up); Q6_K untouched; the decoder's logits bit for bit those of the file's layout, in slot_by_slot
+    and emulated replay."""
     from shapeplan.importers.gguf import _arena
     from shapeplan.llm.bench import load_model
     from shapeplan.llm.model import _already_stacked, build_graph
     from shapeplan.llm.weights import fused_groups
-    from shapeplan.quant.formats import QuantWeight, unrepack_q4k
-    monkeypatch.setenv("SHAPEPLAN_Q4K_REPACK", "1")
-    cfg, w = load_model(None, files("Q4_K_M"), "cpu", "float32")
+    from shapeplan.quant.formats import REPACKED, QuantWeight, unrepack
+    monkeypatch.setenv("SHAPEPLAN_QUANT_REPACK", "1")
+    cfg, w = load_model(None, files(ftype), "cpu", "float32")
     quant = {n: v for n, v in w.items() if isinstance(v, QuantWeight)}
     arena = _arena(quant, fused_groups(cfg), "cpu")
     kinds = {(quant[n].qtype, arena[n].qtype) for n in quant}
-    assert kinds == {("Q4_K", "Q4_K_R"), ("Q6_K", "Q6_K")}, kinds
+    assert kinds == ({("Q4_K", "Q4_K_R"), ("Q6_K", "Q6_K")} if ftype == "Q4_K_M" else {("Q8_0", "Q8_0_R")}), kinds
     for n in quant:
         want = quant[n].packed
         got = arena[n].packed
-        assert torch.equal(unrepack_q4k(got) if arena[n].qtype == "Q4_K_R" else got, want), n
+        assert torch.equal(unrepack(got, arena[n].qtype) if arena[n].qtype in REPACKED else got, want), n
     gate_up = [arena[n].packed for n in fused_groups(cfg)[-1] if n in arena]
-    assert {arena[n].qtype for n in fused_groups(cfg)[-1] if n in arena} == {"Q4_K_R"}
+    assert {arena[n].qtype for n in fused_groups(cfg)[-1] if n in arena} == {ftype[:4] + "_R"}
     assert _already_stacked(gate_up, torch.uint8) is not None
     ids = torch.tensor([[5, 9, 2, 7, 11]])
     feeds = {"input_ids": ids, "position": torch.tensor([0]), "length": torch.tensor([ids.shape[1]])}
     want = sp.compile(build_graph(cfg, dict(w), max_kv_cache_length=16), mode="slot_by_slot").run(feeds)["logits"]
     for mode in ("slot_by_slot", "emulated_replay"):
         g = build_graph(cfg, {**w, **arena}, max_kv_cache_length=16)
-        assert "Q4_K_R" in {n.attrs.get("qtype") for n in g.nodes}
+        assert ftype[:4] + "_R" in {n.attrs.get("qtype") for n in g.nodes}
         assert torch.equal(sp.compile(g, mode=mode).run(feeds)["logits"], want), mode
 
 

@@ -8,6 +8,7 @@ here (another Triton API, no CUDA backend)."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 
 try:
@@ -40,8 +41,8 @@ def compile_one(kernel: str, name: str, m: int):
         fn = qgemv.KERNELS[name]
         consts = dict(BN=bn, CH=ch, NORM=m in (1, 3) and xq < 2, RES=m in (2, 4), GLU=m in (1, 3), PDL=m >= 3,
                       ASM=True, XQ=xq, XB=16, XF16=False, NB=16, NF16=False, STAGES=3 if kernel == "gemv1s" else 1,
-                      **({"PF": kernel == "gemv1p", "EVEN": xq == 3, "REPACK": name == "Q4_K_R"}
-                         if name in ("Q4_K", "Q4_K_R") else {}))
+                      **({"PF": kernel == "gemv1p", "EVEN": xq == 3} if name in ("Q4_K", "Q4_K_R") else {}),
+                      **({"REPACK": name in qgemv.TUNED_AS} if name != "Q6_K" else {}))
         sig = {**ptrs, **{a: "i32" for a in args}, "eps": "fp32", **{c: "constexpr" for c in consts}}
         names = list(sig)
         attrs = {(names.index(p),): [["tt.divisibility", 16]] for p in ("X", "NW", "W", "K", "ROW_WORDS")}
@@ -127,6 +128,7 @@ def main(specs: list[str]) -> int:
             k = compile_one(kernel, name, int(m))
             ptx = k.asm["ptx"]
             out[spec] = {"ok": bool(k.asm.get("cubin")), "error": "", "vector_loads": "ld.global.v4" in ptx,
+                         "global_loads": len(re.findall(r"\bld\.global", ptx)),
                          "griddepcontrol": "griddepcontrol.wait" in ptx, "dp4a": "dp4a.s32.s32" in ptx,
                          "cp_async": "cp.async" in ptx,
                          "shared": ptx.count("st.shared"), "cvt_rn_f32": ptx.count("cvt.rn.f32.s32"),

@@ -163,7 +163,7 @@ def test_every_kernel_compiles_for_sm90():
 
 
 # ------------------------------------------------------------------ the one-row kernels (qgemv.py)
-ONE_ROW = ["Q4_K", "Q4_K_R", "Q6_K", "Q8_0"]
+ONE_ROW = ["Q4_K", "Q4_K_R", "Q6_K", "Q8_0", "Q8_0_R"]
 
 
 def _unfused(x, w, s=None, r=None, glu=False, eps=1e-5):
@@ -214,8 +214,8 @@ def _int8_x_linear(name, packed, w, x):
     x8 = _x8(x)
     y = x8 @ w.t()
     if name in ("Q4_K", "Q4_K_R"):
-        from shapeplan.quant.formats import unrepack_q4k
-        file_layout = unrepack_q4k(packed) if name == "Q4_K_R" else packed
+        from shapeplan.quant.formats import unrepack
+        file_layout = unrepack(packed, name) if name == "Q4_K_R" else packed
         zero = file_layout.clone().view(packed.shape[0], -1, QTYPES["Q4_K"].type_size)
         zero[:, :, 16:] = 0                                   # the codes, after [d, dmin] and the 12 scale bytes
         y = y + (x - x8) @ dequantize(zero.view(packed.shape), "Q4_K").t()
@@ -380,6 +380,10 @@ def test_one_row_kernels_compile_for_sm90():
     assert all(r["ok"] for r in res.values()), {s: r["error"] for s, r in res.items() if not r["ok"]}
     assert res["gemv1:Q4_K:0"]["vector_loads"]              # Q4_K super-blocks are 16-byte aligned
     assert res["gemv1:Q4_K_R:0"]["vector_loads"] and res["gemv1q:Q4_K_R:1"]["vector_loads"]   # and Q4_K_R's codes
+    # Q8_0_R's aligned codes load 2-4 words at once (as many as the tile gives a thread), Q8_0's one word
+    # each (realigned by funnel shifts): fewer loads
+    assert all(res[f"{v}:Q8_0_R:{m}"]["global_loads"] < res[f"{v}:Q8_0:{m}"]["global_loads"]
+               for v, m in (("gemv1", 0), ("gemv1i", 1)))
     assert all(res[f"gemv1i:{n}:1"]["dp4a"] for n in ONE_ROW)    # XQ = 2: the products are dp4a
     assert all(res[f"gemv1:{n}:{m}"]["griddepcontrol"] == (m >= 3) for n in ONE_ROW for m in (0, 3, 4))
     assert res["gemv1i:Q4_K:3"]["griddepcontrol"] and res["quantx:x:2"]["griddepcontrol"]

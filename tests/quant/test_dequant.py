@@ -8,7 +8,7 @@ import torch
 
 from shapeplan.errors import ModelError
 from shapeplan.quant.dequant import dequantize
-from shapeplan.quant.formats import GGUF_TYPES, QTYPES, QuantTypeError, QuantWeight, qtype, repack_q4k, unrepack_q4k
+from shapeplan.quant.formats import GGUF_TYPES, QTYPES, REPACKED, QuantTypeError, QuantWeight, qtype, repack, unrepack
 
 gguf = pytest.importorskip("gguf")
 
@@ -16,13 +16,13 @@ gguf = pytest.importorskip("gguf")
 F16_FIELDS = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0], "Q2_K": [80, 82],
               "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208], "IQ4_NL": [0], "IQ4_XS": [0],
               "INT8_G64": [0], "INT8_G128": [0], "INT4_G64": [0, 2], "INT4_G128": [0, 2],
-              "Q4_K_R": [0, 2]}               # Q4_K's, before the repack (random_blocks)
+              "Q4_K_R": [0, 2], "Q8_0_R": [0]}        # our layouts: their GGUF type's, before the repack
 
 
 def random_blocks(name: str, rows: int, k: int, seed: int = 0) -> torch.Tensor:
     """Random packed bytes of ``name`` (every bit pattern of codes and scales) with finite f16 fields."""
-    if name == "Q4_K_R":
-        return repack_q4k(random_blocks("Q4_K", rows, k, seed))
+    if name in REPACKED:
+        return repack(random_blocks(REPACKED[name][0], rows, k, seed), name)
     q = QTYPES[name]
     rng = np.random.default_rng(seed)
     raw = rng.integers(0, 256, size=(rows, q.row_bytes(k)), dtype=np.uint8)
@@ -80,17 +80,20 @@ def test_quant_weight_checks_its_bytes():
     assert w.rows(slice(1, 3)).shape == (2, 256) and w.nbytes == 4 * 144
 
 
-def test_q4_k_r_is_q4_k_repacked():
-    """Q4_K_R (our layout: a row's code bytes, then its header bytes) holds the same bytes as Q4_K, so it
-    dequantizes to the same values, and the repack round-trips; a row of whole super-blocks only."""
-    packed = random_blocks("Q4_K", 5, 1024, seed=4)
-    r = repack_q4k(packed)
+@pytest.mark.parametrize("name", sorted(REPACKED))
+def test_our_layouts_hold_the_gguf_types_bytes(name):
+    """Q4_K_R / Q8_0_R (a row's code bytes, then its header bytes) hold the same bytes as Q4_K / Q8_0, so
+    they dequantize to the same values, and the repack round-trips; a row of whole blocks only."""
+    src, head = REPACKED[name]
+    ts = QTYPES[src].type_size
+    packed = random_blocks(src, 5, 1024, seed=4)
+    r = repack(packed, name)
+    nb = packed.shape[1] // ts
     assert r.shape == packed.shape and not torch.equal(r, packed)
-    s = 1024 // 256
-    assert torch.equal(r[:, :128 * s].reshape(5, s, 128), packed.reshape(5, s, 144)[:, :, 16:])
-    assert torch.equal(r[:, 128 * s:].reshape(5, s, 16), packed.reshape(5, s, 144)[:, :, :16])
-    assert torch.equal(unrepack_q4k(r), packed)
-    assert torch.equal(dequantize(r, "Q4_K_R"), dequantize(packed, "Q4_K"))
-    assert torch.equal(dequantize(r[1:3], "Q4_K_R"), dequantize(packed[1:3], "Q4_K"))     # rows stay rows
-    with pytest.raises(ModelError, match=r"uint8 \[\.\.\., 144 S\]"):
-        repack_q4k(packed[:, :100])
+    assert torch.equal(r[:, :nb * (ts - head)].reshape(5, nb, ts - head), packed.reshape(5, nb, ts)[:, :, head:])
+    assert torch.equal(r[:, nb * (ts - head):].reshape(5, nb, head), packed.reshape(5, nb, ts)[:, :, :head])
+    assert torch.equal(unrepack(r, name), packed)
+    assert torch.equal(dequantize(r, name), dequantize(packed, src))
+    assert torch.equal(dequantize(r[1:3], name), dequantize(packed[1:3], src))     # rows stay rows
+    with pytest.raises(ModelError, match=rf"{src} rows must be uint8 \[\.\.\., {ts} x blocks\]"):
+        repack(packed[:, :ts + 1], name)

@@ -34,7 +34,7 @@ except ImportError:                       # the op module imports us; CPU instal
 CHUNK = 256
 #: kernel family -> decoder id (constexpr KIND)
 KINDS = {"int8": 0, "int4": 1, "q4_0": 2, "q5_0": 3, "q5_1": 4, "iq4_nl": 5,
-         "q2_k": 10, "q3_k": 11, "q4_k": 12, "q5_k": 13, "q6_k": 14, "iq4_xs": 15, "q4_k_r": 16}
+         "q2_k": 10, "q3_k": 11, "q4_k": 12, "q5_k": 13, "q6_k": 14, "iq4_xs": 15, "q4_k_r": 16, "q8_0_r": 17}
 
 #: decode GEMV tuning: rows per program, warps, chunks decoded per loop iteration (their loads are in
 #: flight together), and the programs below which split-K is used (0: the device's SM count)
@@ -95,9 +95,9 @@ if AVAILABLE:
 
     # -- block types: a chunk is NSUB blocks of SUBLEN elements; blk points at each block ----------
     @triton.jit
-    def _dec_int8(blk, t, mask):                      # Q8_0, INT8_G*: [d][q int8 x G]
-        q = _signed8(_byte(blk + 2 + t, mask)).to(tl.float32)
-        return q * _f16(blk, mask)
+    def _dec_int8(d, qs, t, mask):                    # Q8_0, INT8_G*: [d][q int8 x G]; Q8_0_R: d and qs apart
+        q = _signed8(_byte(qs + t, mask)).to(tl.float32)
+        return q * _f16(d, mask)
 
     @triton.jit
     def _dec_int4(blk, t, mask, SUBLEN: tl.constexpr):   # Q4_1, INT4_G*: [d][m][nibbles]
@@ -196,7 +196,7 @@ if AVAILABLE:
         if KIND < 10:
             blk = p + (c * NSUB + sb) * TS
             if KIND == 0:
-                w = _dec_int8(blk, t, mask_s)
+                w = _dec_int8(blk, blk + 2, t, mask_s)
             elif KIND == 1:
                 w = _dec_int4(blk, t, mask_s, SUBLEN)
             elif KIND == 2:
@@ -207,6 +207,9 @@ if AVAILABLE:
                 w = _dec_q5(blk, t, mask_s, True)
             else:
                 w = _dec_q4_0(blk, t, mask_s, True)
+        elif KIND == 17:                    # Q8_0_R: a row is [codes 32 x blocks][d 2 x blocks], K code bytes first
+            b = c * NSUB + sb
+            w = _dec_int8(p + K + b * 2, p + b * 32, t, mask_s)
         else:
             sbk = p + c * TS
             e = sb * SUBLEN + t

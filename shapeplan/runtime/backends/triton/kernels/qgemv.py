@@ -17,6 +17,9 @@ so it is bound by instructions, not by memory (~845 GB/s on the LM head, of ~4.2
   blocks (34 bytes) are 2 bytes off every other one, so those kernels walk *pairs* (420 bytes = 105
   words, 68 bytes = 17 words): the first of a pair is word aligned, the second is realigned in
   registers with a funnel shift ``(w[j] >> 16) | (w[j + 1] << 16)`` (the second load hits L1).
+  Our layouts ``Q4_K_R`` / ``Q8_0_R`` (shapeplan/quant/formats.py, ``SHAPEPLAN_QUANT_REPACK``: the same
+  bytes, each row's codes first and its headers after) run the same kernels with ``REPACK``: every
+  block's codes aligned (Q8_0_R: no funnel shift, loads as wide as the tile gives a thread).
 - **Integer codes -> float without a conversion instruction.** The float32 whose bits are
   ``0x4B000000 | v`` is ``2^23 + v`` exactly for v < 2^23, so subtracting 2^23 gives the code as a float
   (int->float conversions run at a quarter of the FMA rate or less). Each word's codes are first made
@@ -169,9 +172,10 @@ MIN_PROGRAMS = 264
 #: the types whose one-row kernel has x mode 3 (int8 x, integer dots)
 INT_DOTS = frozenset({"Q4_K", "Q4_K_R"})
 #: the types with a one-row kernel, and the K each needs (super-block or block pair)
-K_MULTIPLE = {"Q4_K": 256, "Q4_K_R": 256, "Q6_K": 512, "Q8_0": 64}
-#: types that run another type's kernel, and take its tiles: Q4_K_R is Q4_K's bytes in another order
-TUNED_AS = {"Q4_K_R": "Q4_K"}
+K_MULTIPLE = {"Q4_K": 256, "Q4_K_R": 256, "Q6_K": 512, "Q8_0": 64, "Q8_0_R": 64}
+#: types that run another type's kernel (a REPACK constexpr) and, where ``TUNE`` has no entry of their own,
+#: its tiles: our layouts of its bytes
+TUNED_AS = {"Q4_K_R": "Q4_K", "Q8_0_R": "Q8_0"}
 
 if AVAILABLE:
     from shapeplan.runtime.backends.triton.kernels.gemv_jit import _finish, gdc_launch_dependents, gdc_wait
@@ -613,16 +617,21 @@ if AVAILABLE:
 
     # ------------------------------------------------------------------------------------------ Q8_0
     @triton.jit
-    def _q80_codes(base, m3, w, ODD: tl.constexpr):
-        """The code words [BN, CP, 8] of block ``ODD`` of the pair at ``base``."""
-        if ODD:                               # bytes 34..67: [d] at word 8's high half, codes = words 9..16
+    def _q80_codes(base, m3, w, ODD: tl.constexpr, REPACK: tl.constexpr = False):
+        """The code words [BN, CP, 8] of block ``ODD`` of the pair at ``base`` (REPACK: the pair's 16 code words)."""
+        if REPACK:
+            qw = tl.load(base + 8 * ODD + w, mask=m3, other=0)
+        elif ODD:                               # bytes 34..67: [d] at word 8's high half, codes = words 9..16
             qw = tl.load(base + 9 + w, mask=m3, other=0)
         else:                                 # bytes 0..33: [d] at word 0's low half, codes 2 bytes in
             qw = _word(base + w, m3, True)
         return qw
 
     @triton.jit
-    def _q80_scale(base, m3, ODD: tl.constexpr):
+    def _q80_scale(base, m3, ODD: tl.constexpr, REPACK: tl.constexpr = False):
+        """d of block ``ODD`` of the pair at ``base`` (REPACK: ``base`` is the word of the pair's two d)."""
+        if REPACK:
+            return _f16(tl.load(base, mask=m3, other=0) >> (16 * ODD))
         if ODD:
             return _f16(tl.load(base + 8, mask=m3, other=0) >> 16)
         return _f16(tl.load(base, mask=m3, other=0))
@@ -632,9 +641,11 @@ if AVAILABLE:
                     NORM: tl.constexpr, RES: tl.constexpr, GLU: tl.constexpr, PDL: tl.constexpr = False,
                     ASM: tl.constexpr = False, XQ: tl.constexpr = True, XB: tl.constexpr = 16,
                     XF16: tl.constexpr = False, NB: tl.constexpr = 16, NF16: tl.constexpr = False,
-                    STAGES: tl.constexpr = 1):
+                    STAGES: tl.constexpr = 1, REPACK: tl.constexpr = False):
         """Q8_0 blocks [d f16][32 int8], two per pair of 17 words; CH pairs per iteration. Element
-        64c + 32*odd + 4w + b is byte b of code word w of block ``odd`` of pair c: x quad 16c + 8odd + w."""
+        64c + 32*odd + 4w + b is byte b of code word w of block ``odd`` of pair c: x quad 16c + 8odd + w.
+        REPACK (Q8_0_R): a row is every pair's 16 code words, then one word of two d per pair: the code
+        words are aligned (16-byte loads), no realignment."""
         rows, ok, rg, ru = _program_rows(W, N, HALF, ROW_WORDS, BN, PDL)
         ci = tl.arange(0, CH)[:, None]                                             # [CP, 1]
         w = tl.arange(0, 8)[None, :]                                               # [1, 8]
@@ -649,34 +660,44 @@ if AVAILABLE:
             c = c0 + ci
             cok = c < npairs
             m3 = ok[:, None, None] & cok[None]                                    # [BN, CP, 1]
-            base = rg[:, None, None] + (c * 17)[None]
-            if GLU:
-                base_u = ru[:, None, None] + (c * 17)[None]
-            for odd in tl.static_range(2):
-                qw = _q80_codes(base, m3, w[None], odd)                            # int8 codes
+            if REPACK:                      # codes at 16 words a pair, then the d words
+                base = rg[:, None, None] + (c * 16)[None]
+                sbase = rg[:, None, None] + (npairs * 16 + c)[None]
                 if GLU:
-                    qw_u = _q80_codes(base_u, m3, w[None], odd)
+                    base_u = ru[:, None, None] + (c * 16)[None]
+                    sbase_u = ru[:, None, None] + (npairs * 16 + c)[None]
+            else:
+                base = rg[:, None, None] + (c * 17)[None]
+                sbase = base
+                if GLU:
+                    base_u = ru[:, None, None] + (c * 17)[None]
+                    sbase_u = base_u
+            for odd in tl.static_range(2):
+                qw = _q80_codes(base, m3, w[None], odd, REPACK)                    # int8 codes
+                if GLU:
+                    qw_u = _q80_codes(base_u, m3, w[None], odd, REPACK)
                 if PDL:
                     gdc_wait()
                 xi, xm = _xidx(c * 16 + 8 * odd + w, cok, [BN, CH, 8], [1, 1, 4], XQ)
                 if XQ == 2:                 # x as int8 codes: one dp4a per word, x's blocks are the weights'
                     xw = tl.load(X + xi, mask=xm, other=0)
                     xd = _ld(XD + tl.broadcast_to((2 * c + odd)[None], [BN, CH, 1]), m3, False)
-                    acc += _dp4a(qw, xw, ASM) * (_q80_scale(base, m3, odd) * xd)
+                    acc += _dp4a(qw, xw, ASM) * (_q80_scale(sbase, m3, odd, REPACK) * xd)
                     if GLU:
-                        acc_u += _dp4a(qw_u, xw, ASM) * (_q80_scale(base_u, m3, odd) * xd)
+                        acc_u += _dp4a(qw_u, xw, ASM) * (_q80_scale(sbase_u, m3, odd, REPACK) * xd)
                 else:
                     x0, x1, x2, x3, _, ss = _x4(X, NW, xi, xm, ss, NORM, XQ, XB, XF16, NB, NF16)
-                    acc += _dot4(qw ^ SIGN8, x0, x1, x2, x3, 128.0, ASM) * _q80_scale(base, m3, odd)   # q + 128
+                    acc += _dot4(qw ^ SIGN8, x0, x1, x2, x3, 128.0, ASM) * _q80_scale(sbase, m3, odd, REPACK)  # q + 128
                     if GLU:
-                        acc_u += _dot4(qw_u ^ SIGN8, x0, x1, x2, x3, 128.0, ASM) * _q80_scale(base_u, m3, odd)
+                        acc_u += _dot4(qw_u ^ SIGN8, x0, x1, x2, x3, 128.0, ASM) * _q80_scale(sbase_u, m3, odd, REPACK)
         y = tl.sum(tl.sum(acc, axis=2), axis=1)
         u = y
         if GLU:
             u = tl.sum(tl.sum(acc_u, axis=2), axis=1)
         _finish(y, u, _ss_total(ss, XQ), K, eps, R, Y, rows, ok, NORM, RES, GLU)
 
-    KERNELS = {"Q4_K": _q4k_kernel, "Q4_K_R": _q4k_kernel, "Q6_K": _q6k_kernel, "Q8_0": _q80_kernel}
+    KERNELS = {"Q4_K": _q4k_kernel, "Q4_K_R": _q4k_kernel, "Q6_K": _q6k_kernel, "Q8_0": _q80_kernel,
+               "Q8_0_R": _q80_kernel}
 
 
 # --------------------------------------------------------------------------------------- launching
@@ -696,8 +717,9 @@ def config(qtype: str, n: int, k: int) -> tuple[int, ...]:
     (``DEFAULT_LARGE`` from ``LARGE`` weight elements) with BN halved until there are ``MIN_PROGRAMS``
     programs (or BN is 1); XQ = 2 or 3 becomes 1 with ``SHAPEPLAN_QUANT_INT8_X=0``."""
     from shapeplan import env
+    hit = TUNE.get((qtype, n, k))               # our layouts: their own entry (a sweep of them), else their type's
     qtype = TUNED_AS.get(qtype, qtype)
-    hit = TUNE.get((qtype, n, k))
+    hit = hit or TUNE.get((qtype, n, k))
     if not hit:
         bn, ch, warps, xq = (DEFAULT_LARGE if n * k >= LARGE else DEFAULT)[qtype]
         while bn > 1 and triton.cdiv(n, bn) < MIN_PROGRAMS:
@@ -746,13 +768,16 @@ def gemv1(x: torch.Tensor, packed: torch.Tensor, qtype: str, n: int, k: int, *, 
     if xq >= 2:                                   # x quantized first (the norm applied there), then the GEMV
         x, xd, xs = quantize_x(x, nw if norm else None, eps, k, pdl=bool(launch))
         nw, norm = x, False
-    q4k = {"PF": bool(pf), "EVEN": xq == 3 and out_n % bn == 0 and (k // K_MULTIPLE[qtype]) % ch == 0,
-           "REPACK": qtype == "Q4_K_R"}
+    base = TUNED_AS.get(qtype, qtype)
+    extra = {"PF": bool(pf), "EVEN": xq == 3 and out_n % bn == 0 and (k // K_MULTIPLE[qtype]) % ch == 0} \
+        if base == "Q4_K" else {}
+    if base != "Q6_K":
+        extra["REPACK"] = qtype in TUNED_AS
     KERNELS[qtype][(triton.cdiv(out_n, bn),)](
         x, nw, xd, xs, words, r, y, out_n, k, out_n, words.stride(0), float(eps), BN=bn, CH=ch,
         NORM=norm, RES=residual is not None, GLU=glu, PDL=bool(launch), ASM=not interpreting(),
         XQ=xq, XB=8 * x.element_size(), XF16=x.dtype == torch.float16, NB=8 * nw.element_size(),
-        NF16=nw.dtype == torch.float16, STAGES=stages, **(q4k if qtype in ("Q4_K", "Q4_K_R") else {}),
+        NF16=nw.dtype == torch.float16, STAGES=stages, **extra,
         num_warps=warps, **launch)
     return y
 
