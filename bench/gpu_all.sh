@@ -75,11 +75,13 @@ $N --clock-control none -k regex:_q4k -c 1 --section SpeedOfLight --section Occu
 # the one-row kernel tiles of llama-8b's shapes, CH 8 / 16 included (its Q8_0 shapes were never swept); prints TUNE lines
 step quant_sweep_8b extra 480 'python3 -m bench.quant_gemv --no-gemv --sweep1 --qtypes Q4_K,Q6_K,Q8_0 --presets llama-8b --xq 2,1 --top 2' \
   'grep -cE "^\s+\(\"Q" $L | sed "s/$/ TUNE lines (see the log)/"'
-# our layouts Q4_K_R / Q8_0_R (SHAPEPLAN_QUANT_REPACK) against the file's: the kernel table of both, then 1b and 8b end to end, interleaved
-step quant_repack extra 540 'python3 -m bench.quant_gemv --qtypes Q4_K,Q4_K_R,Q8_0,Q8_0_R --m 1 --e2e llama-1b:Q4_K_M,llama-8b:Q4_K_M,llama-1b:Q8_0,llama-8b:Q8_0 --e2e-configs triton --repack-ab 2' \
-  'grep -E "^llama-(1b|8b):Q" $L | awk '\''{printf "%s %s %s; ", $1, $2, $3}'\'' | cut -c1-480'
-# the one-row tiles of our layouts on llama-8b's shapes (their TUNE lines: Q8_0_R's codes take wider loads, so its best tiles may differ from Q8_0's)
-step quant_sweep_repack extra 420 'python3 -m bench.quant_gemv --no-gemv --sweep1 --qtypes Q8_0_R,Q4_K_R --presets llama-8b --xq 2,1,3 --top 2' \
+# our layouts Q4_K_R / Q6_K_R / Q8_0_R (SHAPEPLAN_QUANT_REPACK) against the file's: the one-row kernel table of both, then end to end, interleaved
+step quant_repack extra 540 'python3 -m bench.quant_gemv --qtypes Q4_K,Q4_K_R,Q6_K,Q6_K_R,Q8_0,Q8_0_R --m 1 --presets llama-8b --e2e llama-8b:Q4_K_M,llama-8b:Q8_0 --e2e-configs triton --repack-ab 2' \
+  'grep -E "^llama-8b:Q" $L | awk '\''{printf "%s %s %s; ", $1, $2, $3}'\'' | cut -c1-480'
+step quant_repack_1b extra 300 'python3 -m bench.quant_gemv --no-gemv --e2e llama-1b:Q4_K_M,llama-1b:Q8_0 --e2e-configs triton --repack-ab 2' \
+  'grep -E "^llama-1b:Q" $L | awk '\''{printf "%s %s %s; ", $1, $2, $3}'\'' | cut -c1-480'
+# the one-row tiles of our layouts on llama-8b's shapes (their own TUNE lines: wider code loads may want other tiles than the file layouts')
+step quant_sweep_repack extra 540 'python3 -m bench.quant_gemv --no-gemv --sweep1 --qtypes Q8_0_R,Q6_K_R,Q4_K_R --presets llama-8b --xq 2,1,3 --top 2' \
   'grep -cE "^\s+\(\"Q" $L | sed "s/$/ TUNE lines (see the log)/"'
 step quant_pdl extra 240 'python3 -m bench.quant_gemv --no-gemv --e2e llama-1b:Q4_K_M --e2e-configs triton --pdl-ab 2' \
   'grep -E "^llama-1b" $L | awk '\''{printf "%s %s tok/s; ", $2, $3}'\'''

@@ -13,7 +13,7 @@ weight-bandwidth floor, weight memory vs the file's tensor bytes).
     python3 -m bench.quant_gemv --no-gemv --sweep1 --stages 1,2,3 --qtypes Q4_K,Q6_K,Q8_0   # the K loop pipelined
     python3 -m bench.quant_gemv --no-gemv --e2e llama-1b:Q4_K_M --e2e-configs triton --pdl-ab 2   # PDL off/on A/B
     python3 -m bench.quant_gemv --no-gemv --e2e llama-8b:Q4_K_M --e2e-configs triton --repack-ab 2  # file layout vs ours
-    python3 -m bench.quant_gemv --qtypes Q4_K,Q4_K_R,Q8_0,Q8_0_R --m 1    # the one-row kernel on both layouts
+    python3 -m bench.quant_gemv --qtypes Q4_K,Q4_K_R,Q6_K,Q6_K_R,Q8_0,Q8_0_R --m 1    # the one-row kernel on both layouts
     ncu --clock-control none -k regex:_q4k -c 1 python3 -m bench.quant_gemv --once llama-8b:gate_up:Q4_K  # counters
 
 Without CUDA it says so and exits 0. Copy bandwidth for the floor: --copy-gbs (4,230 GB/s: the H200's

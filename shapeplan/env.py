@@ -117,9 +117,9 @@ SWITCHES: tuple[Switch, ...] = (
            "x quantized by a kernel before; kernels/qgemv.py XQ = 2 and 3) where qgemv.TUNE chose it: ~1 % output "
            "error against dequantize-then-matmul, as llama.cpp's q8_1 path (0: x stays in the activation dtype)"),
     Switch("SHAPEPLAN_QUANT_REPACK", "bool", False,
-           "GGUF loads onto a GPU store each Q4_K / Q8_0 matrix as Q4_K_R / Q8_0_R (each row's code bytes, then "
-           "its header bytes: every block's codes aligned; shapeplan/quant/formats.py), made on the device at "
-           "load; off by default until measured on the H200"),
+           "GGUF loads onto a GPU store each Q4_K / Q6_K / Q8_0 matrix as Q4_K_R / Q6_K_R / Q8_0_R (each row's "
+           "code bytes, then its header bytes: every block's codes aligned; shapeplan/quant/formats.py), made on "
+           "the device at load; off by default until measured on the H200"),
     Switch("SHAPEPLAN_QUANT_ONE_ROW", "bool", True,
            "one row of a Q4_K / Q6_K / Q8_0 weight runs the one-row kernel of kernels/qgemv.py (0: the generic "
            "quantized GEMV of kernels/gguf.py, and the fused quantized ops' unfused path)"),

@@ -16,16 +16,17 @@ Besides the GGUF types there are the load-time types of ``from_pretrained(quanti
 ``tile`` is how the kernels see a 256-element chunk of a row: ``(sub-blocks, elements each)``, one
 scale per sub-block (shapeplan/runtime/backends/triton/kernels/gguf.py).
 
-Two types are layouts of our own, made at load from a GGUF type (``SHAPEPLAN_QUANT_REPACK``; the GGUF
-importer's device arena, shapeplan/importers/gguf.py): ``Q4_K_R`` and ``Q8_0_R`` hold the bytes of Q4_K
-and Q8_0 with each row's blocks split in two runs, first every block's code bytes, then every block's
-header bytes (Q4_K: 128 code bytes and the 16-byte ``[d|dmin][scales x 12]``; Q8_0: 32 codes and the
-2-byte ``d``), in the same order. Same bytes per row, so rows still stack and permute. A row's codes then
-start every block at a multiple of the code run's size: in the file's layout a Q4_K super-block's codes
-sit 16 bytes into its 144 bytes (every other super-block's codes straddle one more 32-byte sector), and
-a Q8_0 block's 2 bytes into its 34 (so the one-row kernel reads them as 32-bit words realigned with funnel
-shifts, never as 16-byte loads). ``repack`` / ``unrepack`` convert; a file written by shapeplan is always
-in the file's layout.
+Three types are layouts of our own, made at load from a GGUF type (``SHAPEPLAN_QUANT_REPACK``; the GGUF
+importer's device arena, shapeplan/importers/gguf.py): ``Q4_K_R``, ``Q8_0_R`` and ``Q6_K_R`` hold the
+bytes of Q4_K, Q8_0 and Q6_K with each row's blocks split into runs, first every block's code bytes, then
+every block's header bytes (``REPACKED``: Q4_K's 128 code bytes, then its 16-byte
+``[d|dmin][scales x 12]``; Q8_0's 32 codes, then its 2-byte ``d``; Q6_K's 192 bytes of ``ql`` + ``qh``,
+then its 16 int8 scales, then its 2-byte ``d``), in block order. Same bytes per row, so rows still stack
+and permute. Every block's codes then start aligned: in the file's layout a Q4_K super-block's codes sit
+16 bytes into its 144 (every other super-block's codes straddle one more 32-byte sector), and Q8_0's
+34-byte and Q6_K's 210-byte blocks are 2 bytes off word alignment every other block (so the one-row
+kernels read them as 32-bit words, the odd block realigned with funnel shifts, never as 16-byte loads).
+``repack`` / ``unrepack`` convert; a file written by shapeplan is always in the file's layout.
 """
 from __future__ import annotations
 
@@ -68,6 +69,7 @@ QTYPES: dict[str, QType] = {q.name: q for q in (
     _t("Q4_K", 12, 256, 144, "q4_k", (8, 32)),
     _t("Q4_K_R", None, 256, 144, "q4_k_r", (8, 32)),          # Q4_K, codes and headers apart (module doc)
     _t("Q8_0_R", None, 32, 34, "q8_0_r", (8, 32)),            # Q8_0, the same
+    _t("Q6_K_R", None, 256, 210, "q6_k_r", (16, 16)),         # Q6_K, the same (three runs)
     _t("Q5_K", 13, 256, 176, "q5_k", (8, 32)),
     _t("Q6_K", 14, 256, 210, "q6_k", (16, 16)),
     _t("IQ4_NL", 20, 32, 18, "iq4_nl", (8, 32)),
@@ -130,32 +132,40 @@ class QuantWeight:
         return dequantize(self.packed, self.qtype).to(dtype)
 
 
-#: our layouts (module doc): name -> (the GGUF type whose bytes it holds, header bytes at the start of its blocks)
-REPACKED: dict[str, tuple[str, int]] = {"Q4_K_R": ("Q4_K", 16), "Q8_0_R": ("Q8_0", 2)}
+#: our layouts (module doc): name -> (the GGUF type whose bytes it holds, the runs of a row: each run is one
+#: byte range of a block, taken from every block in turn)
+REPACKED: dict[str, tuple[str, tuple[tuple[int, int], ...]]] = {
+    "Q4_K_R": ("Q4_K", ((16, 144), (0, 16))),                 # codes, then [d|dmin][scales x 12]
+    "Q8_0_R": ("Q8_0", ((2, 34), (0, 2))),                    # codes, then d
+    "Q6_K_R": ("Q6_K", ((0, 192), (192, 208), (208, 210))),   # ql + qh, then the int8 scales, then d
+}
 #: GGUF type -> our layout of it
 REPACK_OF = {src: name for name, (src, _) in REPACKED.items()}
 
 
 def repack(packed: torch.Tensor, name: str) -> torch.Tensor:
     """Rows uint8 ``[..., R]`` of ``REPACKED[name]``'s GGUF type -> the same rows in layout ``name``
-    (every block's codes, then every block's header), a new tensor."""
-    lead, ts, head, nb = _blocks(packed, name)
+    (run after run: the run's byte range of every block), a new tensor."""
+    lead, ts, runs, nb = _blocks(packed, name)
     b = packed.reshape(*lead, nb, ts)
-    return torch.cat([b[..., head:].reshape(*lead, nb * (ts - head)), b[..., :head].reshape(*lead, nb * head)], dim=-1)
+    return torch.cat([b[..., a:z].reshape(*lead, nb * (z - a)) for a, z in runs], dim=-1)
 
 
 def unrepack(packed: torch.Tensor, name: str) -> torch.Tensor:
     """Rows in layout ``name`` -> the same rows in the GGUF type's (the file's) layout, a new tensor."""
-    lead, ts, head, nb = _blocks(packed, name)
-    codes = packed[..., :nb * (ts - head)].reshape(*lead, nb, ts - head)
-    heads = packed[..., nb * (ts - head):].reshape(*lead, nb, head)
-    return torch.cat([heads, codes], dim=-1).reshape(*lead, nb * ts)
+    lead, ts, runs, nb = _blocks(packed, name)
+    out = torch.empty(*lead, nb, ts, dtype=torch.uint8, device=packed.device)
+    at = 0
+    for a, z in runs:
+        out[..., a:z] = packed[..., at:at + nb * (z - a)].reshape(*lead, nb, z - a)
+        at += nb * (z - a)
+    return out.reshape(*lead, nb * ts)
 
 
-def _blocks(packed: torch.Tensor, name: str) -> tuple[tuple[int, ...], int, int, int]:
-    src, head = REPACKED[name]
+def _blocks(packed: torch.Tensor, name: str) -> tuple[tuple[int, ...], int, tuple[tuple[int, int], ...], int]:
+    src, runs = REPACKED[name]
     ts = QTYPES[src].type_size
     if packed.dtype != torch.uint8 or packed.shape[-1] % ts:
         raise ModelError(f"{src} rows must be uint8 [..., {ts} x blocks] (whole blocks), got {packed.dtype} "
                          f"{list(packed.shape)}")
-    return tuple(packed.shape[:-1]), ts, head, packed.shape[-1] // ts
+    return tuple(packed.shape[:-1]), ts, runs, packed.shape[-1] // ts

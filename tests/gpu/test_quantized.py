@@ -117,8 +117,8 @@ def test_gguf_model_on_cuda(tmp_path):
 
 @pytest.mark.parametrize("ftype", ["Q4_K_M", "Q8_0"])
 def test_repacked_model_on_cuda(ftype, tmp_path, monkeypatch):
-    """SHAPEPLAN_QUANT_REPACK=1: the Q4_K / Q8_0 matrices land in the device arena as Q4_K_R / Q8_0_R, and
-    the tokens are the CPU reference's (file layout) in every mode."""
+    """SHAPEPLAN_QUANT_REPACK=1: the Q4_K / Q6_K / Q8_0 matrices land in the device arena as our layouts,
+    and the tokens are the CPU reference's (file layout) in every mode."""
     from shapeplan.cli import main
     from shapeplan.importers.gguf import read_gguf
     from shapeplan.llm.demo import make_tiny_checkpoint
@@ -133,7 +133,7 @@ def test_repacked_model_on_cuda(ftype, tmp_path, monkeypatch):
     monkeypatch.setenv("SHAPEPLAN_QUANT_REPACK", "1")
     _, weights, _ = read_gguf(path, device=DEV)
     assert {w.qtype for w in weights.values() if isinstance(w, QuantWeight)} == \
-        ({"Q4_K_R", "Q6_K"} if ftype == "Q4_K_M" else {"Q8_0_R"})
+        ({"Q4_K_R", "Q6_K_R"} if ftype == "Q4_K_M" else {"Q8_0_R"})
     for mode in ("slot_by_slot", "cuda_graphs", "triton"):
         pipe = sp.llm.GenerationPipeline.from_pretrained(path, device=DEV, mode=mode, **kw)
         assert pipe.generate("Explain KV caching", max_new_tokens=16).token_ids == want, mode

@@ -163,7 +163,7 @@ def test_every_kernel_compiles_for_sm90():
 
 
 # ------------------------------------------------------------------ the one-row kernels (qgemv.py)
-ONE_ROW = ["Q4_K", "Q4_K_R", "Q6_K", "Q8_0", "Q8_0_R"]
+ONE_ROW = ["Q4_K", "Q4_K_R", "Q6_K", "Q6_K_R", "Q8_0", "Q8_0_R"]
 
 
 def _unfused(x, w, s=None, r=None, glu=False, eps=1e-5):
@@ -380,10 +380,10 @@ def test_one_row_kernels_compile_for_sm90():
     assert all(r["ok"] for r in res.values()), {s: r["error"] for s, r in res.items() if not r["ok"]}
     assert res["gemv1:Q4_K:0"]["vector_loads"]              # Q4_K super-blocks are 16-byte aligned
     assert res["gemv1:Q4_K_R:0"]["vector_loads"] and res["gemv1q:Q4_K_R:1"]["vector_loads"]   # and Q4_K_R's codes
-    # Q8_0_R's aligned codes load 2-4 words at once (as many as the tile gives a thread), Q8_0's one word
-    # each (realigned by funnel shifts): fewer loads
-    assert all(res[f"{v}:Q8_0_R:{m}"]["global_loads"] < res[f"{v}:Q8_0:{m}"]["global_loads"]
-               for v, m in (("gemv1", 0), ("gemv1i", 1)))
+    # Q8_0_R's and Q6_K_R's aligned codes load 2-4 words at once (as many as the tile gives a thread),
+    # Q8_0's and Q6_K's one word each (the odd block realigned by funnel shifts): fewer loads
+    assert all(res[f"{v}:{t}_R:{m}"]["global_loads"] < res[f"{v}:{t}:{m}"]["global_loads"]
+               for v, m in (("gemv1", 0), ("gemv1i", 1)) for t in ("Q8_0", "Q6_K"))
     assert all(res[f"gemv1i:{n}:1"]["dp4a"] for n in ONE_ROW)    # XQ = 2: the products are dp4a
     assert all(res[f"gemv1:{n}:{m}"]["griddepcontrol"] == (m >= 3) for n in ONE_ROW for m in (0, 3, 4))
     assert res["gemv1i:Q4_K:3"]["griddepcontrol"] and res["quantx:x:2"]["griddepcontrol"]

@@ -16,7 +16,7 @@ gguf = pytest.importorskip("gguf")
 F16_FIELDS = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0], "Q2_K": [80, 82],
               "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208], "IQ4_NL": [0], "IQ4_XS": [0],
               "INT8_G64": [0], "INT8_G128": [0], "INT4_G64": [0, 2], "INT4_G128": [0, 2],
-              "Q4_K_R": [0, 2], "Q8_0_R": [0]}        # our layouts: their GGUF type's, before the repack
+              "Q4_K_R": [0, 2], "Q8_0_R": [0], "Q6_K_R": [208]}   # our layouts: their GGUF type's, before the repack
 
 
 def random_blocks(name: str, rows: int, k: int, seed: int = 0) -> torch.Tensor:
@@ -82,16 +82,20 @@ def test_quant_weight_checks_its_bytes():
 
 @pytest.mark.parametrize("name", sorted(REPACKED))
 def test_our_layouts_hold_the_gguf_types_bytes(name):
-    """Q4_K_R / Q8_0_R (a row's code bytes, then its header bytes) hold the same bytes as Q4_K / Q8_0, so
-    they dequantize to the same values, and the repack round-trips; a row of whole blocks only."""
-    src, head = REPACKED[name]
+    """Q4_K_R / Q6_K_R / Q8_0_R (a row's code bytes, then its header bytes) hold the same bytes as their
+    GGUF type, so they dequantize to the same values, and the repack round-trips; a row of whole blocks
+    only."""
+    src, runs = REPACKED[name]
     ts = QTYPES[src].type_size
+    assert sorted(b for run in runs for b in range(*run)) == list(range(ts))     # every byte, once
     packed = random_blocks(src, 5, 1024, seed=4)
     r = repack(packed, name)
     nb = packed.shape[1] // ts
     assert r.shape == packed.shape and not torch.equal(r, packed)
-    assert torch.equal(r[:, :nb * (ts - head)].reshape(5, nb, ts - head), packed.reshape(5, nb, ts)[:, :, head:])
-    assert torch.equal(r[:, nb * (ts - head):].reshape(5, nb, head), packed.reshape(5, nb, ts)[:, :, :head])
+    at = 0
+    for a, z in runs:                                   # run after run: that byte range of every block
+        assert torch.equal(r[:, at:at + nb * (z - a)].reshape(5, nb, z - a), packed.reshape(5, nb, ts)[:, :, a:z])
+        at += nb * (z - a)
     assert torch.equal(unrepack(r, name), packed)
     assert torch.equal(dequantize(r, name), dequantize(packed, src))
     assert torch.equal(dequantize(r[1:3], name), dequantize(packed[1:3], src))     # rows stay rows

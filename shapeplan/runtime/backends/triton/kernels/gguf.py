@@ -34,7 +34,7 @@ except ImportError:                       # the op module imports us; CPU instal
 CHUNK = 256
 #: kernel family -> decoder id (constexpr KIND)
 KINDS = {"int8": 0, "int4": 1, "q4_0": 2, "q5_0": 3, "q5_1": 4, "iq4_nl": 5,
-         "q2_k": 10, "q3_k": 11, "q4_k": 12, "q5_k": 13, "q6_k": 14, "iq4_xs": 15, "q4_k_r": 16, "q8_0_r": 17}
+         "q2_k": 10, "q3_k": 11, "q4_k": 12, "q5_k": 13, "q6_k": 14, "iq4_xs": 15, "q4_k_r": 16, "q8_0_r": 17, "q6_k_r": 18}
 
 #: decode GEMV tuning: rows per program, warps, chunks decoded per loop iteration (their loads are in
 #: flight together), and the programs below which split-K is used (0: the device's SM count)
@@ -165,12 +165,12 @@ if AVAILABLE:
         return d * q.to(tl.float32) - dm
 
     @triton.jit
-    def _dec_q6_k(sbk, sb, e, mask, mask_s):           # [ql 128][qh 64][scales int8 16][d]
+    def _dec_q6_k(qs, scp, dp, sb, e, mask, mask_s):   # [ql 128][qh 64][scales int8 16][d]; Q6_K_R: 3 runs
         r = e % 128
         h = e // 128
-        low = (_byte(sbk + h * 64 + r % 64, mask) >> ((r // 64) * 4)) & 15
-        high = (_byte(sbk + 128 + h * 32 + r % 32, mask) >> ((r // 32) * 2)) & 3
-        d = _f16(sbk + 208, mask_s) * _signed8(_byte(sbk + 192 + sb, mask_s)).to(tl.float32)
+        low = (_byte(qs + h * 64 + r % 64, mask) >> ((r // 64) * 4)) & 15
+        high = (_byte(qs + 128 + h * 32 + r % 32, mask) >> ((r // 32) * 2)) & 3
+        d = _f16(dp, mask_s) * _signed8(_byte(scp + sb, mask_s)).to(tl.float32)
         return d * ((low | (high << 4)) - 32).to(tl.float32)
 
     @triton.jit
@@ -224,7 +224,10 @@ if AVAILABLE:
             elif KIND == 16:                # Q4_K_R: a row is [codes 128 x S][headers 16 x S]
                 w = _dec_q45_k(p + tl.cdiv(K, 256) * 128 + c * 16, p + c * 128, sb, t, mask_s, mask_s, False)
             elif KIND == 14:
-                w = _dec_q6_k(sbk, sb, e, mask_s, mask_s)
+                w = _dec_q6_k(sbk, sbk + 192, sbk + 208, sb, e, mask_s, mask_s)
+            elif KIND == 18:                # Q6_K_R: a row is [ql + qh 192 x S][scales 16 x S][d 2 x S]
+                S = tl.cdiv(K, 256)
+                w = _dec_q6_k(p + c * 192, p + S * 192 + c * 16, p + S * 208 + c * 2, sb, e, mask_s, mask_s)
             else:
                 w = _dec_iq4_xs(sbk, sb, t, mask_s, mask_s)
         return w

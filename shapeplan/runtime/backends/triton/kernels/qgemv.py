@@ -17,9 +17,10 @@ so it is bound by instructions, not by memory (~845 GB/s on the LM head, of ~4.2
   blocks (34 bytes) are 2 bytes off every other one, so those kernels walk *pairs* (420 bytes = 105
   words, 68 bytes = 17 words): the first of a pair is word aligned, the second is realigned in
   registers with a funnel shift ``(w[j] >> 16) | (w[j + 1] << 16)`` (the second load hits L1).
-  Our layouts ``Q4_K_R`` / ``Q8_0_R`` (shapeplan/quant/formats.py, ``SHAPEPLAN_QUANT_REPACK``: the same
-  bytes, each row's codes first and its headers after) run the same kernels with ``REPACK``: every
-  block's codes aligned (Q8_0_R: no funnel shift, loads as wide as the tile gives a thread).
+  Our layouts ``Q4_K_R`` / ``Q6_K_R`` / ``Q8_0_R`` (shapeplan/quant/formats.py,
+  ``SHAPEPLAN_QUANT_REPACK``: the same bytes, each row's codes first and its headers after) run the same
+  kernels with ``REPACK``: every block's codes aligned (Q6_K_R / Q8_0_R: no funnel shift, loads as wide
+  as the tile gives a thread).
 - **Integer codes -> float without a conversion instruction.** The float32 whose bits are
   ``0x4B000000 | v`` is ``2^23 + v`` exactly for v < 2^23, so subtracting 2^23 gives the code as a float
   (int->float conversions run at a quarter of the FMA rate or less). Each word's codes are first made
@@ -172,10 +173,10 @@ MIN_PROGRAMS = 264
 #: the types whose one-row kernel has x mode 3 (int8 x, integer dots)
 INT_DOTS = frozenset({"Q4_K", "Q4_K_R"})
 #: the types with a one-row kernel, and the K each needs (super-block or block pair)
-K_MULTIPLE = {"Q4_K": 256, "Q4_K_R": 256, "Q6_K": 512, "Q8_0": 64, "Q8_0_R": 64}
+K_MULTIPLE = {"Q4_K": 256, "Q4_K_R": 256, "Q6_K": 512, "Q6_K_R": 512, "Q8_0": 64, "Q8_0_R": 64}
 #: types that run another type's kernel (a REPACK constexpr) and, where ``TUNE`` has no entry of their own,
 #: its tiles: our layouts of its bytes
-TUNED_AS = {"Q4_K_R": "Q4_K", "Q8_0_R": "Q8_0"}
+TUNED_AS = {"Q4_K_R": "Q4_K", "Q6_K_R": "Q6_K", "Q8_0_R": "Q8_0"}
 
 if AVAILABLE:
     from shapeplan.runtime.backends.triton.kernels.gemv_jit import _finish, gdc_launch_dependents, gdc_wait
@@ -531,10 +532,12 @@ if AVAILABLE:
         return a
 
     @triton.jit
-    def _q6k_codes(base, m4, hg, w, ODD: tl.constexpr):
-        """The ql and qh words [BN, CP, 8, 4] of the super-block at ``base`` (layout: kernel doc)."""
-        ql = _word(base + 4 * hg + w, m4, ODD)
-        qh = _word(base + 32 + 8 * (hg // 4) + 4 * (hg % 2) + w, m4, ODD)
+    def _q6k_codes(base, m4, hg, w, ODD: tl.constexpr, REPACK: tl.constexpr = False):
+        """The ql and qh words [BN, CP, 8, 4] of the super-block at ``base`` (layout: kernel doc; REPACK: its
+        48 code words, aligned)."""
+        shifted: tl.constexpr = ODD and not REPACK
+        ql = _word(base + 4 * hg + w, m4, shifted)
+        qh = _word(base + 32 + 8 * (hg // 4) + 4 * (hg % 2) + w, m4, shifted)
         return ql, qh
 
     @triton.jit
@@ -549,22 +552,30 @@ if AVAILABLE:
         return (_q6k_join(ql, qh, hg, n) + 0x60606060) ^ SIGN8
 
     @triton.jit
-    def _q6k_scale(base, m4, hg, n: tl.constexpr, ODD: tl.constexpr):
-        """d * sc of sub-block 8h + 4n + g (hg = 4h + g) of the super-block at ``base``: [BN, CP, 8, 1]."""
-        scw = _word(base + 48 + 2 * (hg // 4) + n, m4, ODD)
+    def _q6k_scale(base, dbase, m4, hg, n: tl.constexpr, ODD: tl.constexpr, REPACK: tl.constexpr = False):
+        """d * sc of sub-block 8h + 4n + g (hg = 4h + g) of the super-block at ``base``: [BN, CP, 8, 1]. REPACK:
+        ``base`` is the super-block's 4 scale words, ``dbase`` the word of its pair's two d."""
+        if REPACK:
+            scw = tl.load(base + 2 * (hg // 4) + n, mask=m4, other=0)
+            d = _f16(tl.load(dbase, mask=m4, other=0) >> (16 * ODD))
+        else:
+            scw = _word(base + 48 + 2 * (hg // 4) + n, m4, ODD)
+            d = _f16(_word(base + 52, m4, ODD))
         sc = _code((scw >> (8 * (hg % 4))) ^ 0x80, 0xFF) - 128.0            # int8 scale, exactly
-        return _f16(_word(base + 52, m4, ODD)) * sc
+        return d * sc
 
     @triton.jit
     def _q6k_kernel(X, NW, XD, XS, W, R, Y, N, K, HALF, ROW_WORDS, eps, BN: tl.constexpr, CH: tl.constexpr,
                     NORM: tl.constexpr, RES: tl.constexpr, GLU: tl.constexpr, PDL: tl.constexpr = False,
                     ASM: tl.constexpr = False, XQ: tl.constexpr = True, XB: tl.constexpr = 16,
                     XF16: tl.constexpr = False, NB: tl.constexpr = 16, NF16: tl.constexpr = False,
-                    STAGES: tl.constexpr = 1):
+                    STAGES: tl.constexpr = 1, REPACK: tl.constexpr = False):
         """Q6_K super-block (210 bytes): [ql 128][qh 64][scales int8 16][d]; two per pair of 105 words,
         the second 2 bytes off word alignment. With hg = 4h + g (h: half, g: 16-element group) and
         nibble half n, element 128h + 64n + 16g + 4w + b is byte b of ql word 4hg + w (nibble n) and
-        of qh word 32 + 8h + 4(g % 2) + w (bits 2(2n + g // 2)); its sub-block is 8h + 4n + g."""
+        of qh word 32 + 8h + 4(g % 2) + w (bits 2(2n + g // 2)); its sub-block is 8h + 4n + g. REPACK
+        (Q6_K_R): a row of S super-blocks is their 48 code words each, then their 4 scale words each,
+        then one word of two d per pair: every load aligned, no funnel shift."""
         rows, ok, rg, ru = _program_rows(W, N, HALF, ROW_WORDS, BN, PDL)
         ci = tl.arange(0, CH)[:, None, None]                                       # [CP, 1, 1]
         hg = tl.arange(0, 8)[None, :, None]                                        # [1, 8, 1]
@@ -581,12 +592,24 @@ if AVAILABLE:
             cok = c < npairs
             m4 = ok[:, None, None, None] & cok[None]
             for odd in tl.static_range(2):
-                base = rg[:, None, None, None] + (c * 105 + 52 * odd)[None]          # [BN, CP, 1, 1]
+                if REPACK:                  # codes, scales and d of super-block 2c + odd in their runs
+                    at = (c * 96 + 48 * odd)[None]
+                    sat = (npairs * 96 + (2 * c + odd) * 4)[None]
+                    dat = (npairs * 104 + c)[None]
+                else:
+                    at = (c * 105 + 52 * odd)[None]
+                    sat = at
+                    dat = at
+                base = rg[:, None, None, None] + at                                   # [BN, CP, 1, 1]
+                sbase = rg[:, None, None, None] + sat
+                dbase = rg[:, None, None, None] + dat
                 if GLU:
-                    base_u = ru[:, None, None, None] + (c * 105 + 52 * odd)[None]
-                ql, qh = _q6k_codes(base, m4, hg[None], w[None], odd)                # [BN, CP, 8, 4]
+                    base_u = ru[:, None, None, None] + at
+                    sbase_u = ru[:, None, None, None] + sat
+                    dbase_u = ru[:, None, None, None] + dat
+                ql, qh = _q6k_codes(base, m4, hg[None], w[None], odd, REPACK)        # [BN, CP, 8, 4]
                 if GLU:
-                    ql_u, qh_u = _q6k_codes(base_u, m4, hg[None], w[None], odd)
+                    ql_u, qh_u = _q6k_codes(base_u, m4, hg[None], w[None], odd, REPACK)
                 if PDL:
                     gdc_wait()
                 for n in tl.static_range(2):
@@ -598,17 +621,17 @@ if AVAILABLE:
                                              [BN, CH, 8, 1])
                         xd = _ld(XD + bi, m4, False)
                         acc += _dp4a(_q6k_signed(ql, qh, hg[None], n), xw, ASM) \
-                            * (_q6k_scale(base, m4, hg[None], n, odd) * xd)
+                            * (_q6k_scale(sbase, dbase, m4, hg[None], n, odd, REPACK) * xd)
                         if GLU:
                             acc_u += _dp4a(_q6k_signed(ql_u, qh_u, hg[None], n), xw, ASM) \
-                                * (_q6k_scale(base_u, m4, hg[None], n, odd) * xd)
+                                * (_q6k_scale(sbase_u, dbase_u, m4, hg[None], n, odd, REPACK) * xd)
                     else:
                         x0, x1, x2, x3, _, ss = _x4(X, NW, xi, xm, ss, NORM, XQ, XB, XF16, NB, NF16)
                         acc += _dot4(_q6k_join(ql, qh, hg[None], n), x0, x1, x2, x3, 32.0, ASM) \
-                            * _q6k_scale(base, m4, hg[None], n, odd)
+                            * _q6k_scale(sbase, dbase, m4, hg[None], n, odd, REPACK)
                         if GLU:
                             acc_u += _dot4(_q6k_join(ql_u, qh_u, hg[None], n), x0, x1, x2, x3, 32.0, ASM) \
-                                * _q6k_scale(base_u, m4, hg[None], n, odd)
+                                * _q6k_scale(sbase_u, dbase_u, m4, hg[None], n, odd, REPACK)
         y = tl.sum(tl.sum(tl.sum(acc, axis=3), axis=2), axis=1)
         u = y
         if GLU:
@@ -696,8 +719,8 @@ if AVAILABLE:
             u = tl.sum(tl.sum(acc_u, axis=2), axis=1)
         _finish(y, u, _ss_total(ss, XQ), K, eps, R, Y, rows, ok, NORM, RES, GLU)
 
-    KERNELS = {"Q4_K": _q4k_kernel, "Q4_K_R": _q4k_kernel, "Q6_K": _q6k_kernel, "Q8_0": _q80_kernel,
-               "Q8_0_R": _q80_kernel}
+    KERNELS = {"Q4_K": _q4k_kernel, "Q4_K_R": _q4k_kernel, "Q6_K": _q6k_kernel, "Q6_K_R": _q6k_kernel,
+               "Q8_0": _q80_kernel, "Q8_0_R": _q80_kernel}
 
 
 # --------------------------------------------------------------------------------------- launching
@@ -771,8 +794,7 @@ def gemv1(x: torch.Tensor, packed: torch.Tensor, qtype: str, n: int, k: int, *, 
     base = TUNED_AS.get(qtype, qtype)
     extra = {"PF": bool(pf), "EVEN": xq == 3 and out_n % bn == 0 and (k // K_MULTIPLE[qtype]) % ch == 0} \
         if base == "Q4_K" else {}
-    if base != "Q6_K":
-        extra["REPACK"] = qtype in TUNED_AS
+    extra["REPACK"] = qtype in TUNED_AS
     KERNELS[qtype][(triton.cdiv(out_n, bn),)](
         x, nw, xd, xs, words, r, y, out_n, k, out_n, words.stride(0), float(eps), BN=bn, CH=ch,
         NORM=norm, RES=residual is not None, GLU=glu, PDL=bool(launch), ASM=not interpreting(),
