@@ -205,3 +205,26 @@ def test_the_pipeline_state_is_made_once_and_kept_without_copies():
     assert not any(c.any() for c in caches)
     pipe.generate(list(range(3, 9)), max_new_tokens=4)
     assert any(c.any() for c in caches)                       # the engine wrote into that buffer
+
+
+def test_a_large_cpu_pool_is_zeroed_by_the_os(monkeypatch):
+    """model.zeros: from LAZY_ZERO_BYTES on, a CPU buffer is numpy's calloc'd memory (zero pages until
+    written; torch.zeros wrote all 2.1 GB of llama-1b's pool at construction); zeros all the same, and the
+    pipeline on it generates what it generates on torch.zeros' buffer."""
+    from shapeplan.llm import GenerationPipeline, model
+    z = model.zeros((3, 1 << 13, 4096), torch.bfloat16, "cpu")               # 192 MB: the lazy path
+    assert z.shape == (3, 1 << 13, 4096) and z.dtype == torch.bfloat16 and z.is_contiguous()
+    assert not z.any() and z.untyped_storage().nbytes() == 3 * (1 << 13) * 4096 * 2
+    z[1, 5] = 1.5
+    assert z.sum().item() == 1.5 * 4096
+    small = model.zeros((2, 3), torch.float32, "cpu")
+    assert torch.equal(small, torch.zeros(2, 3))
+
+    def run(threshold: int) -> list[int]:
+        monkeypatch.setattr(model, "LAZY_ZERO_BYTES", threshold)
+        pipe = GenerationPipeline.from_preset("llama-tiny", device="cpu", dtype="float32", mode="emulated_replay",
+                                              max_prefill_length=16, max_kv_cache_length=64)
+        kv = pipe.engine.variables["k_cache_0"]
+        assert not kv.any()
+        return pipe.generate(list(range(3, 9)), max_new_tokens=6).token_ids
+    assert run(0) == run(1 << 62)
