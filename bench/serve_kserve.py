@@ -1,8 +1,9 @@
 """KServe v2 serving: N concurrent batch-1 gRPC clients against ``shapeplan serve``, with dynamic batching
 on and off (throughput, p50/p99 latency), next to in-process ``engine.run`` at the largest bucket; and
-the per-request protocol overhead (one client, one request at a time: gRPC and HTTP round trip minus
-in-process ``engine.run``) for a 1x768 float input, beside grpcio's own floor: the round trip of the same
-request bytes through a bare grpcio server (its own process) whose one rpc returns its request.
+the per-request protocol overhead (one client, one request at a time: gRPC (``ModelInfer``, and
+``ModelStreamInfer`` on one stream) and HTTP round trip minus in-process ``engine.run``) for a 1x768
+float input, beside grpcio's own floor: the round trip of the same request bytes through a bare grpcio
+server (its own process) whose rpcs return their requests, unary and on a stream.
 
 The server runs in its own process (``python -m shapeplan serve --model-repository TMP``) serving the
 model twice, "batched" (dynamic batching, max_batch_size, window, ``--instances``) and "unbatched"
