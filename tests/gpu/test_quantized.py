@@ -139,6 +139,23 @@ def test_repacked_model_on_cuda(ftype, tmp_path, monkeypatch):
         assert pipe.generate("Explain KV caching", max_new_tokens=16).token_ids == want, mode
 
 
+def test_q5_k_m_model_on_cuda(tmp_path):
+    """A Q5_K_M file (Q5_K matrices, some Q6_K): one row of Q5_K runs the one-row kernel (Q4_K's with 5-bit
+    codes); the tokens are the CPU reference's in every mode."""
+    from shapeplan.cli import main
+    from shapeplan.llm.demo import make_tiny_checkpoint
+    ck = make_tiny_checkpoint(str(tmp_path / "hf"), "llama", hidden=256, intermediate_size=512, heads=4,
+                              kv_heads=2, num_layers=2)
+    path = str(tmp_path / "m.gguf")
+    assert main(["quantize", ck, path, "--type", "Q5_K_M"]) == 0
+    kw = dict(dtype="float32", max_prefill_length=32, max_kv_cache_length=96)
+    want = sp.llm.GenerationPipeline.from_pretrained(path, mode="slot_by_slot", **kw).generate(
+        "Explain KV caching", max_new_tokens=16).token_ids
+    for mode in ("slot_by_slot", "cuda_graphs", "triton"):
+        pipe = sp.llm.GenerationPipeline.from_pretrained(path, device=DEV, mode=mode, **kw)
+        assert pipe.generate("Explain KV caching", max_new_tokens=16).token_ids == want, mode
+
+
 def test_int4_tinygemm_baseline_cuda_packing_matches_cpu():
     """The CUDA packing of the --vs-torch-compile int4 row gives the CPU packing's logits (same
     quantization, two tinygemm layouts); against bf16 the decoder differs by the 4-bit error itself

@@ -41,7 +41,8 @@ def compile_one(kernel: str, name: str, m: int):
         fn = qgemv.KERNELS[name]
         consts = dict(BN=bn, CH=ch, NORM=m in (1, 3) and xq < 2, RES=m in (2, 4), GLU=m in (1, 3), PDL=m >= 3,
                       ASM=True, XQ=xq, XB=16, XF16=False, NB=16, NF16=False, STAGES=3 if kernel == "gemv1s" else 1,
-                      **({"PF": kernel == "gemv1p", "EVEN": xq == 3} if name in ("Q4_K", "Q4_K_R") else {}),
+                      **({"PF": kernel == "gemv1p", "EVEN": xq == 3, "FIVE": name == "Q5_K"}
+                         if name in ("Q4_K", "Q4_K_R", "Q5_K") else {}),
                       REPACK=name in qgemv.TUNED_AS)
         sig = {**ptrs, **{a: "i32" for a in args}, "eps": "fp32", **{c: "constexpr" for c in consts}}
         names = list(sig)

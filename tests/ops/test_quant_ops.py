@@ -163,7 +163,7 @@ def test_every_kernel_compiles_for_sm90():
 
 
 # ------------------------------------------------------------------ the one-row kernels (qgemv.py)
-ONE_ROW = ["Q4_K", "Q4_K_R", "Q6_K", "Q6_K_R", "Q8_0", "Q8_0_R"]
+ONE_ROW = ["Q4_K", "Q4_K_R", "Q5_K", "Q6_K", "Q6_K_R", "Q8_0", "Q8_0_R"]
 
 
 def _unfused(x, w, s=None, r=None, glu=False, eps=1e-5):
@@ -213,12 +213,13 @@ def _int8_x_linear(name, packed, w, x):
     every code 0 (each sub-block's -dmin * m)."""
     x8 = _x8(x)
     y = x8 @ w.t()
-    if name in ("Q4_K", "Q4_K_R"):
+    if name in ("Q4_K", "Q4_K_R", "Q5_K"):
         from shapeplan.quant.formats import unrepack
+        src = "Q4_K" if name == "Q4_K_R" else name
         file_layout = unrepack(packed, name) if name == "Q4_K_R" else packed
-        zero = file_layout.clone().view(packed.shape[0], -1, QTYPES["Q4_K"].type_size)
-        zero[:, :, 16:] = 0                                   # the codes, after [d, dmin] and the 12 scale bytes
-        y = y + (x - x8) @ dequantize(zero.view(packed.shape), "Q4_K").t()
+        zero = file_layout.clone().view(packed.shape[0], -1, QTYPES[src].type_size)
+        zero[:, :, 16:] = 0                                   # the codes (and Q5_K's qh), after [d, dmin] and the scales
+        y = y + (x - x8) @ dequantize(zero.view(packed.shape), src).t()
     return y
 
 
@@ -340,9 +341,14 @@ def test_one_row_kernel_dispatch(triton_kernels, monkeypatch):
     assert calls == ["Q8_0"]
     with pytest.raises(ValueError, match="x mode 3 .* not Q8_0"):           # integer dots: Q4_K only
         real(x, packed, "Q8_0", 4, 512, tiles=(2, 2, 1, 3))
+    q5 = packed_weight("Q5_K", 4, 512).to(DEV)                             # (Q5_K's products overflow them)
+    with pytest.raises(ValueError, match="x mode 3 .* not Q5_K"):
+        real(x, q5, "Q5_K", 4, 512, tiles=(2, 2, 1, 3))
+    _close(gguf.matmul(x, q5, QTYPES["Q5_K"], 4, 512), x @ dequantize(q5, "Q5_K").t())
+    assert calls == ["Q8_0", "Q5_K"]                                         # Q5_K, one row: the one-row kernel
 
 
-@pytest.mark.parametrize("name", ["Q4_K", "Q4_K_R", "Q5_K"])    # the one-row kernel, and the unfused fallback
+@pytest.mark.parametrize("name", ["Q4_K", "Q4_K_R", "Q5_K", "Q4_0"])    # the one-row kernel; Q4_0: the unfused path
 def test_fused_quant_ops_through_the_kernels(name, triton_kernels):
     """QuantRMSNormMatMul / QuantMatMulAdd with the Triton kernels (one row: fused; three rows: the norm,
     the GEMV and the gate / add) against the torch reference (the unfused ops)."""
@@ -373,7 +379,7 @@ def test_one_row_kernels_compile_for_sm90():
              + [f"gemv1t:{n}:{m}" for n in ONE_ROW for m in (1, 2)]         # XQ = 0: the x tile broadcast
              + [f"gemv1i:{n}:{m}" for n in ONE_ROW for m in (1, 2, 3)]      # XQ = 2: x as int8 codes
              + [f"gemv1s:{n}:{m}" for n in ONE_ROW for m in (1, 2)]         # XQ = 2, K loop in 3 stages
-             + [f"gemv1p:{n}:{m}" for n in ("Q4_K", "Q4_K_R") for m in (1, 2)]   # XQ = 2, Q4_K's register prefetch
+             + [f"gemv1p:{n}:{m}" for n in ("Q4_K", "Q4_K_R", "Q5_K") for m in (1, 2)]   # XQ = 2, register prefetch
              + [f"gemv1q:{n}:{m}" for n in ("Q4_K", "Q4_K_R") for m in (1, 2, 4)]   # XQ = 3, Q4_K's integer dots
              + ["quantx:x:0", "quantx:x:1", "quantx:x:2"])
     res = _compile_sm90(*specs)

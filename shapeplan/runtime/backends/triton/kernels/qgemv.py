@@ -128,10 +128,12 @@ from shapeplan.runtime.backends.triton.env import interpreting
 from shapeplan.runtime.backends.triton.kernels.gguf import AVAILABLE, triton, tl
 
 #: qtype -> (BN rows per program, CH chunks per iteration, warps, XQ) when ``TUNE`` has no entry
-DEFAULT: dict[str, tuple[int, int, int, int]] = {"Q4_K": (8, 2, 4, 1), "Q6_K": (4, 1, 4, 1), "Q8_0": (8, 4, 4, 1)}
+DEFAULT: dict[str, tuple[int, int, int, int]] = {"Q4_K": (8, 2, 4, 1), "Q5_K": (8, 2, 4, 1), "Q6_K": (4, 1, 4, 1),
+                                                 "Q8_0": (8, 4, 4, 1)}
 #: the same from ``LARGE`` weight elements on (N x K): x as int8 codes, the tiles that won llama-1b's large
 #: matrices (XQ = 2 pays a launch, ~1.5 µs, that small matrices do not earn back)
-DEFAULT_LARGE: dict[str, tuple[int, int, int, int]] = {"Q4_K": (4, 2, 1, 2), "Q6_K": (1, 2, 1, 2), "Q8_0": (2, 4, 1, 2)}
+DEFAULT_LARGE: dict[str, tuple[int, int, int, int]] = {"Q4_K": (4, 2, 1, 2), "Q5_K": (4, 2, 1, 2), "Q6_K": (1, 2, 1, 2),
+                                                       "Q8_0": (2, 4, 1, 2)}
 LARGE = 1 << 24
 #: (qtype, N outputs (GLU: after the gate), K) -> (BN, CH, warps, XQ[, STAGES[, PF]]), measured on the H200
 TUNE: dict[tuple[str, int, int], tuple[int, ...]] = {   # H200, 2026-12-01/02 (bench.quant_gemv --sweep1)
@@ -173,7 +175,7 @@ MIN_PROGRAMS = 264
 #: the types whose one-row kernel has x mode 3 (int8 x, integer dots)
 INT_DOTS = frozenset({"Q4_K", "Q4_K_R"})
 #: the types with a one-row kernel, and the K each needs (super-block or block pair)
-K_MULTIPLE = {"Q4_K": 256, "Q4_K_R": 256, "Q6_K": 512, "Q6_K_R": 512, "Q8_0": 64, "Q8_0_R": 64}
+K_MULTIPLE = {"Q4_K": 256, "Q4_K_R": 256, "Q5_K": 256, "Q6_K": 512, "Q6_K_R": 512, "Q8_0": 64, "Q8_0_R": 64}
 #: types that run another type's kernel (a REPACK constexpr) and, where ``TUNE`` has no entry of their own,
 #: its tiles: our layouts of its bytes
 TUNED_AS = {"Q4_K_R": "Q4_K", "Q6_K_R": "Q6_K", "Q8_0_R": "Q8_0"}
@@ -381,29 +383,45 @@ if AVAILABLE:
         return rows, rows < N, rg, ru
 
     @triton.jit
-    def _q4k_words(rp, c, m4, woff, nc, EVEN: tl.constexpr, REPACK: tl.constexpr):
-        """The code words [BN, CH, 4, 8] and the [d|dmin] and three scale words [BN, CH, 1, 1] of super-blocks
-        ``c`` of rows ``rp`` (EVEN: unmasked). REPACK (Q4_K_R): a row of ``nc`` super-blocks is their code
-        words, 32 each, then their header words, 4 each; else 36-word super-blocks, codes at word 4."""
+    def _q4k_words(rp, c, m4, woff, nc, EVEN: tl.constexpr, REPACK: tl.constexpr, FIVE: tl.constexpr = False):
+        """The code words [BN, CH, 4, 8], the [d|dmin] and three scale words [BN, CH, 1, 1] and (FIVE: Q5_K)
+        the high-bit words [BN, CH, 1, 8] of super-blocks ``c`` of rows ``rp`` (EVEN: unmasked). REPACK
+        (Q4_K_R): a row of ``nc`` super-blocks is their code words, 32 each, then their header words, 4
+        each; FIVE: 44-word super-blocks, qh at word 4, codes at word 12 (``woff`` has them); else 36-word
+        super-blocks, codes at word 4. Without FIVE the last value is the code words again (unused)."""
         if REPACK:
             cw = rp[:, None, None, None] + (c * 32)[None]                         # [BN, CH, 1, 1]
             sb = rp[:, None, None, None] + (nc * 32 + c * 4)[None]
         else:
-            sb = rp[:, None, None, None] + (c * 36)[None]
+            sb = rp[:, None, None, None] + (c * (44 if FIVE else 36))[None]
             cw = sb
-        return (_ld(cw + woff, m4, EVEN), _ld(sb, m4, EVEN), _ld(sb + 1, m4, EVEN), _ld(sb + 2, m4, EVEN),
-                _ld(sb + 3, m4, EVEN))
+        qw = _ld(cw + woff, m4, EVEN)
+        if FIVE:
+            qh = _ld(tl.max_contiguous(sb + 4 + tl.arange(0, 8)[None, None, None, :], [1, 1, 1, 4]), m4, EVEN)
+        else:
+            qh = qw
+        return qw, _ld(sb, m4, EVEN), _ld(sb + 1, m4, EVEN), _ld(sb + 2, m4, EVEN), _ld(sb + 3, m4, EVEN), qh
 
     @triton.jit
     def _q4k_rows(rg, ru, c, m4, woff, nc, GLU: tl.constexpr, EVEN: tl.constexpr = False,
-                  REPACK: tl.constexpr = False):
+                  REPACK: tl.constexpr = False, FIVE: tl.constexpr = False):
         """``_q4k_words`` of the gate rows ``rg``, then of the up rows ``ru`` (GLU; else the gate's again)."""
-        qw, hd, s1, s2, s3 = _q4k_words(rg, c, m4, woff, nc, EVEN, REPACK)
+        qw, hd, s1, s2, s3, qh = _q4k_words(rg, c, m4, woff, nc, EVEN, REPACK, FIVE)
         if GLU:
-            qwu, hdu, s1u, s2u, s3u = _q4k_words(ru, c, m4, woff, nc, EVEN, REPACK)
+            qwu, hdu, s1u, s2u, s3u, qhu = _q4k_words(ru, c, m4, woff, nc, EVEN, REPACK, FIVE)
         else:
-            qwu, hdu, s1u, s2u, s3u = qw, hd, s1, s2, s3
-        return qw, hd, s1, s2, s3, qwu, hdu, s1u, s2u, s3u
+            qwu, hdu, s1u, s2u, s3u, qhu = qw, hd, s1, s2, s3, qh
+        return qw, hd, s1, s2, s3, qh, qwu, hdu, s1u, s2u, s3u, qhu
+
+    @triton.jit
+    def _q4k_nib(qw, qh, p, h: tl.constexpr, FIVE: tl.constexpr):
+        """The codes of nibble half ``h`` of the code words, one per byte: Q4_K's nibble; FIVE (Q5_K) with
+        bit 2p + h of the matching qh byte as bit 4 (qh word w holds that bit of elements 4w..4w+3 of every
+        sub-block)."""
+        nib = (qw >> (4 * h)) & 0x0F0F0F0F
+        if FIVE:
+            nib = nib | (((qh >> (2 * p + h)) & 0x01010101) << 4)
+        return nib
 
     @triton.jit
     def _ubyte(v, b, ASM: tl.constexpr):
@@ -443,18 +461,20 @@ if AVAILABLE:
                     ASM: tl.constexpr = False, XQ: tl.constexpr = True, XB: tl.constexpr = 16,
                     XF16: tl.constexpr = False, NB: tl.constexpr = 16, NF16: tl.constexpr = False,
                     STAGES: tl.constexpr = 1, PF: tl.constexpr = False, EVEN: tl.constexpr = False,
-                    REPACK: tl.constexpr = False):
+                    REPACK: tl.constexpr = False, FIVE: tl.constexpr = False):
         """Q4_K super-block (36 words): [d|dmin] [scales x 3] [qs x 32]; qs word 4 + 8p + w holds, in
         byte b, elements 32*(2p) + 4w + b (low nibble) and 32*(2p+1) + 4w + b (high nibble): x quad
         8(2p + h) + w of the super-block for nibble half h. EVEN: no masks (the launcher sets it for XQ = 3
         only, where it was measured). REPACK: the weight is Q4_K_R (the same words, a row's code words
-        first and its header words after them: ``_q4k_words``)."""
+        first and its header words after them: ``_q4k_words``). FIVE: Q5_K (44 words: [d|dmin] [scales x
+        3] [qh x 8] [qs x 32]; the same arithmetic with 5-bit codes, ``_q4k_nib``; not XQ = 3, whose
+        integer products must stay under 2^22)."""
         rows, ok, rg, ru = _program_rows(W, N, HALF, ROW_WORDS, BN, PDL)
         ci = tl.arange(0, CH)[:, None, None]                                       # [CH, 1, 1]
         p = tl.arange(0, 4)[None, :, None]                                         # [1, 4, 1]
         w = tl.arange(0, 8)[None, None, :]                                         # [1, 1, 8]
-        woff = tl.max_contiguous(tl.broadcast_to((0 if REPACK else 4) + 8 * p[None] + w[None], [BN, CH, 4, 8]),
-                                 [1, 1, 1, 4])
+        woff = tl.max_contiguous(tl.broadcast_to((0 if REPACK else 12 if FIVE else 4) + 8 * p[None] + w[None],
+                                                 [BN, CH, 4, 8]), [1, 1, 1, 4])
         nc = K // 256
         if XQ == 3:
             hi = p[None] >= 2                                                      # sub-blocks 2p + h >= 4,
@@ -470,17 +490,18 @@ if AVAILABLE:
         else:
             ss = tl.zeros([CH, 4, 8], dtype=tl.float32)
         if PF:                              # the first iteration's words, loaded before the loop
-            qw, hd, s1, s2, s3, qwu, hdu, s1u, s2u, s3u = _q4k_rows(
-                rg, ru, ci, ok[:, None, None, None] & (ci < nc)[None], woff, nc, GLU, False, REPACK)
+            qw, hd, s1, s2, s3, qh, qwu, hdu, s1u, s2u, s3u, qhu = _q4k_rows(
+                rg, ru, ci, ok[:, None, None, None] & (ci < nc)[None], woff, nc, GLU, False, REPACK, FIVE)
         for c0 in tl.range(0, nc, CH, num_stages=STAGES):
             c = c0 + ci
             cok = c < nc
             m4 = ok[:, None, None, None] & cok[None]                              # [BN, CH, 1, 1]
             if PF:                          # the next iteration's words in flight during this one's arithmetic
                 nxt = _q4k_rows(rg, ru, c + CH, ok[:, None, None, None] & (c + CH < nc)[None], woff, nc, GLU,
-                                False, REPACK)
+                                False, REPACK, FIVE)
             else:
-                qw, hd, s1, s2, s3, qwu, hdu, s1u, s2u, s3u = _q4k_rows(rg, ru, c, m4, woff, nc, GLU, EVEN, REPACK)
+                qw, hd, s1, s2, s3, qh, qwu, hdu, s1u, s2u, s3u, qhu = _q4k_rows(rg, ru, c, m4, woff, nc, GLU, EVEN,
+                                                                                REPACK, FIVE)
             if PDL:
                 gdc_wait()
             if XQ == 3:
@@ -499,10 +520,10 @@ if AVAILABLE:
                                             bsel + h, ASM)
                 else:
                     ds, dm = _q4k_scales(hd, s1, s2, s3, p[None], h)                  # [BN, CH, 4, 1]
-                    nib = (qw >> (4 * h)) & 0x0F0F0F0F                                 # this half's codes
+                    nib = _q4k_nib(qw, qh, p[None], h, FIVE)                             # this half's codes
                     if GLU:
                         ds_u, dm_u = _q4k_scales(hdu, s1u, s2u, s3u, p[None], h)
-                        nib_u = (qwu >> (4 * h)) & 0x0F0F0F0F
+                        nib_u = _q4k_nib(qwu, qhu, p[None], h, FIVE)
                     if XQ == 2:                 # x as int8 codes (a word per quad), one scale and Σx per sub-block
                         xw, xd, xs = _x8(X, XD, XS, xi, xm, bi, m4, EVEN)      # (after the scales: measured order)
                         # the 8 words' dp4a sums are exact integers: summed first, then the scales and Σx's minimum term
@@ -515,7 +536,7 @@ if AVAILABLE:
                         if GLU:
                             acc_u += _dot4(nib_u, x0, x1, x2, x3, 0.0, ASM) * ds_u - dm_u * sx
             if PF:
-                qw, hd, s1, s2, s3, qwu, hdu, s1u, s2u, s3u = nxt
+                qw, hd, s1, s2, s3, qh, qwu, hdu, s1u, s2u, s3u, qhu = nxt
         y = tl.sum(tl.sum(tl.sum(acc, axis=3), axis=2), axis=1)
         u = y
         if GLU:
@@ -719,13 +740,13 @@ if AVAILABLE:
             u = tl.sum(tl.sum(acc_u, axis=2), axis=1)
         _finish(y, u, _ss_total(ss, XQ), K, eps, R, Y, rows, ok, NORM, RES, GLU)
 
-    KERNELS = {"Q4_K": _q4k_kernel, "Q4_K_R": _q4k_kernel, "Q6_K": _q6k_kernel, "Q6_K_R": _q6k_kernel,
-               "Q8_0": _q80_kernel, "Q8_0_R": _q80_kernel}
+    KERNELS = {"Q4_K": _q4k_kernel, "Q4_K_R": _q4k_kernel, "Q5_K": _q4k_kernel, "Q6_K": _q6k_kernel,
+               "Q6_K_R": _q6k_kernel, "Q8_0": _q80_kernel, "Q8_0_R": _q80_kernel}
 
 
 # --------------------------------------------------------------------------------------- launching
 def supports(x: torch.Tensor, packed: torch.Tensor, qtype: str, k: int) -> bool:
-    """Whether the one-row kernel runs: x [1, K], a Q4_K / Q6_K / Q8_0 weight whose K is a multiple of
+    """Whether the one-row kernel runs: x [1, K], a Q4_K / Q5_K / Q6_K / Q8_0 weight whose K is a multiple of
     the kernel's step and whose rows are whole int32 words at a 4-byte aligned address; not with
     ``SHAPEPLAN_QUANT_ONE_ROW=0`` (the generic GEMV of gguf.py then runs every one-row call)."""
     from shapeplan import env
@@ -792,8 +813,8 @@ def gemv1(x: torch.Tensor, packed: torch.Tensor, qtype: str, n: int, k: int, *, 
         x, xd, xs = quantize_x(x, nw if norm else None, eps, k, pdl=bool(launch))
         nw, norm = x, False
     base = TUNED_AS.get(qtype, qtype)
-    extra = {"PF": bool(pf), "EVEN": xq == 3 and out_n % bn == 0 and (k // K_MULTIPLE[qtype]) % ch == 0} \
-        if base == "Q4_K" else {}
+    extra = {"PF": bool(pf), "EVEN": xq == 3 and out_n % bn == 0 and (k // K_MULTIPLE[qtype]) % ch == 0,
+             "FIVE": qtype == "Q5_K"} if base in ("Q4_K", "Q5_K") else {}
     extra["REPACK"] = qtype in TUNED_AS
     KERNELS[qtype][(triton.cdiv(out_n, bn),)](
         x, nw, xd, xs, words, r, y, out_n, k, out_n, words.stride(0), float(eps), BN=bn, CH=ch,
