@@ -383,12 +383,14 @@ if AVAILABLE:
         return rows, rows < N, rg, ru
 
     @triton.jit
-    def _q4k_words(rp, c, m4, woff, nc, EVEN: tl.constexpr, REPACK: tl.constexpr, FIVE: tl.constexpr = False):
+    def _q4k_words(rp, c, m4, woff, hoff, nc, EVEN: tl.constexpr, REPACK: tl.constexpr, FIVE: tl.constexpr = False):
         """The code words [BN, CH, 4, 8], the [d|dmin] and three scale words [BN, CH, 1, 1] and (FIVE: Q5_K)
-        the high-bit words [BN, CH, 1, 8] of super-blocks ``c`` of rows ``rp`` (EVEN: unmasked). REPACK
+        the high-bit words of super-blocks ``c`` of rows ``rp`` (EVEN: unmasked). REPACK
         (Q4_K_R): a row of ``nc`` super-blocks is their code words, 32 each, then their header words, 4
-        each; FIVE: 44-word super-blocks, qh at word 4, codes at word 12 (``woff`` has them); else 36-word
-        super-blocks, codes at word 4. Without FIVE the last value is the code words again (unused)."""
+        each; FIVE: 44-word super-blocks, qh at word 4, codes at word 12 (``woff`` has them), and the qh
+        words as a [BN, CH, 4, 8] tile at ``hoff`` (word w for every p: in the code words' register layout,
+        so no conversion; the repeats hit L1); else 36-word super-blocks, codes at word 4. Without FIVE the
+        last value is the code words again (unused)."""
         if REPACK:
             cw = rp[:, None, None, None] + (c * 32)[None]                         # [BN, CH, 1, 1]
             sb = rp[:, None, None, None] + (nc * 32 + c * 4)[None]
@@ -397,18 +399,18 @@ if AVAILABLE:
             cw = sb
         qw = _ld(cw + woff, m4, EVEN)
         if FIVE:
-            qh = _ld(tl.max_contiguous(sb + 4 + tl.arange(0, 8)[None, None, None, :], [1, 1, 1, 4]), m4, EVEN)
+            qh = _ld(cw + hoff, m4, EVEN)
         else:
             qh = qw
         return qw, _ld(sb, m4, EVEN), _ld(sb + 1, m4, EVEN), _ld(sb + 2, m4, EVEN), _ld(sb + 3, m4, EVEN), qh
 
     @triton.jit
-    def _q4k_rows(rg, ru, c, m4, woff, nc, GLU: tl.constexpr, EVEN: tl.constexpr = False,
+    def _q4k_rows(rg, ru, c, m4, woff, hoff, nc, GLU: tl.constexpr, EVEN: tl.constexpr = False,
                   REPACK: tl.constexpr = False, FIVE: tl.constexpr = False):
         """``_q4k_words`` of the gate rows ``rg``, then of the up rows ``ru`` (GLU; else the gate's again)."""
-        qw, hd, s1, s2, s3, qh = _q4k_words(rg, c, m4, woff, nc, EVEN, REPACK, FIVE)
+        qw, hd, s1, s2, s3, qh = _q4k_words(rg, c, m4, woff, hoff, nc, EVEN, REPACK, FIVE)
         if GLU:
-            qwu, hdu, s1u, s2u, s3u, qhu = _q4k_words(ru, c, m4, woff, nc, EVEN, REPACK, FIVE)
+            qwu, hdu, s1u, s2u, s3u, qhu = _q4k_words(ru, c, m4, woff, hoff, nc, EVEN, REPACK, FIVE)
         else:
             qwu, hdu, s1u, s2u, s3u, qhu = qw, hd, s1, s2, s3, qh
         return qw, hd, s1, s2, s3, qh, qwu, hdu, s1u, s2u, s3u, qhu
@@ -475,6 +477,7 @@ if AVAILABLE:
         w = tl.arange(0, 8)[None, None, :]                                         # [1, 1, 8]
         woff = tl.max_contiguous(tl.broadcast_to((0 if REPACK else 12 if FIVE else 4) + 8 * p[None] + w[None],
                                                  [BN, CH, 4, 8]), [1, 1, 1, 4])
+        hoff = tl.max_contiguous(tl.broadcast_to(4 + 0 * p[None] + w[None], [BN, CH, 4, 8]), [1, 1, 1, 4])  # FIVE: qh
         nc = K // 256
         if XQ == 3:
             hi = p[None] >= 2                                                      # sub-blocks 2p + h >= 4,
@@ -491,17 +494,17 @@ if AVAILABLE:
             ss = tl.zeros([CH, 4, 8], dtype=tl.float32)
         if PF:                              # the first iteration's words, loaded before the loop
             qw, hd, s1, s2, s3, qh, qwu, hdu, s1u, s2u, s3u, qhu = _q4k_rows(
-                rg, ru, ci, ok[:, None, None, None] & (ci < nc)[None], woff, nc, GLU, False, REPACK, FIVE)
+                rg, ru, ci, ok[:, None, None, None] & (ci < nc)[None], woff, hoff, nc, GLU, False, REPACK, FIVE)
         for c0 in tl.range(0, nc, CH, num_stages=STAGES):
             c = c0 + ci
             cok = c < nc
             m4 = ok[:, None, None, None] & cok[None]                              # [BN, CH, 1, 1]
             if PF:                          # the next iteration's words in flight during this one's arithmetic
-                nxt = _q4k_rows(rg, ru, c + CH, ok[:, None, None, None] & (c + CH < nc)[None], woff, nc, GLU,
-                                False, REPACK, FIVE)
+                nxt = _q4k_rows(rg, ru, c + CH, ok[:, None, None, None] & (c + CH < nc)[None], woff, hoff, nc,
+                                GLU, False, REPACK, FIVE)
             else:
-                qw, hd, s1, s2, s3, qh, qwu, hdu, s1u, s2u, s3u, qhu = _q4k_rows(rg, ru, c, m4, woff, nc, GLU, EVEN,
-                                                                                REPACK, FIVE)
+                qw, hd, s1, s2, s3, qh, qwu, hdu, s1u, s2u, s3u, qhu = _q4k_rows(rg, ru, c, m4, woff, hoff, nc, GLU,
+                                                                                EVEN, REPACK, FIVE)
             if PDL:
                 gdc_wait()
             if XQ == 3:
