@@ -372,30 +372,39 @@ def test_fused_quant_ops_through_the_kernels(name, triton_kernels):
             _close(a, b)
 
 
+#: the file layouts' kernels, compiled in every variant; the others (our layouts, Q5_K) share their code
+#: and are compiled in the variants that differ (plain, norm + GLU, residual, int8 x)
+FILE_ONE_ROW = ["Q4_K", "Q6_K", "Q8_0"]
+
+
 def test_one_row_kernels_compile_for_sm90():
     """Every variant, and with programmatic dependent launch (SHAPEPLAN_QUANT_GEMV_PDL: griddepcontrol
     in the PTX; 3/4: norm + GLU / residual), every way of reading x, and the K loop pipelined (STAGES)."""
-    specs = ([f"gemv1:{n}:{m}" for n in ONE_ROW for m in (0, 1, 2, 3, 4)]
-             + [f"gemv1t:{n}:{m}" for n in ONE_ROW for m in (1, 2)]         # XQ = 0: the x tile broadcast
-             + [f"gemv1i:{n}:{m}" for n in ONE_ROW for m in (1, 2, 3)]      # XQ = 2: x as int8 codes
-             + [f"gemv1s:{n}:{m}" for n in ONE_ROW for m in (1, 2)]         # XQ = 2, K loop in 3 stages
-             + [f"gemv1p:{n}:{m}" for n in ("Q4_K", "Q4_K_R", "Q5_K") for m in (1, 2)]   # XQ = 2, register prefetch
-             + [f"gemv1q:{n}:{m}" for n in ("Q4_K", "Q4_K_R") for m in (1, 2, 4)]   # XQ = 3, Q4_K's integer dots
+    more = [n for n in ONE_ROW if n not in FILE_ONE_ROW]
+    specs = ([f"gemv1:{n}:{m}" for n in FILE_ONE_ROW for m in (0, 1, 2, 3, 4)]
+             + [f"gemv1:{n}:{m}" for n in more for m in (0, 1, 2)]
+             + [f"gemv1t:{n}:{m}" for n in FILE_ONE_ROW for m in (1, 2)]    # XQ = 0: the x tile broadcast
+             + [f"gemv1i:{n}:{m}" for n in FILE_ONE_ROW for m in (1, 2, 3)]  # XQ = 2: x as int8 codes
+             + [f"gemv1i:{n}:1" for n in more]
+             + [f"gemv1s:{n}:{m}" for n in FILE_ONE_ROW for m in (1, 2)]    # XQ = 2, K loop in 3 stages
+             + [f"gemv1p:{n}:{m}" for n in ("Q4_K", "Q5_K") for m in (1, 2)]   # XQ = 2, register prefetch
+             + [f"gemv1q:{n}:{m}" for n in ("Q4_K",) for m in (1, 2, 4)] + ["gemv1q:Q4_K_R:1"]   # XQ = 3
              + ["quantx:x:0", "quantx:x:1", "quantx:x:2"])
     res = _compile_sm90(*specs)
     assert all(r["ok"] for r in res.values()), {s: r["error"] for s, r in res.items() if not r["ok"]}
     assert res["gemv1:Q4_K:0"]["vector_loads"]              # Q4_K super-blocks are 16-byte aligned
     assert res["gemv1:Q4_K_R:0"]["vector_loads"] and res["gemv1q:Q4_K_R:1"]["vector_loads"]   # and Q4_K_R's codes
+    assert res["gemv1:Q5_K:0"]["vector_loads"]              # and Q5_K's 176-byte ones
     # Q8_0_R's and Q6_K_R's aligned codes load 2-4 words at once (as many as the tile gives a thread),
     # Q8_0's and Q6_K's one word each (the odd block realigned by funnel shifts): fewer loads
     assert all(res[f"{v}:{t}_R:{m}"]["global_loads"] < res[f"{v}:{t}:{m}"]["global_loads"]
                for v, m in (("gemv1", 0), ("gemv1i", 1)) for t in ("Q8_0", "Q6_K"))
     assert all(res[f"gemv1i:{n}:1"]["dp4a"] for n in ONE_ROW)    # XQ = 2: the products are dp4a
-    assert all(res[f"gemv1:{n}:{m}"]["griddepcontrol"] == (m >= 3) for n in ONE_ROW for m in (0, 3, 4))
+    assert all(res[f"gemv1:{n}:{m}"]["griddepcontrol"] == (m >= 3) for n in FILE_ONE_ROW for m in (0, 3, 4))
     assert res["gemv1i:Q4_K:3"]["griddepcontrol"] and res["quantx:x:2"]["griddepcontrol"]
     # STAGES > 1: the pipeliner turned the K loop's loads into cp.async copies; STAGES 1 left them plain
     assert all(res[f"gemv1s:{n}:{m}"]["cp_async"] and not res[f"gemv1i:{n}:{m}"]["cp_async"]
-               for n in ONE_ROW for m in (1, 2))
+               for n in FILE_ONE_ROW for m in (1, 2))
     assert res["gemv1q:Q4_K:1"]["dp4a"] and res["gemv1q:Q4_K:4"]["griddepcontrol"]
 
 
