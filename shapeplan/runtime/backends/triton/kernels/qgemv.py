@@ -1,5 +1,6 @@
 """The one-row quantized GEMV (a decode step at batch 1) for the types that dominate GGUF decode: Q4_K,
-Q6_K and Q8_0, with the fused prologue / epilogue of the bf16 decode GEMV (kernels/gemv.py):
+Q5_K (Q4_K's kernel with a fifth code bit), Q6_K and Q8_0, with the fused prologue / epilogue of the bf16
+decode GEMV (kernels/gemv.py):
 
     gemv1(x, packed, q, n, k)                        x [1, K] @ W.T
     gemv1(..., norm_w=s, eps=e)                      rms_norm(x) * s @ W.T    (RMSNorm prologue)
