@@ -175,3 +175,28 @@ def test_a_client_that_leaves_mid_stream_costs_nobody_else(server, grpc_client) 
     finally:
         grpc_client.stop_stream()
     assert error is None and rid == "after" and result.as_numpy("y").shape == (1, 4)
+
+
+def test_an_oversized_message_ends_its_stream_only(server, grpc_client) -> None:
+    """grpcio's own size check (--max-request-bytes) ends the stream with RESOURCE_EXHAUSTED (documented);
+    the server goes on serving new streams."""
+    import grpc
+    from shapeplan.serve.kserve import proto as pb
+    req = pb.ModelInferRequest(model_name="mlp", id="big")
+    req.inputs.add(name="x", datatype="FP32", shape=[1, 8])
+    req.raw_input_contents.append(bytes(12 << 20))
+    ch = grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}")
+    try:
+        call = ch.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer")(iter([req.SerializeToString()]))
+        with pytest.raises(grpc.RpcError) as e:
+            list(call)
+        assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    finally:
+        ch.close()
+    got = _stream(grpc_client)
+    try:
+        grpc_client.async_stream_infer("mlp", [_input("x", np.ones((1, 8), np.float32), "FP32")], request_id="next")
+        ((rid, result, error),) = _collect(got, 1)
+    finally:
+        grpc_client.stop_stream()
+    assert error is None and rid == "next"
