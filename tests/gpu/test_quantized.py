@@ -93,67 +93,60 @@ def test_captured_plan_matches_slot_by_slot(name, m, xq, mode, monkeypatch):
     assert all(s["capture"]["captured"] for s in info.segments if "capture" in s)
 
 
-def test_gguf_model_on_cuda(tmp_path):
+PROMPT = "Explain KV caching"
+KW = dict(dtype="float32", max_prefill_length=32, max_kv_cache_length=96)
+
+
+def _tiny_gguf(tmp_path, ftype: str) -> tuple[str, list[int]]:
+    """A tiny random Llama written by ``shapeplan quantize`` as ``ftype``, and its 16 greedy tokens on the
+    CPU (the torch reference, the file's layout)."""
     from shapeplan.cli import main
     from shapeplan.llm.demo import make_tiny_checkpoint
-    from shapeplan.quant.formats import QuantWeight
     ck = make_tiny_checkpoint(str(tmp_path / "hf"), "llama", hidden=256, intermediate_size=512, heads=4,
                               kv_heads=2, num_layers=2)
     path = str(tmp_path / "m.gguf")
-    assert main(["quantize", ck, path, "--type", "Q4_K_M"]) == 0
-    kw = dict(dtype="float32", max_prefill_length=32, max_kv_cache_length=96)
-    want = sp.llm.GenerationPipeline.from_pretrained(path, mode="slot_by_slot", **kw).generate(
-        "Explain KV caching", max_new_tokens=16).token_ids                                   # CPU reference
+    assert main(["quantize", ck, path, "--type", ftype]) == 0
+    want = sp.llm.GenerationPipeline.from_pretrained(path, mode="slot_by_slot", **KW).generate(
+        PROMPT, max_new_tokens=16).token_ids
+    return path, want
+
+
+def _same_tokens_in_every_mode(path: str, want: list[int]) -> None:
     for mode in ("slot_by_slot", "cuda_graphs", "triton"):
-        pipe = sp.llm.GenerationPipeline.from_pretrained(path, device=DEV, mode=mode, **kw)
-        assert pipe.generate("Explain KV caching", max_new_tokens=16).token_ids == want, mode
+        pipe = sp.llm.GenerationPipeline.from_pretrained(path, device=DEV, mode=mode, **KW)
+        assert pipe.generate(PROMPT, max_new_tokens=16).token_ids == want, mode
+
+
+def test_gguf_model_on_cuda(tmp_path):
     from shapeplan.importers.gguf import read_gguf
+    from shapeplan.quant.formats import QuantWeight
+    path, want = _tiny_gguf(tmp_path, "Q4_K_M")
+    _same_tokens_in_every_mode(path, want)
     _, weights, _ = read_gguf(path, device=DEV)
     assert all(w.packed.is_cuda for w in weights.values() if isinstance(w, QuantWeight))
     bf = sp.llm.GenerationPipeline.from_pretrained(path, device=DEV, mode="triton", dtype="bfloat16",
                                                    max_prefill_length=32, max_kv_cache_length=96)
-    assert len(bf.generate("Explain KV caching", max_new_tokens=16).token_ids) == 16
+    assert len(bf.generate(PROMPT, max_new_tokens=16).token_ids) == 16
 
 
 @pytest.mark.parametrize("ftype", ["Q4_K_M", "Q8_0"])
 def test_repacked_model_on_cuda(ftype, tmp_path, monkeypatch):
     """SHAPEPLAN_QUANT_REPACK=1: the Q4_K / Q6_K / Q8_0 matrices land in the device arena as our layouts,
     and the tokens are the CPU reference's (file layout) in every mode."""
-    from shapeplan.cli import main
     from shapeplan.importers.gguf import read_gguf
-    from shapeplan.llm.demo import make_tiny_checkpoint
     from shapeplan.quant.formats import QuantWeight
-    ck = make_tiny_checkpoint(str(tmp_path / "hf"), "llama", hidden=256, intermediate_size=512, heads=4,
-                              kv_heads=2, num_layers=2)
-    path = str(tmp_path / "m.gguf")
-    assert main(["quantize", ck, path, "--type", ftype]) == 0
-    kw = dict(dtype="float32", max_prefill_length=32, max_kv_cache_length=96)
-    want = sp.llm.GenerationPipeline.from_pretrained(path, mode="slot_by_slot", **kw).generate(
-        "Explain KV caching", max_new_tokens=16).token_ids
+    path, want = _tiny_gguf(tmp_path, ftype)
     monkeypatch.setenv("SHAPEPLAN_QUANT_REPACK", "1")
     _, weights, _ = read_gguf(path, device=DEV)
     assert {w.qtype for w in weights.values() if isinstance(w, QuantWeight)} == \
         ({"Q4_K_R", "Q6_K_R"} if ftype == "Q4_K_M" else {"Q8_0_R"})
-    for mode in ("slot_by_slot", "cuda_graphs", "triton"):
-        pipe = sp.llm.GenerationPipeline.from_pretrained(path, device=DEV, mode=mode, **kw)
-        assert pipe.generate("Explain KV caching", max_new_tokens=16).token_ids == want, mode
+    _same_tokens_in_every_mode(path, want)
 
 
 def test_q5_k_m_model_on_cuda(tmp_path):
     """A Q5_K_M file (Q5_K matrices, some Q6_K): one row of Q5_K runs the one-row kernel (Q4_K's with 5-bit
     codes); the tokens are the CPU reference's in every mode."""
-    from shapeplan.cli import main
-    from shapeplan.llm.demo import make_tiny_checkpoint
-    ck = make_tiny_checkpoint(str(tmp_path / "hf"), "llama", hidden=256, intermediate_size=512, heads=4,
-                              kv_heads=2, num_layers=2)
-    path = str(tmp_path / "m.gguf")
-    assert main(["quantize", ck, path, "--type", "Q5_K_M"]) == 0
-    kw = dict(dtype="float32", max_prefill_length=32, max_kv_cache_length=96)
-    want = sp.llm.GenerationPipeline.from_pretrained(path, mode="slot_by_slot", **kw).generate(
-        "Explain KV caching", max_new_tokens=16).token_ids
-    for mode in ("slot_by_slot", "cuda_graphs", "triton"):
-        pipe = sp.llm.GenerationPipeline.from_pretrained(path, device=DEV, mode=mode, **kw)
-        assert pipe.generate("Explain KV caching", max_new_tokens=16).token_ids == want, mode
+    _same_tokens_in_every_mode(*_tiny_gguf(tmp_path, "Q5_K_M"))
 
 
 def test_int4_tinygemm_baseline_cuda_packing_matches_cpu():

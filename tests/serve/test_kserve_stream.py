@@ -36,6 +36,17 @@ def _collect(got: queue.Queue, n: int) -> list:
     return [got.get(timeout=30) for _ in range(n)]
 
 
+def _still_streaming(grpc_client) -> None:
+    """A new stream gets its answer."""
+    got = _stream(grpc_client)
+    try:
+        grpc_client.async_stream_infer("mlp", [_input("x", np.ones((1, 8), np.float32), "FP32")], request_id="after")
+        ((rid, result, error),) = _collect(got, 1)
+    finally:
+        grpc_client.stop_stream()
+    assert error is None and rid == "after" and result.as_numpy("y").shape == (1, 4)
+
+
 def test_pipelined_requests_match_engine_and_batch_together(server, grpc_client, repo_dir) -> None:
     import os
     engine = sp.compile(os.path.join(repo_dir, "mlp.onnx"), disk_cache=False)
@@ -168,13 +179,7 @@ def test_a_client_that_leaves_mid_stream_costs_nobody_else(server, grpc_client) 
     finally:
         ch.close()
     time.sleep(0.4)                         # the request's batch runs and finds its call gone
-    got = _stream(grpc_client)
-    try:
-        grpc_client.async_stream_infer("mlp", [_input("x", np.ones((1, 8), np.float32), "FP32")], request_id="after")
-        ((rid, result, error),) = _collect(got, 1)
-    finally:
-        grpc_client.stop_stream()
-    assert error is None and rid == "after" and result.as_numpy("y").shape == (1, 4)
+    _still_streaming(grpc_client)
 
 
 def test_an_oversized_message_ends_its_stream_only(server, grpc_client) -> None:
@@ -193,10 +198,4 @@ def test_an_oversized_message_ends_its_stream_only(server, grpc_client) -> None:
         assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     finally:
         ch.close()
-    got = _stream(grpc_client)
-    try:
-        grpc_client.async_stream_infer("mlp", [_input("x", np.ones((1, 8), np.float32), "FP32")], request_id="next")
-        ((rid, result, error),) = _collect(got, 1)
-    finally:
-        grpc_client.stop_stream()
-    assert error is None and rid == "next"
+    _still_streaming(grpc_client)
