@@ -95,7 +95,8 @@ SWITCHES: tuple[Switch, ...] = (
            "key Triton's kernel cache by the installation stamp in every lookup (0: Triton's own key, a hash "
            "of its library: 0.5-1.4 s per process where a lookup bypasses the compile manifest)"),
     Switch("SHAPEPLAN_TRITON_EARLY_IMPORT", "bool", True,
-           "import Triton (unpatched) with shapeplan.llm (0: the first triton-mode engine imports it)"),
+           "import Triton (unpatched) with shapeplan.llm, where torch is a CUDA build (0: the first triton-mode "
+           "engine imports it)"),
     # ---- LLM pipeline
     Switch("SHAPEPLAN_LLM_DECODE_ATTENTION", DECODE_ATTENTION_TYPE, ("auto", None),
            "decode-step attention: the Triton split-K kernel on CUDA, SDPA elsewhere (auto) / always SDPA / the "
