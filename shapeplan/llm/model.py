@@ -51,6 +51,7 @@ norm: one kernel on the triton backend, bit-identical to Add + RMSNormalization 
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -496,7 +497,7 @@ def zeros(shape: tuple[int, ...], dtype: torch.dtype, device: str | torch.device
     (``calloc``: a large block is fresh pages from the OS, zero until first written). ``torch.zeros`` writes
     every byte at once: the paged KV pool of llama-1b (2.1 GB for 64 sequences of 1,024 tokens) took 2.8 s
     of the CPU pipeline's construction and all of that memory, where a request touches only its blocks."""
-    nbytes = int(np.prod(shape)) * torch.empty((), dtype=dtype).element_size()
+    nbytes = math.prod(shape) * dtype.itemsize
     if torch.device(device).type != "cpu" or nbytes < LAZY_ZERO_BYTES:
         return torch.zeros(shape, dtype=dtype, device=device)
     return torch.from_numpy(np.zeros(nbytes, dtype=np.uint8)).view(dtype).view(shape)

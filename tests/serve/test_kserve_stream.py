@@ -149,10 +149,11 @@ def test_stream_response_bytes_are_upbs() -> None:
         outputs=[pb.ModelInferResponse.InferOutputTensor(name="y", datatype="FP32", shape=[2, 3])],
         raw_output_contents=[a.tobytes()]))
     assert mine == want.SerializeToString()
-    err = wire.stream_error("bad x", "m", "", "id7")
+    from shapeplan.serve.kserve.grpc_server import _stream_error
+    err = _stream_error("bad x", "m", "", "id7")
     assert err == pb.ModelStreamInferResponse(error_message="bad x", infer_response=pb.ModelInferResponse(
         model_name="m", id="id7")).SerializeToString()
-    assert wire.stream_error("garbage", "", "", "") == pb.ModelStreamInferResponse(
+    assert _stream_error("garbage", "", "", "") == pb.ModelStreamInferResponse(
         error_message="garbage").SerializeToString()
 
 

@@ -80,14 +80,33 @@ def _handler(name: str, fn: Callable[[Any], Any], request_cls: Any) -> grpc.RpcM
     return grpc.unary_unary_rpc_method_handler(call)       # no (de)serializers: bytes in, bytes out
 
 
+def _read_infer(rpc: str, raw: bytes) -> Any:
+    """An infer request: ``wire``'s zero-copy view, or upb's message for what ``wire`` does not read."""
+    return wire.read_infer_request(raw) or _parse(rpc, pb.ModelInferRequest, raw)
+
+
+async def _infer(repo: Any, req: Any, *, stream: bool = False) -> bytes:
+    """Run a read infer request on its model; the serialized response (``stream``: wrapped for
+    ModelStreamInfer)."""
+    model = repo.get(req.model_name, req.model_version)
+    decoded = protocol.decode_grpc(req)
+    outputs = await model.infer(decoded)
+    return protocol.encode_grpc(req.model_name, model.version, decoded, outputs, stream=stream)
+
+
+def _stream_error(message: str, model_name: str, model_version: str, id: str) -> bytes:
+    """A ``ModelStreamInferResponse`` that carries a request's error: ``error_message``, and an
+    ``infer_response`` with the request's model and id only (so that a client with several requests in
+    flight on the stream knows which one failed; empty when the request could not be read)."""
+    head = pb.ModelInferResponse(model_name=model_name, model_version=model_version, id=id)
+    return pb.ModelStreamInferResponse(error_message=message, infer_response=head if head.ByteSize() else None
+                                       ).SerializeToString()
+
+
 def _infer_handler(repo: Any) -> grpc.RpcMethodHandler:
     async def call(raw: bytes, context: Any) -> bytes:
         try:
-            req = wire.read_infer_request(raw) or _parse("ModelInfer", pb.ModelInferRequest, raw)
-            model = repo.get(req.model_name, req.model_version)
-            decoded = protocol.decode_grpc(req)
-            outputs = await model.infer(decoded)
-            return protocol.encode_grpc(req.model_name, model.version, decoded, outputs)
+            return await _infer(repo, _read_infer("ModelInfer", raw))
         except Exception as e:  # noqa: BLE001 - every failure is this call's own status
             await _abort(context, e)
             raise
@@ -108,14 +127,11 @@ def _stream_infer_handler(repo: Any) -> grpc.RpcMethodHandler:
     async def one(raw: bytes) -> bytes:
         req: Any = None
         try:
-            req = wire.read_infer_request(raw) or _parse("ModelStreamInfer", pb.ModelInferRequest, raw)
-            model = repo.get(req.model_name, req.model_version)
-            decoded = protocol.decode_grpc(req)
-            outputs = await model.infer(decoded)
-            return protocol.encode_grpc(req.model_name, model.version, decoded, outputs, stream=True)
+            req = _read_infer("ModelStreamInfer", raw)
+            return await _infer(repo, req, stream=True)
         except Exception as e:  # noqa: BLE001 - every failure is this request's own response
-            return wire.stream_error(describe(e), *((req.model_name, req.model_version, req.id)
-                                                    if req is not None else ("", "", "")))
+            return _stream_error(describe(e), *((req.model_name, req.model_version, req.id)
+                                                if req is not None else ("", "", "")))
 
     async def call(_requests: Any, context: Any) -> None:     # read with context.read()
         slots = asyncio.Semaphore(STREAM_MAX_IN_FLIGHT)

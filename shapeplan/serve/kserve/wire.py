@@ -1,5 +1,5 @@
-"""``ModelInferRequest`` / ``ModelInferResponse`` (and ``ModelStreamInferResponse``) in the protobuf wire
-format, by hand, for the infer rpcs.
+"""``ModelInferRequest`` / ``ModelInferResponse`` (also wrapped as a ``ModelStreamInferResponse``) in the
+protobuf wire format, by hand, for the infer rpcs.
 
 Why not upb: parsing a request copies each ``raw_input_contents`` entry into upb's arena and again into a
 Python ``bytes`` when it is read (two copies of 602 KB for one ResNet-50 input), and building a response
@@ -209,19 +209,3 @@ def infer_response(model_name: str, model_version: str, id: str,
         parts.insert(0, envelope)
     return b"".join(parts)
 
-
-def stream_error(message: str, model_name: str, model_version: str, id: str) -> bytes:
-    """A ``ModelStreamInferResponse`` that carries a request's error: ``error_message``, and an
-    ``infer_response`` with the request's model and id only (so that a client with several requests in
-    flight on the stream knows which one failed; empty when the request could not be read)."""
-    inner = bytearray()
-    _put_str(inner, 1, model_name)
-    _put_str(inner, 2, model_version)
-    _put_str(inner, 3, id)
-    out = bytearray()
-    _put_str(out, 1, message)
-    if inner:
-        out.append(2 << 3 | _LEN)
-        _put_varint(out, len(inner))
-        out += inner
-    return bytes(out)

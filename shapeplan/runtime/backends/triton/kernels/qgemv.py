@@ -125,6 +125,7 @@ from __future__ import annotations
 
 import torch
 
+from shapeplan.quant.formats import REPACKED
 from shapeplan.runtime.backends.triton.env import interpreting
 from shapeplan.runtime.backends.triton.kernels.gguf import AVAILABLE, triton, tl
 
@@ -176,10 +177,11 @@ MIN_PROGRAMS = 264
 #: the types whose one-row kernel has x mode 3 (int8 x, integer dots)
 INT_DOTS = frozenset({"Q4_K", "Q4_K_R"})
 #: the types with a one-row kernel, and the K each needs (super-block or block pair)
-K_MULTIPLE = {"Q4_K": 256, "Q4_K_R": 256, "Q5_K": 256, "Q6_K": 512, "Q6_K_R": 512, "Q8_0": 64, "Q8_0_R": 64}
+K_MULTIPLE = {"Q4_K": 256, "Q5_K": 256, "Q6_K": 512, "Q8_0": 64}
 #: types that run another type's kernel (a REPACK constexpr) and, where ``TUNE`` has no entry of their own,
-#: its tiles: our layouts of its bytes
-TUNED_AS = {"Q4_K_R": "Q4_K", "Q6_K_R": "Q6_K", "Q8_0_R": "Q8_0"}
+#: its tiles: our layouts of its bytes (shapeplan/quant/formats.py)
+TUNED_AS = {name: src for name, (src, _) in REPACKED.items()}
+K_MULTIPLE.update({name: K_MULTIPLE[src] for name, src in TUNED_AS.items()})
 
 if AVAILABLE:
     from shapeplan.runtime.backends.triton.kernels.gemv_jit import _finish, gdc_launch_dependents, gdc_wait
@@ -744,8 +746,8 @@ if AVAILABLE:
             u = tl.sum(tl.sum(acc_u, axis=2), axis=1)
         _finish(y, u, _ss_total(ss, XQ), K, eps, R, Y, rows, ok, NORM, RES, GLU)
 
-    KERNELS = {"Q4_K": _q4k_kernel, "Q4_K_R": _q4k_kernel, "Q5_K": _q4k_kernel, "Q6_K": _q6k_kernel,
-               "Q6_K_R": _q6k_kernel, "Q8_0": _q80_kernel, "Q8_0_R": _q80_kernel}
+    KERNELS = {"Q4_K": _q4k_kernel, "Q5_K": _q4k_kernel, "Q6_K": _q6k_kernel, "Q8_0": _q80_kernel}
+    KERNELS.update({name: KERNELS[src] for name, src in TUNED_AS.items()})
 
 
 # --------------------------------------------------------------------------------------- launching
