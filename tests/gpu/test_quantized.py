@@ -69,7 +69,7 @@ def _graph(name: str, n: int, k: int, p: torch.Tensor, m: int) -> Graph:
 
 @pytest.mark.parametrize("mode", ["cuda_graphs", "triton"])
 @pytest.mark.parametrize("name,m,xq", [("Q4_K", 1, 1), ("Q4_K", 1, 2), ("Q6_K", 1, 2), ("Q8_0", 1, 1), ("Q8_0", 1, 2),
-                                       ("Q6_K", 4, 1), ("INT4_G64", 64, 1)])
+                                       ("Q4_0", 1, 2), ("Q6_K", 4, 1), ("INT4_G64", 64, 1)])
 def test_captured_plan_matches_slot_by_slot(name, m, xq, mode, monkeypatch):
     """xq: the one-row kernels' x mode for these shapes (2: x as int8 codes, the quantizing kernel inside
     the captured graph too)."""
@@ -143,10 +143,12 @@ def test_repacked_model_on_cuda(ftype, tmp_path, monkeypatch):
     _same_tokens_in_every_mode(path, want)
 
 
-def test_q5_k_m_model_on_cuda(tmp_path):
-    """A Q5_K_M file (Q5_K matrices, some Q6_K): one row of Q5_K runs the one-row kernel (Q4_K's with 5-bit
-    codes); the tokens are the CPU reference's in every mode."""
-    _same_tokens_in_every_mode(*_tiny_gguf(tmp_path, "Q5_K_M"))
+@pytest.mark.parametrize("ftype", ["Q5_K_M", "Q4_0"])
+def test_q5_k_m_and_q4_0_models_on_cuda(ftype, tmp_path):
+    """A Q5_K_M file (Q5_K matrices, some Q6_K) and a Q4_0 file (Q4_0 matrices, the head in Q6_K): one row of
+    Q5_K runs the one-row kernel (Q4_K's with 5-bit codes), one row of Q4_0 Q8_0's (nibble codes); the
+    tokens are the CPU reference's in every mode."""
+    _same_tokens_in_every_mode(*_tiny_gguf(tmp_path, ftype))
 
 
 def test_int4_tinygemm_baseline_cuda_packing_matches_cpu():

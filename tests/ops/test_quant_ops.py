@@ -163,7 +163,7 @@ def test_every_kernel_compiles_for_sm90():
 
 
 # ------------------------------------------------------------------ the one-row kernels (qgemv.py)
-ONE_ROW = ["Q4_K", "Q4_K_R", "Q5_K", "Q6_K", "Q6_K_R", "Q8_0", "Q8_0_R"]
+ONE_ROW = ["Q4_K", "Q4_K_R", "Q5_K", "Q6_K", "Q6_K_R", "Q8_0", "Q8_0_R", "Q4_0"]
 
 
 def _unfused(x, w, s=None, r=None, glu=False, eps=1e-5):
@@ -320,8 +320,8 @@ def test_one_row_kernel_16_bit_x(name, dtype, triton_kernels):
 
 
 def test_one_row_kernel_dispatch(triton_kernels, monkeypatch):
-    """gguf.matmul sends one row of Q4_K / Q6_K / Q8_0 to the one-row kernel; a packed view 2 bytes off
-    word alignment, other types and more rows take the generic GEMV."""
+    """gguf.matmul sends one row of Q4_K / Q5_K / Q6_K / Q8_0 / Q4_0 to the one-row kernel; a packed view 2
+    bytes off word alignment, other types (Q4_1) and more rows take the generic GEMV."""
     gguf = triton_kernels
     from shapeplan.runtime.backends.triton.kernels import qgemv
     calls = []
@@ -346,9 +346,13 @@ def test_one_row_kernel_dispatch(triton_kernels, monkeypatch):
         real(x, q5, "Q5_K", 4, 512, tiles=(2, 2, 1, 3))
     _close(gguf.matmul(x, q5, QTYPES["Q5_K"], 4, 512), x @ dequantize(q5, "Q5_K").t())
     assert calls == ["Q8_0", "Q5_K"]                                         # Q5_K, one row: the one-row kernel
+    q40, q41 = packed_weight("Q4_0", 4, 512).to(DEV), packed_weight("Q4_1", 4, 512).to(DEV)
+    _close(gguf.matmul(x, q40, QTYPES["Q4_0"], 4, 512), x @ dequantize(q40, "Q4_0").t())
+    _close(gguf.matmul(x, q41, QTYPES["Q4_1"], 4, 512), x @ dequantize(q41, "Q4_1").t())
+    assert calls == ["Q8_0", "Q5_K", "Q4_0"]                                 # Q4_0: Q8_0's kernel; Q4_1: the generic
 
 
-@pytest.mark.parametrize("name", ["Q4_K", "Q4_K_R", "Q5_K", "Q4_0"])    # the one-row kernel; Q4_0: the unfused path
+@pytest.mark.parametrize("name", ["Q4_K", "Q4_K_R", "Q5_K", "Q4_0", "Q4_1"])    # the one-row kernel; Q4_1: unfused
 def test_fused_quant_ops_through_the_kernels(name, triton_kernels):
     """QuantRMSNormMatMul / QuantMatMulAdd with the Triton kernels (one row: fused; three rows: the norm,
     the GEMV and the gate / add) against the torch reference (the unfused ops)."""
@@ -372,7 +376,7 @@ def test_fused_quant_ops_through_the_kernels(name, triton_kernels):
             _close(a, b)
 
 
-#: the file layouts' kernels, compiled in every variant; the others (our layouts, Q5_K) share their code
+#: the file layouts' kernels, compiled in every variant; the others (our layouts, Q5_K, Q4_0) share their code
 #: and are compiled in the variants that differ (plain, norm + GLU, residual, int8 x)
 FILE_ONE_ROW = ["Q4_K", "Q6_K", "Q8_0"]
 

@@ -1,6 +1,6 @@
 """The one-row quantized GEMV (a decode step at batch 1) for the types that dominate GGUF decode: Q4_K,
-Q5_K (Q4_K's kernel with a fifth code bit), Q6_K and Q8_0, with the fused prologue / epilogue of the bf16
-decode GEMV (kernels/gemv.py):
+Q5_K (Q4_K's kernel with a fifth code bit), Q6_K, Q8_0 and Q4_0 (Q8_0's kernel with nibble codes), with the
+fused prologue / epilogue of the bf16 decode GEMV (kernels/gemv.py):
 
     gemv1(x, packed, q, n, k)                        x [1, K] @ W.T
     gemv1(..., norm_w=s, eps=e)                      rms_norm(x) * s @ W.T    (RMSNorm prologue)
@@ -32,6 +32,12 @@ so it is bound by instructions, not by memory (~845 GB/s on the LM head, of ~4.2
   each code in place with a mask and pre-scaled x by powers of two: two logic ops and a multiply more
   per element, measured in SASS; ``tests/ops/_compile_sm90.py`` builds the GPU path in CI, the
   interpreter runs the same arithmetic with shifts and masks.)
+- **Q4_0 runs Q8_0's kernel** (``FOUR``): its 18-byte block (``[d f16][16 bytes]``, element j the low
+  nibble of byte j, 16 + j the high one) pairs into 9 words with the same 2-byte misalignment as Q8_0's
+  pairs, and tile word w = nibble half w // 4 of code word w % 4 holds elements 4w .. 4w + 3, Q8_0's
+  order: x's indices, its int8 blocks and the scales' places carry over; a code is ``(w >> 4h) &
+  0x0F0F0F0F`` (q, offset 8) or, for dp4a, ``(q + 0x78787878) ^ 0x80808080`` (q - 8 as signed bytes).
+  Its tiles are Q8_0's (``TILES_OF``) until swept (``bench/quant_gemv.py --sweep1 --qtypes Q4_0``).
 - **Sub-block algebra.** Per word (4 elements of one sub-block) the products ``q * x`` are summed,
   then scaled once: Q8_0 ``d * Σ q x``, Q6_K ``d * sc * Σ (q - 32) x``, Q4_K
   ``d * sc * Σ q x - dmin * m * Σ x`` with ``Σ x`` per word.
@@ -131,11 +137,11 @@ from shapeplan.runtime.backends.triton.kernels.gguf import AVAILABLE, triton, tl
 
 #: qtype -> (BN rows per program, CH chunks per iteration, warps, XQ) when ``TUNE`` has no entry
 DEFAULT: dict[str, tuple[int, int, int, int]] = {"Q4_K": (8, 2, 4, 1), "Q5_K": (8, 2, 4, 1), "Q6_K": (4, 1, 4, 1),
-                                                 "Q8_0": (8, 4, 4, 1)}
+                                                 "Q8_0": (8, 4, 4, 1), "Q4_0": (8, 4, 4, 1)}
 #: the same from ``LARGE`` weight elements on (N x K): x as int8 codes, the tiles that won llama-1b's large
 #: matrices (XQ = 2 pays a launch, ~1.5 µs, that small matrices do not earn back)
 DEFAULT_LARGE: dict[str, tuple[int, int, int, int]] = {"Q4_K": (4, 2, 1, 2), "Q5_K": (4, 2, 1, 2), "Q6_K": (1, 2, 1, 2),
-                                                       "Q8_0": (2, 4, 1, 2)}
+                                                       "Q8_0": (2, 4, 1, 2), "Q4_0": (2, 4, 1, 2)}
 LARGE = 1 << 24
 #: (qtype, N outputs (GLU: after the gate), K) -> (BN, CH, warps, XQ[, STAGES[, PF]]), measured on the H200
 TUNE: dict[tuple[str, int, int], tuple[int, ...]] = {   # H200, 2026-12-01/02 (bench.quant_gemv --sweep1)
@@ -177,11 +183,14 @@ MIN_PROGRAMS = 264
 #: the types whose one-row kernel has x mode 3 (int8 x, integer dots)
 INT_DOTS = frozenset({"Q4_K", "Q4_K_R"})
 #: the types with a one-row kernel, and the K each needs (super-block or block pair)
-K_MULTIPLE = {"Q4_K": 256, "Q5_K": 256, "Q6_K": 512, "Q8_0": 64}
+K_MULTIPLE = {"Q4_K": 256, "Q5_K": 256, "Q6_K": 512, "Q8_0": 64, "Q4_0": 64}
 #: types that run another type's kernel (a REPACK constexpr) and, where ``TUNE`` has no entry of their own,
 #: its tiles: our layouts of its bytes (shapeplan/quant/formats.py)
 TUNED_AS = {name: src for name, (src, _) in REPACKED.items()}
 K_MULTIPLE.update({name: K_MULTIPLE[src] for name, src in TUNED_AS.items()})
+#: types without ``TUNE`` entries of their own (not swept on a GPU yet) that borrow another type's per shape:
+#: Q4_0 runs Q8_0's kernel (``FOUR``) on the same tile shapes, with half the bytes per element
+TILES_OF = {"Q4_0": "Q8_0"}
 
 if AVAILABLE:
     from shapeplan.runtime.backends.triton.kernels.gemv_jit import _finish, gdc_launch_dependents, gdc_wait
@@ -667,9 +676,18 @@ if AVAILABLE:
 
     # ------------------------------------------------------------------------------------------ Q8_0
     @triton.jit
-    def _q80_codes(base, m3, w, ODD: tl.constexpr, REPACK: tl.constexpr = False):
-        """The code words [BN, CP, 8] of block ``ODD`` of the pair at ``base`` (REPACK: the pair's 16 code words)."""
-        if REPACK:
+    def _q80_codes(base, m3, w, ODD: tl.constexpr, REPACK: tl.constexpr = False, FOUR: tl.constexpr = False):
+        """The code words [BN, CP, 8] of block ``ODD`` of the pair at ``base`` (REPACK: the pair's 16 code words).
+        FOUR (Q4_0): word w holds elements 4w .. 4w + 3 as one unsigned byte each: nibble half w // 4 of the
+        block's code word w % 4 (the two words of a half load the same address: one request)."""
+        if FOUR:
+            j = w % 4
+            if ODD:                             # bytes 18..35: [d] at word 4's high half, codes = words 5..8
+                qw = tl.load(base + 5 + j, mask=m3, other=0)
+            else:                             # bytes 0..17: [d] at word 0's low half, codes 2 bytes in
+                qw = _word(base + j, m3, True)
+            qw = (qw >> (4 * (w // 4))) & 0x0F0F0F0F
+        elif REPACK:
             qw = tl.load(base + 8 * ODD + w, mask=m3, other=0)
         elif ODD:                               # bytes 34..67: [d] at word 8's high half, codes = words 9..16
             qw = tl.load(base + 9 + w, mask=m3, other=0)
@@ -678,28 +696,48 @@ if AVAILABLE:
         return qw
 
     @triton.jit
-    def _q80_scale(base, m3, ODD: tl.constexpr, REPACK: tl.constexpr = False):
-        """d of block ``ODD`` of the pair at ``base`` (REPACK: ``base`` is the word of the pair's two d)."""
+    def _q80_scale(base, m3, ODD: tl.constexpr, REPACK: tl.constexpr = False, FOUR: tl.constexpr = False):
+        """d of block ``ODD`` of the pair at ``base`` (REPACK: ``base`` is the word of the pair's two d; FOUR:
+        Q4_0's pair, the odd block's d at word 4's high half)."""
         if REPACK:
             return _f16(tl.load(base, mask=m3, other=0) >> (16 * ODD))
         if ODD:
-            return _f16(tl.load(base + 8, mask=m3, other=0) >> 16)
+            return _f16(tl.load(base + 8 - 4 * FOUR, mask=m3, other=0) >> 16)
         return _f16(tl.load(base, mask=m3, other=0))
+
+    @triton.jit
+    def _q80_signed(qw, FOUR: tl.constexpr):
+        """``_q80_codes``' words as signed bytes (XQ = 2's dp4a): Q8_0's are; Q4_0's q become q - 8 (q + 120 has
+        no carry out of its byte, then the sign bit flipped)."""
+        if FOUR:
+            qw = (qw + 0x78787878) ^ SIGN8
+        return qw
+
+    @triton.jit
+    def _q80_unsigned(qw, FOUR: tl.constexpr):
+        """``_q80_codes``' words as unsigned bytes q + off for ``_dot4`` (off: 128 for Q8_0, 8 for Q4_0's q)."""
+        if not FOUR:
+            qw = qw ^ SIGN8                     # q + 128
+        return qw
 
     @triton.jit
     def _q80_kernel(X, NW, XD, XS, W, R, Y, N, K, HALF, ROW_WORDS, eps, BN: tl.constexpr, CH: tl.constexpr,
                     NORM: tl.constexpr, RES: tl.constexpr, GLU: tl.constexpr, PDL: tl.constexpr = False,
                     ASM: tl.constexpr = False, XQ: tl.constexpr = True, XB: tl.constexpr = 16,
                     XF16: tl.constexpr = False, NB: tl.constexpr = 16, NF16: tl.constexpr = False,
-                    STAGES: tl.constexpr = 1, REPACK: tl.constexpr = False):
+                    STAGES: tl.constexpr = 1, REPACK: tl.constexpr = False, FOUR: tl.constexpr = False):
         """Q8_0 blocks [d f16][32 int8], two per pair of 17 words; CH pairs per iteration. Element
         64c + 32*odd + 4w + b is byte b of code word w of block ``odd`` of pair c: x quad 16c + 8odd + w.
         REPACK (Q8_0_R): a row is every pair's 16 code words, then one word of two d per pair: the code
-        words are aligned (16-byte loads), no realignment."""
+        words are aligned (16-byte loads), no realignment. FOUR (Q4_0): blocks [d f16][16 bytes], element
+        j < 16 the low nibble of byte j and 16 + j its high nibble, value d * (q - 8); two per pair of 9
+        words, the first block's codes 2 bytes off word alignment as Q8_0's: ``_q80_codes`` gives the same
+        element order (word w: elements 4w .. 4w + 3), so x's indices, blocks and scales are Q8_0's."""
         rows, ok, rg, ru = _program_rows(W, N, HALF, ROW_WORDS, BN, PDL)
         ci = tl.arange(0, CH)[:, None]                                             # [CP, 1]
         w = tl.arange(0, 8)[None, :]                                               # [1, 8]
         npairs = K // 64
+        OFF: tl.constexpr = 128.0 - 120.0 * FOUR                                  # Q8_0's q + 128, Q4_0's q
         acc = tl.zeros([BN, CH, 8], dtype=tl.float32)
         acc_u = tl.zeros([BN, CH, 8], dtype=tl.float32)
         if XQ:
@@ -716,43 +754,46 @@ if AVAILABLE:
                 if GLU:
                     base_u = ru[:, None, None] + (c * 16)[None]
                     sbase_u = ru[:, None, None] + (npairs * 16 + c)[None]
-            else:
-                base = rg[:, None, None] + (c * 17)[None]
+            else:                           # a pair is 17 words (Q4_0: 9)
+                base = rg[:, None, None] + (c * (17 - 8 * FOUR))[None]
                 sbase = base
                 if GLU:
-                    base_u = ru[:, None, None] + (c * 17)[None]
+                    base_u = ru[:, None, None] + (c * (17 - 8 * FOUR))[None]
                     sbase_u = base_u
             for odd in tl.static_range(2):
-                qw = _q80_codes(base, m3, w[None], odd, REPACK)                    # int8 codes
+                qw = _q80_codes(base, m3, w[None], odd, REPACK, FOUR)              # int8 codes (Q4_0: q, unsigned)
                 if GLU:
-                    qw_u = _q80_codes(base_u, m3, w[None], odd, REPACK)
+                    qw_u = _q80_codes(base_u, m3, w[None], odd, REPACK, FOUR)
                 if PDL:
                     gdc_wait()
                 xi, xm = _xidx(c * 16 + 8 * odd + w, cok, [BN, CH, 8], [1, 1, 4], XQ)
                 if XQ == 2:                 # x as int8 codes: one dp4a per word, x's blocks are the weights'
                     xw = tl.load(X + xi, mask=xm, other=0)
                     xd = _ld(XD + tl.broadcast_to((2 * c + odd)[None], [BN, CH, 1]), m3, False)
-                    acc += _dp4a(qw, xw, ASM) * (_q80_scale(sbase, m3, odd, REPACK) * xd)
+                    acc += _dp4a(_q80_signed(qw, FOUR), xw, ASM) * (_q80_scale(sbase, m3, odd, REPACK, FOUR) * xd)
                     if GLU:
-                        acc_u += _dp4a(qw_u, xw, ASM) * (_q80_scale(sbase_u, m3, odd, REPACK) * xd)
+                        acc_u += _dp4a(_q80_signed(qw_u, FOUR), xw, ASM) \
+                            * (_q80_scale(sbase_u, m3, odd, REPACK, FOUR) * xd)
                 else:
                     x0, x1, x2, x3, _, ss = _x4(X, NW, xi, xm, ss, NORM, XQ, XB, XF16, NB, NF16)
-                    acc += _dot4(qw ^ SIGN8, x0, x1, x2, x3, 128.0, ASM) * _q80_scale(sbase, m3, odd, REPACK)  # q + 128
+                    acc += _dot4(_q80_unsigned(qw, FOUR), x0, x1, x2, x3, OFF, ASM) \
+                        * _q80_scale(sbase, m3, odd, REPACK, FOUR)
                     if GLU:
-                        acc_u += _dot4(qw_u ^ SIGN8, x0, x1, x2, x3, 128.0, ASM) * _q80_scale(sbase_u, m3, odd, REPACK)
+                        acc_u += _dot4(_q80_unsigned(qw_u, FOUR), x0, x1, x2, x3, OFF, ASM) \
+                            * _q80_scale(sbase_u, m3, odd, REPACK, FOUR)
         y = tl.sum(tl.sum(acc, axis=2), axis=1)
         u = y
         if GLU:
             u = tl.sum(tl.sum(acc_u, axis=2), axis=1)
         _finish(y, u, _ss_total(ss, XQ), K, eps, R, Y, rows, ok, NORM, RES, GLU)
 
-    KERNELS = {"Q4_K": _q4k_kernel, "Q5_K": _q4k_kernel, "Q6_K": _q6k_kernel, "Q8_0": _q80_kernel}
+    KERNELS = {"Q4_K": _q4k_kernel, "Q5_K": _q4k_kernel, "Q6_K": _q6k_kernel, "Q8_0": _q80_kernel, "Q4_0": _q80_kernel}
     KERNELS.update({name: KERNELS[src] for name, src in TUNED_AS.items()})
 
 
 # --------------------------------------------------------------------------------------- launching
 def supports(x: torch.Tensor, packed: torch.Tensor, qtype: str, k: int) -> bool:
-    """Whether the one-row kernel runs: x [1, K], a Q4_K / Q5_K / Q6_K / Q8_0 weight whose K is a multiple of
+    """Whether the one-row kernel runs: x [1, K], a Q4_K / Q5_K / Q6_K / Q8_0 / Q4_0 weight whose K is a multiple of
     the kernel's step and whose rows are whole int32 words at a 4-byte aligned address; not with
     ``SHAPEPLAN_QUANT_ONE_ROW=0`` (the generic GEMV of gguf.py then runs every one-row call)."""
     from shapeplan import env
@@ -763,13 +804,14 @@ def supports(x: torch.Tensor, packed: torch.Tensor, qtype: str, k: int) -> bool:
 
 
 def config(qtype: str, n: int, k: int) -> tuple[int, ...]:
-    """(BN, CH, warps, XQ[, STAGES[, PF]]) for N outputs and K inputs: ``TUNE``, else ``DEFAULT``
+    """(BN, CH, warps, XQ[, STAGES[, PF]]) for N outputs and K inputs: ``TUNE`` (a type of ``TILES_OF``: its
+    donor's entry, until it has its own), else ``DEFAULT``
     (``DEFAULT_LARGE`` from ``LARGE`` weight elements) with BN halved until there are ``MIN_PROGRAMS``
     programs (or BN is 1); XQ = 2 or 3 becomes 1 with ``SHAPEPLAN_QUANT_INT8_X=0``."""
     from shapeplan import env
     hit = TUNE.get((qtype, n, k))               # our layouts: their own entry (a sweep of them), else their type's
     qtype = TUNED_AS.get(qtype, qtype)
-    hit = hit or TUNE.get((qtype, n, k))
+    hit = hit or TUNE.get((qtype, n, k)) or TUNE.get((TILES_OF.get(qtype, qtype), n, k))
     if not hit:
         bn, ch, warps, xq = (DEFAULT_LARGE if n * k >= LARGE else DEFAULT)[qtype]
         while bn > 1 and triton.cdiv(n, bn) < MIN_PROGRAMS:
@@ -821,6 +863,8 @@ def gemv1(x: torch.Tensor, packed: torch.Tensor, qtype: str, n: int, k: int, *, 
     base = TUNED_AS.get(qtype, qtype)
     extra = {"PF": bool(pf), "EVEN": xq == 3 and out_n % bn == 0 and (k // K_MULTIPLE[qtype]) % ch == 0,
              "FIVE": qtype == "Q5_K"} if base in ("Q4_K", "Q5_K") else {}
+    if base in ("Q8_0", "Q4_0"):
+        extra["FOUR"] = qtype == "Q4_0"
     extra["REPACK"] = qtype in TUNED_AS
     KERNELS[qtype][(triton.cdiv(out_n, bn),)](
         x, nw, xd, xs, words, r, y, out_n, k, out_n, words.stride(0), float(eps), BN=bn, CH=ch,
