@@ -109,6 +109,14 @@ def bucket_ladder(max_prefill_length: int, smallest: int = 16) -> list[int]:
     return out + [max_prefill_length]
 
 
+def _tokenizer_thread(dev: torch.device) -> bool:
+    """Whether from_pretrained parses tokenizer.json on a thread (``SHAPEPLAN_TOKENIZER_THREAD``; auto: on a CPU
+    device only: on the H200 a parse beside torch's import once slowed the import by ~1.1 s (seventeenth
+    session, docs/benchmarks/decode.md), and beside the weights load it is not measured there yet)."""
+    mode = env.get("SHAPEPLAN_TOKENIZER_THREAD")
+    return mode == "on" or (mode == "auto" and dev.type == "cpu")
+
+
 #: the CPU's smallest decode bucket: every decode GEMM then has M >= 16, one kernel path of the CPU BLAS,
 #: so a row's logits do not depend on how many other rows run beside it (batched == alone, exactly)
 CPU_MIN_DECODE_BUCKET = 16
@@ -303,7 +311,8 @@ class GenerationPipeline:
             clock[0] = now
         cfg = LlamaConfig.from_file(path)
         dev, target = torch.device(device), dt or cfg.torch_dtype
-        tok = Tokenizer(path) if os.path.exists(os.path.join(path, "tokenizer.json")) else None
+        tok = Tokenizer(path, background=_tokenizer_thread(dev)) \
+            if os.path.exists(os.path.join(path, "tokenizer.json")) else None
         gen_cfg = os.path.join(path, "generation_config.json")
         if "eos_token_ids" not in kw and os.path.exists(gen_cfg):
             with open(gen_cfg, encoding="utf-8") as f:
@@ -341,6 +350,14 @@ class GenerationPipeline:
             if warm is not None:
                 warm.release()
             raise
+        if tok is not None:                          # a parse on a thread (SHAPEPLAN_TOKENIZER_THREAD): its end
+            t_wait = time.perf_counter()
+            try:
+                tok.wait()
+            except BaseException:
+                pipe.close()
+                raise
+            pipe.timings["tokenizer wait"] = time.perf_counter() - t_wait
         pipe.timings = {**timings, **pipe.timings}
         return pipe
 

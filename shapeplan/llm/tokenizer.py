@@ -1,8 +1,10 @@
 """Tokenizer (Hugging Face ``tokenizers``), chat template (jinja2) and incremental detokenization."""
 from __future__ import annotations
 
+import functools
 import json
 import os
+import threading
 from datetime import datetime
 from typing import Any
 
@@ -10,15 +12,23 @@ from shapeplan.errors import ModelError
 
 
 class Tokenizer:
-    def __init__(self, path: str) -> None:
-        from tokenizers import Tokenizer as _Tok
+    def __init__(self, path: str, *, background: bool = False) -> None:
+        """``path``'s tokenizer.json (and tokenizer_config.json, chat_template.jinja). ``background``: the
+        file is parsed on a thread (``tokenizers`` lets the GIL go while it parses: a llama-3 vocabulary
+        takes 0.2-0.4 s), and the first use of the tokenizer, or ``wait()``, waits for it and raises its
+        error."""
         tj = os.path.join(path, "tokenizer.json")
         if not os.path.exists(tj):
             raise ModelError(f"{path}: no tokenizer.json (a fast tokenizer file is needed)")
-        try:
-            self._tok = _Tok.from_file(tj)
-        except Exception as e:
-            raise ModelError(f"{tj}: cannot load tokenizer: {e}") from None
+        self._parsed: Any = None
+        self._error: ModelError | None = None
+        self._thread: threading.Thread | None = None
+        if background:
+            self._thread = threading.Thread(target=self._parse, args=(tj,), name="shapeplan-tokenizer", daemon=True)
+            self._thread.start()
+        else:
+            self._parse(tj)
+            self.wait()
         cfg: dict[str, Any] = {}
         tc = os.path.join(path, "tokenizer_config.json")
         if os.path.exists(tc):
@@ -35,18 +45,51 @@ class Tokenizer:
         """From a built ``tokenizers.Tokenizer`` and a tokenizer_config-like dict (bos_token,
         eos_token, add_bos_token, chat_template); the GGUF importer uses it."""
         self = cls.__new__(cls)
-        self._tok = tok
+        self._parsed, self._error, self._thread = tok, None, None
         self._configure(config)
         return self
 
+    def _parse(self, tj: str) -> None:
+        from tokenizers import Tokenizer as _Tok
+        try:
+            self._parsed = _Tok.from_file(tj)
+        except Exception as e:  # noqa: BLE001 - any parse failure is the file's: reported by wait()
+            self._error = ModelError(f"{tj}: cannot load tokenizer: {e}")
+
+    def wait(self) -> "Tokenizer":
+        """The parse finished (at once unless ``background``); its ``ModelError`` if it failed."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            raise self._error
+        return self
+
+    @property
+    def _tok(self) -> Any:
+        """The ``tokenizers.Tokenizer`` (a background parse waited for)."""
+        return self.wait()._parsed
+
     def _configure(self, cfg: dict[str, Any]) -> None:
+        """The special tokens and chat template of a tokenizer_config-like dict; their ids are looked up at
+        first use (a background parse may still run)."""
         self.config = cfg
         self.chat_template: str | None = cfg.get("chat_template")
         self.bos_token = _token_str(cfg.get("bos_token"))
         self.eos_token = _token_str(cfg.get("eos_token"))
-        self.bos_token_id = self._tok.token_to_id(self.bos_token) if self.bos_token else None
-        self.eos_token_id = self._tok.token_to_id(self.eos_token) if self.eos_token else None
-        self.add_bos = bool(cfg.get("add_bos_token", False)) and self.bos_token_id is not None
+        self._add_bos = bool(cfg.get("add_bos_token", False))
+
+    @functools.cached_property
+    def bos_token_id(self) -> int | None:
+        return self._tok.token_to_id(self.bos_token) if self.bos_token else None
+
+    @functools.cached_property
+    def eos_token_id(self) -> int | None:
+        return self._tok.token_to_id(self.eos_token) if self.eos_token else None
+
+    @property
+    def add_bos(self) -> bool:
+        return self._add_bos and self.bos_token_id is not None
 
     @property
     def vocab_size(self) -> int:

@@ -142,3 +142,45 @@ def test_generate_timings_print_the_warm_up_parts(monkeypatch):
     out = io.StringIO()
     print_warmup_parts(10.0, file=out)
     assert out.getvalue() == ""
+
+
+@pytest.mark.parametrize("switch", ["on", "off"])
+def test_tokenizer_parsed_on_a_thread(checkpoints, monkeypatch, switch):
+    """SHAPEPLAN_TOKENIZER_THREAD: from_pretrained parses tokenizer.json on a thread while the weights load and
+    the graph is built, and waits for it before it returns; the tokenizer and the completion are the same
+    either way. auto: on for a CPU pipeline, off on CUDA."""
+    from shapeplan.llm.pipeline import _tokenizer_thread
+    from shapeplan.llm.tokenizer import Tokenizer
+    monkeypatch.setenv("SHAPEPLAN_TOKENIZER_THREAD", switch)
+    path = checkpoints("llama")
+    ref = Tokenizer(path)
+    pipe = GenerationPipeline.from_pretrained(path, max_prefill_length=32, max_kv_cache_length=96, progress=False)
+    try:
+        tok = pipe.tokenizer
+        assert tok._thread is None and "tokenizer wait" in pipe.timings        # the parse had ended
+        assert tok.encode(PROMPT) == ref.encode(PROMPT)
+        assert (tok.bos_token_id, tok.eos_token_id, tok.add_bos) == (ref.bos_token_id, ref.eos_token_id, ref.add_bos)
+        text = pipe.generate(PROMPT, max_new_tokens=6).text
+    finally:
+        pipe.close()
+    monkeypatch.setenv("SHAPEPLAN_TOKENIZER_THREAD", "off" if switch == "on" else "on")
+    other = GenerationPipeline.from_pretrained(path, max_prefill_length=32, max_kv_cache_length=96, progress=False)
+    try:
+        assert other.generate(PROMPT, max_new_tokens=6).text == text
+    finally:
+        other.close()
+    monkeypatch.setenv("SHAPEPLAN_TOKENIZER_THREAD", "auto")
+    assert _tokenizer_thread(torch.device("cpu")) and not _tokenizer_thread(torch.device("cuda"))
+
+
+@pytest.mark.parametrize("switch", ["on", "off"])
+def test_broken_tokenizer_fails_the_load(checkpoints, tmp_path, monkeypatch, switch):
+    """A tokenizer.json that does not parse: from_pretrained raises ModelError naming the file, parsed on a
+    thread or not (the thread's error is raised where the load waits for it)."""
+    import shutil
+    d = tmp_path / "ckpt"
+    shutil.copytree(checkpoints("llama"), d)
+    (d / "tokenizer.json").write_text('{"model": {"type": "BPE", "vocab": ')
+    monkeypatch.setenv("SHAPEPLAN_TOKENIZER_THREAD", switch)
+    with pytest.raises(ModelError, match="tokenizer.json: cannot load tokenizer"):
+        GenerationPipeline.from_pretrained(str(d), max_prefill_length=32, max_kv_cache_length=96, progress=False)
