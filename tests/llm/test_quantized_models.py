@@ -231,46 +231,30 @@ def test_quantize_refuses_a_gguf_file(files):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("ftype", ["Q4_K_M", "Q4_0"])
-def test_triton_kernels_in_the_pipeline(ftype, files):
-    """The Triton kernels (interpreter on CPU) through prefill (GEMM) and decode (GEMV): same tokens. (On the
-    CPU the smallest decode bucket has 16 rows, so the one-row kernels run here only in the test below.)"""
-    pytest.importorskip("triton")
-    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("triton needs TRITON_INTERPRET=1 without CUDA")
-    from shapeplan.ops import quantized as qops
-    want = _pipe(files(ftype)).generate(PROMPT, max_new_tokens=6).token_ids
-    old = qops.set_quant_kernels("triton")
-    try:
-        got = _pipe(files(ftype), mode="emulated_replay").generate(PROMPT, max_new_tokens=6).token_ids
-    finally:
-        qops.set_quant_kernels(old)
-    assert not qops._triton_failed and got == want
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("ftype", ["Q4_K_M", "Q4_0"])
-def test_one_row_kernels_in_the_pipeline(ftype, files, monkeypatch):
-    """Decode at one row, as on a GPU (the smallest decode bucket forced to 1): the one-row kernels
-    (qgemv.py, interpreter on CPU; Q4_K_M: Q4_K's and Q6_K's, Q4_0: Q8_0's kernel with nibble codes) give the
-    torch reference's tokens."""
+@pytest.mark.parametrize("one_row", [False, True], ids=["bucket16", "one_row"])
+def test_triton_kernels_in_the_pipeline(ftype, one_row, files, monkeypatch):
+    """The Triton kernels (interpreter on CPU) through prefill (GEMM) and decode: the torch reference's tokens.
+    On the CPU the smallest decode bucket has 16 rows (the batched GEMV); ``one_row`` forces it to 1, as on a
+    GPU, so decode runs the one-row kernels (qgemv.py; Q4_K_M: Q4_K's and Q6_K's, Q4_0: Q8_0's kernel with
+    nibble codes; the Q6_K head's K, 256, is not a multiple of the Q6_K kernel's 512: the generic GEMV)."""
     pytest.importorskip("triton")
     if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("triton needs TRITON_INTERPRET=1 without CUDA")
     from shapeplan.llm import pipeline
     from shapeplan.ops import quantized as qops
     from shapeplan.runtime.backends.triton.kernels import qgemv
-    monkeypatch.setattr(pipeline, "CPU_MIN_DECODE_BUCKET", 1)
-    monkeypatch.setattr(qgemv, "MIN_PROGRAMS", 1)               # 32 rows a program: the interpreter runs
-    monkeypatch.setattr(qgemv, "DEFAULT", {q: (32, *t[1:]) for q, t in qgemv.DEFAULT.items()})   # programs one by one
-    want = _pipe(files(ftype)).generate(PROMPT, max_new_tokens=6).token_ids
     calls = []
-    real = qgemv.gemv1
-    monkeypatch.setattr(qgemv, "gemv1", lambda *a, **kw: calls.append(a[2]) or real(*a, **kw))
+    if one_row:
+        monkeypatch.setattr(pipeline, "CPU_MIN_DECODE_BUCKET", 1)
+        monkeypatch.setattr(qgemv, "MIN_PROGRAMS", 1)           # 32 rows a program: the interpreter runs
+        monkeypatch.setattr(qgemv, "DEFAULT", {q: (32, *t[1:]) for q, t in qgemv.DEFAULT.items()})   # them one by one
+        real = qgemv.gemv1
+        monkeypatch.setattr(qgemv, "gemv1", lambda *a, **kw: calls.append(a[2]) or real(*a, **kw))
+    want = _pipe(files(ftype)).generate(PROMPT, max_new_tokens=6).token_ids
     old = qops.set_quant_kernels("triton")
     try:
         got = _pipe(files(ftype), mode="emulated_replay").generate(PROMPT, max_new_tokens=6).token_ids
     finally:
         qops.set_quant_kernels(old)
     assert not qops._triton_failed and got == want
-    # (the Q6_K head's K, 256, is not a multiple of the Q6_K kernel's 512: it runs the generic GEMV)
-    assert set(calls) == ({"Q4_K", "Q6_K"} if ftype == "Q4_K_M" else {"Q4_0"})
+    assert set(calls) == (set() if not one_row else {"Q4_K", "Q6_K"} if ftype == "Q4_K_M" else {"Q4_0"})
