@@ -7,7 +7,7 @@ weight-bandwidth floor, weight memory vs the file's tensor bytes).
     python3 -m bench.quant_gemv                                    # GEMV table, llama-1b and 8b shapes
     python3 -m bench.quant_gemv --prefill-m 128,512,2048           # + the prefill paths
     python3 -m bench.quant_gemv --sweep --qtypes Q4_K,Q8_0         # + GEMV tuning (bn, warps, unroll)
-    python3 -m bench.quant_gemv --sweep1 --no-gemv                  # one-row Q4_K/Q5_K/Q6_K/Q8_0/Q4_0 kernel tuning
+    python3 -m bench.quant_gemv --sweep1 --no-gemv                  # one-row Q4_K/Q5_K/Q6_K/Q8_0/Q4_0/IQ4 kernel tuning
     python3 -m bench.quant_gemv --e2e llama-1b:Q4_K_M,llama-1b:Q8_0,llama-8b:Q4_K_M --no-gemv
     python3 -m bench.quant_gemv --no-gemv --sweep1 --shapes head --e2e llama-1b:Q4_K_M   # e2e with the swept tiles
     python3 -m bench.quant_gemv --no-gemv --sweep1 --stages 1,2,3 --qtypes Q4_K,Q6_K,Q8_0   # the K loop pipelined
@@ -52,7 +52,15 @@ def graph_time(fn, reps: int = 20, rounds: int = 5) -> float:
 
 
 def packed(name: str, n: int, k: int) -> torch.Tensor:
+    """A random [n, k] weight of ``name``: quantized, or for IQ4_NL / IQ4_XS (no quantizer of ours) random
+    bytes with each block's f16 ``d`` (its first two bytes) a small finite value."""
+    from shapeplan.quant.formats import QTYPES
     from shapeplan.quant.quantize import quantize
+    if name.startswith("IQ4"):
+        q = QTYPES[name]
+        b = torch.randint(0, 256, (n * (k // q.block), q.type_size), dtype=torch.uint8, device="cuda")
+        b[:, :2] = (torch.rand(b.shape[0], 1, device="cuda") * 1e-3).half().view(torch.uint8)
+        return b.view(n, -1)
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
     return quantize(w, name)
 
@@ -122,7 +130,7 @@ USE = {"qkv": "norm", "o": "res", "gate_up": "norm+glu", "down": "res", "k|v": "
 SWEEP1 = [(bn, ch, warps, xq) for bn in (1, 2, 4, 8, 16, 32) for ch in (1, 2, 4, 8, 16) for warps in (1, 2, 4, 8)
           for xq in (1, 0, 2, 3)]
 #: elements of K per CH step of each kernel (a super-block, a pair of super-blocks, a pair of blocks)
-CH_ELEMS = {"Q4_K": 256, "Q5_K": 256, "Q6_K": 512, "Q8_0": 64, "Q4_0": 64}
+CH_ELEMS = {"Q4_K": 256, "Q5_K": 256, "Q6_K": 512, "Q8_0": 64, "Q4_0": 64, "IQ4_NL": 64, "IQ4_XS": 64}
 L2_BYTES = 60e6
 
 
@@ -348,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prefill-m", default="", help="prefill rows to time the fused and dequant+cuBLAS paths at")
     ap.add_argument("--sweep", action="store_true", help="sweep the GEMV tuning on each shape (slow)")
     ap.add_argument("--sweep1", action="store_true",
-                    help="sweep the one-row Q4_K/Q5_K/Q6_K/Q8_0/Q4_0 kernel (qgemv.py: BN x CH x warps x XQ) on each "
+                    help="sweep the one-row Q4_K/Q5_K/Q6_K/Q8_0/Q4_0/IQ4 kernel (qgemv.py: BN x CH x warps x XQ) on each "
                     "decode shape")
     ap.add_argument("--shapes", default="", help="--sweep1 only these shapes: labels of SHAPES (qkv,o,gate_up,...), or PRESET:LABEL")
     ap.add_argument("--top", type=int, default=3, help="configs printed per shape by --sweep1")

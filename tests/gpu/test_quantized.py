@@ -69,7 +69,8 @@ def _graph(name: str, n: int, k: int, p: torch.Tensor, m: int) -> Graph:
 
 @pytest.mark.parametrize("mode", ["cuda_graphs", "triton"])
 @pytest.mark.parametrize("name,m,xq", [("Q4_K", 1, 1), ("Q4_K", 1, 2), ("Q6_K", 1, 2), ("Q8_0", 1, 1), ("Q8_0", 1, 2),
-                                       ("Q4_0", 1, 2), ("Q6_K", 4, 1), ("INT4_G64", 64, 1)])
+                                       ("Q4_0", 1, 2), ("IQ4_XS", 1, 1), ("IQ4_XS", 1, 2), ("IQ4_NL", 1, 2),
+                                       ("Q6_K", 4, 1), ("INT4_G64", 64, 1)])
 def test_captured_plan_matches_slot_by_slot(name, m, xq, mode, monkeypatch):
     """xq: the one-row kernels' x mode for these shapes (2: x as int8 codes, the quantizing kernel inside
     the captured graph too)."""

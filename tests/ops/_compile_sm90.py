@@ -43,7 +43,8 @@ def compile_one(kernel: str, name: str, m: int):
                       ASM=True, XQ=xq, XB=16, XF16=False, NB=16, NF16=False, STAGES=3 if kernel == "gemv1s" else 1,
                       **({"PF": kernel == "gemv1p", "EVEN": xq == 3, "FIVE": name == "Q5_K"}
                          if name in ("Q4_K", "Q4_K_R", "Q5_K") else {}),
-                      **({"FOUR": name == "Q4_0"} if fn is qgemv._q80_kernel else {}),
+                      **({"FOUR": name in qgemv.NIBBLES, "IQ": qgemv.NIBBLES.get(name, 0)}
+                         if fn is qgemv._q80_kernel else {}),
                       REPACK=name in qgemv.TUNED_AS)
         sig = {**ptrs, **{a: "i32" for a in args}, "eps": "fp32", **{c: "constexpr" for c in consts}}
         names = list(sig)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import pytest
 import torch
 
@@ -163,7 +164,7 @@ def test_every_kernel_compiles_for_sm90():
 
 
 # ------------------------------------------------------------------ the one-row kernels (qgemv.py)
-ONE_ROW = ["Q4_K", "Q4_K_R", "Q5_K", "Q6_K", "Q6_K_R", "Q8_0", "Q8_0_R", "Q4_0"]
+ONE_ROW = ["Q4_K", "Q4_K_R", "Q5_K", "Q6_K", "Q6_K_R", "Q8_0", "Q8_0_R", "Q4_0", "IQ4_NL", "IQ4_XS"]
 
 
 def _unfused(x, w, s=None, r=None, glu=False, eps=1e-5):
@@ -452,3 +453,26 @@ def test_one_row_tune_table_is_well_formed():
         assert all(v > 0 and v & (v - 1) == 0 for v in (bn, ch, warps)), t
         assert xq in (0, 1, 2, 3) and stages >= 1 and pf in (0, 1) and (pf == 0 or qtype == "Q4_K"), (qtype, n, k, t)
         assert xq < 3 or (qtype in qgemv.INT_DOTS and pf == 0), (qtype, n, k, t)   # XQ 3: Q4_K's, no PF
+
+
+def test_iq4_prmt_table_lookup_bit_logic():
+    """The GPU branch of qgemv._iq4_bytes in integers, with PTX's ``prmt.b32`` (default mode: result byte i is
+    byte ``c >> 4i & 7`` of the pair {a: bytes 0-3, b: bytes 4-7}) emulated: for every word of four codes
+    0..15 it gives IQ4's table values as signed bytes (the interpreter runs the other branch, a table walk)."""
+    from shapeplan.quant.formats import IQ4_VALUES
+    from shapeplan.runtime.backends.triton.kernels import qgemv
+    t0, t1, t2, t3 = (np.int64(w) & 0xFFFFFFFF for w in qgemv._iq4_table_words())
+    codes = np.stack(np.meshgrid(*[np.arange(16)] * 4, indexing="ij"), -1).reshape(-1, 4).astype(np.int64)
+    q = codes[:, 0] | codes[:, 1] << 8 | codes[:, 2] << 16 | codes[:, 3] << 24
+
+    def prmt(a, b, c):
+        pair = a | (b << 32)
+        return sum(((pair >> (8 * ((c >> (4 * i)) & 7))) & 0xFF) << (8 * i) for i in range(4))
+
+    t = q | (q >> 4)
+    sel = ((t & 0xFF) | ((t >> 8) & 0xFF00)) & 0x7777
+    lo, hi = prmt(t0, t1, sel), prmt(t2, t3, sel)
+    m = ((q >> 3) & 0x01010101) * 0xFF
+    out = (hi & m) | (lo & ~m & 0xFFFFFFFF)
+    got = np.stack([(out >> (8 * b)) & 0xFF for b in range(4)], -1).astype(np.uint8).view(np.int8)
+    np.testing.assert_array_equal(got, np.asarray(IQ4_VALUES, dtype=np.int8)[codes])

@@ -1,5 +1,5 @@
 """Triton kernels over packed GGUF / shapeplan block weights: dequantizing GEMV (decode, M <= 8; one row
-of Q4_K / Q5_K / Q6_K / Q8_0 / Q4_0 runs the faster one-row kernel of qgemv.py instead, see there),
+of Q4_K / Q5_K / Q6_K / Q8_0 / Q4_0 / IQ4 runs the faster one-row kernel of qgemv.py instead, see there),
 dequantizing GEMM (prefill: weight tiles dequantized into ``tl.dot``), and row dequantization (the
 quantized embedding lookup, and the dequantize-to-scratch + cuBLAS prefill path).
 
@@ -39,7 +39,7 @@ KINDS = {"int8": 0, "int4": 1, "q4_0": 2, "q5_0": 3, "q5_1": 4, "iq4_nl": 5,
 #: decode GEMV tuning: rows per program, warps, chunks decoded per loop iteration (their loads are in
 #: flight together), and the programs below which split-K is used (0: the device's SM count)
 GEMV = {"bn": 8, "warps": 4, "unroll": 2, "min_programs": 0}
-#: one activation row of Q4_K / Q5_K / Q6_K / Q8_0 / Q4_0 runs the one-row kernel of qgemv.py (its tuning is there);
+#: one activation row of Q4_K / Q5_K / Q6_K / Q8_0 / Q4_0 / IQ4 runs the one-row kernel of qgemv.py (its tuning is there);
 #: False: the generic GEMV above (bench/quant_gemv.py compares them)
 GEMV1 = True
 #: prefill GEMM tuning and path: "fused" (dequantize tiles into tl.dot), "dequant" (dequantize the
@@ -394,7 +394,7 @@ def dequantize_rows(packed: torch.Tensor, q, k: int, dtype: torch.dtype, idx: to
 
 
 def matmul(x: torch.Tensor, packed: torch.Tensor, q, n: int, k: int) -> torch.Tensor:
-    """x [M, K] @ W.T -> [M, N]: one row of Q4_K / Q5_K / Q6_K / Q8_0 / Q4_0: the one-row kernel of qgemv.py; the
+    """x [M, K] @ W.T -> [M, N]: one row of Q4_K / Q5_K / Q6_K / Q8_0 / Q4_0 / IQ4: the one-row kernel of qgemv.py; the
     GEMV for M <= 8; above, the fused GEMM or dequantize + cuBLAS (``GEMM["path"]``)."""
     if x.stride(-1) != 1:
         x = x.contiguous()

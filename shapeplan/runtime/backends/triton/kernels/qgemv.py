@@ -1,6 +1,6 @@
 """The one-row quantized GEMV (a decode step at batch 1) for the types that dominate GGUF decode: Q4_K,
-Q5_K (Q4_K's kernel with a fifth code bit), Q6_K, Q8_0 and Q4_0 (Q8_0's kernel with nibble codes), with the
-fused prologue / epilogue of the bf16 decode GEMV (kernels/gemv.py):
+Q5_K (Q4_K's kernel with a fifth code bit), Q6_K, Q8_0, and Q4_0, IQ4_NL and IQ4_XS (Q8_0's kernel with nibble
+codes), with the fused prologue / epilogue of the bf16 decode GEMV (kernels/gemv.py):
 
     gemv1(x, packed, q, n, k)                        x [1, K] @ W.T
     gemv1(..., norm_w=s, eps=e)                      rms_norm(x) * s @ W.T    (RMSNorm prologue)
@@ -37,7 +37,11 @@ so it is bound by instructions, not by memory (~845 GB/s on the LM head, of ~4.2
   pairs, and tile word w = nibble half w // 4 of code word w % 4 holds elements 4w .. 4w + 3, Q8_0's
   order: x's indices, its int8 blocks and the scales' places carry over; a code is ``(w >> 4h) &
   0x0F0F0F0F`` (q, offset 8) or, for dp4a, ``(q + 0x78787878) ^ 0x80808080`` (q - 8 as signed bytes).
-  Its tiles are Q8_0's (``TILES_OF``) until swept (``bench/quant_gemv.py --sweep1 --qtypes Q4_0``).
+  IQ4_NL (Q4_0's blocks) and IQ4_XS (super-blocks of eight such 32-element blocks behind one 8-byte header
+  of ``d`` and 6-bit scales, 136 bytes: aligned) run the same kernel (``IQ``); their codes index IQ4's 16
+  non-linear int8 values, looked up four at a time with two byte permutes (``prmt``) of a table held in
+  four constant words and a select per byte (``_iq4_bytes``). Their tiles are Q8_0's (``TILES_OF``) until
+  swept (``bench/quant_gemv.py --sweep1 --qtypes Q4_0,IQ4_XS``).
 - **Sub-block algebra.** Per word (4 elements of one sub-block) the products ``q * x`` are summed,
   then scaled once: Q8_0 ``d * Σ q x``, Q6_K ``d * sc * Σ (q - 32) x``, Q4_K
   ``d * sc * Σ q x - dmin * m * Σ x`` with ``Σ x`` per word.
@@ -131,17 +135,19 @@ from __future__ import annotations
 
 import torch
 
-from shapeplan.quant.formats import REPACKED
+from shapeplan.quant.formats import IQ4_VALUES, REPACKED
 from shapeplan.runtime.backends.triton.env import interpreting
 from shapeplan.runtime.backends.triton.kernels.gguf import AVAILABLE, triton, tl
 
 #: qtype -> (BN rows per program, CH chunks per iteration, warps, XQ) when ``TUNE`` has no entry
 DEFAULT: dict[str, tuple[int, int, int, int]] = {"Q4_K": (8, 2, 4, 1), "Q5_K": (8, 2, 4, 1), "Q6_K": (4, 1, 4, 1),
-                                                 "Q8_0": (8, 4, 4, 1), "Q4_0": (8, 4, 4, 1)}
+                                                 "Q8_0": (8, 4, 4, 1), "Q4_0": (8, 4, 4, 1), "IQ4_NL": (8, 4, 4, 1),
+                                                 "IQ4_XS": (8, 4, 4, 1)}
 #: the same from ``LARGE`` weight elements on (N x K): x as int8 codes, the tiles that won llama-1b's large
 #: matrices (XQ = 2 pays a launch, ~1.5 µs, that small matrices do not earn back)
 DEFAULT_LARGE: dict[str, tuple[int, int, int, int]] = {"Q4_K": (4, 2, 1, 2), "Q5_K": (4, 2, 1, 2), "Q6_K": (1, 2, 1, 2),
-                                                       "Q8_0": (2, 4, 1, 2), "Q4_0": (2, 4, 1, 2)}
+                                                       "Q8_0": (2, 4, 1, 2), "Q4_0": (2, 4, 1, 2), "IQ4_NL": (2, 4, 1, 2),
+                                                       "IQ4_XS": (2, 4, 1, 2)}
 LARGE = 1 << 24
 #: (qtype, N outputs (GLU: after the gate), K) -> (BN, CH, warps, XQ[, STAGES[, PF]]), measured on the H200
 TUNE: dict[tuple[str, int, int], tuple[int, ...]] = {   # H200, 2026-12-01/02 (bench.quant_gemv --sweep1)
@@ -183,14 +189,23 @@ MIN_PROGRAMS = 264
 #: the types whose one-row kernel has x mode 3 (int8 x, integer dots)
 INT_DOTS = frozenset({"Q4_K", "Q4_K_R"})
 #: the types with a one-row kernel, and the K each needs (super-block or block pair)
-K_MULTIPLE = {"Q4_K": 256, "Q5_K": 256, "Q6_K": 512, "Q8_0": 64, "Q4_0": 64}
+K_MULTIPLE = {"Q4_K": 256, "Q5_K": 256, "Q6_K": 512, "Q8_0": 64, "Q4_0": 64, "IQ4_NL": 64, "IQ4_XS": 256}
+#: the 4-bit types Q8_0's kernel runs (``FOUR``) -> its ``IQ`` (0: codes q - 8, 1: IQ4_NL's table, 2: IQ4_XS's)
+NIBBLES = {"Q4_0": 0, "IQ4_NL": 1, "IQ4_XS": 2}
 #: types that run another type's kernel (a REPACK constexpr) and, where ``TUNE`` has no entry of their own,
 #: its tiles: our layouts of its bytes (shapeplan/quant/formats.py)
 TUNED_AS = {name: src for name, (src, _) in REPACKED.items()}
 K_MULTIPLE.update({name: K_MULTIPLE[src] for name, src in TUNED_AS.items()})
 #: types without ``TUNE`` entries of their own (not swept on a GPU yet) that borrow another type's per shape:
-#: Q4_0 runs Q8_0's kernel (``FOUR``) on the same tile shapes, with half the bytes per element
-TILES_OF = {"Q4_0": "Q8_0"}
+#: Q4_0, IQ4_NL and IQ4_XS run Q8_0's kernel (``FOUR``) on the same tile shapes, with about half the bytes per element
+TILES_OF = {name: "Q8_0" for name in NIBBLES}
+
+
+def _iq4_table_words() -> tuple[int, ...]:
+    """IQ4's 16 values (formats.IQ4_VALUES) as signed bytes, four to a word, each word as a signed int32."""
+    words = [sum((IQ4_VALUES[4 * i + b] & 0xFF) << (8 * b) for b in range(4)) for i in range(4)]
+    return tuple(v - (1 << 32) if v >= 1 << 31 else v for v in words)
+
 
 if AVAILABLE:
     from shapeplan.runtime.backends.triton.kernels.gemv_jit import _finish, gdc_launch_dependents, gdc_wait
@@ -199,6 +214,8 @@ if AVAILABLE:
     TWO23 = tl.constexpr(8388608.0)
     SIGN8 = tl.constexpr(-0x7F7F7F80)          # int32 0x80808080: xor flips each byte's sign bit (q + 128)
     MAGIC15 = tl.constexpr(0x4B400000)         # float32 bits of 1.5 * 2^23
+    #: IQ4_NL / IQ4_XS's 16 values as signed bytes, four to an int32 word (value i: byte i % 4 of word i // 4)
+    IQ4_T0, IQ4_T1, IQ4_T2, IQ4_T3 = (tl.constexpr(w) for w in _iq4_table_words())
     ONE5_23 = tl.constexpr(12582912.0)
 
     @triton.jit
@@ -676,13 +693,42 @@ if AVAILABLE:
 
     # ------------------------------------------------------------------------------------------ Q8_0
     @triton.jit
-    def _q80_codes(base, m3, w, ODD: tl.constexpr, REPACK: tl.constexpr = False, FOUR: tl.constexpr = False):
+    def _iq4_bytes(q, ASM: tl.constexpr):
+        """IQ4's non-linear values of the four codes 0..15 of int32 ``q`` (one a byte) as the signed bytes of one
+        word. ASM: two byte permutes (``prmt``) over the 16-entry table in four constant words, selected by
+        each code's low 3 bits, and a select per byte on its bit 3; the interpreter: the same table, byte by
+        byte."""
+        if ASM:
+            t = q | (q >> 4)
+            sel = ((t & 0xFF) | ((t >> 8) & 0xFF00)) & 0x7777                    # code b & 7 in nibble b
+            lo = tl.inline_asm_elementwise("prmt.b32 $0, $1, $2, $3;", "=r,r,r,r",
+                                           [tl.full(q.shape, IQ4_T0, tl.int32), tl.full(q.shape, IQ4_T1, tl.int32),
+                                            sel], dtype=tl.int32, is_pure=True, pack=1)
+            hi = tl.inline_asm_elementwise("prmt.b32 $0, $1, $2, $3;", "=r,r,r,r",
+                                           [tl.full(q.shape, IQ4_T2, tl.int32), tl.full(q.shape, IQ4_T3, tl.int32),
+                                            sel], dtype=tl.int32, is_pure=True, pack=1)
+            m = ((q >> 3) & 0x01010101) * 0xFF
+            return (hi & m) | (lo & ~m)
+        out = tl.zeros(q.shape, dtype=tl.int32)
+        for b in tl.static_range(4):
+            qb = (q >> (8 * b)) & 15
+            tw = tl.where(qb < 4, IQ4_T0, tl.where(qb < 8, IQ4_T1, tl.where(qb < 12, IQ4_T2, IQ4_T3)))
+            out = out | (((tw >> (8 * (qb % 4))) & 0xFF) << (8 * b))
+        return out
+
+    @triton.jit
+    def _q80_codes(base, m3, w, sub, ODD: tl.constexpr, REPACK: tl.constexpr = False, FOUR: tl.constexpr = False,
+                   IQ: tl.constexpr = 0):
         """The code words [BN, CP, 8] of block ``ODD`` of the pair at ``base`` (REPACK: the pair's 16 code words).
-        FOUR (Q4_0): word w holds elements 4w .. 4w + 3 as one unsigned byte each: nibble half w // 4 of the
-        block's code word w % 4 (the two words of a half load the same address: one request)."""
+        FOUR (Q4_0, IQ4_NL, IQ4_XS): word w holds elements 4w .. 4w + 3 as one unsigned byte each, the codes
+        0..15: nibble half w // 4 of the block's code word w % 4 (the two words of a half load the same
+        address: one request). IQ 2 (IQ4_XS): ``base`` is the super-block, the pair its blocks ``sub`` and
+        ``sub`` + 1, whose code words start at word 2 + 4 (``sub`` + ODD): aligned."""
         if FOUR:
             j = w % 4
-            if ODD:                             # bytes 18..35: [d] at word 4's high half, codes = words 5..8
+            if IQ == 2:
+                qw = tl.load(base + 2 + 4 * (sub + ODD) + j, mask=m3, other=0)
+            elif ODD:                           # bytes 18..35: [d] at word 4's high half, codes = words 5..8
                 qw = tl.load(base + 5 + j, mask=m3, other=0)
             else:                             # bytes 0..17: [d] at word 0's low half, codes 2 bytes in
                 qw = _word(base + j, m3, True)
@@ -696,9 +742,17 @@ if AVAILABLE:
         return qw
 
     @triton.jit
-    def _q80_scale(base, m3, ODD: tl.constexpr, REPACK: tl.constexpr = False, FOUR: tl.constexpr = False):
+    def _q80_scale(base, m3, sub, ODD: tl.constexpr, REPACK: tl.constexpr = False, FOUR: tl.constexpr = False,
+                   IQ: tl.constexpr = 0):
         """d of block ``ODD`` of the pair at ``base`` (REPACK: ``base`` is the word of the pair's two d; FOUR:
-        Q4_0's pair, the odd block's d at word 4's high half)."""
+        Q4_0's or IQ4_NL's pair, the odd block's d at word 4's high half). IQ 2 (IQ4_XS): block ``sub`` + ODD
+        of the super-block at ``base``, ``d * (ls - 32)``: its 6-bit ``ls`` is nibble ``sub`` + ODD of word 1
+        (``scales_l``) below bits 2 (``sub`` + ODD) of word 0's high half (``scales_h``)."""
+        if IQ == 2:
+            w0 = tl.load(base, mask=m3, other=0)
+            ib = sub + ODD
+            ls = ((tl.load(base + 1, mask=m3, other=0) >> (4 * ib)) & 0xF) | (((w0 >> (16 + 2 * ib)) & 3) << 4)
+            return _f16(w0) * (_code(ls, 63) - 32.0)
         if REPACK:
             return _f16(tl.load(base, mask=m3, other=0) >> (16 * ODD))
         if ODD:
@@ -706,17 +760,22 @@ if AVAILABLE:
         return _f16(tl.load(base, mask=m3, other=0))
 
     @triton.jit
-    def _q80_signed(qw, FOUR: tl.constexpr):
+    def _q80_signed(qw, FOUR: tl.constexpr, IQ: tl.constexpr, ASM: tl.constexpr):
         """``_q80_codes``' words as signed bytes (XQ = 2's dp4a): Q8_0's are; Q4_0's q become q - 8 (q + 120 has
-        no carry out of its byte, then the sign bit flipped)."""
-        if FOUR:
+        no carry out of its byte, then the sign bit flipped); IQ4's their table values."""
+        if IQ:
+            qw = _iq4_bytes(qw, ASM)
+        elif FOUR:
             qw = (qw + 0x78787878) ^ SIGN8
         return qw
 
     @triton.jit
-    def _q80_unsigned(qw, FOUR: tl.constexpr):
-        """``_q80_codes``' words as unsigned bytes q + off for ``_dot4`` (off: 128 for Q8_0, 8 for Q4_0's q)."""
-        if not FOUR:
+    def _q80_unsigned(qw, FOUR: tl.constexpr, IQ: tl.constexpr, ASM: tl.constexpr):
+        """``_q80_codes``' words as unsigned bytes v + off for ``_dot4`` (off 128: Q8_0's q, IQ4's table value v;
+        off 8: Q4_0's q)."""
+        if IQ:
+            qw = _iq4_bytes(qw, ASM) ^ SIGN8
+        elif not FOUR:
             qw = qw ^ SIGN8                     # q + 128
         return qw
 
@@ -725,19 +784,24 @@ if AVAILABLE:
                     NORM: tl.constexpr, RES: tl.constexpr, GLU: tl.constexpr, PDL: tl.constexpr = False,
                     ASM: tl.constexpr = False, XQ: tl.constexpr = True, XB: tl.constexpr = 16,
                     XF16: tl.constexpr = False, NB: tl.constexpr = 16, NF16: tl.constexpr = False,
-                    STAGES: tl.constexpr = 1, REPACK: tl.constexpr = False, FOUR: tl.constexpr = False):
+                    STAGES: tl.constexpr = 1, REPACK: tl.constexpr = False, FOUR: tl.constexpr = False,
+                    IQ: tl.constexpr = 0):
         """Q8_0 blocks [d f16][32 int8], two per pair of 17 words; CH pairs per iteration. Element
         64c + 32*odd + 4w + b is byte b of code word w of block ``odd`` of pair c: x quad 16c + 8odd + w.
         REPACK (Q8_0_R): a row is every pair's 16 code words, then one word of two d per pair: the code
         words are aligned (16-byte loads), no realignment. FOUR (Q4_0): blocks [d f16][16 bytes], element
         j < 16 the low nibble of byte j and 16 + j its high nibble, value d * (q - 8); two per pair of 9
         words, the first block's codes 2 bytes off word alignment as Q8_0's: ``_q80_codes`` gives the same
-        element order (word w: elements 4w .. 4w + 3), so x's indices, blocks and scales are Q8_0's."""
+        element order (word w: elements 4w .. 4w + 3), so x's indices, blocks and scales are Q8_0's. IQ (with
+        FOUR): the codes are indices into IQ4's 16 non-linear values (``_iq4_bytes``); IQ 1 (IQ4_NL): Q4_0's
+        blocks; IQ 2 (IQ4_XS): super-blocks of 256 ([d f16][scales_h u16][scales_l x 4][16 bytes x 8], 34
+        words, aligned), eight 32-element blocks each laid out as Q4_0's codes, four pairs a super-block, the
+        block's scale ``d * (ls - 32)`` from its header."""
         rows, ok, rg, ru = _program_rows(W, N, HALF, ROW_WORDS, BN, PDL)
         ci = tl.arange(0, CH)[:, None]                                             # [CP, 1]
         w = tl.arange(0, 8)[None, :]                                               # [1, 8]
         npairs = K // 64
-        OFF: tl.constexpr = 128.0 - 120.0 * FOUR                                  # Q8_0's q + 128, Q4_0's q
+        OFF: tl.constexpr = 128.0 - 120.0 * FOUR * (IQ == 0)              # Q8_0's q + 128, Q4_0's q, IQ4's v + 128
         acc = tl.zeros([BN, CH, 8], dtype=tl.float32)
         acc_u = tl.zeros([BN, CH, 8], dtype=tl.float32)
         if XQ:
@@ -748,52 +812,62 @@ if AVAILABLE:
             c = c0 + ci
             cok = c < npairs
             m3 = ok[:, None, None] & cok[None]                                    # [BN, CP, 1]
+            sub = 0
             if REPACK:                      # codes at 16 words a pair, then the d words
                 base = rg[:, None, None] + (c * 16)[None]
                 sbase = rg[:, None, None] + (npairs * 16 + c)[None]
                 if GLU:
                     base_u = ru[:, None, None] + (c * 16)[None]
                     sbase_u = ru[:, None, None] + (npairs * 16 + c)[None]
-            else:                           # a pair is 17 words (Q4_0: 9)
+            elif IQ == 2:                   # IQ4_XS: super-block c // 4 (34 words), its blocks 2 (c % 4) + odd
+                base = rg[:, None, None] + ((c // 4) * 34)[None]
+                sub = (2 * (c % 4))[None]
+                sbase = base
+                if GLU:
+                    base_u = ru[:, None, None] + ((c // 4) * 34)[None]
+                    sbase_u = base_u
+            else:                           # a pair is 17 words (Q4_0, IQ4_NL: 9)
                 base = rg[:, None, None] + (c * (17 - 8 * FOUR))[None]
                 sbase = base
                 if GLU:
                     base_u = ru[:, None, None] + (c * (17 - 8 * FOUR))[None]
                     sbase_u = base_u
             for odd in tl.static_range(2):
-                qw = _q80_codes(base, m3, w[None], odd, REPACK, FOUR)              # int8 codes (Q4_0: q, unsigned)
+                qw = _q80_codes(base, m3, w[None], sub, odd, REPACK, FOUR, IQ)     # int8 codes (FOUR: q, unsigned)
                 if GLU:
-                    qw_u = _q80_codes(base_u, m3, w[None], odd, REPACK, FOUR)
+                    qw_u = _q80_codes(base_u, m3, w[None], sub, odd, REPACK, FOUR, IQ)
                 if PDL:
                     gdc_wait()
                 xi, xm = _xidx(c * 16 + 8 * odd + w, cok, [BN, CH, 8], [1, 1, 4], XQ)
                 if XQ == 2:                 # x as int8 codes: one dp4a per word, x's blocks are the weights'
                     xw = tl.load(X + xi, mask=xm, other=0)
                     xd = _ld(XD + tl.broadcast_to((2 * c + odd)[None], [BN, CH, 1]), m3, False)
-                    acc += _dp4a(_q80_signed(qw, FOUR), xw, ASM) * (_q80_scale(sbase, m3, odd, REPACK, FOUR) * xd)
+                    acc += _dp4a(_q80_signed(qw, FOUR, IQ, ASM), xw, ASM) \
+                        * (_q80_scale(sbase, m3, sub, odd, REPACK, FOUR, IQ) * xd)
                     if GLU:
-                        acc_u += _dp4a(_q80_signed(qw_u, FOUR), xw, ASM) \
-                            * (_q80_scale(sbase_u, m3, odd, REPACK, FOUR) * xd)
+                        acc_u += _dp4a(_q80_signed(qw_u, FOUR, IQ, ASM), xw, ASM) \
+                            * (_q80_scale(sbase_u, m3, sub, odd, REPACK, FOUR, IQ) * xd)
                 else:
                     x0, x1, x2, x3, _, ss = _x4(X, NW, xi, xm, ss, NORM, XQ, XB, XF16, NB, NF16)
-                    acc += _dot4(_q80_unsigned(qw, FOUR), x0, x1, x2, x3, OFF, ASM) \
-                        * _q80_scale(sbase, m3, odd, REPACK, FOUR)
+                    acc += _dot4(_q80_unsigned(qw, FOUR, IQ, ASM), x0, x1, x2, x3, OFF, ASM) \
+                        * _q80_scale(sbase, m3, sub, odd, REPACK, FOUR, IQ)
                     if GLU:
-                        acc_u += _dot4(_q80_unsigned(qw_u, FOUR), x0, x1, x2, x3, OFF, ASM) \
-                            * _q80_scale(sbase_u, m3, odd, REPACK, FOUR)
+                        acc_u += _dot4(_q80_unsigned(qw_u, FOUR, IQ, ASM), x0, x1, x2, x3, OFF, ASM) \
+                            * _q80_scale(sbase_u, m3, sub, odd, REPACK, FOUR, IQ)
         y = tl.sum(tl.sum(acc, axis=2), axis=1)
         u = y
         if GLU:
             u = tl.sum(tl.sum(acc_u, axis=2), axis=1)
         _finish(y, u, _ss_total(ss, XQ), K, eps, R, Y, rows, ok, NORM, RES, GLU)
 
-    KERNELS = {"Q4_K": _q4k_kernel, "Q5_K": _q4k_kernel, "Q6_K": _q6k_kernel, "Q8_0": _q80_kernel, "Q4_0": _q80_kernel}
+    KERNELS = {"Q4_K": _q4k_kernel, "Q5_K": _q4k_kernel, "Q6_K": _q6k_kernel, "Q8_0": _q80_kernel, "Q4_0": _q80_kernel,
+               "IQ4_NL": _q80_kernel, "IQ4_XS": _q80_kernel}
     KERNELS.update({name: KERNELS[src] for name, src in TUNED_AS.items()})
 
 
 # --------------------------------------------------------------------------------------- launching
 def supports(x: torch.Tensor, packed: torch.Tensor, qtype: str, k: int) -> bool:
-    """Whether the one-row kernel runs: x [1, K], a Q4_K / Q5_K / Q6_K / Q8_0 / Q4_0 weight whose K is a multiple of
+    """Whether the one-row kernel runs: x [1, K], a weight of a ``K_MULTIPLE`` type whose K is a multiple of
     the kernel's step and whose rows are whole int32 words at a 4-byte aligned address; not with
     ``SHAPEPLAN_QUANT_ONE_ROW=0`` (the generic GEMV of gguf.py then runs every one-row call)."""
     from shapeplan import env
@@ -863,8 +937,8 @@ def gemv1(x: torch.Tensor, packed: torch.Tensor, qtype: str, n: int, k: int, *, 
     base = TUNED_AS.get(qtype, qtype)
     extra = {"PF": bool(pf), "EVEN": xq == 3 and out_n % bn == 0 and (k // K_MULTIPLE[qtype]) % ch == 0,
              "FIVE": qtype == "Q5_K"} if base in ("Q4_K", "Q5_K") else {}
-    if base in ("Q8_0", "Q4_0"):
-        extra["FOUR"] = qtype == "Q4_0"
+    if KERNELS[qtype] is _q80_kernel:
+        extra.update(FOUR=qtype in NIBBLES, IQ=NIBBLES.get(qtype, 0))
     extra["REPACK"] = qtype in TUNED_AS
     KERNELS[qtype][(triton.cdiv(out_n, bn),)](
         x, nw, xd, xs, words, r, y, out_n, k, out_n, words.stride(0), float(eps), BN=bn, CH=ch,
