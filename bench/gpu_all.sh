@@ -88,9 +88,9 @@ step quant_repack_1b extra 300 'python3 -m bench.quant_gemv --no-gemv --e2e llam
 step quant_q5 extra 480 'SHAPEPLAN_QUANT_ONE_ROW=0 python3 -m bench.quant_gemv --qtypes Q5_K --m 1 --presets llama-8b; python3 -m bench.quant_gemv --qtypes Q5_K,Q4_K --m 1 --presets llama-8b --e2e llama-1b:Q5_K_M,llama-8b:Q5_K_M --e2e-configs triton' \
   'grep -E "^llama-(1b|8b):Q5_K_M" $L | awk '\''{printf "%s %s %s; ", $1, $2, $3}'\'' | cut -c1-300'
 # Q4_0, IQ4_NL, IQ4_XS: their one-row kernel (Q8_0's with nibble codes, Q8_0's tiles) against the generic GEMV on llama-8b's shapes,
-# then Q4_0 files end to end (IQ4 files: no quantizer of ours to write them)
-step quant_q40 extra 420 'SHAPEPLAN_QUANT_ONE_ROW=0 python3 -m bench.quant_gemv --qtypes Q4_0,IQ4_XS --m 1 --presets llama-8b; python3 -m bench.quant_gemv --qtypes Q4_0,IQ4_NL,IQ4_XS,Q8_0 --m 1 --presets llama-8b --e2e llama-1b:Q4_0,llama-8b:Q4_0 --e2e-configs triton' \
-  'grep -E "^llama-(1b|8b):Q4_0" $L | awk '\''{printf "%s %s %s; ", $1, $2, $3}'\'' | cut -c1-300'
+# then Q4_0 and IQ4_XS files end to end
+step quant_q40 extra 480 'SHAPEPLAN_QUANT_ONE_ROW=0 python3 -m bench.quant_gemv --qtypes Q4_0,IQ4_XS --m 1 --presets llama-8b; python3 -m bench.quant_gemv --qtypes Q4_0,IQ4_NL,IQ4_XS,Q8_0 --m 1 --presets llama-8b --e2e llama-1b:Q4_0,llama-1b:IQ4_XS,llama-8b:Q4_0,llama-8b:IQ4_XS --e2e-configs triton' \
+  'grep -E "^llama-(1b|8b):(Q4_0|IQ4_XS)" $L | awk '\''{printf "%s %s %s; ", $1, $2, $3}'\'' | cut -c1-400'
 # the one-row tiles of our layouts on llama-8b's shapes (their own TUNE lines: wider code loads may want other tiles than the file layouts')
 step quant_sweep_repack extra 540 'python3 -m bench.quant_gemv --no-gemv --sweep1 --qtypes Q8_0_R,Q6_K_R,Q4_K_R --presets llama-8b --xq 2,1,3 --top 2' \
   'grep -cE "^\s+\(\"Q" $L | sed "s/$/ TUNE lines (see the log)/"'

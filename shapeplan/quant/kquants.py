@@ -1,4 +1,4 @@
-"""Our K-quant quantizers (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K), written from the block formats.
+"""Our K-quant quantizers (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) and IQ4_NL / IQ4_XS, written from the block formats.
 
 gguf-py quantizes only the simple types; these fill the K-quant blocks that ``gguf.quants.dequantize``
 (and llama.cpp) read. Each 256-element super-block is cut into sub-blocks (16 or 32 elements) with
@@ -13,13 +13,19 @@ super-block. The method, per super-block:
 
 Affine types (Q2_K, Q4_K, Q5_K) hold w = (d*sc)*q - (dmin*m), q in [0, 2^b - 1], m >= 0; symmetric types
 (Q3_K, Q6_K) hold w = (d*sc)*q, q in [-2^(b-1), 2^(b-1) - 1], the largest |w| of a sub-block mapped to
-the negative end (one more level there). Errors: tests/quant/test_quantize.py.
+the negative end (one more level there). IQ4_NL / IQ4_XS (codes index 16 fixed non-linear levels,
+-127..113) search each 32-element block's scale as llama.cpp does without an importance matrix (the
+largest element at a few table levels, least-squares refits: plain squared error, not llama.cpp's
+x²-weighted one); IQ4_XS then stores the eight scales as 6-bit multiples of one float16. Errors:
+tests/quant/test_quantize.py.
 """
 from __future__ import annotations
 
 from typing import Callable
 
 import torch
+
+from shapeplan.quant.formats import IQ4_VALUES
 
 _CANDIDATES = torch.linspace(-0.5, 1.0, 7).tolist()     # offsets to the number of levels of step 1
 
@@ -169,5 +175,55 @@ def _q6_k(x: torch.Tensor) -> torch.Tensor:
     return torch.cat([ql, qh, sc.to(torch.int8).view(torch.uint8), d_b], dim=1)
 
 
+# ------------------------------------------------------------------ IQ4_NL / IQ4_XS (non-linear 4-bit codes)
+def _iq4_nearest(y: torch.Tensor) -> torch.Tensor:
+    """Index 0..15 of the IQ4 table value nearest to each of ``y`` (the table is sorted: its midpoints)."""
+    v = torch.tensor(IQ4_VALUES, dtype=torch.float32, device=y.device)
+    return torch.bucketize(y, (v[1:] + v[:-1]) / 2)
+
+
+def _iq4_fit(x: torch.Tensor) -> torch.Tensor:
+    """Blocks [n, 32] -> the scale d [n, 1] whose codes (each element's nearest table value of x / d) give
+    the least squared error, as llama.cpp searches it: the block's largest-magnitude element mapped to
+    table levels -127 + t (t = -7..7), each followed by the least-squares d of the codes it gives."""
+    v = torch.tensor(IQ4_VALUES, dtype=torch.float32, device=x.device)
+    amax = x.gather(1, x.abs().argmax(1, keepdim=True))
+    safe = torch.where(amax != 0, amax, torch.ones_like(amax))
+    best_d, best = torch.zeros_like(amax), torch.zeros_like(amax)
+    for t in range(-7, 8):
+        q = v[_iq4_nearest(x * ((t + v[0]) / safe))]
+        sqx, sqq = (q * x).sum(1, keepdim=True), (q * q).sum(1, keepdim=True)
+        d = sqx / sqq
+        better = (d * sqx > best) & (amax != 0)
+        best_d, best = torch.where(better, d, best_d), torch.where(better, d * sqx, best)
+    return best_d
+
+
+def _iq4_codes(x: torch.Tensor, dl: torch.Tensor) -> torch.Tensor:
+    """Blocks [n, 32] and their stored scales [n, 1] -> the nibble bytes [n, 16] (element j low, 16 + j high)."""
+    q = _iq4_nearest(x / torch.where(dl != 0, dl, torch.ones_like(dl)))
+    return (q[:, :16] | (q[:, 16:] << 4)).to(torch.uint8)
+
+
+def _iq4_nl(x: torch.Tensor) -> torch.Tensor:
+    d, d_b = _f16(_iq4_fit(x))
+    return torch.cat([d_b, _iq4_codes(x, d)], dim=1)
+
+
+def _iq4_xs(x: torch.Tensor) -> torch.Tensor:
+    """Super-blocks [n, 256]: eight blocks' scales, then d = -(the largest-magnitude scale) / 32 and each
+    block's 6-bit ls = round(scale / d) + 32 (-32..31 stored as 0..63), the codes from d * (ls - 32)."""
+    n = x.shape[0]
+    b = x.reshape(n * 8, 32)
+    sc = _iq4_fit(b).reshape(n, 8)
+    mx = sc.gather(1, sc.abs().argmax(1, keepdim=True))
+    d, d_b = _f16(-mx / 32)
+    l = torch.round(sc / torch.where(d != 0, d, torch.ones_like(d))).clamp(-32, 31).to(torch.int32) + 32
+    codes = _iq4_codes(b, (d * (l - 32).float()).reshape(n * 8, 1)).reshape(n, 128)
+    sh = ((l >> 4) << (2 * torch.arange(8, device=x.device, dtype=torch.int32))).sum(1, keepdim=True)   # u16
+    lo = ((l & 0x0F).reshape(n, 4, 2) << torch.tensor([0, 4], device=x.device, dtype=torch.int32)).sum(2)
+    return torch.cat([d_b, (sh & 0xFF).to(torch.uint8), (sh >> 8).to(torch.uint8), lo.to(torch.uint8), codes], dim=1)
+
+
 KQUANTIZERS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "q2_k": _q2_k, "q3_k": _q3_k, "q4_k": _q4_k, "q5_k": _q5_k, "q6_k": _q6_k}
+    "q2_k": _q2_k, "q3_k": _q3_k, "q4_k": _q4_k, "q5_k": _q5_k, "q6_k": _q6_k, "iq4_nl": _iq4_nl, "iq4_xs": _iq4_xs}

@@ -9,7 +9,7 @@ File types follow llama.cpp's main rules (``llama_tensor_get_type``), simplified
 - ``*_M`` (Q4_K_M, Q5_K_M): ``attn_v`` and ``ffn_down`` in Q6_K on llama.cpp's "more bits" layers (the
   first and last eighth of the stack and every third layer between);
 - a K-quant whose rows are not a multiple of 256 falls back as llama.cpp does (Q2_K/Q3_K -> Q4_0,
-  Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0); rows not a multiple of 32 stay F16.
+  Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, IQ4_XS -> IQ4_NL); rows not a multiple of 32 stay F16.
 
 ``quantize="int8"`` / ``"int4"``: every 2-D weight (projections, embedding table, LM head) in
 INT8_G128 / INT4_G64 (shapeplan/quant/formats.py); any file type above is accepted there too.
@@ -29,12 +29,14 @@ FILE_TYPES = {
     "Q5_0": ("Q5_0", "MOSTLY_Q5_0"), "Q5_1": ("Q5_1", "MOSTLY_Q5_1"), "Q2_K": ("Q2_K", "MOSTLY_Q2_K"),
     "Q3_K_S": ("Q3_K", "MOSTLY_Q3_K_S"), "Q4_K_S": ("Q4_K", "MOSTLY_Q4_K_S"), "Q4_K_M": ("Q4_K", "MOSTLY_Q4_K_M"),
     "Q5_K_S": ("Q5_K", "MOSTLY_Q5_K_S"), "Q5_K_M": ("Q5_K", "MOSTLY_Q5_K_M"), "Q6_K": ("Q6_K", "MOSTLY_Q6_K"),
+    "IQ4_NL": ("IQ4_NL", "MOSTLY_IQ4_NL"), "IQ4_XS": ("IQ4_XS", "MOSTLY_IQ4_XS"),
 }
 LOAD_TIME = {"int8": "INT8_G128", "int4": "INT4_G64"}
 _FLOAT = ("F32", "F16", "BF16")
 _TORCH_FLOAT = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
-_FALLBACK = {"Q2_K": "Q4_0", "Q3_K": "Q4_0", "Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
-_RANK = ["Q2_K", "Q3_K", "Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0", "BF16", "F16", "F32"]
+_FALLBACK = {"Q2_K": "Q4_0", "Q3_K": "Q4_0", "Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0", "IQ4_XS": "IQ4_NL"}
+_RANK = ["Q2_K", "Q3_K", "Q4_0", "Q4_1", "IQ4_NL", "IQ4_XS", "Q4_K", "Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0", "BF16",
+         "F16", "F32"]
 
 
 def more_bits(layer: int, n_layers: int) -> bool:

@@ -144,11 +144,11 @@ def test_repacked_model_on_cuda(ftype, tmp_path, monkeypatch):
     _same_tokens_in_every_mode(path, want)
 
 
-@pytest.mark.parametrize("ftype", ["Q5_K_M", "Q4_0"])
-def test_q5_k_m_and_q4_0_models_on_cuda(ftype, tmp_path):
-    """A Q5_K_M file (Q5_K matrices, some Q6_K) and a Q4_0 file (Q4_0 matrices, the head in Q6_K): one row of
-    Q5_K runs the one-row kernel (Q4_K's with 5-bit codes), one row of Q4_0 Q8_0's (nibble codes); the
-    tokens are the CPU reference's in every mode."""
+@pytest.mark.parametrize("ftype", ["Q5_K_M", "Q4_0", "IQ4_XS"])
+def test_q5_k_m_q4_0_and_iq4_xs_models_on_cuda(ftype, tmp_path):
+    """A Q5_K_M file (Q5_K matrices, some Q6_K), a Q4_0 and an IQ4_XS file (their matrices, the head in Q6_K):
+    one row of Q5_K runs the one-row kernel (Q4_K's with 5-bit codes), one row of Q4_0 and IQ4_XS Q8_0's
+    (nibble codes; IQ4's through its table); the tokens are the CPU reference's in every mode."""
     _same_tokens_in_every_mode(*_tiny_gguf(tmp_path, ftype))
 
 

@@ -53,7 +53,7 @@ def _quant_nodes(pipe) -> list:
     return [n for n in pipe.graph.nodes if n.op_type in QUANT_OPS]
 
 
-@pytest.mark.parametrize("ftype", ["Q4_K_M", "Q8_0", "Q4_0"])
+@pytest.mark.parametrize("ftype", ["Q4_K_M", "Q8_0", "Q4_0", "IQ4_XS"])
 def test_gguf_matches_transformers(ftype, files):
     pytest.importorskip("accelerate")                      # transformers' GGUF loader needs it
     from transformers import AutoModelForCausalLM
@@ -230,13 +230,13 @@ def test_quantize_refuses_a_gguf_file(files):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("ftype", ["Q4_K_M", "Q4_0"])
+@pytest.mark.parametrize("ftype", ["Q4_K_M", "Q4_0", "IQ4_XS"])
 @pytest.mark.parametrize("one_row", [False, True], ids=["bucket16", "one_row"])
 def test_triton_kernels_in_the_pipeline(ftype, one_row, files, monkeypatch):
     """The Triton kernels (interpreter on CPU) through prefill (GEMM) and decode: the torch reference's tokens.
     On the CPU the smallest decode bucket has 16 rows (the batched GEMV); ``one_row`` forces it to 1, as on a
-    GPU, so decode runs the one-row kernels (qgemv.py; Q4_K_M: Q4_K's and Q6_K's, Q4_0: Q8_0's kernel with
-    nibble codes; the Q6_K head's K, 256, is not a multiple of the Q6_K kernel's 512: the generic GEMV)."""
+    GPU, so decode runs the one-row kernels (qgemv.py; Q4_K_M: Q4_K's and Q6_K's, Q4_0 and IQ4_XS: Q8_0's kernel
+    with nibble codes; the Q6_K head's K, 256, is not a multiple of the Q6_K kernel's 512: the generic GEMV)."""
     pytest.importorskip("triton")
     if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("triton needs TRITON_INTERPRET=1 without CUDA")
@@ -257,4 +257,4 @@ def test_triton_kernels_in_the_pipeline(ftype, one_row, files, monkeypatch):
     finally:
         qops.set_quant_kernels(old)
     assert not qops._triton_failed and got == want
-    assert set(calls) == (set() if not one_row else {"Q4_K", "Q6_K"} if ftype == "Q4_K_M" else {"Q4_0"})
+    assert set(calls) == (set() if not one_row else {"Q4_K", "Q6_K"} if ftype == "Q4_K_M" else {ftype})

@@ -21,16 +21,10 @@ from shapeplan.quant.formats import QTYPES  # noqa: E402
 from shapeplan.quant.quantize import quantize  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
-QUANTIZABLE = [n for n in QTYPES if not n.startswith("IQ4")]
-
-
 def packed_weight(name: str, n: int, k: int, seed: int = 0) -> torch.Tensor:
-    """A packed ``name`` weight [n, k]: quantized from random floats, or random bytes for IQ4 (no quantizer)."""
+    """A packed ``name`` weight [n, k], quantized from random floats (``random_blocks``: every bit pattern)."""
     g = torch.Generator().manual_seed(seed)
-    if name in QUANTIZABLE:
-        return quantize(torch.randn(n, k, generator=g) * 0.05, name)
-    from tests.quant.test_dequant import random_blocks
-    return random_blocks(name, n, k, seed)
+    return quantize(torch.randn(n, k, generator=g) * 0.05, name)
 
 
 def _graph(name: str, n: int, k: int, packed: torch.Tensor, x_shape: tuple) -> Graph:
