@@ -356,8 +356,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prefill-m", default="", help="prefill rows to time the fused and dequant+cuBLAS paths at")
     ap.add_argument("--sweep", action="store_true", help="sweep the GEMV tuning on each shape (slow)")
     ap.add_argument("--sweep1", action="store_true",
-                    help="sweep the one-row Q4_K/Q5_K/Q6_K/Q8_0/Q4_0/IQ4 kernel (qgemv.py: BN x CH x warps x XQ) on each "
-                    "decode shape")
+                    help="sweep the one-row Q4_K/Q5_K/Q6_K/Q8_0/Q4_0/IQ4 kernel (qgemv.py: BN x CH x warps x XQ) "
+                    "on each decode shape")
     ap.add_argument("--shapes", default="", help="--sweep1 only these shapes: labels of SHAPES (qkv,o,gate_up,...), or PRESET:LABEL")
     ap.add_argument("--top", type=int, default=3, help="configs printed per shape by --sweep1")
     ap.add_argument("--xq", default="1,0,2,3",

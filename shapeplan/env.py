@@ -122,8 +122,9 @@ SWITCHES: tuple[Switch, ...] = (
            "code bytes, then its header bytes: every block's codes aligned; shapeplan/quant/formats.py), made on "
            "the device at load; off by default until measured on the H200"),
     Switch("SHAPEPLAN_QUANT_ONE_ROW", "bool", True,
-           "one row of a Q4_K / Q5_K / Q6_K / Q8_0 / Q4_0 / IQ4_NL / IQ4_XS weight runs the one-row kernel of kernels/qgemv.py (0: the "
-           "generic quantized GEMV of kernels/gguf.py, and the fused quantized ops' unfused path)"),
+           "one row of a Q4_K / Q5_K / Q6_K / Q8_0 / Q4_0 / IQ4_NL / IQ4_XS weight runs the one-row kernel of "
+           "kernels/qgemv.py (0: the generic quantized GEMV of kernels/gguf.py, and the fused quantized ops' unfused "
+           "path)"),
     Switch("SHAPEPLAN_CUDA_WARM", "bool", True,
            "the LLM pipeline's CUDA warm-up (loads cuBLAS, attention, index, cache-write and elementwise kernels "
            "while the graph is built)"),

@@ -58,8 +58,9 @@ class Tokenizer:
 
     def wait(self) -> "Tokenizer":
         """The parse finished (at once unless ``background``); its ``ModelError`` if it failed."""
-        if self._thread is not None:
-            self._thread.join()
+        t = self._thread                       # (another thread may be waiting too)
+        if t is not None:
+            t.join()
             self._thread = None
         if self._error is not None:
             raise self._error

@@ -16,8 +16,8 @@ norm + projection (+ SiLU gate) and projection + residual add, one kernel at bat
 
 Kernels: on CUDA tensors the Triton kernels of shapeplan/runtime/backends/triton/kernels/gguf.py (GEMV
 for M <= 8 rows, prefill GEMM, row dequantization), which capture into the decode plan's CUDA graph;
-one row of Q4_K / Q5_K / Q6_K / Q8_0 / Q4_0 / IQ4 runs qgemv.py's kernel, which also does the fused ops' norm prologue and
-gate / residual epilogue (other types and rows: the norm, QuantMatMul and the gate or add, unfused).
+one row of Q4_K / Q5_K / Q6_K / Q8_0 / Q4_0 / IQ4 runs qgemv.py's kernel, which also does the fused ops'
+norm prologue and gate / residual epilogue (other types and rows: the norm, QuantMatMul and the gate or add, unfused).
 Elsewhere, the torch reference: dequantize the weight per call (the fused ops: the unfused ops' kernels
 in sequence, so their values are bit for bit those of the unfused graph) (shapeplan/quant/dequant.py, equal to
 gguf-py's dequantization) and multiply in x's dtype, so memory stays packed everywhere and CPU runs

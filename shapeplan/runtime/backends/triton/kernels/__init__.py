@@ -8,8 +8,9 @@ Triton and nothing else, so a compile worker (``../compile_worker.py``) can load
     gemv.py / gemv_jit.py                          the fused decode GEMV (RMSNormMatMul / MatMulAdd, one row)
     gguf.py                                        GGUF quantized weights: decode GEMV, prefill GEMM, row
                                                    dequantization (QuantMatMul / QuantGather on CUDA)
-    qgemv.py                                       one-row Q4_K / Q5_K / Q6_K / Q8_0 / Q4_0 / IQ4 GEMV with the fused norm /
-                                                   gate / residual (QuantRMSNormMatMul, QuantMatMulAdd)
+    qgemv.py                                       one-row Q4_K / Q5_K / Q6_K / Q8_0 / Q4_0 / IQ4 GEMV with the
+                                                   fused norm / gate / residual (QuantRMSNormMatMul,
+                                                   QuantMatMulAdd)
     paged.py / paged_jit.py                        the paged KV cache: write (with RoPE of k), split-K decode
                                                    attention over each row's live blocks
 

@@ -39,8 +39,8 @@ KINDS = {"int8": 0, "int4": 1, "q4_0": 2, "q5_0": 3, "q5_1": 4, "iq4_nl": 5,
 #: decode GEMV tuning: rows per program, warps, chunks decoded per loop iteration (their loads are in
 #: flight together), and the programs below which split-K is used (0: the device's SM count)
 GEMV = {"bn": 8, "warps": 4, "unroll": 2, "min_programs": 0}
-#: one activation row of Q4_K / Q5_K / Q6_K / Q8_0 / Q4_0 / IQ4 runs the one-row kernel of qgemv.py (its tuning is there);
-#: False: the generic GEMV above (bench/quant_gemv.py compares them)
+#: one activation row of Q4_K / Q5_K / Q6_K / Q8_0 / Q4_0 / IQ4 runs the one-row kernel of qgemv.py (its tuning
+#: is there); False: the generic GEMV above (bench/quant_gemv.py compares them)
 GEMV1 = True
 #: prefill GEMM tuning and path: "fused" (dequantize tiles into tl.dot), "dequant" (dequantize the
 #: weight to a scratch buffer in the activation dtype, then cuBLAS), "auto" (fused up to FUSED_MAX_M rows)

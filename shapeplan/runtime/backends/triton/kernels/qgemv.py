@@ -146,8 +146,8 @@ DEFAULT: dict[str, tuple[int, int, int, int]] = {"Q4_K": (8, 2, 4, 1), "Q5_K": (
 #: the same from ``LARGE`` weight elements on (N x K): x as int8 codes, the tiles that won llama-1b's large
 #: matrices (XQ = 2 pays a launch, ~1.5 µs, that small matrices do not earn back)
 DEFAULT_LARGE: dict[str, tuple[int, int, int, int]] = {"Q4_K": (4, 2, 1, 2), "Q5_K": (4, 2, 1, 2), "Q6_K": (1, 2, 1, 2),
-                                                       "Q8_0": (2, 4, 1, 2), "Q4_0": (2, 4, 1, 2), "IQ4_NL": (2, 4, 1, 2),
-                                                       "IQ4_XS": (2, 4, 1, 2)}
+                                                       "Q8_0": (2, 4, 1, 2), "Q4_0": (2, 4, 1, 2),
+                                                       "IQ4_NL": (2, 4, 1, 2), "IQ4_XS": (2, 4, 1, 2)}
 LARGE = 1 << 24
 #: (qtype, N outputs (GLU: after the gate), K) -> (BN, CH, warps, XQ[, STAGES[, PF]]), measured on the H200
 TUNE: dict[tuple[str, int, int], tuple[int, ...]] = {   # H200, 2026-12-01/02 (bench.quant_gemv --sweep1)
