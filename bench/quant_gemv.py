@@ -52,15 +52,7 @@ def graph_time(fn, reps: int = 20, rounds: int = 5) -> float:
 
 
 def packed(name: str, n: int, k: int) -> torch.Tensor:
-    """A random [n, k] weight of ``name``: quantized, or for IQ4_NL / IQ4_XS (no quantizer of ours) random
-    bytes with each block's f16 ``d`` (its first two bytes) a small finite value."""
-    from shapeplan.quant.formats import QTYPES
     from shapeplan.quant.quantize import quantize
-    if name.startswith("IQ4"):
-        q = QTYPES[name]
-        b = torch.randint(0, 256, (n * (k // q.block), q.type_size), dtype=torch.uint8, device="cuda")
-        b[:, :2] = (torch.rand(b.shape[0], 1, device="cuda") * 1e-3).half().view(torch.uint8)
-        return b.view(n, -1)
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
     return quantize(w, name)
 

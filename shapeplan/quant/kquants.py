@@ -26,6 +26,7 @@ from typing import Callable
 import torch
 
 from shapeplan.quant.formats import IQ4_VALUES
+from shapeplan.quant.quantize import _pack_nibbles
 
 _CANDIDATES = torch.linspace(-0.5, 1.0, 7).tolist()     # offsets to the number of levels of step 1
 
@@ -176,22 +177,22 @@ def _q6_k(x: torch.Tensor) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------ IQ4_NL / IQ4_XS (non-linear 4-bit codes)
-def _iq4_nearest(y: torch.Tensor) -> torch.Tensor:
-    """Index 0..15 of the IQ4 table value nearest to each of ``y`` (the table is sorted: its midpoints)."""
-    v = torch.tensor(IQ4_VALUES, dtype=torch.float32, device=y.device)
-    return torch.bucketize(y, (v[1:] + v[:-1]) / 2)
+def _iq4_table(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """IQ4's 16 values (sorted) and the 15 midpoints between them."""
+    v = torch.tensor(IQ4_VALUES, dtype=torch.float32, device=device)
+    return v, (v[1:] + v[:-1]) / 2
 
 
 def _iq4_fit(x: torch.Tensor) -> torch.Tensor:
     """Blocks [n, 32] -> the scale d [n, 1] whose codes (each element's nearest table value of x / d) give
     the least squared error, as llama.cpp searches it: the block's largest-magnitude element mapped to
     table levels -127 + t (t = -7..7), each followed by the least-squares d of the codes it gives."""
-    v = torch.tensor(IQ4_VALUES, dtype=torch.float32, device=x.device)
+    v, mid = _iq4_table(x.device)
     amax = x.gather(1, x.abs().argmax(1, keepdim=True))
     safe = torch.where(amax != 0, amax, torch.ones_like(amax))
     best_d, best = torch.zeros_like(amax), torch.zeros_like(amax)
     for t in range(-7, 8):
-        q = v[_iq4_nearest(x * ((t + v[0]) / safe))]
+        q = v[torch.bucketize(x * ((t + v[0]) / safe), mid)]
         sqx, sqq = (q * x).sum(1, keepdim=True), (q * q).sum(1, keepdim=True)
         d = sqx / sqq
         better = (d * sqx > best) & (amax != 0)
@@ -201,8 +202,7 @@ def _iq4_fit(x: torch.Tensor) -> torch.Tensor:
 
 def _iq4_codes(x: torch.Tensor, dl: torch.Tensor) -> torch.Tensor:
     """Blocks [n, 32] and their stored scales [n, 1] -> the nibble bytes [n, 16] (element j low, 16 + j high)."""
-    q = _iq4_nearest(x / torch.where(dl != 0, dl, torch.ones_like(dl)))
-    return (q[:, :16] | (q[:, 16:] << 4)).to(torch.uint8)
+    return _pack_nibbles(torch.bucketize(x / torch.where(dl != 0, dl, torch.ones_like(dl)), _iq4_table(x.device)[1]))
 
 
 def _iq4_nl(x: torch.Tensor) -> torch.Tensor:

@@ -41,11 +41,9 @@ def compile_one(kernel: str, name: str, m: int):
         fn = qgemv.KERNELS[name]
         consts = dict(BN=bn, CH=ch, NORM=m in (1, 3) and xq < 2, RES=m in (2, 4), GLU=m in (1, 3), PDL=m >= 3,
                       ASM=True, XQ=xq, XB=16, XF16=False, NB=16, NF16=False, STAGES=3 if kernel == "gemv1s" else 1,
-                      **({"PF": kernel == "gemv1p", "EVEN": xq == 3, "FIVE": name == "Q5_K"}
-                         if name in ("Q4_K", "Q4_K_R", "Q5_K") else {}),
-                      **({"FOUR": name in qgemv.NIBBLES, "IQ": qgemv.NIBBLES.get(name, 0)}
-                         if fn is qgemv._q80_kernel else {}),
-                      REPACK=name in qgemv.TUNED_AS)
+                      **qgemv.type_flags(name))
+        if "FIVE" in consts:                                  # Q4_K's kernel
+            consts.update(PF=kernel == "gemv1p", EVEN=xq == 3)
         sig = {**ptrs, **{a: "i32" for a in args}, "eps": "fp32", **{c: "constexpr" for c in consts}}
         names = list(sig)
         attrs = {(names.index(p),): [["tt.divisibility", 16]] for p in ("X", "NW", "W", "K", "ROW_WORDS")}

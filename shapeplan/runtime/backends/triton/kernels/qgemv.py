@@ -139,6 +139,9 @@ from shapeplan.quant.formats import IQ4_VALUES, REPACKED
 from shapeplan.runtime.backends.triton.env import interpreting
 from shapeplan.runtime.backends.triton.kernels.gguf import AVAILABLE, triton, tl
 
+if AVAILABLE:
+    from shapeplan.runtime.backends.triton.kernels.gguf import _iq4_value
+
 #: qtype -> (BN rows per program, CH chunks per iteration, warps, XQ) when ``TUNE`` has no entry
 DEFAULT: dict[str, tuple[int, int, int, int]] = {"Q4_K": (8, 2, 4, 1), "Q5_K": (8, 2, 4, 1), "Q6_K": (4, 1, 4, 1),
                                                  "Q8_0": (8, 4, 4, 1), "Q4_0": (8, 4, 4, 1), "IQ4_NL": (8, 4, 4, 1),
@@ -696,8 +699,8 @@ if AVAILABLE:
     def _iq4_bytes(q, ASM: tl.constexpr):
         """IQ4's non-linear values of the four codes 0..15 of int32 ``q`` (one a byte) as the signed bytes of one
         word. ASM: two byte permutes (``prmt``) over the 16-entry table in four constant words, selected by
-        each code's low 3 bits, and a select per byte on its bit 3; the interpreter: the same table, byte by
-        byte."""
+        each code's low 3 bits, and a select per byte on its bit 3; the interpreter: gguf.py's table decoder,
+        byte by byte."""
         if ASM:
             t = q | (q >> 4)
             sel = ((t & 0xFF) | ((t >> 8) & 0xFF00)) & 0x7777                    # code b & 7 in nibble b
@@ -710,10 +713,8 @@ if AVAILABLE:
             m = ((q >> 3) & 0x01010101) * 0xFF
             return (hi & m) | (lo & ~m)
         out = tl.zeros(q.shape, dtype=tl.int32)
-        for b in tl.static_range(4):
-            qb = (q >> (8 * b)) & 15
-            tw = tl.where(qb < 4, IQ4_T0, tl.where(qb < 8, IQ4_T1, tl.where(qb < 12, IQ4_T2, IQ4_T3)))
-            out = out | (((tw >> (8 * (qb % 4))) & 0xFF) << (8 * b))
+        for b in tl.static_range(4):                                          # gguf.py's decoder of one code
+            out = out | ((_iq4_value((q >> (8 * b)) & 15).to(tl.int32) & 0xFF) << (8 * b))
         return out
 
     @triton.jit
@@ -877,6 +878,18 @@ def supports(x: torch.Tensor, packed: torch.Tensor, qtype: str, k: int) -> bool:
             and packed.data_ptr() % 4 == 0 and x.dtype in (torch.float16, torch.bfloat16, torch.float32))
 
 
+def type_flags(qtype: str) -> dict[str, bool | int]:
+    """The constexprs that make ``KERNELS[qtype]`` read ``qtype``: REPACK (our layouts), Q4_K's kernel's FIVE
+    (Q5_K), Q8_0's kernel's FOUR and IQ (Q4_0, IQ4_NL, IQ4_XS)."""
+    base = TUNED_AS.get(qtype, qtype)
+    flags: dict[str, bool | int] = {"REPACK": qtype in TUNED_AS}
+    if base in ("Q4_K", "Q5_K"):
+        flags["FIVE"] = qtype == "Q5_K"
+    elif base in ("Q8_0", *NIBBLES):
+        flags.update(FOUR=qtype in NIBBLES, IQ=NIBBLES.get(qtype, 0))
+    return flags
+
+
 def config(qtype: str, n: int, k: int) -> tuple[int, ...]:
     """(BN, CH, warps, XQ[, STAGES[, PF]]) for N outputs and K inputs: ``TUNE`` (a type of ``TILES_OF``: its
     donor's entry, until it has its own), else ``DEFAULT``
@@ -934,12 +947,9 @@ def gemv1(x: torch.Tensor, packed: torch.Tensor, qtype: str, n: int, k: int, *, 
     if xq >= 2:                                   # x quantized first (the norm applied there), then the GEMV
         x, xd, xs = quantize_x(x, nw if norm else None, eps, k, pdl=bool(launch))
         nw, norm = x, False
-    base = TUNED_AS.get(qtype, qtype)
-    extra = {"PF": bool(pf), "EVEN": xq == 3 and out_n % bn == 0 and (k // K_MULTIPLE[qtype]) % ch == 0,
-             "FIVE": qtype == "Q5_K"} if base in ("Q4_K", "Q5_K") else {}
-    if KERNELS[qtype] is _q80_kernel:
-        extra.update(FOUR=qtype in NIBBLES, IQ=NIBBLES.get(qtype, 0))
-    extra["REPACK"] = qtype in TUNED_AS
+    extra = type_flags(qtype)
+    if "FIVE" in extra:                           # Q4_K's kernel: its register prefetch, its unmasked launch
+        extra.update(PF=bool(pf), EVEN=xq == 3 and out_n % bn == 0 and (k // K_MULTIPLE[qtype]) % ch == 0)
     KERNELS[qtype][(triton.cdiv(out_n, bn),)](
         x, nw, xd, xs, words, r, y, out_n, k, out_n, words.stride(0), float(eps), BN=bn, CH=ch,
         NORM=norm, RES=residual is not None, GLU=glu, PDL=bool(launch), ASM=not interpreting(),
