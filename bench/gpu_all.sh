@@ -91,9 +91,9 @@ step quant_q5 extra 480 'SHAPEPLAN_QUANT_ONE_ROW=0 python3 -m bench.quant_gemv -
 # then Q4_0 and IQ4_XS files end to end
 step quant_q40 extra 480 'SHAPEPLAN_QUANT_ONE_ROW=0 python3 -m bench.quant_gemv --qtypes Q4_0,IQ4_XS --m 1 --presets llama-8b; python3 -m bench.quant_gemv --qtypes Q4_0,IQ4_NL,IQ4_XS,Q8_0 --m 1 --presets llama-8b --e2e llama-1b:Q4_0,llama-1b:IQ4_XS,llama-8b:Q4_0,llama-8b:IQ4_XS --e2e-configs triton' \
   'grep -E "^llama-(1b|8b):(Q4_0|IQ4_XS)" $L | awk '\''{printf "%s %s %s; ", $1, $2, $3}'\'' | cut -c1-400'
-# the one-row tiles of Q4_0 and IQ4_XS on llama-8b's shapes (they borrow Q8_0's until then: qgemv.TILES_OF)
-step quant_sweep_q40 extra 540 'python3 -m bench.quant_gemv --no-gemv --sweep1 --qtypes Q4_0,IQ4_XS --presets llama-8b --xq 2,1 --top 2' \
-  'grep -cE "^\s+\(\"(Q4_0|IQ4_XS)" $L | sed "s/$/ TUNE lines (see the log)/"'
+# the one-row tiles of Q4_0 on llama-8b's and llama-1b's shapes (it borrows Q8_0's until then: qgemv.TILES_OF)
+step quant_sweep_q40 extra 540 'python3 -m bench.quant_gemv --no-gemv --sweep1 --qtypes Q4_0 --presets llama-8b,llama-1b --xq 2,1 --top 2' \
+  'grep -cE "^\s+\(\"Q4_0" $L | sed "s/$/ TUNE lines (see the log)/"'
 # the one-row tiles of our layouts on llama-8b's shapes (their own TUNE lines: wider code loads may want other tiles than the file layouts')
 step quant_sweep_repack extra 540 'python3 -m bench.quant_gemv --no-gemv --sweep1 --qtypes Q8_0_R,Q6_K_R,Q4_K_R --presets llama-8b --xq 2,1,3 --top 2' \
   'grep -cE "^\s+\(\"Q" $L | sed "s/$/ TUNE lines (see the log)/"'

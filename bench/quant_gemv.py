@@ -133,10 +133,13 @@ def _base(name: str) -> str:
 
 
 def sweep1_configs(name: str, out_n: int, modes: tuple[int, ...] = (1, 0, 2, 3)) -> list[tuple[int, int, int, int]]:
-    """The (BN, CH, warps, XQ) worth timing: 16..128 weight elements per thread per iteration (CH 8 and 16,
-    the long rows' many chunks per iteration, only with more than one warp), at least 64 rows per BN
-    (fewer programs than that leave SMs idle), x modes ``modes``."""
-    return [t for t in SWEEP1 if 16 <= t[0] * t[1] * CH_ELEMS[_base(name)] / (32 * t[2]) <= 128
+    """The (BN, CH, warps, XQ) worth timing: 16..128 weight elements per thread per iteration (32..256 for
+    the 4-bit codes Q8_0's kernel runs: the same bytes in flight; CH 8 and 16, the long rows' many chunks per
+    iteration, only with more than one warp), at least 64 rows per BN (fewer programs than that leave SMs
+    idle), x modes ``modes``."""
+    from shapeplan.runtime.backends.triton.kernels import qgemv
+    per = 2 if name in qgemv.NIBBLES else 1
+    return [t for t in SWEEP1 if 16 * per <= t[0] * t[1] * CH_ELEMS[_base(name)] / (32 * t[2]) <= 128 * per
             and t[0] <= max(1, out_n // 64) and t[3] in modes and (t[1] <= 4 or t[2] > 1)
             and (t[3] < 3 or _base(name) == "Q4_K")]
 
