@@ -118,13 +118,16 @@ def _same_tokens_in_every_mode(path: str, want: list[int]) -> None:
         assert pipe.generate(PROMPT, max_new_tokens=16).token_ids == want, mode
 
 
-def test_gguf_model_on_cuda(tmp_path):
+def test_gguf_model_on_cuda(tmp_path, monkeypatch):
+    """The file's layouts on the device (``SHAPEPLAN_QUANT_REPACK=0``; ours are the default: the next test)."""
     from shapeplan.importers.gguf import read_gguf
     from shapeplan.quant.formats import QuantWeight
+    monkeypatch.setenv("SHAPEPLAN_QUANT_REPACK", "0")
     path, want = _tiny_gguf(tmp_path, "Q4_K_M")
     _same_tokens_in_every_mode(path, want)
     _, weights, _ = read_gguf(path, device=DEV)
     assert all(w.packed.is_cuda for w in weights.values() if isinstance(w, QuantWeight))
+    assert {w.qtype for w in weights.values() if isinstance(w, QuantWeight)} == {"Q4_K", "Q6_K"}
     bf = sp.llm.GenerationPipeline.from_pretrained(path, device=DEV, mode="triton", dtype="bfloat16",
                                                    max_prefill_length=32, max_kv_cache_length=96)
     assert len(bf.generate(PROMPT, max_new_tokens=16).token_ids) == 16
@@ -132,12 +135,12 @@ def test_gguf_model_on_cuda(tmp_path):
 
 @pytest.mark.parametrize("ftype", ["Q4_K_M", "Q8_0"])
 def test_repacked_model_on_cuda(ftype, tmp_path, monkeypatch):
-    """SHAPEPLAN_QUANT_REPACK=1: the Q4_K / Q6_K / Q8_0 matrices land in the device arena as our layouts,
-    and the tokens are the CPU reference's (file layout) in every mode."""
+    """By default (SHAPEPLAN_QUANT_REPACK unset) the Q4_K / Q6_K / Q8_0 matrices land in the device arena as
+    our layouts, and the tokens are the CPU reference's (file layout) in every mode."""
     from shapeplan.importers.gguf import read_gguf
     from shapeplan.quant.formats import QuantWeight
     path, want = _tiny_gguf(tmp_path, ftype)
-    monkeypatch.setenv("SHAPEPLAN_QUANT_REPACK", "1")
+    monkeypatch.delenv("SHAPEPLAN_QUANT_REPACK", raising=False)
     _, weights, _ = read_gguf(path, device=DEV)
     assert {w.qtype for w in weights.values() if isinstance(w, QuantWeight)} == \
         ({"Q4_K_R", "Q6_K_R"} if ftype == "Q4_K_M" else {"Q8_0_R"})

@@ -114,16 +114,18 @@ def test_fused_quantized_ops_equal_the_unfused_graph(ftype, files):
 
 
 @pytest.mark.parametrize("ftype", ["Q4_K_M", "Q8_0"])
-def test_packed_arena_lays_out_stacked_groups(ftype, files):
+def test_packed_arena_lays_out_stacked_groups(ftype, files, monkeypatch):
     """Off the CPU the packed matrices are copied into one buffer (``importers.gguf._arena``, run here on
-    CPU tensors): the same bytes; q/k/v and gate/up of one type consecutive, so the builder stacks them
-    without a copy; every other start 256-byte aligned; the decoder's logits unchanged."""
+    CPU tensors; the file's layouts, ``SHAPEPLAN_QUANT_REPACK=0``): the same bytes; q/k/v and gate/up of one
+    type consecutive, so the builder stacks them without a copy; every other start 256-byte aligned; the
+    decoder's logits unchanged."""
     import numpy as np
     from shapeplan.importers.gguf import ARENA_ALIGN, _arena
     from shapeplan.llm.bench import load_model
     from shapeplan.llm.model import _already_stacked, build_graph
     from shapeplan.llm.weights import fused_groups
     from shapeplan.quant.formats import QuantWeight
+    monkeypatch.setenv("SHAPEPLAN_QUANT_REPACK", "0")
     cfg, w = load_model(None, files(ftype), "cpu", "float32")
     quant = {n: v for n, v in w.items() if isinstance(v, QuantWeight)}
     arena = _arena(quant, fused_groups(cfg), "cpu")
@@ -154,7 +156,7 @@ def test_packed_arena_lays_out_stacked_groups(ftype, files):
 
 @pytest.mark.parametrize("ftype", ["Q4_K_M", "Q8_0"])
 def test_repacked_layouts_in_the_arena(ftype, files, monkeypatch):
-    """``SHAPEPLAN_QUANT_REPACK=1``: the arena stores each Q4_K / Q6_K / Q8_0 matrix as Q4_K_R / Q6_K_R /
+    """``SHAPEPLAN_QUANT_REPACK`` on (the default): the arena stores each Q4_K / Q6_K / Q8_0 matrix as Q4_K_R / Q6_K_R /
     Q8_0_R (our layouts: a row's codes, then its headers), the same values; the stacked groups stay stacked
     (q/k/v, gate/up); the decoder's logits bit for bit those of the file's layout, in slot_by_slot and
     emulated replay."""
@@ -163,7 +165,7 @@ def test_repacked_layouts_in_the_arena(ftype, files, monkeypatch):
     from shapeplan.llm.model import _already_stacked, build_graph
     from shapeplan.llm.weights import fused_groups
     from shapeplan.quant.formats import REPACKED, QuantWeight, unrepack
-    monkeypatch.setenv("SHAPEPLAN_QUANT_REPACK", "1")
+    monkeypatch.delenv("SHAPEPLAN_QUANT_REPACK", raising=False)
     cfg, w = load_model(None, files(ftype), "cpu", "float32")
     quant = {n: v for n, v in w.items() if isinstance(v, QuantWeight)}
     arena = _arena(quant, fused_groups(cfg), "cpu")

@@ -13,13 +13,14 @@ so it is bound by instructions, not by memory (~845 GB/s on the LM head, of ~4.2
 
 - **Word loads.** The packed row is read as int32 words (the launcher passes ``packed.view(int32)``;
   the fast path needs row bytes and the base address to be multiples of 4, else gguf.py's kernel
-  runs). The file's own layout is kept (no repacking: GPU memory = the GGUF tensor bytes): a Q4_K
+  runs). The file's layouts run as they are (GPU memory = the GGUF tensor bytes): a Q4_K
   super-block is 36 words (16-byte aligned, vector loads). Q6_K super-blocks (210 bytes) and Q8_0
   blocks (34 bytes) are 2 bytes off every other one, so those kernels walk *pairs* (420 bytes = 105
   words, 68 bytes = 17 words): the first of a pair is word aligned, the second is realigned in
   registers with a funnel shift ``(w[j] >> 16) | (w[j + 1] << 16)`` (the second load hits L1).
   Our layouts ``Q4_K_R`` / ``Q6_K_R`` / ``Q8_0_R`` (shapeplan/quant/formats.py,
-  ``SHAPEPLAN_QUANT_REPACK``: the same bytes, each row's codes first and its headers after) run the same
+  ``SHAPEPLAN_QUANT_REPACK``, on by default for GGUF loads onto a GPU: the same bytes, each row's codes
+  first and its headers after; H200 llama-8b Q8_0 286 -> 320 tok/s, docs/llm.md) run the same
   kernels with ``REPACK``: every block's codes aligned (Q6_K_R / Q8_0_R: no funnel shift, loads as wide
   as the tile gives a thread).
 - **Integer codes -> float without a conversion instruction.** The float32 whose bits are
@@ -181,6 +182,13 @@ TUNE: dict[tuple[str, int, int], tuple[int, ...]] = {   # H200, 2026-12-01/02 (b
     # q and k stacked without v (Q4_K_M's "more bits" layers put v in Q6_K; sixteenth session); swept in the
     # seventeenth (XQ 1-3): 1b 5.6 -> 5.2 µs, 8b 9.5 -> 9.1 against the q/k/v stack's tiles they had borrowed
     ("Q4_K", 2560, 2048): (2, 8, 2, 1), ("Q4_K", 5120, 4096): (2, 4, 1, 3),
+    # Q4_0 (twentieth session; it had borrowed Q8_0's tiles): 16 chunks per iteration on 2 warps everywhere, the
+    # same bytes in flight as Q8_0's; llama-8b gate/up 39.7 -> 32.0 µs, the 1b head 80.1 -> 73.1, 1b qk 9.1 -> 4.9
+    ("Q4_0", 6144, 4096): (1, 16, 2, 2), ("Q4_0", 4096, 4096): (2, 16, 2, 2), ("Q4_0", 14336, 4096): (2, 16, 2, 2),
+    ("Q4_0", 4096, 14336): (2, 16, 2, 2), ("Q4_0", 1024, 4096): (2, 16, 2, 1), ("Q4_0", 128256, 4096): (1, 16, 2, 2),
+    ("Q4_0", 5120, 4096): (2, 16, 2, 2), ("Q4_0", 3072, 2048): (2, 16, 2, 1), ("Q4_0", 2048, 2048): (2, 16, 2, 1),
+    ("Q4_0", 8192, 2048): (2, 16, 2, 2), ("Q4_0", 2048, 8192): (1, 16, 2, 1), ("Q4_0", 512, 2048): (2, 16, 2, 1),
+    ("Q4_0", 128256, 2048): (2, 16, 2, 2), ("Q4_0", 2560, 2048): (2, 16, 2, 1),
 }
 #: blocks of 32 per program of the x quantizer (XQ = 2), and the most elements of x its norm's sum of
 #: squares loads at once (4,096: llama-8b's hidden size in one load, 32 floats a thread; was 1,024, so
