@@ -112,7 +112,8 @@ def bucket_ladder(max_prefill_length: int, smallest: int = 16) -> list[int]:
 def _tokenizer_thread(dev: torch.device) -> bool:
     """Whether from_pretrained parses tokenizer.json on a thread (``SHAPEPLAN_TOKENIZER_THREAD``; auto: on a CPU
     device only: on the H200 a parse beside torch's import once slowed the import by ~1.1 s (seventeenth
-    session, docs/benchmarks/decode.md), and beside the weights load it is not measured there yet)."""
+    session), and beside the weights load it slowed the load by about what it saved (twentieth session;
+    docs/benchmarks/decode.md))."""
     mode = env.get("SHAPEPLAN_TOKENIZER_THREAD")
     return mode == "on" or (mode == "auto" and dev.type == "cpu")
 
