@@ -33,7 +33,7 @@ QUANT_TESTS="tests/ops/test_quant_ops.py"
 QUANT_GPU_TESTS="tests/gpu/test_quantized.py tests/llm/test_reference_int4.py"
 step tests default 300 'python3 -m pytest -q -p no:cacheprovider --ignore=tests/gpu/test_quantized.py $(existing $GPU_TESTS)' \
   'grep -E "[0-9]+ (passed|failed|error)" $L | tail -1'
-step tests_quant default 240 'python3 -m pytest -q -p no:cacheprovider $(existing $QUANT_TESTS)' \
+step tests_quant default 300 'python3 -m pytest -q -p no:cacheprovider $(existing $QUANT_TESTS)' \
   'grep -E "[0-9]+ (passed|failed|error)" $L | tail -1'
 step tests_quant_gpu default 330 'python3 -m pytest -q -p no:cacheprovider $(existing $QUANT_GPU_TESTS)' \
   'grep -E "[0-9]+ (passed|failed|error)" $L | tail -1'
