@@ -94,9 +94,12 @@ step quant_q40 extra 480 'SHAPEPLAN_QUANT_ONE_ROW=0 python3 -m bench.quant_gemv 
 # the one-row tiles of Q4_0 on llama-8b's and llama-1b's shapes (it borrows Q8_0's until then: qgemv.TILES_OF)
 step quant_sweep_q40 extra 540 'python3 -m bench.quant_gemv --no-gemv --sweep1 --qtypes Q4_0 --presets llama-8b,llama-1b --xq 2,1 --top 2' \
   'grep -cE "^\s+\(\"Q4_0" $L | sed "s/$/ TUNE lines (see the log)/"'
-# the one-row tiles of our layouts on llama-8b's shapes (their own TUNE lines: wider code loads may want other tiles than the file layouts')
-step quant_sweep_repack extra 540 'python3 -m bench.quant_gemv --no-gemv --sweep1 --qtypes Q8_0_R,Q6_K_R,Q4_K_R --presets llama-8b --xq 2,1,3 --top 2' \
-  'grep -cE "^\s+\(\"Q" $L | sed "s/$/ TUNE lines (see the log)/"'
+# the one-row tiles of our layouts (the default for GGUF loads onto a GPU since the twentieth session) on llama-8b's and
+# llama-1b's shapes (their own TUNE lines: wider code loads may want other tiles than the file layouts'), then the four
+# models end to end on the swept tiles
+step quant_sweep_repack extra 540 'python3 -m bench.quant_gemv --no-gemv --sweep1 --qtypes Q8_0_R,Q6_K_R,Q4_K_R --presets llama-8b,llama-1b --xq 2,1,3 --top 2 --e2e llama-1b:Q8_0,llama-8b:Q8_0,llama-1b:Q4_K_M,llama-8b:Q4_K_M --e2e-configs triton' \
+  'grep -E "^llama-(1b|8b):" $L | awk '\''{printf "%s %s; ", $1, $3}'\'' | cut -c1-300'
+
 step quant_pdl extra 240 'python3 -m bench.quant_gemv --no-gemv --e2e llama-1b:Q4_K_M --e2e-configs triton --pdl-ab 2' \
   'grep -E "^llama-1b" $L | awk '\''{printf "%s %s tok/s; ", $2, $3}'\'''
 step structured extra 300 'python3 -m bench.structured --preset llama-1b --device cuda --json $W/structured.json' \
