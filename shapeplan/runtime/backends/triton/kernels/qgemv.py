@@ -183,7 +183,8 @@ TUNE: dict[tuple[str, int, int], tuple[int, ...]] = {   # H200, 2026-12-01/02 (b
     # seventeenth (XQ 1-3): 1b 5.6 -> 5.2 µs, 8b 9.5 -> 9.1 against the q/k/v stack's tiles they had borrowed
     ("Q4_K", 2560, 2048): (2, 8, 2, 1), ("Q4_K", 5120, 4096): (2, 4, 1, 3),
     # Q4_0 (twentieth session; it had borrowed Q8_0's tiles): 16 chunks per iteration on 2 warps everywhere, the
-    # same bytes in flight as Q8_0's; llama-8b gate/up 39.7 -> 32.0 µs, the 1b head 80.1 -> 73.1, 1b qk 9.1 -> 4.9
+    # same bytes in flight as Q8_0's; in the sweep against the borrowed tile: 8b gate/up 33.3 -> 32.0 µs, 8b qk
+    # 13.5 -> 10.4, 1b qkv 7.2 -> 5.6, 1b o 6.2 -> 4.1, 1b qk 9.1 -> 4.9, 1b head 80.1 -> 73.1 (1b 1,209 -> 1,343 tok/s)
     ("Q4_0", 6144, 4096): (1, 16, 2, 2), ("Q4_0", 4096, 4096): (2, 16, 2, 2), ("Q4_0", 14336, 4096): (2, 16, 2, 2),
     ("Q4_0", 4096, 14336): (2, 16, 2, 2), ("Q4_0", 1024, 4096): (2, 16, 2, 1), ("Q4_0", 128256, 4096): (1, 16, 2, 2),
     ("Q4_0", 5120, 4096): (2, 16, 2, 2), ("Q4_0", 3072, 2048): (2, 16, 2, 1), ("Q4_0", 2048, 2048): (2, 16, 2, 1),
