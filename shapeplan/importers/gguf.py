@@ -18,10 +18,10 @@ caching allocator (up to ~1 MB apiece: llama-1b Q8_0 measured + 4.4-5.6 % over i
 with them, + 0.0 % with the arena, as 1b and 8b Q4_K_M; H200, 2026-12-02). On the CPU the packed bytes
 stay views of the file's memory map.
 
-With ``SHAPEPLAN_QUANT_REPACK`` (on by default; faster on the H200 end to end: docs/llm.md) each Q4_K, Q6_K
-and Q8_0 matrix is rewritten in the arena, on the device, as ``Q4_K_R`` / ``Q6_K_R`` / ``Q8_0_R`` (the same bytes, each row's codes first:
-shapeplan/quant/formats.py); the arena's grouping is by the file's types, so a stacked group stays
-stacked.
+With ``SHAPEPLAN_QUANT_REPACK`` (on by default; faster on the H200 end to end: docs/llm.md) each Q4_K,
+Q6_K and Q8_0 matrix is rewritten in the arena, on the device, as ``Q4_K_R`` / ``Q6_K_R`` / ``Q8_0_R``
+(the same bytes, each row's codes first: shapeplan/quant/formats.py); the arena's grouping is by the
+file's types, so a stacked group stays stacked.
 
 Two things differ from a Hugging Face checkpoint:
 

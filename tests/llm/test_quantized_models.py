@@ -156,10 +156,10 @@ def test_packed_arena_lays_out_stacked_groups(ftype, files, monkeypatch):
 
 @pytest.mark.parametrize("ftype", ["Q4_K_M", "Q8_0"])
 def test_repacked_layouts_in_the_arena(ftype, files, monkeypatch):
-    """``SHAPEPLAN_QUANT_REPACK`` on (the default): the arena stores each Q4_K / Q6_K / Q8_0 matrix as Q4_K_R / Q6_K_R /
-    Q8_0_R (our layouts: a row's codes, then its headers), the same values; the stacked groups stay stacked
-    (q/k/v, gate/up); the decoder's logits bit for bit those of the file's layout, in slot_by_slot and
-    emulated replay."""
+    """``SHAPEPLAN_QUANT_REPACK`` on (the default): the arena stores each Q4_K / Q6_K / Q8_0 matrix as
+    Q4_K_R / Q6_K_R / Q8_0_R (our layouts: a row's codes, then its headers), the same values; the stacked
+    groups stay stacked (q/k/v, gate/up); the decoder's logits bit for bit those of the file's layout, in
+    slot_by_slot and emulated replay."""
     from shapeplan.importers.gguf import _arena
     from shapeplan.llm.bench import load_model
     from shapeplan.llm.model import _already_stacked, build_graph
