@@ -41,8 +41,10 @@ so it is bound by instructions, not by memory (~845 GB/s on the LM head, of ~4.2
   IQ4_NL (Q4_0's blocks) and IQ4_XS (super-blocks of eight such 32-element blocks behind one 8-byte header
   of ``d`` and 6-bit scales, 136 bytes: aligned) run the same kernel (``IQ``); their codes index IQ4's 16
   non-linear int8 values, looked up four at a time with two byte permutes (``prmt``) of a table held in
-  four constant words and a select per byte (``_iq4_bytes``). Their tiles are Q8_0's (``TILES_OF``) until
-  swept (``bench/quant_gemv.py --sweep1 --qtypes Q4_0,IQ4_XS``).
+  four constant words and a select per byte (``_iq4_bytes``). Q4_0 has its own tiles (swept on the H200:
+  16 chunks per iteration on 2 warps, the same bytes in flight as Q8_0's tiles); IQ4's are Q8_0's
+  (``TILES_OF``) until swept (``bench/quant_gemv.py --sweep1 --qtypes IQ4_XS``): its table lookup, not its
+  bytes, set its pace on Q8_0's tiles (H200: IQ4_XS and Q8_0 take the same time per call).
 - **Sub-block algebra.** Per word (4 elements of one sub-block) the products ``q * x`` are summed,
   then scaled once: Q8_0 ``d * Σ q x``, Q6_K ``d * sc * Σ (q - 32) x``, Q4_K
   ``d * sc * Σ q x - dmin * m * Σ x`` with ``Σ x`` per word.
@@ -144,13 +146,14 @@ if AVAILABLE:
     from shapeplan.runtime.backends.triton.kernels.gguf import _iq4_value
 
 #: qtype -> (BN rows per program, CH chunks per iteration, warps, XQ) when ``TUNE`` has no entry
+#: (Q4_0: the tile all 14 llama-1b / 8b shapes chose in its sweep, twentieth session)
 DEFAULT: dict[str, tuple[int, int, int, int]] = {"Q4_K": (8, 2, 4, 1), "Q5_K": (8, 2, 4, 1), "Q6_K": (4, 1, 4, 1),
-                                                 "Q8_0": (8, 4, 4, 1), "Q4_0": (8, 4, 4, 1), "IQ4_NL": (8, 4, 4, 1),
+                                                 "Q8_0": (8, 4, 4, 1), "Q4_0": (2, 16, 2, 1), "IQ4_NL": (8, 4, 4, 1),
                                                  "IQ4_XS": (8, 4, 4, 1)}
 #: the same from ``LARGE`` weight elements on (N x K): x as int8 codes, the tiles that won llama-1b's large
 #: matrices (XQ = 2 pays a launch, ~1.5 µs, that small matrices do not earn back)
 DEFAULT_LARGE: dict[str, tuple[int, int, int, int]] = {"Q4_K": (4, 2, 1, 2), "Q5_K": (4, 2, 1, 2), "Q6_K": (1, 2, 1, 2),
-                                                       "Q8_0": (2, 4, 1, 2), "Q4_0": (2, 4, 1, 2),
+                                                       "Q8_0": (2, 4, 1, 2), "Q4_0": (2, 16, 2, 2),
                                                        "IQ4_NL": (2, 4, 1, 2), "IQ4_XS": (2, 4, 1, 2)}
 LARGE = 1 << 24
 #: (qtype, N outputs (GLU: after the gate), K) -> (BN, CH, warps, XQ[, STAGES[, PF]]), measured on the H200
@@ -209,8 +212,8 @@ NIBBLES = {"Q4_0": 0, "IQ4_NL": 1, "IQ4_XS": 2}
 TUNED_AS = {name: src for name, (src, _) in REPACKED.items()}
 K_MULTIPLE.update({name: K_MULTIPLE[src] for name, src in TUNED_AS.items()})
 #: types without ``TUNE`` entries of their own (not swept on a GPU yet) that borrow another type's per shape:
-#: Q4_0, IQ4_NL and IQ4_XS run Q8_0's kernel (``FOUR``) on the same tile shapes, with about half the bytes per element
-TILES_OF = {name: "Q8_0" for name in NIBBLES}
+#: IQ4_NL and IQ4_XS run Q8_0's kernel (``FOUR``, ``IQ``) on the same tile shapes (Q4_0 did until its sweep)
+TILES_OF = {name: "Q8_0" for name in ("IQ4_NL", "IQ4_XS")}
 
 
 def _iq4_table_words() -> tuple[int, ...]:
