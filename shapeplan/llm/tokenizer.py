@@ -66,9 +66,10 @@ class Tokenizer:
             raise self._error
         return self
 
-    @property
+    @functools.cached_property
     def _tok(self) -> Any:
-        """The ``tokenizers.Tokenizer`` (a background parse waited for)."""
+        """The ``tokenizers.Tokenizer`` (a background parse waited for once; later reads are a plain attribute,
+        since every encode / decode goes through it)."""
         return self.wait()._parsed
 
     def _configure(self, cfg: dict[str, Any]) -> None:

@@ -37,7 +37,7 @@ def compile_one(kernel: str, name: str, m: int):
         ptrs = {"X": "*i32" if xq >= 2 else "*bf16", "NW": "*bf16", "XD": "*fp32", "XS": "*fp32", "W": "*i32",
                 "R": "*bf16", "Y": "*bf16"}
         args = ["N", "K", "HALF", "ROW_WORDS"]
-        bn, ch, warps, _ = qgemv.DEFAULT[qgemv.TUNED_AS.get(name, name)]
+        bn, ch, warps, _ = qgemv.DEFAULT[qgemv.tiles_type(name)]
         fn = qgemv.KERNELS[name]
         consts = dict(BN=bn, CH=ch, NORM=m in (1, 3) and xq < 2, RES=m in (2, 4), GLU=m in (1, 3), PDL=m >= 3,
                       ASM=True, XQ=xq, XB=16, XF16=False, NB=16, NF16=False, STAGES=3 if kernel == "gemv1s" else 1,

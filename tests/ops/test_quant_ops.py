@@ -21,8 +21,14 @@ from shapeplan.quant.formats import QTYPES  # noqa: E402
 from shapeplan.quant.quantize import quantize  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
-def packed_weight(name: str, n: int, k: int, seed: int = 0) -> torch.Tensor:
-    """A packed ``name`` weight [n, k], quantized from random floats (``random_blocks``: every bit pattern)."""
+
+
+def packed_weight(name: str, n: int, k: int, seed: int = 0, random_bytes: bool = False) -> torch.Tensor:
+    """A packed ``name`` weight [n, k], quantized from random floats; ``random_bytes``: random blocks instead
+    (every code and scale bit pattern, tests/quant/test_dequant.py's ``random_blocks``)."""
+    if random_bytes:
+        from tests.quant.test_dequant import random_blocks
+        return random_blocks(name, n, k, seed)
     g = torch.Generator().manual_seed(seed)
     return quantize(torch.randn(n, k, generator=g) * 0.05, name)
 
@@ -184,9 +190,8 @@ def test_one_row_kernel_equals_dequantize_then_matmul(name, nk, tiles, random_by
     the weights' layout (XQ = 1) and as a tile broadcast over the rows (XQ = 0); the K loop in 3 stages, and
     Q4_K's next words prefetched into registers (PF; the other types ignore it)."""
     from shapeplan.runtime.backends.triton.kernels import qgemv
-    from tests.quant.test_dequant import random_blocks
     n, k = nk
-    packed = (random_blocks(name, n, k, seed=n) if random_bytes else packed_weight(name, n, k, seed=n)).to(DEV)
+    packed = packed_weight(name, n, k, seed=n, random_bytes=random_bytes).to(DEV)
     w = dequantize(packed, name)
     x = torch.randn(1, k, generator=torch.Generator().manual_seed(k)).to(DEV)
     assert qgemv.supports(x, packed, name, k)
@@ -232,10 +237,9 @@ def test_one_row_kernel_int8_x_exact(name, tiles, n, random_bytes, triton_kernel
     with random bytes: every code and 6-bit scale / minimum pattern, and for XQ = 3 the unmasked launch
     (EVEN) where BN and CH divide N and K / 256."""
     from shapeplan.runtime.backends.triton.kernels import qgemv
-    from tests.quant.test_dequant import random_blocks
     k = 1536
     g = torch.Generator().manual_seed(3)
-    packed = (random_blocks(name, n, k, seed=n) if random_bytes else packed_weight(name, n, k, seed=n)).to(DEV)
+    packed = packed_weight(name, n, k, seed=n, random_bytes=random_bytes).to(DEV)
     w = dequantize(packed, name)
     codes = torch.randint(-127, 128, (k // 32, 32), generator=g).float()
     codes[:, 0] = 127 * torch.sign(torch.randn(k // 32, generator=g))

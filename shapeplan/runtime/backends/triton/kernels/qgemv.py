@@ -148,13 +148,11 @@ if AVAILABLE:
 #: qtype -> (BN rows per program, CH chunks per iteration, warps, XQ) when ``TUNE`` has no entry
 #: (Q4_0: the tile all 14 llama-1b / 8b shapes chose in its sweep, twentieth session)
 DEFAULT: dict[str, tuple[int, int, int, int]] = {"Q4_K": (8, 2, 4, 1), "Q5_K": (8, 2, 4, 1), "Q6_K": (4, 1, 4, 1),
-                                                 "Q8_0": (8, 4, 4, 1), "Q4_0": (2, 16, 2, 1), "IQ4_NL": (8, 4, 4, 1),
-                                                 "IQ4_XS": (8, 4, 4, 1)}
+                                                 "Q8_0": (8, 4, 4, 1), "Q4_0": (2, 16, 2, 1)}
 #: the same from ``LARGE`` weight elements on (N x K): x as int8 codes, the tiles that won llama-1b's large
 #: matrices (XQ = 2 pays a launch, ~1.5 µs, that small matrices do not earn back)
 DEFAULT_LARGE: dict[str, tuple[int, int, int, int]] = {"Q4_K": (4, 2, 1, 2), "Q5_K": (4, 2, 1, 2), "Q6_K": (1, 2, 1, 2),
-                                                       "Q8_0": (2, 4, 1, 2), "Q4_0": (2, 16, 2, 2),
-                                                       "IQ4_NL": (2, 4, 1, 2), "IQ4_XS": (2, 4, 1, 2)}
+                                                       "Q8_0": (2, 4, 1, 2), "Q4_0": (2, 16, 2, 2)}
 LARGE = 1 << 24
 #: (qtype, N outputs (GLU: after the gate), K) -> (BN, CH, warps, XQ[, STAGES[, PF]]), measured on the H200
 TUNE: dict[tuple[str, int, int], tuple[int, ...]] = {   # H200, 2026-12-01/02 (bench.quant_gemv --sweep1)
@@ -211,9 +209,16 @@ NIBBLES = {"Q4_0": 0, "IQ4_NL": 1, "IQ4_XS": 2}
 #: its tiles: our layouts of its bytes (shapeplan/quant/formats.py)
 TUNED_AS = {name: src for name, (src, _) in REPACKED.items()}
 K_MULTIPLE.update({name: K_MULTIPLE[src] for name, src in TUNED_AS.items()})
-#: types without ``TUNE`` entries of their own (not swept on a GPU yet) that borrow another type's per shape:
-#: IQ4_NL and IQ4_XS run Q8_0's kernel (``FOUR``, ``IQ``) on the same tile shapes (Q4_0 did until its sweep)
+#: types without tiles of their own (not swept on a GPU yet) that take another type's ``TUNE`` and ``DEFAULT``
+#: entries: IQ4_NL and IQ4_XS run Q8_0's kernel (``FOUR``, ``IQ``) on the same tile shapes (Q4_0 did until its sweep)
 TILES_OF = {name: "Q8_0" for name in ("IQ4_NL", "IQ4_XS")}
+
+
+def tiles_type(qtype: str) -> str:
+    """The type whose ``TUNE`` / ``DEFAULT`` tiles ``qtype`` takes where it has no ``TUNE`` entry of its own: our
+    layouts their source type's (``TUNED_AS``), IQ4 Q8_0's (``TILES_OF``), every other type its own."""
+    base = TUNED_AS.get(qtype, qtype)
+    return TILES_OF.get(base, base)
 
 
 def _iq4_table_words() -> tuple[int, ...]:
@@ -815,6 +820,7 @@ if AVAILABLE:
         w = tl.arange(0, 8)[None, :]                                               # [1, 8]
         npairs = K // 64
         OFF: tl.constexpr = 128.0 - 120.0 * FOUR * (IQ == 0)              # Q8_0's q + 128, Q4_0's q, IQ4's v + 128
+        PAIR: tl.constexpr = 17 - 8 * FOUR                                # words a pair of blocks (Q4_0, IQ4_NL: 9)
         acc = tl.zeros([BN, CH, 8], dtype=tl.float32)
         acc_u = tl.zeros([BN, CH, 8], dtype=tl.float32)
         if XQ:
@@ -839,11 +845,11 @@ if AVAILABLE:
                 if GLU:
                     base_u = ru[:, None, None] + ((c // 4) * 34)[None]
                     sbase_u = base_u
-            else:                           # a pair is 17 words (Q4_0, IQ4_NL: 9)
-                base = rg[:, None, None] + (c * (17 - 8 * FOUR))[None]
+            else:
+                base = rg[:, None, None] + (c * PAIR)[None]
                 sbase = base
                 if GLU:
-                    base_u = ru[:, None, None] + (c * (17 - 8 * FOUR))[None]
+                    base_u = ru[:, None, None] + (c * PAIR)[None]
                     sbase_u = base_u
             for odd in tl.static_range(2):
                 qw = _q80_codes(base, m3, w[None], sub, odd, REPACK, FOUR, IQ)     # int8 codes (FOUR: q, unsigned)
@@ -903,16 +909,15 @@ def type_flags(qtype: str) -> dict[str, bool | int]:
 
 
 def config(qtype: str, n: int, k: int) -> tuple[int, ...]:
-    """(BN, CH, warps, XQ[, STAGES[, PF]]) for N outputs and K inputs: ``TUNE`` (a type of ``TILES_OF``: its
-    donor's entry, until it has its own), else ``DEFAULT``
+    """(BN, CH, warps, XQ[, STAGES[, PF]]) for N outputs and K inputs: ``TUNE`` (its own entry, else that of
+    ``tiles_type(qtype)``), else ``DEFAULT``
     (``DEFAULT_LARGE`` from ``LARGE`` weight elements) with BN halved until there are ``MIN_PROGRAMS``
     programs (or BN is 1); XQ = 2 or 3 becomes 1 with ``SHAPEPLAN_QUANT_INT8_X=0``."""
     from shapeplan import env
-    hit = TUNE.get((qtype, n, k))               # our layouts: their own entry (a sweep of them), else their type's
-    qtype = TUNED_AS.get(qtype, qtype)
-    hit = hit or TUNE.get((qtype, n, k)) or TUNE.get((TILES_OF.get(qtype, qtype), n, k))
+    donor = tiles_type(qtype)
+    hit = TUNE.get((qtype, n, k)) or TUNE.get((donor, n, k))
     if not hit:
-        bn, ch, warps, xq = (DEFAULT_LARGE if n * k >= LARGE else DEFAULT)[qtype]
+        bn, ch, warps, xq = (DEFAULT_LARGE if n * k >= LARGE else DEFAULT)[donor]
         while bn > 1 and triton.cdiv(n, bn) < MIN_PROGRAMS:
             bn //= 2
         hit = bn, ch, warps, xq
