@@ -12,6 +12,7 @@ weight-bandwidth floor, weight memory vs the file's tensor bytes).
     python3 -m bench.quant_gemv --no-gemv --sweep1 --shapes head --e2e llama-1b:Q4_K_M   # e2e with the swept tiles
     python3 -m bench.quant_gemv --no-gemv --sweep1 --stages 1,2,3 --qtypes Q4_K,Q6_K,Q8_0   # the K loop pipelined
     python3 -m bench.quant_gemv --no-gemv --e2e llama-1b:Q4_K_M --e2e-configs triton --pdl-ab 2   # PDL off/on A/B
+    python3 -m bench.quant_gemv --no-gemv --e2e llama-8b:Q8_0 --e2e-configs triton --switch-ab SHAPEPLAN_QUANT_ATTN_X=off,auto
     python3 -m bench.quant_gemv --no-gemv --e2e llama-8b:Q4_K_M --e2e-configs triton --repack-ab 2  # file layout vs ours
     python3 -m bench.quant_gemv --qtypes Q4_K,Q4_K_R,Q6_K,Q6_K_R,Q8_0,Q8_0_R --m 1    # the one-row kernel on both layouts
     ncu --clock-control none -k regex:_q4k -c 1 python3 -m bench.quant_gemv --once llama-8b:gate_up:Q4_K  # counters
@@ -273,11 +274,12 @@ def sweep_one_row(qtypes: list[str], presets: list[str], top: int, jobs: int, la
 
 
 def e2e(specs: list[str], copy_gbs: float, new_tokens: int, prompt_len: int, configs: list[str],
-        profile_tokens: int = 0, pdl_rounds: int = 0, repack_rounds: int = 0) -> None:
+        profile_tokens: int = 0, switch_ab: tuple[str, list[str], int] | None = None, repack_rounds: int = 0) -> None:
     """Decode tok/s of presets written by ``shapeplan quantize --preset`` and loaded back from the file;
     ``profile_tokens``: then the per-kernel table of the last config's decode (bench/decode.py);
-    ``pdl_rounds``: each config that many times with ``SHAPEPLAN_QUANT_GEMV_PDL`` off and on, interleaved
-    (one model load; each row builds and captures its own plans, so the switch applies to it);
+    ``switch_ab`` (NAME, values, rounds): each config that many rounds with the switch at each value, interleaved
+    (one model load; each row builds its graph and captures its own plans, so a graph or kernel switch applies
+    to it: e.g. SHAPEPLAN_QUANT_GEMV_PDL 0 / 1, SHAPEPLAN_QUANT_ATTN_X off / auto);
     ``repack_rounds``: the same with ``SHAPEPLAN_QUANT_REPACK`` (applied at load: the model is loaded twice,
     in the file's layout and with Q4_K / Q8_0 as Q4_K_R / Q8_0_R, and the rows alternate between the two)."""
     from shapeplan.llm.bench import bench_prompt, load_model, run_config
@@ -298,16 +300,17 @@ def e2e(specs: list[str], copy_gbs: float, new_tokens: int, prompt_len: int, con
                     cfg, weights = load_model(None, path, "cuda", "bfloat16")
                 loads[repack] = cfg, weights, torch.cuda.memory_allocated() - before
             file_mb = summary.bytes / 1e6
-            runs = [(c, pdl, rp) for c in configs for pdl in (["0", "1"] * pdl_rounds or [None])
+            ab_name, ab_values, ab_rounds = switch_ab or ("", [], 0)
+            runs = [(c, sw, rp) for c in configs for sw in (ab_values * ab_rounds or [None])
                     for rp in (["0", "1"] * repack_rounds or [None])]
-            for config, pdl, rp in runs:
+            for config, sw, rp in runs:
                 cfg, weights, mem = loads[rp]
                 per_token = sum(w.nbytes for n, w in weights.items() if isinstance(w, QuantWeight)
                                 and (n != "model.embed_tokens.weight" or cfg.tie_word_embeddings))
-                with mock.patch.dict(os.environ, {} if pdl is None else {"SHAPEPLAN_QUANT_GEMV_PDL": pdl}):
+                with mock.patch.dict(os.environ, {} if sw is None else {ab_name: sw}):
                     row = run_config(cfg, weights, config, device="cuda", prompt=bench_prompt(cfg.vocab_size, prompt_len),
                                      new_tokens=new_tokens, max_kv_cache_length=1024, max_prefill_length=prompt_len)
-                label = config + ("" if pdl is None else f"/pdl{pdl}") + ("" if rp is None else f"/repack{rp}")
+                label = config + ("" if sw is None else f"/{sw}") + ("" if rp is None else f"/repack{rp}")
                 if not row.ok:
                     print(f"{spec:<18} {label:<8} FAILED: {row.error}")
                     continue
@@ -372,6 +375,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="after each --e2e model, a per-kernel table of its decode over N tokens")
     ap.add_argument("--pdl-ab", type=int, default=0, metavar="R",
                     help="each --e2e config R times with SHAPEPLAN_QUANT_GEMV_PDL=0 and =1, interleaved (one model load)")
+    ap.add_argument("--switch-ab", default="", metavar="NAME=A,B[:R]",
+                    help="each --e2e config R (default 2) times with the switch NAME at each value, interleaved, e.g. "
+                    "SHAPEPLAN_QUANT_ATTN_X=off,auto")
     ap.add_argument("--repack-ab", type=int, default=0, metavar="R",
                     help="each --e2e config R times with the model loaded in the file's layout and with Q4_K / Q8_0 "
                     "as Q4_K_R / Q8_0_R (SHAPEPLAN_QUANT_REPACK=0 / 1: two loads), interleaved")
@@ -396,8 +402,13 @@ def main(argv: list[str] | None = None) -> int:
                       tuple(int(m) for m in a.xq.split(",")), tuple(ints(a.stages)),
                       tuple(ints(a.pf)))
     if a.e2e:
+        ab = ("SHAPEPLAN_QUANT_GEMV_PDL", ["0", "1"], a.pdl_ab) if a.pdl_ab else None
+        if a.switch_ab:
+            name, _, rest = a.switch_ab.partition("=")
+            values, _, rounds = rest.partition(":")
+            ab = (name, values.split(","), int(rounds or 2))
         e2e(a.e2e.split(","), a.copy_gbs, a.new_tokens, a.prompt_len, a.e2e_configs.split(","), a.profile,
-            a.pdl_ab, a.repack_ab)
+            ab, a.repack_ab)
     return 0
 
 

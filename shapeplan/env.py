@@ -122,6 +122,10 @@ SWITCHES: tuple[Switch, ...] = (
            "code bytes, then its header bytes: every block's codes aligned; shapeplan/quant/formats.py), made on "
            "the device at load (H200: llama-8b Q8_0 286 -> 320 tok/s, 1b Q8_0 1,036 -> 1,106, 8b Q4_K_M 365 -> "
            "371, 1b Q4_K_M tied; 0: the file's layouts)"),
+    Switch("SHAPEPLAN_QUANT_ATTN_X", "auto|on|off", "auto",
+           "a paged decode step's attention kernel also writes the o projection's x as int8 codes, so no x quantizer "
+           "launches before o (auto: on CUDA where o's one-row tile reads int8 x, qgemv.TUNE's XQ 2 / 3: llama-8b's "
+           "quantized types; on: wherever o is a one-row type, tests; shapeplan/llm/model.py attention_x_codes)"),
     Switch("SHAPEPLAN_QUANT_ONE_ROW", "bool", True,
            "one row of a Q4_K / Q5_K / Q6_K / Q8_0 / Q4_0 / IQ4_NL / IQ4_XS weight runs the one-row kernel of "
            "kernels/qgemv.py (0: the generic quantized GEMV of kernels/gguf.py, and the fused quantized ops' unfused "

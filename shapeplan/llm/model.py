@@ -33,7 +33,9 @@ and ``next_position`` is [B] (positions + lengths). The caches are pools ``[NB, 
 ``shapeplan::PagedWriteAttention`` (which rotates k and q, writes k and v, and attends: no RotaryEmbedding
 node in a paged graph, and one kernel per decode step on CUDA; its int32 variables ``attention.counters_{i}``
 hold the kernel's per-(row, head) counters); the sampling variables have ``state_slots`` rows,
-gathered per step by ``state_slots``.
+gathered per step by ``state_slots``. Where a quantized o projection reads x as int8 codes on CUDA
+(``attention_x_codes``), PagedWriteAttention has a second output, o's x as those codes (its kernel
+writes them: no x quantizer before o), which QuantMatMulAdd takes as its fourth input.
 
 With ``fuse_norms`` a decoder block is RMSNormMatMul (input norm + q/k/v), MatMulAdd (o_proj + residual),
 RMSNormMatMul with the SiLU gate (post-attention norm + gate/up), MatMulAdd (down_proj + residual); the
@@ -223,11 +225,13 @@ class _Builder:
         sizes = np.array([int(w.shape[0]) for w in ws], np.int64)
         return self.g.op.Split(y, sizes, axis=-1, _outputs=len(names))
 
-    def linear_add(self, a: Value, prefix: str, residual: Value) -> Value:
-        """``residual + a @ W.T`` as one MatMulAdd (QuantMatMulAdd for a quantized W)."""
+    def linear_add(self, a: Value, prefix: str, residual: Value, x_codes: Value | None = None) -> Value:
+        """``residual + a @ W.T`` as one MatMulAdd (QuantMatMulAdd for a quantized W; ``x_codes``: ``a`` as
+        int8 codes, which its one-row kernel may read instead)."""
         w = self.w[prefix + ".weight"]
         if isinstance(w, QuantWeight):
-            return self.g.op.QuantMatMulAdd(a, self.packed(prefix + ".weight"), residual, qtype=w.qtype,
+            codes = () if x_codes is None else (x_codes,)
+            return self.g.op.QuantMatMulAdd(a, self.packed(prefix + ".weight"), residual, *codes, qtype=w.qtype,
                                             n=int(w.shape[0]), k=int(w.shape[1]), _domain=SP)
         return self.g.op.MatMulAdd(a, self.const(prefix + ".weight", transpose=True), residual, _domain=SP)
 
@@ -331,8 +335,10 @@ class _PagedKV:
     def starts(self) -> Value:
         return self.positions
 
-    def layer(self, i: int, q: Value, k: Value, v: Value, cos: Value, sin: Value, scale: float) -> Value:
-        """(cos, sin: the rotary tables [L, D/2]; the op reads each row's rows itself.)"""
+    def layer(self, i: int, q: Value, k: Value, v: Value, cos: Value, sin: Value, scale: float,
+              x_codes: bool = False) -> Value | tuple[Value, Value]:
+        """(cos, sin: the rotary tables [L, D/2]; the op reads each row's rows itself.) ``x_codes``: also
+        the output's first row as int8 codes for the o projection (PagedWriteAttention's second output)."""
         cfg, op, p = self.cfg, self.g.op, self.paged
         shape = (p.num_blocks, cfg.num_kv_heads, p.block_size, cfg.head_dim)
         pools = [self.g.variable(n, self.state[n] if n in self.state else
@@ -343,6 +349,10 @@ class _PagedKV:
         name = f"attention.counters_{i}"
         counters = self.g.variable(name, self.state[name] if name in self.state else _counters(cfg, p, self.device)[0])
         # RoPE(k), both writes, RoPE(q), the attention: [B, Hq, S, D] (a decode step: one kernel on CUDA)
+        if x_codes:
+            return op.PagedWriteAttention(q, k, v, *pools, self.positions, self.lengths, self.block_tables,
+                                          counters, cos, sin, scale=scale, window=cfg.sliding_window, x_codes=1,
+                                          _outputs=2, _domain=SP)
         return op.PagedWriteAttention(q, k, v, *pools, self.positions, self.lengths, self.block_tables,
                                       counters, cos, sin, scale=scale, window=cfg.sliding_window, _domain=SP)
 
@@ -430,10 +440,14 @@ def build_graph(cfg: LlamaConfig, weights: dict[str, torch.Tensor], *, max_kv_ca
         if not kv.rotates_q:                           # the paged attention rotates q itself (one launch less)
             q = op.RotaryEmbedding(q, rope_cos, rope_sin, _domain=SP)
         k, v = op.Transpose(k, perm=perm), op.Transpose(v, perm=perm)                # [B, Hkv, S, D]
-        a = kv.layer(i, q, k, v, rope_cos, rope_sin, float(d) ** -0.5)                  # [B, Hq, S, D]
+        codes = None
+        if fused and paged is not None and attention_x_codes(cfg, weights.get(p + "self_attn.o_proj.weight"), device):
+            a, codes = kv.layer(i, q, k, v, rope_cos, rope_sin, float(d) ** -0.5, x_codes=True)
+        else:
+            a = kv.layer(i, q, k, v, rope_cos, rope_sin, float(d) ** -0.5)              # [B, Hq, S, D]
         a = op.Reshape(op.Transpose(a, perm=perm), merged)                               # [B, S, Hq*D]
         if fused:                      # h += o; h += down(silu(gate) * up) of norm(h): two GEMVs each
-            h = b.linear_add(a, p + "self_attn.o_proj", h)
+            h = b.linear_add(a, p + "self_attn.o_proj", h, codes)
             act = b.norm_linear(h, p + "post_attention_layernorm.weight", p + "mlp.", ["gate_proj", "up_proj"],
                                 "gate_up_proj", glu=True)
             h = b.linear_add(act, p + "mlp.down_proj", h)
@@ -480,6 +494,29 @@ def build_graph(cfg: LlamaConfig, weights: dict[str, torch.Tensor], *, max_kv_ca
         _rename(g, v, name)
     g.set_outputs(*(v for v, _ in outs))
     return g
+
+
+def attention_x_codes(cfg: LlamaConfig, w_o: Any, device: str | torch.device) -> bool:
+    """Whether a paged decode step's attention hands the o projection (weight ``w_o``) its x as int8 codes
+    (PagedWriteAttention ``x_codes``, QuantMatMulAdd's fourth input), so that no x quantizer runs between
+    them: ``SHAPEPLAN_QUANT_ATTN_X`` (auto: on CUDA where the one-row kernel's tile for o reads int8 x,
+    qgemv.TUNE's XQ = 2 / 3; on: wherever o is a one-row type, for tests; off). Needs a quantized o and a
+    head size that is a multiple of 32."""
+    from shapeplan import env
+    mode = env.get("SHAPEPLAN_QUANT_ATTN_X")
+    if mode == "off" or not isinstance(w_o, QuantWeight) or cfg.head_dim % 32 or \
+            mode == "auto" and torch.device(device).type != "cuda":
+        return False
+    try:
+        from shapeplan.runtime.backends.triton.kernels import qgemv
+    except ImportError:                                   # no Triton: nothing would read the codes
+        return False
+    n, k = (int(v) for v in w_o.shape)
+    if w_o.qtype not in qgemv.K_MULTIPLE or k % qgemv.K_MULTIPLE[w_o.qtype]:
+        return False
+    if mode == "on":
+        return True
+    return qgemv.AVAILABLE and qgemv.config(w_o.qtype, n, k)[3] >= 2
 
 
 def _sampling_state(cfg: LlamaConfig, batch: int, device: str | torch.device) -> dict[str, torch.Tensor]:

@@ -34,7 +34,7 @@ from shapeplan.llm.batch import BatchEngine, BlockManager, ModelRunner, RequestH
 from shapeplan.llm.batch.constrained import Structured
 from shapeplan.llm.config import LlamaConfig, preset_config
 from shapeplan.llm.metrics import Metrics
-from shapeplan.llm.model import PagedKV, build_graph, initial_state
+from shapeplan.llm.model import PagedKV, attention_x_codes, build_graph, initial_state
 from shapeplan.llm.sampling import Sampling
 from shapeplan.llm.session import GenerationResult, Session, TextStream, _until_stop  # noqa: F401
 from shapeplan.llm.tokenizer import Tokenizer
@@ -188,7 +188,9 @@ class GenerationPipeline:
             self._startup_done = warm.release
             weakref.finalize(self, self._startup_done)
             if mode in ("triton", "auto"):
-                _prewarm_decode_kernels(cfg, self.dtype, self.device, self.paged)
+                codes = {attention_x_codes(cfg, weights.get(f"model.layers.{i}.self_attn.o_proj.weight"), self.device)
+                         for i in range(cfg.num_layers)}
+                _prewarm_decode_kernels(cfg, self.dtype, self.device, self.paged, x_codes=codes)
         graph = build_graph(cfg, weights, max_kv_cache_length=max_kv_cache_length, dtype=self.dtype,
                             device=self.device, tp=tp, state=state, paged=self.paged)
         diagnostics.record("COMPILE", "graph built", nodes=len(graph.nodes))
@@ -537,21 +539,21 @@ def _until_eos(ids: list[int], eos: set[int]) -> list[int]:
 
 
 def _prewarm_decode_kernels(cfg: LlamaConfig, dtype: torch.dtype, device: torch.device, paged: PagedKV,
-                            batch: int = 1) -> list:
+                            batch: int = 1, x_codes: set[bool] = frozenset({False})) -> list:
     """Start-up: while the graph is built and optimized and the first prefill runs, import and patch
     Triton and start its compile workers (``triton.warmup.prepare``) and compile the paged decode
     kernels of the smallest decode bucket (the prefill's KV write, the decode step's write + attention, the
     greedy pick's ArgMax; each on its own
     warm-up thread, so a cold cache compiles them side by side in the compile workers) without
-    launching them, so no capture waits for them. Off with SHAPEPLAN_TRITON_WARM=0. Returns the jobs
-    (futures)."""
+    launching them, so no capture waits for them (the decode kernel once per ``x_codes`` value its layers
+    take: ``model.attention_x_codes``). Off with SHAPEPLAN_TRITON_WARM=0. Returns the jobs (futures)."""
     try:
         from shapeplan.runtime.backends.triton import warmup as triton_warmup
     except ImportError:
         return []
     triton_warmup.prepare()
 
-    def warm(part: str) -> None:
+    def warm(part: str, codes: bool = False) -> None:
         from shapeplan.runtime.backends.triton import env as triton_env
         from shapeplan.runtime.backends.triton.kernels import argmax as argmax_kernels
         from shapeplan.runtime.backends.triton.kernels import paged as paged_kernels
@@ -563,8 +565,10 @@ def _prewarm_decode_kernels(cfg: LlamaConfig, dtype: torch.dtype, device: torch.
             return
         paged_kernels.precompile(part, batch=batch, hq=cfg.num_heads, hkv=cfg.num_kv_heads, d=cfg.head_dim,
                                  block_size=paged.block_size, max_blocks=paged.max_blocks,
-                                 num_blocks=paged.num_blocks, dtype=dtype, window=cfg.sliding_window or 0)
+                                 num_blocks=paged.num_blocks, dtype=dtype, window=cfg.sliding_window or 0,
+                                 x_codes=codes)
 
-    futures = [triton_warmup.background(lambda part=part: warm(part), launches=False)
-               for part in ("write", "decode", "argmax")]   # compile only: a capture need not wait
+    parts = [("write", False), *(("decode", c) for c in sorted(x_codes)), ("argmax", False)]
+    futures = [triton_warmup.background(lambda part=part, c=c: warm(part, c), launches=False)
+               for part, c in parts]                    # compile only: a capture need not wait
     return [f for f in futures if f is not None]

@@ -375,9 +375,24 @@ def paged_attention(q, k_pool, v_pool, positions, lengths, block_tables, cos=Non
     return torch.where(live, out, torch.zeros((), dtype=out.dtype, device=out.device))
 
 
-@register("PagedWriteAttention", domain="shapeplan", traits=Trait.MUTATES_INPUT, shape=same_as(0))
+def _paged_write_attention_shape(node):
+    q = node.inputs[0]
+    out = [(q.dtype, q.shape)]
+    if not node.attrs.get("x_codes"):
+        return out
+    from shapeplan.errors import ShapeError
+    from shapeplan.quant.quantize import x_code_words
+    hq, d = (None, None) if q.shape is None else (q.shape[1], q.shape[3])
+    if isinstance(d, int) and d % 32:
+        raise ShapeError(f"node {node.describe()}: x_codes needs a head size that is a multiple of 32, "
+                         f"input {q.name!r} has {d}")
+    words = x_code_words(hq * d) if isinstance(hq, int) and isinstance(d, int) else None
+    return out + [(as_dtype("int32"), None if words is None else (words,))]
+
+
+@register("PagedWriteAttention", domain="shapeplan", traits=Trait.MUTATES_INPUT, shape=_paged_write_attention_shape)
 def paged_write_attention(q, k, v, k_pool, v_pool, positions, lengths, block_tables, counters, cos=None, sin=None, *,
-                          scale: float = 0.0, window: int = 0, interleaved: int = 0):
+                          scale: float = 0.0, window: int = 0, interleaved: int = 0, x_codes: int = 0):
     """``PagedCacheWrite(k_pool, v_pool, k, v, ...)`` then ``PagedAttention(q, ...)`` as one op (the paged
     LLM graph's attention): writes this step's keys (rotated) and values into the pools in place and
     returns the attention of ``q`` (rotated too) over them, [B, Hq, S, D].
@@ -388,7 +403,12 @@ def paged_write_attention(q, k, v, k_pool, v_pool, positions, lengths, block_tab
     of each (row, head) merge the splits, and leaves zero. On CUDA a decode step (S = 1) is that one
     Triton kernel (the write, the split-K attention and the merge); a prefill, and every step
     elsewhere, runs the two ops' kernels in turn. The pools end exactly as ``PagedCacheWrite`` leaves
-    them."""
+    them.
+
+    ``x_codes=1`` (head size a multiple of 32): a second output, int32 [Hq * D / 4 + Hq * D / 16], the
+    first token of row 0 (the whole step at batch 1 and decode) flattened as the o projection's x, as int8
+    codes per block of 32 (``shapeplan.quant.quantize.x_codes``), for QuantMatMulAdd's one-row kernel; in
+    a CUDA decode step the attention kernel's merges write them (no x quantizer launch)."""
     s = q.shape[2]
     if s == 1 and q.is_cuda:
         kern = _paged_kernels()
@@ -396,13 +416,27 @@ def paged_write_attention(q, k, v, k_pool, v_pool, positions, lengths, block_tab
             return kern.paged_decode_attention(q, k_pool, v_pool, positions, lengths, block_tables,
                                                scale=scale or q.shape[-1] ** -0.5, window=window, cos=cos, sin=sin,
                                                interleaved=interleaved, k=k, v=v, counters=counters,
-                                               rope_table=True)
+                                               rope_table=True, x_codes=bool(x_codes))
     if cos is not None:                # the rows of this step's positions: [B, S, D/2]
         pos = positions.reshape(-1, 1).to(torch.int64) + torch.arange(s, device=positions.device)
         cos, sin = cos[pos], sin[pos]
     paged_cache_write(k_pool, v_pool, k, v, positions, lengths, block_tables, cos, sin, interleaved=interleaved)
-    return paged_attention(q, k_pool, v_pool, positions, lengths, block_tables, cos, sin, scale=scale,
-                           window=window, interleaved=interleaved)
+    out = paged_attention(q, k_pool, v_pool, positions, lengths, block_tables, cos, sin, scale=scale,
+                          window=window, interleaved=interleaved)
+    return (out, _x_codes(out[0, :, 0, :].reshape(1, -1))) if x_codes else out
+
+
+def _x_codes(x):
+    """x [1, K] as int8 codes (``x_codes`` above): qgemv's x quantizer on CUDA, else the torch form."""
+    from shapeplan.quant.quantize import x_codes
+    if x.is_cuda:
+        kern = _paged_kernels()
+        if kern is not None:
+            from shapeplan.runtime.backends.triton.kernels import qgemv
+            out = torch.empty(qgemv.x_code_words(x.shape[1]), dtype=torch.int32, device=x.device)
+            qgemv.quantize_x(x.contiguous(), None, 0.0, x.shape[1], out=out)
+            return out
+    return x_codes(x)
 
 
 def _last_token_shape(node):

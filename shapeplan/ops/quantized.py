@@ -12,7 +12,8 @@ norm + projection (+ SiLU gate) and projection + residual add, one kernel at bat
 
     QuantRMSNormMatMul(x [..., K], scale [K], packed; qtype, n, k, epsilon, activation)
         = RMSNorm(x) * scale @ W.T           [..., N]   (activation="silu_mul": silu(y[:N/2]) * y[N/2:])
-    QuantMatMulAdd(a [..., K], packed, residual [..., N]; qtype, n, k) = residual + a @ W.T
+    QuantMatMulAdd(a [..., K], packed, residual [..., N][, x_codes]; qtype, n, k) = residual + a @ W.T
+        (x_codes: a's row as int8 codes, which the one-row kernel may read instead of quantizing a)
 
 Kernels: on CUDA tensors the Triton kernels of shapeplan/runtime/backends/triton/kernels/gguf.py (GEMV
 for M <= 8 rows, prefill GEMM, row dequantization), which capture into the decode plan's CUDA graph;
@@ -174,7 +175,7 @@ def quant_rms_norm_matmul(x, scale, packed, *, qtype: str, n: int, k: int, epsil
 
 
 def _qadd_shape(node):
-    a, packed, r = node.inputs
+    a, packed, r = node.inputs[:3]
     n, k = int(node.attrs["n"]), int(node.attrs["k"])
     _check_packed(node, packed, node.attrs["qtype"], n, k)
     if a.shape is not None and isinstance(a.shape[-1], int) and a.shape[-1] != k:
@@ -183,18 +184,28 @@ def _qadd_shape(node):
     if r.shape is not None and isinstance(r.shape[-1], int) and r.shape[-1] != n:
         raise ShapeError(f"node {node.describe()}: residual {r.name!r} has {r.shape[-1]} features, the product "
                          f"has n={n}")
+    if len(node.inputs) > 3:
+        from shapeplan.quant.quantize import x_code_words
+        c = node.inputs[3]
+        if c.dtype is not None and c.dtype != as_dtype("int32") or c.shape is not None and \
+                isinstance(c.shape[-1], int) and tuple(c.shape) != (x_code_words(k),):
+            raise ShapeError(f"node {node.describe()}: x codes {c.name!r} must be int32 [{x_code_words(k)}] for "
+                             f"k={k}, got {c.dtype} {None if c.shape is None else list(c.shape)}")
     return [(r.dtype, r.shape)]
 
 
 @register("QuantMatMulAdd", domain="shapeplan", shape=_qadd_shape)
-def quant_matmul_add(a, packed, residual, *, qtype: str, n: int, k: int):
-    """``residual + a @ W.T``, the product rounded to the dtype first (as QuantMatMul then Add)."""
+def quant_matmul_add(a, packed, residual, x_codes=None, *, qtype: str, n: int, k: int):
+    """``residual + a @ W.T``, the product rounded to the dtype first (as QuantMatMul then Add).
+    ``x_codes``: ``a``'s first row as int8 codes (``shapeplan.quant.quantize.x_codes``; PagedWriteAttention
+    writes them), which the one-row kernel reads where its tile takes x as codes (XQ = 2 / 3) instead of
+    quantizing ``a`` itself; every other kernel reads ``a``."""
     a2 = a.reshape(-1, k)
     r2 = residual.reshape(-1, n)
     kern = _fused_kernel(a2, packed, qtype, k) if r2.shape[0] == a2.shape[0] and r2.dtype == a2.dtype else None
     if kern is not None:
         try:
-            return kern.gemv1(a2, packed, qtype, n, k, residual=r2).reshape(residual.shape)
+            return kern.gemv1(a2, packed, qtype, n, k, residual=r2, x_codes=x_codes).reshape(residual.shape)
         except Exception as e:  # noqa: BLE001
             _fallback(e, "QuantMatMulAdd")
     return residual + quant_matmul(a, packed, qtype=qtype, n=n, k=k)

@@ -114,3 +114,27 @@ def quantize(w: torch.Tensor, name: str, *, tensor: str = "<tensor>") -> torch.T
 
 def quantize_weight(w: torch.Tensor, name: str, *, tensor: str = "<tensor>") -> QuantWeight:
     return QuantWeight(quantize(w, name, tensor=tensor), name, (int(w.shape[0]), int(w.shape[1])))
+
+
+def x_code_words(k: int) -> int:
+    """int32 words of ``x_codes`` for K inputs: K / 4 code words, then K / 32 scales and K / 32 sums."""
+    return k // 4 + k // 16
+
+
+def x_codes(x: torch.Tensor) -> torch.Tensor:
+    """An activation row x [K] (K a multiple of 32) as the one-row quantized GEMV reads x with int8 codes
+    (kernels/qgemv.py, XQ = 2 / 3, llama.cpp's q8_1 idea): per block of 32 the codes round(x * 127 / max|x|)
+    as signed bytes, four to an int32 word (element 4j + b in byte b of word j), then every block's scale
+    max|x| / 127 and every block's exact sum as float32 bits; int32 [x_code_words(K)]. The torch form of
+    qgemv.quantize_x (which the GPU runs; its division may round differently in the last bit)."""
+    k = x.numel()
+    if k % 32:
+        raise InputError(f"x_codes: x has {k} elements, expected a multiple of 32")
+    b = x.reshape(-1, 32).to(torch.float32)                                   # [K / 32, 32]
+    amax = b.abs().amax(1)
+    inv = torch.where(amax > 0, torch.full_like(amax, 127.0) / amax, torch.zeros_like(amax))   # (not 127.0 / amax:
+    # torch computes a number over a tensor as the reciprocal times the number, which rounds differently)
+    q = torch.floor(b * inv[:, None] + 0.5).to(torch.int8)                    # -127 .. 127
+    return torch.cat([q.reshape(-1).view(torch.int32), (amax / 127.0).view(torch.int32),
+                      b.sum(1).view(torch.int32)])
+

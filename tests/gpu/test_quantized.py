@@ -155,6 +155,25 @@ def test_q5_k_m_q4_0_and_iq4_xs_models_on_cuda(ftype, tmp_path):
     _same_tokens_in_every_mode(*_tiny_gguf(tmp_path, ftype))
 
 
+@pytest.mark.parametrize("ftype", ["Q8_0", "Q4_K_M"])
+def test_attention_codes_for_o_on_cuda(ftype, tmp_path, monkeypatch):
+    """With int8-x tiles everywhere and ``SHAPEPLAN_QUANT_ATTN_X=on``, each decode step's attention kernel
+    writes o's x as codes and o's one-row kernel reads them (no x quantizer before o): in every mode the
+    tokens equal those of the same tiles with the fold off (o quantizing x itself)."""
+    from shapeplan.runtime.backends.triton.kernels import qgemv
+    path, _ = _tiny_gguf(tmp_path, ftype)
+    monkeypatch.setattr(qgemv, "DEFAULT", {q: (*t[:3], 2) for q, t in qgemv.DEFAULT.items()})
+    tokens = {}
+    for fold in ("off", "on"):
+        monkeypatch.setenv("SHAPEPLAN_QUANT_ATTN_X", fold)
+        for mode in ("slot_by_slot", "cuda_graphs", "triton"):
+            pipe = sp.llm.GenerationPipeline.from_pretrained(path, device=DEV, mode=mode, **KW)
+            if fold == "on":
+                assert sum(len(n.inputs) == 4 for n in pipe.graph.nodes if n.op_type == "QuantMatMulAdd") == 2
+            tokens[fold, mode] = pipe.generate(PROMPT, max_new_tokens=16).token_ids
+    assert len(set(map(tuple, tokens.values()))) == 1, tokens
+
+
 def test_int4_tinygemm_baseline_cuda_packing_matches_cpu():
     """The CUDA packing of the --vs-torch-compile int4 row gives the CPU packing's logits (same
     quantization, two tinygemm layouts); against bf16 the decoder differs by the 4-bit error itself

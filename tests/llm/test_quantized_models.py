@@ -114,6 +114,27 @@ def test_fused_quantized_ops_equal_the_unfused_graph(ftype, files):
 
 
 @pytest.mark.parametrize("ftype", ["Q4_K_M", "Q8_0"])
+def test_attention_hands_o_its_x_as_codes(ftype, files, monkeypatch):
+    """``SHAPEPLAN_QUANT_ATTN_X=on``: each paged layer's PagedWriteAttention has a second output, the o
+    projection's x as int8 codes, which QuantMatMulAdd takes as its fourth input; the torch kernels read x
+    itself, so the tokens are those of the graph without it (auto: off on the CPU)."""
+    def graph_and_tokens(mode):
+        monkeypatch.setenv("SHAPEPLAN_QUANT_ATTN_X", mode)
+        pipe = _pipe(files(ftype))
+        return pipe.graph, pipe.generate(PROMPT, max_new_tokens=6).token_ids
+
+    g_on, on = graph_and_tokens("on")
+    attn = [n for n in g_on.nodes if n.op_type == "PagedWriteAttention"]
+    o = [n for n in g_on.nodes if n.op_type == "QuantMatMulAdd" and len(n.inputs) == 4]
+    assert len(attn) == len(o) == DIMS["num_layers"] and all(len(n.outputs) == 2 for n in attn)
+    assert {n.inputs[3].name for n in o} == {n.outputs[1].name for n in attn}
+    for mode in ("auto", "off"):
+        g, tokens = graph_and_tokens(mode)
+        assert tokens == on
+        assert all(len(n.outputs) == 1 for n in g.nodes if n.op_type == "PagedWriteAttention")
+
+
+@pytest.mark.parametrize("ftype", ["Q4_K_M", "Q8_0"])
 def test_packed_arena_lays_out_stacked_groups(ftype, files, monkeypatch):
     """Off the CPU the packed matrices are copied into one buffer (``importers.gguf._arena``, run here on
     CPU tensors; the file's layouts, ``SHAPEPLAN_QUANT_REPACK=0``): the same bytes; q/k/v and gate/up of one
@@ -260,3 +281,32 @@ def test_triton_kernels_in_the_pipeline(ftype, one_row, files, monkeypatch):
         qops.set_quant_kernels(old)
     assert not qops._triton_failed and got == want
     assert set(calls) == (set() if not one_row else {"Q4_K", "Q6_K"} if ftype == "Q4_K_M" else {ftype})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ftype", ["Q4_K_M", "Q8_0"])
+def test_one_row_o_reads_the_attention_codes(ftype, files, monkeypatch):
+    """The one-row kernels (interpreter) with int8-x tiles everywhere: o reads the codes PagedWriteAttention
+    handed it (``SHAPEPLAN_QUANT_ATTN_X=on``; on the CPU the torch form of the codes, on a GPU the attention
+    kernel's) and gives the tokens of the graph whose o quantizes x itself."""
+    pytest.importorskip("triton")
+    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("triton needs TRITON_INTERPRET=1 without CUDA")
+    from shapeplan.llm import pipeline
+    from shapeplan.ops import quantized as qops
+    from shapeplan.runtime.backends.triton.kernels import qgemv
+    monkeypatch.setattr(pipeline, "CPU_MIN_DECODE_BUCKET", 1)
+    monkeypatch.setattr(qgemv, "MIN_PROGRAMS", 1)
+    monkeypatch.setattr(qgemv, "DEFAULT", {q: (32, t[1], t[2], 2) for q, t in qgemv.DEFAULT.items()})
+    codes = []
+    real = qgemv.gemv1
+    monkeypatch.setattr(qgemv, "gemv1", lambda *a, **kw: codes.append(kw.get("x_codes") is not None) or real(*a, **kw))
+    old = qops.set_quant_kernels("triton")
+    try:
+        got = {}
+        for mode in ("off", "on"):
+            monkeypatch.setenv("SHAPEPLAN_QUANT_ATTN_X", mode)
+            got[mode] = _pipe(files(ftype), mode="emulated_replay").generate(PROMPT, max_new_tokens=6).token_ids
+    finally:
+        qops.set_quant_kernels(old)
+    assert not qops._triton_failed and got["on"] == got["off"] and any(codes)

@@ -55,7 +55,7 @@ def compile_one(kernel: str, name: str, m: int):
         sig = {"X": "*bf16", "NW": "*bf16", "XW": "*i32", "XD": "*fp32", "XS": "*fp32", "K": "i32", "eps": "fp32",
                **{c: "constexpr" for c in consts}}
         return triton.compile(ASTSource(fn=qgemv._quant_x_kernel, signature=sig, constexprs=consts),
-                              target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+                              target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "enable_fp_fusion": False})
     if kernel == "dense":     # the bf16 decode GEMV of kernels/gemv.py; m: 0 plain, 1 norm + GLU, 2 residual, 3 = 1 + PDL
         from shapeplan.runtime.backends.triton.kernels import gemv as dense
         ptrs = {"X": "*bf16", "NW": "*bf16", "W": "*bf16", "R": "*bf16", "Y": "*bf16"}
@@ -71,15 +71,16 @@ def compile_one(kernel: str, name: str, m: int):
         from shapeplan.runtime.backends.triton.kernels import paged_jit
         ptrs = dict(q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", pos_ptr="*i64", len_ptr="*i64", bt_ptr="*i32",
                     m_ptr="*fp32", l_ptr="*fp32", acc_ptr="*fp32", cnt_ptr="*i32", o_ptr="*bf16", c_ptr="*bf16",
-                    s_ptr="*bf16", kn_ptr="*bf16", vn_ptr="*bf16")
+                    s_ptr="*bf16", kn_ptr="*bf16", vn_ptr="*bf16", xw_ptr="*i32", xd_ptr="*fp32", xs_ptr="*fp32")
         ints = ["sq_b", "sq_h", "sk_n", "sk_h", "sk_s", "sv_n", "sv_h", "sv_s", "s_bt", "sc_b", "so_b", "so_h",
                 "skn_b", "skn_h", "svn_b", "svn_h"]
         from shapeplan.runtime.backends.triton.kernels import paged
         d = 128 if name.endswith("128") else 64            # llama-1b's head dim, or llama-8b's ("write128")
+        # "writeq128": also the o projection's x as int8 codes (XQ_OUT)
         tiling = paged._decode_tiling(1, 8, 64, 4, d)       # batch 1, 8 KV heads, 1024 keys of blocks of 16
         consts = dict(HKV=8, G=4, GP=4, D=d, DP=d, NS=tiling["NS"], BPS=tiling["BPS"], BS=16, WINDOW=0, ROTATE=True,
                       INTERLEAVED=False, HALF=d // 2, HALFP=d // 2, WRITE=name.startswith("write"), TABLE=True,
-                      PDL=m == 1, MCH=tiling["MCH"])
+                      PDL=m == 1, MCH=tiling["MCH"], XQ_OUT="q" in name)
         sig = {**ptrs, **{a: "i32" for a in ints}, "scale": "fp32", **{c: "constexpr" for c in consts}}
         return triton.compile(ASTSource(fn=paged_jit._paged_decode, signature=sig, constexprs=consts),
                               target=GPUTarget("cuda", 90, 32),

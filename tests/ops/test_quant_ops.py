@@ -298,6 +298,49 @@ def test_one_row_kernel_prologue_and_epilogues(name, case, xq, triton_kernels):
     torch.testing.assert_close(y, want, rtol=3e-2, atol=3e-2 * want.abs().max().item())   # int8 x: ~1 % off
 
 
+def assert_same_x_codes(got: torch.Tensor, want: torch.Tensor, k: int, ties: bool = False) -> None:
+    """Two buffers of x as int8 codes (``x_codes``' layout) agree: codes and scales equal, sums to float32
+    rounding; ``ties``: a code may be one off (a tie rounded the other way: the GPU's division need not
+    round as IEEE's, which the interpreter and torch use)."""
+    got, want = got.cpu(), want.cpu()
+    nw, nb = k // 4, k // 32
+    if ties:
+        assert (got[:nw].view(torch.int8).int() - want[:nw].view(torch.int8).int()).abs().max() <= 1
+        torch.testing.assert_close(got[nw:nw + nb].view(torch.float32), want[nw:nw + nb].view(torch.float32),
+                                   rtol=1e-6, atol=0)
+    else:
+        assert torch.equal(got[:nw + nb], want[:nw + nb])
+    torch.testing.assert_close(got[nw + nb:].view(torch.float32), want[nw + nb:].view(torch.float32),
+                               rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["Q4_K", "Q6_K_R", "Q8_0_R", "Q4_0"])
+def test_one_row_kernel_reads_given_x_codes(name, triton_kernels):
+    """``x_codes`` (x as int8 codes made before, as the paged decode attention writes them for o): the
+    result equals the kernel's own quantization of the same x, in every x mode that reads codes; the torch
+    form of the codes (``shapeplan.quant.quantize.x_codes``) gives the same words and scales; x modes 0 / 1
+    read x and ignore the codes; codes of the wrong size, or beside a norm prologue, are a clear error."""
+    from shapeplan.quant.quantize import x_codes
+    from shapeplan.runtime.backends.triton.kernels import qgemv
+    n, k = 12, 1024
+    g = torch.Generator().manual_seed(13)
+    packed = packed_weight(name, n, k, seed=9).to(DEV)
+    x = torch.randn(1, k, generator=g).to(torch.bfloat16).to(DEV)
+    r = torch.randn(1, n, generator=g).to(torch.bfloat16).to(DEV)
+    buf = torch.empty(qgemv.x_code_words(k), dtype=torch.int32, device=DEV)
+    qgemv.quantize_x(x, None, 0.0, k, out=buf)
+    assert_same_x_codes(buf, x_codes(x.cpu()), k, ties=DEV == "cuda")
+    for xq in (0, 1, 2) + ((3,) if name in qgemv.INT_DOTS else ()):
+        want = qgemv.gemv1(x, packed, name, n, k, residual=r, tiles=(4, 2, 4, xq))
+        got = qgemv.gemv1(torch.zeros_like(x) if xq >= 2 else x, packed, name, n, k, residual=r,
+                          tiles=(4, 2, 4, xq), x_codes=buf)        # xq >= 2: x itself is not read
+        assert torch.equal(got, want), xq
+    with pytest.raises(ValueError, match="x_codes must be int32 \\[320\\]"):
+        qgemv.gemv1(x, packed, name, n, k, tiles=(4, 2, 4, 2), x_codes=buf[:-1])
+    with pytest.raises(ValueError, match="without a norm prologue"):
+        qgemv.gemv1(x, packed, name, n, k, norm_w=torch.ones(k, device=DEV), tiles=(4, 2, 4, 2), x_codes=buf)
+
+
 @pytest.mark.parametrize("name", ONE_ROW)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_one_row_kernel_16_bit_x(name, dtype, triton_kernels):

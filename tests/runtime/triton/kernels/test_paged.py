@@ -111,6 +111,38 @@ def test_the_decode_kernel_writes_as_the_write_kernel_and_attends_as_the_torch_o
         assert got[1].abs().max() == 0 and not counters.any()
 
 
+@pytest.mark.parametrize("hq,hkv,d", [(4, 2, 32), (6, 2, 64), (4, 4, 96)])    # G 2, 3 (GP 4), 1; D 96: DP 128
+@pytest.mark.parametrize("row0", ["live", "padding"])
+def test_the_decode_kernel_writes_row_0_as_x_codes(hq, hkv, d, row0):
+    """``x_codes``: the merges of row 0 also write its output, flattened (the o projection's x), as int8 codes
+    per block of 32: the same words and scales as qgemv's x quantizer and the torch form give for that
+    output, sums to float32 rounding; the output itself unchanged. A padding row 0 gives zeros."""
+    from shapeplan.quant.quantize import x_codes
+    from shapeplan.runtime.backends.triton.kernels import qgemv
+    from tests.ops.test_quant_ops import assert_same_x_codes
+    b = 3
+    q, kp, vp, bt, _, _ = _case(torch.bfloat16, b=b, hq=hq, hkv=hkv, d=d)
+    positions = torch.tensor([21, 17, 40], device=DEV)
+    lengths = torch.tensor([1 if row0 == "live" else 0, 1, 1], device=DEV)
+    plain = paged.paged_decode_attention(q, kp, vp, positions, lengths, bt, scale=0.25)
+    got, codes = paged.paged_decode_attention(q, kp, vp, positions, lengths, bt, scale=0.25, x_codes=True)
+    assert torch.equal(got, plain)
+    x = got[0, :, 0, :].reshape(1, -1)                                            # [1, Hq * D]
+    k = hq * d
+    assert codes.dtype == torch.int32 and codes.shape == (qgemv.x_code_words(k),)
+    mine = torch.empty_like(codes)
+    qgemv.quantize_x(x, None, 0.0, k, out=mine)                   # the x quantizer: the same Triton arithmetic
+    assert_same_x_codes(codes, mine, k)
+    assert_same_x_codes(codes, x_codes(x.cpu()), k, ties=CUDA)    # the torch form
+    if row0 == "padding":
+        assert not codes.any()
+    else:
+        assert codes[:k // 4].any()
+    with pytest.raises(ValueError, match="multiple of 32"):
+        paged.paged_decode_attention(*_case(torch.bfloat16, hq=2, hkv=2, d=16)[:3], positions, lengths, bt,
+                                     scale=0.25, x_codes=True)
+
+
 def test_too_few_counters_is_a_clear_error():
     q, kp, vp, bt, _, _ = _case(torch.float32)
     with pytest.raises(ValueError, match="counters must be int32 with at least B \\* Hkv = 6"):
@@ -124,6 +156,7 @@ def test_the_decode_kernel_compiles_for_sm90():
     without the write, at head dims 64 and 128 (their tilings differ), and with programmatic dependent launch
     (griddepcontrol in the PTX)."""
     from tests.ops.test_quant_ops import _compile_sm90
-    res = _compile_sm90("paged:write:0", "paged:write:1", "paged:read:0", "paged:write128:0")   # head dims 64, 128
+    res = _compile_sm90("paged:write:0", "paged:write:1", "paged:read:0", "paged:write128:0",   # head dims 64, 128
+                        "paged:writeq128:0", "paged:writeq:1")                             # + x as int8 codes
     assert all(r["ok"] for r in res.values()), {s: r["error"] for s, r in res.items()}
     assert res["paged:write:1"]["griddepcontrol"] and not res["paged:write:0"]["griddepcontrol"]

@@ -83,7 +83,8 @@ def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
                            lengths: torch.Tensor, block_tables: torch.Tensor, *, scale: float,
                            window: int = 0, cos: torch.Tensor | None = None, sin: torch.Tensor | None = None,
                            interleaved: int = 0, k: torch.Tensor | None = None, v: torch.Tensor | None = None,
-                           counters: torch.Tensor | None = None, rope_table: bool = False) -> torch.Tensor:
+                           counters: torch.Tensor | None = None, rope_table: bool = False,
+                           x_codes: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """q [B, Hq, 1, D] (last dim contiguous); pools [NB, Hkv, BS, D]; positions, lengths int64 [B];
     block_tables int32 [B, MAXB]. With ``cos``/``sin`` ([B, 1, D/2], as RotaryEmbedding takes them; with
     ``rope_table`` the tables [L, D/2], read at each row's position) q is rotated first, on load (no
@@ -91,7 +92,10 @@ def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
     keys (rotated by cos/sin) and values are written into the pools first, by the same kernel
     (``PagedWriteAttention``). ``counters``: int32 zeros, at least B * Hkv of them, that the kernel
     leaves zero (the last program of each (row, head) merges the splits); a state variable of the graph
-    (none: zeros made here, one fill more). Returns [B, Hq, 1, D] in q's dtype (zeros for padding rows)."""
+    (none: zeros made here, one fill more). Returns [B, Hq, 1, D] in q's dtype (zeros for padding rows);
+    with ``x_codes`` (D a multiple of 32) also row 0's output flattened ([Hq * D], the o projection's x) as
+    int8 codes per block of 32, int32 [qgemv.x_code_words(Hq * D)] (qgemv.quantize_x's buffer, written by
+    the merges: no kernel of its own)."""
     b, hq, s, d = q.shape
     _, hkv, bs, _ = k_pool.shape
     assert s == 1 and q.stride(-1) == 1 and k_pool.stride(-1) == 1 and v_pool.stride(-1) == 1
@@ -120,8 +124,16 @@ def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
         assert k.stride(-1) == 1 and v.stride(-1) == 1 and k.shape == v.shape == (b, hkv, 1, d)
     from shapeplan.runtime.backends.triton.kernels import gemv
     launch = {"launch_pdl": True} if gemv.pdl(q) else {}
+    codes = xw = xd = xs = None
+    if x_codes:
+        from shapeplan.runtime.backends.triton.kernels import qgemv
+        if d % 32:
+            raise ValueError(f"paged decode attention: x_codes needs a head size that is a multiple of 32, got {d}")
+        codes = torch.empty(qgemv.x_code_words(hq * d), dtype=torch.int32, device=dev)
+        xw, xd, xs = qgemv.x_code_views(codes, hq * d)
     _paged_decode[(b * hkv, ns)](q, k_pool, v_pool, positions, lengths, bt, m, l, acc, counters, out,
                                  cos if rotate else q, sin if rotate else q, k if write else q, v if write else q,
+                                 xw if x_codes else q, xd if x_codes else q, xs if x_codes else q,
                                  q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1), k_pool.stride(2),
                                  v_pool.stride(0), v_pool.stride(1), v_pool.stride(2), bt.stride(0),
                                  cos.stride(0) if rotate else 0, out.stride(0), out.stride(1),
@@ -129,17 +141,19 @@ def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
                                  v.stride(0) if write else 0, v.stride(1) if write else 0, scale,
                                  HKV=hkv, G=g, GP=gp, D=d, DP=dp, BS=bs, WINDOW=window, ROTATE=rotate,
                                  INTERLEAVED=bool(interleaved), HALF=max(1, d // 2), HALFP=max(_pow2(d // 2), 1),
-                                 WRITE=write, TABLE=bool(rotate and rope_table), PDL=bool(launch), **tiling, **launch,
+                                 WRITE=write, TABLE=bool(rotate and rope_table), PDL=bool(launch),
+                                 XQ_OUT=bool(x_codes), **tiling, **launch,
                                  enable_fp_fusion=False)   # k's rotation rounds as torch's (and _paged_write's)
-    return out
+    return (out, codes) if x_codes else out
 
 
 def precompile(part: str, *, batch: int, hq: int, hkv: int, d: int, block_size: int, max_blocks: int,
-               num_blocks: int, dtype: torch.dtype, window: int = 0) -> None:
+               num_blocks: int, dtype: torch.dtype, window: int = 0, x_codes: bool = False) -> None:
     """Compile one kernel (``part``: "write" or "decode") for these shapes without touching
     the device (Triton's ``warmup``: no allocation, no launch, safe beside a capture on another thread):
     the pipeline's start-up compiles them in the background while the graph is built. Strides are those
-    of contiguous pools [NB, Hkv, BS, D] and of the q/k/v views of the q/k/v projection the model passes."""
+    of contiguous pools [NB, Hkv, BS, D] and of the q/k/v views of the q/k/v projection the model passes;
+    ``x_codes``: the decode kernel that also writes the o projection's x as codes."""
     from shapeplan.runtime.backends.triton.env import interpreting
     if interpreting():                         # the interpreter compiles nothing
         return
@@ -160,8 +174,10 @@ def precompile(part: str, *, batch: int, hq: int, hkv: int, d: int, block_size: 
     row = (hq + 2 * hkv) * d
     from shapeplan.runtime.backends.triton.kernels import gemv
     launch = {"launch_pdl": True} if gemv.pdl_on(torch.device("cuda")) else {}
-    _paged_decode.warmup(dtype, dtype, dtype, i64, i64, i32, f32, f32, f32, i32, dtype, dtype, dtype, dtype, dtype,
+    xq = (i32, f32, f32) if x_codes else (dtype, dtype, dtype)
+    _paged_decode.warmup(dtype, dtype, dtype, i64, i64, i32, f32, f32, f32, i32, dtype, dtype, dtype, dtype, dtype, *xq,
                          row, d, *sk, *sk, max_blocks, d // 2, hq * d, d, row, d, row, d, d ** -0.5,
                          HKV=hkv, G=g, GP=gp, D=d, DP=dp, BS=block_size, WINDOW=window, ROTATE=True,
                          INTERLEAVED=False, HALF=max(1, d // 2), HALFP=max(_pow2(d // 2), 1), WRITE=True, TABLE=True,
-                         PDL=bool(launch), enable_fp_fusion=False, grid=(batch * hkv, tiling["NS"]), **tiling, **launch)
+                         PDL=bool(launch), XQ_OUT=x_codes, enable_fp_fusion=False, grid=(batch * hkv, tiling["NS"]),
+                         **tiling, **launch)

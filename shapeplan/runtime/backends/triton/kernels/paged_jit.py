@@ -102,13 +102,29 @@ def _online(q, k, v, valid, m_i, l_i, acc, scale):
 
 
 @triton.jit
+def _x_blocks(v):
+    """Blocks of 32 values v [R, 8, 4] (float32; element 4j + b of block r at [r, j, b]) as int8 codes
+    round(v * 127 / max|v|), four to an int32 word (byte b of word j), with each block's scale max|v| / 127
+    and its exact sum: x as the one-row quantized GEMV's XQ = 2 / 3 read it (kernels/qgemv.py). Shared by
+    qgemv's x quantizer and the paged decode attention's merge (``XQ_OUT``), so that both give the same
+    codes; both launch with ``enable_fp_fusion=False`` (``v * inv + 0.5`` rounds twice, as torch's does)."""
+    amax = tl.max(tl.max(tl.abs(v), axis=2), axis=1)                           # [R]
+    inv = tl.where(amax > 0.0, 127.0 / amax, 0.0)
+    q = tl.floor(v * inv[:, None, None] + 0.5).to(tl.int32)                   # -127 .. 127
+    b = tl.arange(0, 4)[None, None, :]
+    words = tl.sum((q & 0xFF) << (8 * b), axis=2)                              # [R, 8]; bytes disjoint
+    return words, amax / 127.0, tl.sum(tl.sum(v, axis=2), axis=1)
+
+
+@triton.jit
 def _paged_decode(q_ptr, k_ptr, v_ptr, pos_ptr, len_ptr, bt_ptr, m_ptr, l_ptr, acc_ptr, cnt_ptr, o_ptr, c_ptr, s_ptr,
-                  kn_ptr, vn_ptr, sq_b, sq_h, sk_n, sk_h, sk_s, sv_n, sv_h, sv_s, s_bt, sc_b, so_b, so_h,
-                  skn_b, skn_h, svn_b, svn_h, scale,
+                  kn_ptr, vn_ptr, xw_ptr, xd_ptr, xs_ptr, sq_b, sq_h, sk_n, sk_h, sk_s, sv_n, sv_h, sv_s, s_bt, sc_b,
+                  so_b, so_h, skn_b, skn_h, svn_b, svn_h, scale,
                   HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, DP: tl.constexpr,
                   NS: tl.constexpr, BPS: tl.constexpr, MCH: tl.constexpr, BS: tl.constexpr, WINDOW: tl.constexpr,
                   ROTATE: tl.constexpr, INTERLEAVED: tl.constexpr, HALF: tl.constexpr, HALFP: tl.constexpr,
-                  WRITE: tl.constexpr, TABLE: tl.constexpr = False, PDL: tl.constexpr = False):
+                  WRITE: tl.constexpr, TABLE: tl.constexpr = False, PDL: tl.constexpr = False,
+                  XQ_OUT: tl.constexpr = False):
     """One decode step's attention, grid (B * Hkv, NS): program (b, h, split) takes BPS blocks of KV head h
     of row b and the G query heads of its group (rotated by RoPE on load with ROTATE: cos/sin rows at
     c_ptr + b * sc_b, or with TABLE the tables' rows at the row's position, c_ptr + pos * sc_b) and writes an
@@ -120,6 +136,9 @@ def _paged_decode(q_ptr, k_ptr, v_ptr, pos_ptr, len_ptr, bt_ptr, m_ptr, l_ptr, a
     The merge reads only the splits that wrote, MCH of them at a time (an online softmax over chunks):
     reading all NS partials at once ([NS, GP, DP] floats in one program) spilled registers and made the
     merge most of a batch-1 step's attention time.
+    XQ_OUT (D a multiple of 32): the merges of row 0 also write that row's output, read back as stored, as
+    int8 codes per block of 32 (``_x_blocks``) into xw / xd / xs, which the one-row quantized o projection
+    reads instead of launching qgemv's x quantizer (each head's D outputs are whole blocks of x).
     (Loading the split's first key tile before that wait, the writer patching its new row in, made the
     kernel 13.6 instead of 9.8 µs per llama-1b layer on the H200: taken out again.)"""
     pid_bh = tl.program_id(0)
@@ -207,4 +226,20 @@ def _paged_decode(q_ptr, k_ptr, v_ptr, pos_ptr, len_ptr, bt_ptr, m_ptr, l_ptr, a
         out = out / tl.where(den > 0, den, 1.0)[:, None]                                   # padding rows: 0
         tl.store(o_ptr + b * so_b + (h * G + g)[:, None] * so_h + d[None, :], out.to(o_ptr.dtype.element_ty),
                  mask=(g < G)[:, None] & dmask[None, :])
+        if XQ_OUT:
+            if b == 0:                             # row 0's x of the o projection, G * D / 32 blocks of it
+                tl.debug_barrier()                 # the stores above are visible to every thread
+                NBLK: tl.constexpr = DP // 32
+                xr = tl.arange(0, GP * NBLK)       # (names of their own: Triton types a name once per function)
+                xg = xr // NBLK
+                xblk = xr % NBLK
+                xlive = (xg < G) & (xblk * 32 < D)
+                xe = (xblk * 32)[:, None, None] + 4 * tl.arange(0, 8)[None, :, None] + tl.arange(0, 4)[None, None, :]
+                xv = tl.load(o_ptr + (h * G + xg)[:, None, None] * so_h + xe, mask=xlive[:, None, None],
+                             other=0.0).to(tl.float32)                                        # [R, 8, 4]
+                xwords, xscale, xsum = _x_blocks(xv)
+                xi = (h * G + xg) * (D // 32) + xblk                      # the block's index in x = out[0] flat
+                tl.store(xw_ptr + xi[:, None] * 8 + tl.arange(0, 8)[None, :], xwords, mask=xlive[:, None])
+                tl.store(xd_ptr + xi, xscale, mask=xlive)
+                tl.store(xs_ptr + xi, xsum, mask=xlive)
         tl.store(cnt_ptr + pid_bh, 0)                                       # zero for the next step

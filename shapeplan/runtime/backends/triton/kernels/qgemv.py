@@ -76,7 +76,9 @@ so it is bound by instructions, not by memory (~845 GB/s on the LM head, of ~4.2
   Q4_K gate/up 16.5 -> 11.9, LM head 96.1 -> 56.4 = 2.6 TB/s, Q6_K head 134.6 -> 74.1 = 2.9 TB/s;
   llama-8b Q4_K gate/up 50.2 -> 31.1, down 27.1 -> 20.6, Q6_K head 296.0 -> 141.5 = 3.0 TB/s) and loses
   the small ones, where the extra launch (~1.6 µs) is most of the time (1b k/v 2.9 -> 4.4).
-  ``SHAPEPLAN_QUANT_INT8_X=0`` turns every XQ = 2 (or 3) choice into XQ = 1 (same tile).
+  ``SHAPEPLAN_QUANT_INT8_X=0`` turns every XQ = 2 (or 3) choice into XQ = 1 (same tile). ``gemv1(...,
+  x_codes=)`` takes x already quantized (no launch): the paged decode attention writes the o projection's
+  x that way (kernels/paged.py ``x_codes``; both call paged_jit's ``_x_blocks``, so the codes are the same).
 - A program owns BN rows and walks K in CH super-blocks (Q4_K), CH pairs of super-blocks (Q6_K) or
   CH pairs of 32-blocks (Q8_0) per iteration, all their loads in flight together; products stay
   elementwise in float32 and are summed once after the loop; one store per row. No split-K: BN goes
@@ -139,6 +141,7 @@ from __future__ import annotations
 import torch
 
 from shapeplan.quant.formats import IQ4_VALUES, REPACKED
+from shapeplan.quant.quantize import x_code_words
 from shapeplan.runtime.backends.triton.env import interpreting
 from shapeplan.runtime.backends.triton.kernels.gguf import AVAILABLE, triton, tl
 
@@ -229,6 +232,7 @@ def _iq4_table_words() -> tuple[int, ...]:
 
 if AVAILABLE:
     from shapeplan.runtime.backends.triton.kernels.gemv_jit import _finish, gdc_launch_dependents, gdc_wait
+    from shapeplan.runtime.backends.triton.kernels.paged_jit import _x_blocks
 
     MAGIC = tl.constexpr(0x4B000000)           # float32 bits of 2^23
     TWO23 = tl.constexpr(8388608.0)
@@ -385,13 +389,10 @@ if AVAILABLE:
                 xo = tl.load(X + o, mask=o < K, other=0.0).to(tl.float32)
                 sq += xo * xo
             v = v * tl.math.rsqrt(tl.sum(sq, axis=0) / K + eps) * nw
-        amax = tl.max(tl.max(tl.abs(v), axis=2), axis=1)                           # [BB]
-        inv = tl.where(amax > 0.0, 127.0 / amax, 0.0)
-        q = tl.floor(v * inv[:, None, None] + 0.5).to(tl.int32)                   # -127 .. 127
-        words = tl.sum((q & 0xFF) << (8 * b), axis=2)                              # [BB, 8]; bytes disjoint
+        words, xd, xs = _x_blocks(v)                                               # [BB, 8], [BB], [BB]
         tl.store(XW + blk[:, None] * 8 + j[None, :], words, mask=ok[:, None])
-        tl.store(XD + blk, amax / 127.0, mask=ok)
-        tl.store(XS + blk, tl.sum(tl.sum(v, axis=2), axis=1), mask=ok)
+        tl.store(XD + blk, xd, mask=ok)
+        tl.store(XS + blk, xs, mask=ok)
 
     @triton.jit
     def _ss_total(ss, XQ: tl.constexpr):
@@ -942,9 +943,11 @@ def _aligned(v: torch.Tensor) -> torch.Tensor:
 
 def gemv1(x: torch.Tensor, packed: torch.Tensor, qtype: str, n: int, k: int, *, norm_w: torch.Tensor | None = None,
           eps: float = 0.0, residual: torch.Tensor | None = None, glu: bool = False,
-          tiles: tuple[int, ...] | None = None) -> torch.Tensor:
+          tiles: tuple[int, ...] | None = None, x_codes: torch.Tensor | None = None) -> torch.Tensor:
     """The one-row quantized GEMV (module doc): x [1, K], W [n, k] packed -> [1, n] (GLU: [1, n / 2]);
-    ``tiles`` (BN, CH, warps, XQ[, STAGES[, PF]]) instead of ``config``'s."""
+    ``tiles`` (BN, CH, warps, XQ[, STAGES[, PF]]) instead of ``config``'s. ``x_codes``: x already as int8
+    codes (``quantize_x``'s buffer, int32 [x_code_words(K)], e.g. from the paged decode attention), which a
+    tile with XQ = 2 / 3 reads instead of quantizing x itself (not with a norm prologue; other tiles read x)."""
     x = _aligned(x)
     out_n = n // 2 if glu else n
     bn, ch, warps, xq, stages, pf = full_tiles(tiles or config(qtype, out_n, k))
@@ -961,7 +964,14 @@ def gemv1(x: torch.Tensor, packed: torch.Tensor, qtype: str, n: int, k: int, *, 
         raise ValueError(f"qgemv: x mode 3 (integer dots) exists for {sorted(INT_DOTS)}, not {qtype}")
     norm = norm_w is not None
     xd = xs = x
-    if xq >= 2:                                   # x quantized first (the norm applied there), then the GEMV
+    if x_codes is not None and (norm or x_codes.dtype != torch.int32 or x_codes.numel() != x_code_words(k)):
+        raise ValueError(f"qgemv: x_codes must be int32 [{x_code_words(k)}] (x as int8 codes for K={k}) and come "
+                         f"without a norm prologue, got {x_codes.dtype} [{x_codes.numel()}]"
+                         + (" with norm_w" if norm else ""))
+    if xq >= 2 and x_codes is not None:           # x came as codes (the decode attention wrote them)
+        x, xd, xs = x_code_views(x_codes, k)
+        nw = x
+    elif xq >= 2:                                 # x quantized first (the norm applied there), then the GEMV
         x, xd, xs = quantize_x(x, nw if norm else None, eps, k, pdl=bool(launch))
         nw, norm = x, False
     extra = type_flags(qtype)
@@ -976,16 +986,24 @@ def gemv1(x: torch.Tensor, packed: torch.Tensor, qtype: str, n: int, k: int, *, 
     return y
 
 
-def quantize_x(x: torch.Tensor, norm_w: torch.Tensor | None, eps: float, k: int, *, pdl: bool = False
-               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def x_code_views(buf: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The code words [K / 4] (int32), scales and sums [K / 32] (float32) in ``buf`` (int32 [x_code_words(K)]:
+    shapeplan/quant/quantize.py ``x_codes`` is the torch form)."""
+    nb = k // 32
+    xw, xd, xs = buf.reshape(-1).split([k // 4, nb, nb])
+    return xw, xd.view(torch.float32), xs.view(torch.float32)
+
+
+def quantize_x(x: torch.Tensor, norm_w: torch.Tensor | None, eps: float, k: int, *, pdl: bool = False,
+               out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x [1, K] (with ``norm_w``: rms_norm(x) * norm_w) as XQ = 2 reads it: int8 codes per block of 32,
     four to an int32 word [K / 4], the blocks' scales [K / 32] and their exact sums [K / 32] (float32),
-    in one buffer (module doc)."""
-    nb = k // 32
-    xw, xd, xs = torch.empty(k // 4 + 2 * nb, dtype=torch.int32, device=x.device).split([k // 4, nb, nb])
-    xd, xs = xd.view(torch.float32), xs.view(torch.float32)
+    in one buffer (``out``, else a new one; ``x_code_views``; module doc)."""
+    if out is None:
+        out = torch.empty(x_code_words(k), dtype=torch.int32, device=x.device)
+    xw, xd, xs = x_code_views(out, k)
     _quant_x_kernel[(triton.cdiv(k // 32, QX_BLOCKS),)](
         x, norm_w if norm_w is not None else x, xw, xd, xs, k, float(eps), BB=QX_BLOCKS, NORM=norm_w is not None,
-        CHUNK=min(triton.next_power_of_2(k), QX_CHUNK), PDL=pdl, num_warps=4,
+        CHUNK=min(triton.next_power_of_2(k), QX_CHUNK), PDL=pdl, num_warps=4, enable_fp_fusion=False,
         **({"launch_pdl": True} if pdl else {}))
     return xw, xd, xs
