@@ -3,20 +3,23 @@ from __future__ import annotations
 
 from typing import Any
 
-from shapeplan import env as _env
-from shapeplan.errors import (CacheError, CapacityError, CaptureError, ExecutionError, InjectedFault, InputError,
-                              LifecycleError, ModelError, QueueFullError, RequestAborted, ShapeError,
-                              ShapeplanError, SwitchError,
-                              UnsupportedOpError)
-from shapeplan.importers import load
-from shapeplan.ir.dtypes import DType, dtype
-from shapeplan.ir.graph import Graph, Node, Value, ValueKind
-from shapeplan.runtime.engine import Engine
-from shapeplan.runtime.modes import Mode
+from shapeplan import _gc
 
-# Import the optimizer package before defining the ``optimize`` function below: importing a
-# submodule binds its name on this package, which would otherwise shadow the function.
-import shapeplan.optimize as _optimizer_pkg  # noqa: E402,F401
+with _gc.startup():               # a command's process: no full collection over torch's objects (shapeplan/_gc.py)
+    from shapeplan import env as _env
+    from shapeplan.errors import (CacheError, CapacityError, CaptureError, ExecutionError, InjectedFault, InputError,
+                                  LifecycleError, ModelError, QueueFullError, RequestAborted, ShapeError,
+                                  ShapeplanError, SwitchError,
+                                  UnsupportedOpError)
+    from shapeplan.importers import load
+    from shapeplan.ir.dtypes import DType, dtype
+    from shapeplan.ir.graph import Graph, Node, Value, ValueKind
+    from shapeplan.runtime.engine import Engine
+    from shapeplan.runtime.modes import Mode
+
+    # Import the optimizer package before defining the ``optimize`` function below: importing a
+    # submodule binds its name on this package, which would otherwise shadow the function.
+    import shapeplan.optimize as _optimizer_pkg  # noqa: E402,F401
 
 __version__ = "0.1.0"
 

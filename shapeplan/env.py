@@ -141,6 +141,10 @@ SWITCHES: tuple[Switch, ...] = (
            "CUDA checkpoint loads read the safetensors files into pinned buffers on several threads and copy "
            "them straight to the device (0: copy each tensor from the memory map; shapeplan/llm/stream_load.py)"),
     Switch("SHAPEPLAN_LOAD_THREADS", "int", None, "threads that read checkpoint files (default min(4, CPUs))"),
+    Switch("SHAPEPLAN_GC_PAUSE", "bool", True,
+           "a `shapeplan` command's process holds Python's cyclic garbage collector off while shapeplan imports and "
+           "while generate / chat build their pipeline, then freezes the objects made (gc.freeze; shapeplan/_gc.py: "
+           "no full collection walks them); a program importing shapeplan keeps its collector as it was (0: off)"),
     Switch("SHAPEPLAN_FAST_EXIT", "bool", True,
            "`shapeplan generate` ends with os._exit after the atexit handlers (0: the interpreter's full teardown)"),
     Switch("SHAPEPLAN_TOKENIZER_THREAD", "auto|on|off", "auto",

@@ -45,10 +45,14 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
 
 
 def load_pipeline(args: argparse.Namespace):
+    """The command's pipeline, built with Python's cyclic collector held off and what it made frozen after
+    (``SHAPEPLAN_GC_PAUSE``, shapeplan/_gc.py: it lives until the command ends)."""
+    from shapeplan import _gc
     from shapeplan.llm import GenerationPipeline
-    return GenerationPipeline.from_pretrained(args.model, device=args.device, mode=args.mode, dtype=args.dtype,
-                                              max_prefill_length=args.max_prefill_length,
-                                              max_kv_cache_length=args.max_kv_cache_length)
+    with _gc.startup():
+        return GenerationPipeline.from_pretrained(args.model, device=args.device, mode=args.mode, dtype=args.dtype,
+                                                  max_prefill_length=args.max_prefill_length,
+                                                  max_kv_cache_length=args.max_kv_cache_length)
 
 
 def sampling_from(args: argparse.Namespace):
