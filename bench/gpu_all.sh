@@ -43,7 +43,7 @@ step startup quick 150 'python3 -m bench.startup --preset llama-1b --mode triton
   'awk '\''$1=="cold" || $1 ~ /^warm/ {s = s $1 " " $4 " s, "; mb = $5} END {if (s) print s "beyond weights " mb " MB"}'\'' $L'
 step generate_cmd default 120 'python3 -m bench.startup --generate-cmd --preset llama-1b --device cuda --json $W/generate_cmd.json' \
   'awk '\''$1=="wall" {print "shapeplan generate llama-1b 256 tokens: first " $2 " s, second " $3 " s"}'\'' $L'
-# the tokenizer parsed on a thread beside the weights load (SHAPEPLAN_TOKENIZER_THREAD, off on CUDA by default) against
+# the tokenizer parsed on a thread beside the weights load (SHAPEPLAN_TOKENIZER_THREAD=on; off by default) against
 # not, alternating, two runs of the command each (the second run is the 2.0 s target's)
 step generate_cmd_tok extra 300 'for r in 1 2; do for t in off on; do echo "tokenizer thread $t"; SHAPEPLAN_TOKENIZER_THREAD=$t python3 -m bench.startup --generate-cmd --preset llama-1b --device cuda; done; done' \
   'awk '\''$1=="tokenizer" {t=$3} $1=="wall" {printf "thread %s: %s / %s s; ", t, $2, $3}'\'' $L'

@@ -149,8 +149,8 @@ SWITCHES: tuple[Switch, ...] = (
            "`shapeplan generate` ends with os._exit after the atexit handlers (0: the interpreter's full teardown)"),
     Switch("SHAPEPLAN_TOKENIZER_THREAD", "auto|on|off", "auto",
            "from_pretrained parses tokenizer.json on a thread while the weights load and the graph is built, and "
-           "waits for it before returning (auto: on for a CPU pipeline; off on CUDA, where the H200 measured no gain: "
-           "beside the parse the weights load slowed by what the parse saved)"),
+           "waits for it before returning (on; auto is off on every device: tokenizers holds the GIL while it "
+           "parses, so the Python work beside it waits: H200 and CPU measured no gain)"),
     Switch("SHAPEPLAN_WARM_DURING_LOAD", "bool", True,
            "a CUDA from_pretrained starts the CUDA warm-up before the weights load, so the two overlap (0: the "
            "warm-up starts with the pipeline's construction, after the load)"),

@@ -110,12 +110,14 @@ def bucket_ladder(max_prefill_length: int, smallest: int = 16) -> list[int]:
 
 
 def _tokenizer_thread(dev: torch.device) -> bool:
-    """Whether from_pretrained parses tokenizer.json on a thread (``SHAPEPLAN_TOKENIZER_THREAD``; auto: on a CPU
-    device only: on the H200 a parse beside torch's import once slowed the import by ~1.1 s (seventeenth
-    session), and beside the weights load it slowed the load by about what it saved (twentieth session;
-    docs/benchmarks/decode.md))."""
-    mode = env.get("SHAPEPLAN_TOKENIZER_THREAD")
-    return mode == "on" or (mode == "auto" and dev.type == "cpu")
+    """Whether from_pretrained parses tokenizer.json on a thread (``SHAPEPLAN_TOKENIZER_THREAD``: only with
+    ``on``; auto is off on every device). ``tokenizers`` holds the GIL while it parses (a Python loop beside a
+    128,256-entry parse stalls for the whole parse, 0.24 s on the dev box), so the thread only moves the parse's
+    time into whatever Python work runs beside it: on the H200 the weights load slowed by what the parse saved
+    (twentieth session), on the CPU "config + tokenizer" 0.25 -> 0.001 s and "weights" 0.002 -> 0.27 s (twenty-
+    first session; docs/benchmarks/decode.md)."""
+    del dev                                          # (the same on every device)
+    return env.get("SHAPEPLAN_TOKENIZER_THREAD") == "on"
 
 
 #: the CPU's smallest decode bucket: every decode GEMM then has M >= 16, one kernel path of the CPU BLAS,

@@ -14,9 +14,9 @@ from shapeplan.errors import ModelError
 class Tokenizer:
     def __init__(self, path: str, *, background: bool = False) -> None:
         """``path``'s tokenizer.json (and tokenizer_config.json, chat_template.jinja). ``background``: the
-        file is parsed on a thread (``tokenizers`` lets the GIL go while it parses: a llama-3 vocabulary
-        takes 0.2-0.4 s), and the first use of the tokenizer, or ``wait()``, waits for it and raises its
-        error."""
+        file is parsed on a thread (a llama-3 vocabulary takes 0.2-0.4 s; ``tokenizers`` holds the GIL
+        meanwhile, so this overlaps only work that lets the GIL go), and the first use of the tokenizer, or
+        ``wait()``, waits for it and raises its error."""
         tj = os.path.join(path, "tokenizer.json")
         if not os.path.exists(tj):
             raise ModelError(f"{path}: no tokenizer.json (a fast tokenizer file is needed)")
