@@ -499,7 +499,7 @@ def build_graph(cfg: LlamaConfig, weights: dict[str, torch.Tensor], *, max_kv_ca
 def attention_x_codes(cfg: LlamaConfig, w_o: Any, device: str | torch.device) -> bool:
     """Whether a paged decode step's attention hands the o projection (weight ``w_o``) its x as int8 codes
     (PagedWriteAttention ``x_codes``, QuantMatMulAdd's fourth input), so that no x quantizer runs between
-    them: ``SHAPEPLAN_QUANT_ATTN_X`` (auto: on CUDA where the one-row kernel's tile for o reads int8 x,
+    them: ``SHAPEPLAN_QUANT_ATTN_X`` (auto: on CUDA where o runs the one-row kernel and its tile reads int8 x,
     qgemv.TUNE's XQ = 2 / 3; on: wherever o is a one-row type, for tests; off). Needs a quantized o and a
     head size that is a multiple of 32."""
     from shapeplan import env
@@ -516,7 +516,8 @@ def attention_x_codes(cfg: LlamaConfig, w_o: Any, device: str | torch.device) ->
         return False
     if mode == "on":
         return True
-    return qgemv.AVAILABLE and qgemv.config(w_o.qtype, n, k)[3] >= 2
+    return (qgemv.AVAILABLE and env.get("SHAPEPLAN_LLM_FUSED_GEMV") and env.get("SHAPEPLAN_QUANT_ONE_ROW")
+            and qgemv.config(w_o.qtype, n, k)[3] >= 2)       # (INT8_X=0 makes every XQ 1 there)
 
 
 def _sampling_state(cfg: LlamaConfig, batch: int, device: str | torch.device) -> dict[str, torch.Tensor]:
