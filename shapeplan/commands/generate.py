@@ -75,6 +75,7 @@ def _generate(args: argparse.Namespace) -> int:
         return generate(args)
     t0 = time.perf_counter()
     before = since_process_start()
+    start_tokenizer_process(args.model)
     cuda_init = start_cuda_init(args.device)
     from shapeplan.llm import GenerationPipeline  # noqa: F401 - timed apart from the pipeline's start
     t_imports = time.perf_counter()
@@ -120,6 +121,16 @@ def since_process_start() -> float | None:
         return max(0.0, time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK"))
     except (OSError, ValueError, IndexError, AttributeError):
         return None
+
+
+def start_tokenizer_process(model: str) -> None:
+    """With ``SHAPEPLAN_TOKENIZER_PROCESS`` (default), start parsing the checkpoint's tokenizer.json in a
+    helper process now, beside the rest of the imports and the weights load (shapeplan/_tokproc.py: the
+    parse holds the GIL, so a thread could not hide it); the pipeline's Tokenizer then asks it."""
+    from shapeplan import env
+    if env.get("SHAPEPLAN_TOKENIZER_PROCESS") and os.path.isdir(model):
+        from shapeplan import _tokproc
+        _tokproc.start(model)
 
 
 def start_cuda_init(device: str) -> threading.Thread | None:

@@ -254,7 +254,7 @@ def tokenizer_info(tokenizer: Tokenizer, vocab_size: int, stop_ids: tuple[int, .
     tokenizer, so xgrammar detects byte-level / byte-fallback vocabularies as it does for HF models)."""
     xgr = xgrammar()
     from transformers import PreTrainedTokenizerFast
-    hf = PreTrainedTokenizerFast(tokenizer_object=tokenizer._tok)
+    hf = PreTrainedTokenizerFast(tokenizer_object=tokenizer.backend())
     stops = list(stop_ids) or ([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else None)
     return xgr.TokenizerInfo.from_huggingface(hf, vocab_size=vocab_size, stop_token_ids=stops)
 

@@ -355,7 +355,7 @@ class GenerationPipeline:
             if warm is not None:
                 warm.release()
             raise
-        if tok is not None:                          # a parse on a thread (SHAPEPLAN_TOKENIZER_THREAD): its end
+        if tok is not None:                          # a parse on a thread or in a helper process: its end
             t_wait = time.perf_counter()
             try:
                 tok.wait()

@@ -5,6 +5,7 @@ import functools
 import json
 import os
 import threading
+import weakref
 from datetime import datetime
 from typing import Any
 
@@ -23,10 +24,15 @@ class Tokenizer:
         self._parsed: Any = None
         self._error: ModelError | None = None
         self._thread: threading.Thread | None = None
-        if background:
+        self._json = tj
+        from shapeplan import _tokproc
+        self._helper = _tokproc.take(tj)         # a command started a process that parses it (shapeplan/_tokproc.py)
+        if self._helper is not None:
+            weakref.finalize(self, self._helper.close)
+        if self._helper is None and background:
             self._thread = threading.Thread(target=self._parse, args=(tj,), name="shapeplan-tokenizer", daemon=True)
             self._thread.start()
-        else:
+        elif self._helper is None:
             self._parse(tj)
             self.wait()
         cfg: dict[str, Any] = {}
@@ -45,7 +51,7 @@ class Tokenizer:
         """From a built ``tokenizers.Tokenizer`` and a tokenizer_config-like dict (bos_token,
         eos_token, add_bos_token, chat_template); the GGUF importer uses it."""
         self = cls.__new__(cls)
-        self._parsed, self._error, self._thread = tok, None, None
+        self._parsed, self._error, self._thread, self._helper, self._json = tok, None, None, None, "<built>"
         self._configure(config)
         return self
 
@@ -57,20 +63,59 @@ class Tokenizer:
             self._error = ModelError(f"{tj}: cannot load tokenizer: {e}")
 
     def wait(self) -> "Tokenizer":
-        """The parse finished (at once unless ``background``); its ``ModelError`` if it failed."""
+        """The parse finished (at once unless ``background`` or a helper process parses it); its
+        ``ModelError`` if it failed. A helper that is gone is replaced by a parse here."""
         t = self._thread                       # (another thread may be waiting too)
         if t is not None:
             t.join()
             self._thread = None
+        if self._helper is not None and self._parsed is None and self._error is None:
+            from shapeplan import _tokproc
+            try:
+                self._helper.wait()
+                self._parsed = self._helper
+            except _tokproc.ParseError as e:
+                self._error = ModelError(f"{self._json}: cannot load tokenizer: {e}")
+                self._drop_helper()
+            except _tokproc.HelperError:
+                self._drop_helper()
+                self._parse(self._json)
         if self._error is not None:
             raise self._error
         return self
 
     @functools.cached_property
     def _tok(self) -> Any:
-        """The ``tokenizers.Tokenizer`` (a background parse waited for once; later reads are a plain attribute,
-        since every encode / decode goes through it)."""
+        """What encodes and decodes: the ``tokenizers.Tokenizer``, or the helper process that parsed it
+        (``shapeplan/_tokproc.py``: the same calls); a background parse waited for once, later reads a
+        plain attribute, since every encode / decode goes through it."""
         return self.wait()._parsed
+
+    def backend(self) -> Any:
+        """The ``tokenizers.Tokenizer`` object itself (parsed here if a helper process had parsed it: for
+        what needs the object, e.g. xgrammar's vocabulary)."""
+        self.wait()
+        if self._helper is not None and self._parsed is self._helper:
+            self._parse(self._json)                   # (encode / decode keep going through the helper)
+            if self._error is not None:
+                raise self._error
+        return self._parsed
+
+    def _call(self, method: str, *args: Any, **kw: Any) -> Any:
+        """``self._tok.method(...)``; a helper process that is gone is replaced by a parse here, once."""
+        from shapeplan import _tokproc
+        try:
+            return getattr(self._tok, method)(*args, **kw)
+        except _tokproc.HelperError:
+            self._drop_helper()
+            self._parse(self._json)
+            self.__dict__.pop("_tok", None)
+            return getattr(self._tok, method)(*args, **kw)
+
+    def _drop_helper(self) -> None:
+        helper, self._helper = self._helper, None
+        if helper is not None:
+            helper.close()
 
     def _configure(self, cfg: dict[str, Any]) -> None:
         """The special tokens and chat template of a tokenizer_config-like dict; their ids are looked up at
@@ -83,11 +128,11 @@ class Tokenizer:
 
     @functools.cached_property
     def bos_token_id(self) -> int | None:
-        return self._tok.token_to_id(self.bos_token) if self.bos_token else None
+        return self._call("token_to_id", self.bos_token) if self.bos_token else None
 
     @functools.cached_property
     def eos_token_id(self) -> int | None:
-        return self._tok.token_to_id(self.eos_token) if self.eos_token else None
+        return self._call("token_to_id", self.eos_token) if self.eos_token else None
 
     @property
     def add_bos(self) -> bool:
@@ -95,16 +140,16 @@ class Tokenizer:
 
     @property
     def vocab_size(self) -> int:
-        return self._tok.get_vocab_size()
+        return self._call("get_vocab_size")
 
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
-        ids = self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+        ids = self._call("encode", text, add_special_tokens=add_special_tokens).ids
         if add_special_tokens and self.add_bos and (not ids or ids[0] != self.bos_token_id):
             ids = [self.bos_token_id] + ids  # type: ignore[list-item]
         return ids
 
     def decode(self, ids: list[int], *, skip_special_tokens: bool = True) -> str:
-        return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
+        return self._call("decode", ids, skip_special_tokens=skip_special_tokens)
 
     def apply_chat_template(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True,
                             tools: list[dict[str, Any]] | None = None) -> str:

@@ -1,0 +1,85 @@
+"""shapeplan/_tokproc.py: the generate / chat commands' tokenizer.json parsed in a helper process (the parse
+holds the GIL, so no thread can hide it). Its answers are the in-process tokenizer's; a file that does not
+parse fails the load with the same ModelError; a helper that is gone is replaced by a parse here."""
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+from shapeplan import _tokproc
+from shapeplan.errors import ModelError
+from shapeplan.llm import GenerationPipeline
+from shapeplan.llm.tokenizer import Tokenizer
+
+TEXTS = ["Explain KV caching: keys and values", "", "héllo wörld \u2014 \U0001f600 <s> </s>", "a\nb\tc"]
+
+
+def test_the_helper_answers_as_the_tokenizer(checkpoints):
+    path = checkpoints("llama")
+    ref = Tokenizer(path)
+    assert _tokproc.start(path) is not None
+    tok = Tokenizer(path)
+    assert tok._helper is not None and tok._tok is tok._helper and not _tokproc._started
+    for text in TEXTS:
+        for special in (True, False):
+            ids = tok.encode(text, add_special_tokens=special)
+            assert ids == ref.encode(text, add_special_tokens=special)
+            for skip in (True, False):
+                assert tok.decode(ids, skip_special_tokens=skip) == ref.decode(ids, skip_special_tokens=skip)
+    assert (tok.vocab_size, tok.bos_token_id, tok.eos_token_id, tok.add_bos) == \
+        (ref.vocab_size, ref.bos_token_id, ref.eos_token_id, ref.add_bos)
+    from tokenizers import Tokenizer as Backend
+    assert isinstance(tok.backend(), Backend) and tok.backend() is tok.backend()
+    assert tok.encode(TEXTS[0]) == ref.encode(TEXTS[0])                  # still through the helper
+
+
+def test_a_broken_file_fails_as_it_would_here(checkpoints, tmp_path):
+    d = tmp_path / "ckpt"
+    shutil.copytree(checkpoints("llama"), d)
+    (d / "tokenizer.json").write_text('{"model": {"type": "BPE", "vocab": ')
+    with pytest.raises(ModelError) as here:
+        Tokenizer(str(d))
+    _tokproc.start(str(d))
+    with pytest.raises(ModelError, match="tokenizer.json: cannot load tokenizer") as there:
+        Tokenizer(str(d)).encode("x")
+    assert str(there.value) == str(here.value)
+
+
+def test_a_helper_that_is_gone_is_replaced_by_a_parse_here(checkpoints):
+    path = checkpoints("llama")
+    ref = Tokenizer(path)
+    helper = _tokproc.start(path)
+    tok = Tokenizer(path)
+    assert tok.encode(TEXTS[0]) == ref.encode(TEXTS[0])
+    helper._p.kill()
+    helper._p.wait()
+    assert tok.encode(TEXTS[2]) == ref.encode(TEXTS[2]) and tok._helper is None
+    helper = _tokproc.start(path)                                        # gone before it answered at all
+    helper._p.kill()
+    helper._p.wait()
+    assert Tokenizer(path).decode(ref.encode(TEXTS[0])) == ref.decode(ref.encode(TEXTS[0]))
+
+
+def test_the_command_starts_it_and_the_pipeline_uses_it(checkpoints, monkeypatch):
+    """``start_tokenizer_process`` (the generate / chat commands, first thing): the pipeline's tokenizer is
+    the helper's, the completion the same as without it; ``SHAPEPLAN_TOKENIZER_PROCESS=0`` starts none,
+    and neither does a path that is not a checkpoint directory."""
+    from shapeplan.commands.generate import start_tokenizer_process
+    path = checkpoints("llama")
+    texts = []
+    for on in ("1", "0"):
+        monkeypatch.setenv("SHAPEPLAN_TOKENIZER_PROCESS", on)
+        start_tokenizer_process(path)
+        assert bool(_tokproc._started) == (on == "1")
+        pipe = GenerationPipeline.from_pretrained(path, max_prefill_length=32, max_kv_cache_length=96, progress=False)
+        try:
+            assert (pipe.tokenizer._helper is not None) == (on == "1") and not _tokproc._started
+            texts.append(pipe.generate("Explain KV caching", max_new_tokens=6).text)
+        finally:
+            pipe.close()
+    assert texts[0] == texts[1]
+    monkeypatch.setenv("SHAPEPLAN_TOKENIZER_PROCESS", "1")
+    start_tokenizer_process(os.path.join(path, "model.gguf"))
+    assert not _tokproc._started
