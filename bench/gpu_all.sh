@@ -47,10 +47,11 @@ step generate_cmd default 120 'python3 -m bench.startup --generate-cmd --preset 
 # not, alternating, two runs of the command each (the second run is the 2.0 s target's)
 step generate_cmd_tok extra 300 'for r in 1 2; do for t in off on; do echo "tokenizer thread $t"; SHAPEPLAN_TOKENIZER_THREAD=$t python3 -m bench.startup --generate-cmd --preset llama-1b --device cuda; done; done' \
   'awk '\''$1=="tokenizer" {t=$3} $1=="wall" {printf "thread %s: %s / %s s; ", t, $2, $3}'\'' $L'
-# the cyclic garbage collector held off during start-up and what it made frozen (SHAPEPLAN_GC_PAUSE, on by default;
-# twenty-first session, never run on a GPU) against Python's collector, alternating, two runs of the command each
-step generate_cmd_gc extra 300 'for r in 1 2; do for v in 0 1; do echo "gc pause $v"; SHAPEPLAN_GC_PAUSE=$v python3 -m bench.startup --generate-cmd --preset llama-1b --device cuda; done; done' \
-  'awk '''$1=="gc" {t=$3} $1=="wall" {printf "pause %s: %s / %s s; ", t, $2, $3}''' $L'
+# the twenty-first session's start-up changes, never run on a GPU: the cyclic garbage collector held off during
+# start-up (SHAPEPLAN_GC_PAUSE, on) and tokenizer.json parsed in a helper process (SHAPEPLAN_TOKENIZER_PROCESS, auto: on
+# with 4+ CPUs, as there); "old" (both off), "gc" (the first), "both", alternating, two rounds, two runs of the command each
+step generate_cmd_ab extra 420 'for r in 1 2; do for c in old gc both; do g=1; t=1; [ $c = old ] && g=0; [ $c = both ] || t=0; echo "config $c"; SHAPEPLAN_GC_PAUSE=$g SHAPEPLAN_TOKENIZER_PROCESS=$([ $t = 1 ] && echo on || echo off) python3 -m bench.startup --generate-cmd --preset llama-1b --device cuda; done; done' \
+  'awk '\''$1=="config" {t=$2} $1=="wall" {printf "%s: %s / %s s; ", t, $2, $3}'\'' $L'
 step block_stack quick 150 'python3 -m bench.block_stack --shapes 1x1,8x512 --optimize --no-compile --json $W/block_stack.json' \
   'awk '\''$2=="cuda_graphs" || $2=="triton" {printf "%s %s %s ms (ready %s s); ", $1, $2, $3, $5}'\'' $L'
 SERVE='python3 -m shapeplan bench --device cuda --config triton --prompt-len 128 --new-tokens 256'

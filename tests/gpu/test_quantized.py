@@ -163,7 +163,7 @@ def test_attention_codes_for_o_on_cuda(ftype, tmp_path, monkeypatch):
     from shapeplan.runtime.backends.triton.kernels import qgemv
     path, _ = _tiny_gguf(tmp_path, ftype)
     monkeypatch.setattr(qgemv, "DEFAULT", {q: (*t[:3], 2) for q, t in qgemv.DEFAULT.items()})
-    tokens = {}
+    tokens, batches = {}, {}
     for fold in ("off", "on"):
         monkeypatch.setenv("SHAPEPLAN_QUANT_ATTN_X", fold)
         for mode in ("slot_by_slot", "cuda_graphs", "triton"):
@@ -171,7 +171,10 @@ def test_attention_codes_for_o_on_cuda(ftype, tmp_path, monkeypatch):
             if fold == "on":
                 assert sum(len(n.inputs) == 4 for n in pipe.graph.nodes if n.op_type == "QuantMatMulAdd") == 2
             tokens[fold, mode] = pipe.generate(PROMPT, max_new_tokens=16).token_ids
+            if mode == "triton":        # rows > 1: the kernel writes row 0's codes, o's batched GEMV reads x
+                batches[fold] = [r.token_ids for r in pipe.generate_batch([PROMPT, "Hello", "0 1 2 3"], 8)]
     assert len(set(map(tuple, tokens.values()))) == 1, tokens
+    assert batches["on"] == batches["off"]
 
 
 def test_int4_tinygemm_baseline_cuda_packing_matches_cpu():

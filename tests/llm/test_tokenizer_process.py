@@ -64,22 +64,28 @@ def test_a_helper_that_is_gone_is_replaced_by_a_parse_here(checkpoints):
 
 def test_the_command_starts_it_and_the_pipeline_uses_it(checkpoints, monkeypatch):
     """``start_tokenizer_process`` (the generate / chat commands, first thing): the pipeline's tokenizer is
-    the helper's, the completion the same as without it; ``SHAPEPLAN_TOKENIZER_PROCESS=0`` starts none,
-    and neither does a path that is not a checkpoint directory."""
+    the helper's, the completion the same as without it; ``SHAPEPLAN_TOKENIZER_PROCESS=off`` starts none,
+    and neither does a path that is not a checkpoint directory; auto: with 4 or more CPUs."""
     from shapeplan.commands.generate import start_tokenizer_process
     path = checkpoints("llama")
     texts = []
-    for on in ("1", "0"):
+    for on in ("on", "off"):
         monkeypatch.setenv("SHAPEPLAN_TOKENIZER_PROCESS", on)
         start_tokenizer_process(path)
-        assert bool(_tokproc._started) == (on == "1")
+        assert bool(_tokproc._started) == (on == "on")
         pipe = GenerationPipeline.from_pretrained(path, max_prefill_length=32, max_kv_cache_length=96, progress=False)
         try:
-            assert (pipe.tokenizer._helper is not None) == (on == "1") and not _tokproc._started
+            assert (pipe.tokenizer._helper is not None) == (on == "on") and not _tokproc._started
             texts.append(pipe.generate("Explain KV caching", max_new_tokens=6).text)
         finally:
             pipe.close()
     assert texts[0] == texts[1]
-    monkeypatch.setenv("SHAPEPLAN_TOKENIZER_PROCESS", "1")
+    monkeypatch.setenv("SHAPEPLAN_TOKENIZER_PROCESS", "on")
     start_tokenizer_process(os.path.join(path, "model.gguf"))
     assert not _tokproc._started
+    monkeypatch.setenv("SHAPEPLAN_TOKENIZER_PROCESS", "auto")
+    for cpus, started in ((2, False), (16, True)):
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid, n=cpus: set(range(n)), raising=False)
+        start_tokenizer_process(path)
+        assert bool(_tokproc._started) == started
+        _tokproc._close_unclaimed()
