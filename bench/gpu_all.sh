@@ -111,8 +111,10 @@ step quant_sweep_repack extra 540 'python3 -m bench.quant_gemv --no-gemv --sweep
 # run on a GPU): off / auto interleaved on the two llama-8b files whose o reads int8 x (1b's o reads 16-bit x)
 step quant_attn_x extra 420 'python3 -m bench.quant_gemv --no-gemv --e2e llama-8b:Q8_0,llama-8b:Q4_K_M --e2e-configs triton --switch-ab SHAPEPLAN_QUANT_ATTN_X=off,auto:2' \
   'grep -E "^llama-8b" $L | awk '''{printf "%s %s %s; ", $1, $2, $3}''' | cut -c1-300'
-step quant_pdl extra 240 'python3 -m bench.quant_gemv --no-gemv --e2e llama-1b:Q4_K_M --e2e-configs triton --pdl-ab 2' \
-  'grep -E "^llama-1b" $L | awk '\''{printf "%s %s tok/s; ", $2, $3}'\'''
+# PDL for the one-row GEMVs, off by default since the twelfth session (1b Q4_K_M 1,200 off, 1,123 on); the kernels and
+# layouts have changed since, and it was never measured on Q8_0
+step quant_pdl extra 480 'python3 -m bench.quant_gemv --no-gemv --e2e llama-1b:Q4_K_M,llama-1b:Q8_0,llama-8b:Q8_0 --e2e-configs triton --pdl-ab 2' \
+  'grep -E "^llama-(1b|8b)" $L | awk '\''{printf "%s %s %s; ", $1, $2, $3}'\'' | cut -c1-300'
 step structured extra 300 'python3 -m bench.structured --preset llama-1b --device cuda --json $W/structured.json' \
   'awk -F"|" '\''$2 ~ /json_schema/ && $4 ~ /on/ {printf "N=%s%s tok/s (%s of unconstrained); ", $3, $5, $6}'\'' $L'
 step decode_attention default 60 'python3 -m bench.decode_attention --pos 256' \
