@@ -101,13 +101,9 @@ class TokenizerProcess:
         with self._lock:
             if self._ready is None:
                 line = self._p.stdout.readline() if self._p.stdout else ""
-                if not line:
-                    self._ready = False
-                    self._error = None
-                else:
-                    msg = json.loads(line)
-                    self._ready = "ok" in msg
-                    self._error = msg.get("error")
+                msg = _message(line)
+                self._ready = msg is not None and "ok" in msg
+                self._error = None if msg is None else msg.get("error")
         if self._error is not None:
             raise ParseError(self._error)
         if not self._ready:
@@ -122,9 +118,9 @@ class TokenizerProcess:
                 line = self._p.stdout.readline()
             except (OSError, ValueError) as e:        # a closed pipe: the helper is gone
                 raise HelperError(f"the tokenizer process is gone: {e}") from None
-        if not line:
-            raise HelperError("the tokenizer process is gone")
-        msg = json.loads(line)
+        msg = _message(line)
+        if msg is None:
+            raise HelperError("the tokenizer process is gone, or said something else than an answer")
         if "error" in msg:
             raise ValueError(msg["error"])
         return msg["r"]
@@ -152,6 +148,16 @@ class TokenizerProcess:
             self._p.wait()
         if self._p.stdout:
             self._p.stdout.close()
+
+
+def _message(line: str) -> dict | None:
+    """One line of the helper's as a JSON object; None for an end of file or anything else (e.g. a library
+    that printed to stdout): the helper is then not to be trusted, and the caller parses here."""
+    try:
+        msg = json.loads(line) if line else None
+    except ValueError:
+        return None
+    return msg if isinstance(msg, dict) and ("ok" in msg or "error" in msg or "r" in msg) else None
 
 
 def start(model_dir: str) -> TokenizerProcess | None:

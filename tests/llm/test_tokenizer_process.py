@@ -62,6 +62,17 @@ def test_a_helper_that_is_gone_is_replaced_by_a_parse_here(checkpoints):
     assert Tokenizer(path).decode(ref.encode(TEXTS[0])) == ref.decode(ref.encode(TEXTS[0]))
 
 
+def test_a_helper_that_says_something_else_is_replaced_too(checkpoints, monkeypatch):
+    """A helper whose stdout carries something other than its answers (a library printing on import, say)
+    is not trusted: the file is parsed here."""
+    path = checkpoints("llama")
+    ref = Tokenizer(path)
+    monkeypatch.setattr(_tokproc, "_HELPER", "print('hello from a library')\n" + _tokproc._HELPER)
+    _tokproc.start(path)
+    tok = Tokenizer(path)
+    assert tok.encode(TEXTS[0]) == ref.encode(TEXTS[0]) and tok._helper is None
+
+
 def test_the_command_starts_it_and_the_pipeline_uses_it(checkpoints, monkeypatch):
     """``start_tokenizer_process`` (the generate / chat commands, first thing): the pipeline's tokenizer is
     the helper's, the completion the same as without it; ``SHAPEPLAN_TOKENIZER_PROCESS=off`` starts none,
