@@ -126,6 +126,11 @@ SWITCHES: tuple[Switch, ...] = (
            "a paged decode step's attention kernel also writes the o projection's x as int8 codes, so no x quantizer "
            "launches before o (auto: on CUDA where o's one-row tile reads int8 x, qgemv.TUNE's XQ 2 / 3: llama-8b's "
            "quantized types; on: wherever o is a one-row type, tests; shapeplan/llm/model.py attention_x_codes)"),
+    Switch("SHAPEPLAN_QUANT_CPU", "auto|packed|unpack", "auto",
+           "a CPU LLM pipeline keeps quantized weights packed and dequantizes each matrix per call (packed: the "
+           "memory of the file), or dequantizes them once when it is built, into the activation dtype (unpack: "
+           "the memory of the float model; llama-125m Q4_K_M bf16 2.5-3.2 -> 17-23 tok/s on the 2-CPU dev box); "
+           "auto: unpack when the float weights take at most a quarter of the machine's memory"),
     Switch("SHAPEPLAN_QUANT_ONE_ROW", "bool", True,
            "one row of a Q4_K / Q5_K / Q6_K / Q8_0 / Q4_0 / IQ4_NL / IQ4_XS weight runs the one-row kernel of "
            "kernels/qgemv.py (0: the generic quantized GEMV of kernels/gguf.py, and the fused quantized ops' unfused "

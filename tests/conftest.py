@@ -13,6 +13,9 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# CPU pipelines keep quantized weights packed (the reference path every quantized test means to run; its
+# auto mode dequantizes small models once: tests/llm/test_quantized_models.py sets it per test there)
+os.environ.setdefault("SHAPEPLAN_QUANT_CPU", "packed")
 os.environ.setdefault("TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="sp-triton-"))
 
 from shapeplan import diagnostics  # noqa: E402

@@ -113,6 +113,36 @@ def test_fused_quantized_ops_equal_the_unfused_graph(ftype, files):
     assert np.isfinite(out[True]["logits"].numpy()).all()
 
 
+@pytest.mark.parametrize("ftype", ["Q4_K_M", "Q4_0"])
+def test_cpu_unpack_dequantizes_once(ftype, files, monkeypatch):
+    """``SHAPEPLAN_QUANT_CPU=unpack``: a CPU pipeline dequantizes every matrix once (no quantized op in its
+    graph) and gives the packed pipeline's tokens and logits (the same dequantized values)."""
+    packed = _pipe(files(ftype))
+    monkeypatch.setenv("SHAPEPLAN_QUANT_CPU", "unpack")
+    dense = _pipe(files(ftype))
+    assert _quant_nodes(packed) and not _quant_nodes(dense)
+    assert dense.generate(PROMPT, max_new_tokens=8).token_ids == packed.generate(PROMPT, max_new_tokens=8).token_ids
+    ids = packed.encode(PROMPT)
+    torch.testing.assert_close(dense.score(ids), packed.score(ids), rtol=1e-5, atol=1e-5)
+
+
+def test_cpu_unpack_auto_is_bounded_by_memory(monkeypatch):
+    """auto: unpack when the float weights take at most a quarter of the machine's memory."""
+    from shapeplan.llm.pipeline import _cpu_unpack
+    from shapeplan.quant.formats import QuantWeight
+    from shapeplan.quant.quantize import quantize_weight
+    w = {"a.weight": quantize_weight(torch.randn(64, 256), "Q8_0"), "norm": torch.ones(256)}
+    assert isinstance(w["a.weight"], QuantWeight)
+    dense = 64 * 256 * 2                                                  # bf16 bytes
+    monkeypatch.setenv("SHAPEPLAN_QUANT_CPU", "auto")
+    assert _cpu_unpack(w, torch.bfloat16, memory=4 * dense) and not _cpu_unpack(w, torch.bfloat16, memory=4 * dense - 1)
+    assert not _cpu_unpack({"norm": torch.ones(2)}, torch.bfloat16, memory=1 << 40)   # nothing quantized
+    monkeypatch.setenv("SHAPEPLAN_QUANT_CPU", "unpack")
+    assert _cpu_unpack(w, torch.bfloat16, memory=1)
+    monkeypatch.setenv("SHAPEPLAN_QUANT_CPU", "packed")
+    assert not _cpu_unpack(w, torch.bfloat16, memory=1 << 40)
+
+
 @pytest.mark.parametrize("ftype", ["Q4_K_M", "Q8_0"])
 def test_attention_hands_o_its_x_as_codes(ftype, files, monkeypatch):
     """``SHAPEPLAN_QUANT_ATTN_X=on``: each paged layer's PagedWriteAttention has a second output, the o
