@@ -84,7 +84,6 @@ class TokenizerProcess:
     Tokenizer calls. Calls are serialized (one request in flight)."""
 
     def __init__(self, tokenizer_json: str) -> None:
-        self.path = tokenizer_json
         self._lock = threading.Lock()
         self._ready: bool | None = None
         self._error: str | None = None

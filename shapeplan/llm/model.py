@@ -417,6 +417,7 @@ def build_graph(cfg: LlamaConfig, weights: dict[str, torch.Tensor], *, max_kv_ca
 
     h = b.embed(ids) if tp is None else tp.embed(g, b.const("model.embed_tokens.weight"), ids)  # [B, S, H]
     fused = fuse_norms and fuse_projections and tp is None
+    x_codes = layers_x_codes(cfg, weights, device)
     x = None if fused else b.rms_norm(h, "model.layers.0.input_layernorm.weight")
 
     for i in range(cfg.num_layers):
@@ -441,7 +442,7 @@ def build_graph(cfg: LlamaConfig, weights: dict[str, torch.Tensor], *, max_kv_ca
             q = op.RotaryEmbedding(q, rope_cos, rope_sin, _domain=SP)
         k, v = op.Transpose(k, perm=perm), op.Transpose(v, perm=perm)                # [B, Hkv, S, D]
         codes = None
-        if fused and paged is not None and attention_x_codes(cfg, weights.get(p + "self_attn.o_proj.weight"), device):
+        if fused and paged is not None and x_codes[i]:
             a, codes = kv.layer(i, q, k, v, rope_cos, rope_sin, float(d) ** -0.5, x_codes=True)
         else:
             a = kv.layer(i, q, k, v, rope_cos, rope_sin, float(d) ** -0.5)              # [B, Hq, S, D]
@@ -518,6 +519,13 @@ def attention_x_codes(cfg: LlamaConfig, w_o: Any, device: str | torch.device) ->
         return True
     return (qgemv.AVAILABLE and env.get("SHAPEPLAN_LLM_FUSED_GEMV") and env.get("SHAPEPLAN_QUANT_ONE_ROW")
             and qgemv.config(w_o.qtype, n, k)[3] >= 2)       # (INT8_X=0 makes every XQ 1 there)
+
+
+def layers_x_codes(cfg: LlamaConfig, weights: dict[str, Any], device: str | torch.device) -> list[bool]:
+    """``attention_x_codes`` of every layer's o projection (a paged, fused graph's; the pipeline's start-up
+    compiles the decode kernel variants these need)."""
+    return [attention_x_codes(cfg, weights.get(f"model.layers.{i}.self_attn.o_proj.weight"), device)
+            for i in range(cfg.num_layers)]
 
 
 def _sampling_state(cfg: LlamaConfig, batch: int, device: str | torch.device) -> dict[str, torch.Tensor]:

@@ -34,7 +34,7 @@ from shapeplan.llm.batch import BatchEngine, BlockManager, ModelRunner, RequestH
 from shapeplan.llm.batch.constrained import Structured
 from shapeplan.llm.config import LlamaConfig, preset_config
 from shapeplan.llm.metrics import Metrics
-from shapeplan.llm.model import PagedKV, attention_x_codes, build_graph, initial_state
+from shapeplan.llm.model import PagedKV, build_graph, initial_state, layers_x_codes
 from shapeplan.llm.sampling import Sampling
 from shapeplan.llm.session import GenerationResult, Session, TextStream, _until_stop  # noqa: F401
 from shapeplan.llm.tokenizer import Tokenizer
@@ -224,9 +224,8 @@ class GenerationPipeline:
             self._startup_done = warm.release
             weakref.finalize(self, self._startup_done)
             if mode in ("triton", "auto"):
-                codes = {attention_x_codes(cfg, weights.get(f"model.layers.{i}.self_attn.o_proj.weight"), self.device)
-                         for i in range(cfg.num_layers)}
-                _prewarm_decode_kernels(cfg, self.dtype, self.device, self.paged, x_codes=codes)
+                _prewarm_decode_kernels(cfg, self.dtype, self.device, self.paged,
+                                        x_codes=set(layers_x_codes(cfg, weights, self.device)))
         graph = build_graph(cfg, weights, max_kv_cache_length=max_kv_cache_length, dtype=self.dtype,
                             device=self.device, tp=tp, state=state, paged=self.paged)
         diagnostics.record("COMPILE", "graph built", nodes=len(graph.nodes))
@@ -582,7 +581,7 @@ def _prewarm_decode_kernels(cfg: LlamaConfig, dtype: torch.dtype, device: torch.
     greedy pick's ArgMax; each on its own
     warm-up thread, so a cold cache compiles them side by side in the compile workers) without
     launching them, so no capture waits for them (the decode kernel once per ``x_codes`` value its layers
-    take: ``model.attention_x_codes``). Off with SHAPEPLAN_TRITON_WARM=0. Returns the jobs (futures)."""
+    take: ``model.layers_x_codes``). Off with SHAPEPLAN_TRITON_WARM=0. Returns the jobs (futures)."""
     try:
         from shapeplan.runtime.backends.triton import warmup as triton_warmup
     except ImportError:

@@ -78,8 +78,7 @@ class Tokenizer:
                 self._error = ModelError(f"{self._json}: cannot load tokenizer: {e}")
                 self._drop_helper()
             except _tokproc.HelperError:
-                self._drop_helper()
-                self._parse(self._json)
+                self._parse_here()
         if self._error is not None:
             raise self._error
         return self
@@ -107,15 +106,19 @@ class Tokenizer:
         try:
             return getattr(self._tok, method)(*args, **kw)
         except _tokproc.HelperError:
-            self._drop_helper()
-            self._parse(self._json)
-            self.__dict__.pop("_tok", None)
+            self._parse_here()
             return getattr(self._tok, method)(*args, **kw)
 
     def _drop_helper(self) -> None:
         helper, self._helper = self._helper, None
         if helper is not None:
             helper.close()
+
+    def _parse_here(self) -> None:
+        """The helper process is gone: parse the file in this process instead (``_tok`` then reads it)."""
+        self._drop_helper()
+        self._parse(self._json)
+        self.__dict__.pop("_tok", None)
 
     def _configure(self, cfg: dict[str, Any]) -> None:
         """The special tokens and chat template of a tokenizer_config-like dict; their ids are looked up at

@@ -423,20 +423,10 @@ def paged_write_attention(q, k, v, k_pool, v_pool, positions, lengths, block_tab
     paged_cache_write(k_pool, v_pool, k, v, positions, lengths, block_tables, cos, sin, interleaved=interleaved)
     out = paged_attention(q, k_pool, v_pool, positions, lengths, block_tables, cos, sin, scale=scale,
                           window=window, interleaved=interleaved)
-    return (out, _x_codes(out[0, :, 0, :].reshape(1, -1))) if x_codes else out
-
-
-def _x_codes(x):
-    """x [1, K] as int8 codes (``x_codes`` above): qgemv's x quantizer on CUDA, else the torch form."""
-    from shapeplan.quant.quantize import x_codes
-    if x.is_cuda:
-        kern = _paged_kernels()
-        if kern is not None:
-            from shapeplan.runtime.backends.triton.kernels import qgemv
-            out = torch.empty(qgemv.x_code_words(x.shape[1]), dtype=torch.int32, device=x.device)
-            qgemv.quantize_x(x.contiguous(), None, 0.0, x.shape[1], out=out)
-            return out
-    return x_codes(x)
+    if not x_codes:
+        return out
+    from shapeplan.ops.quantized import quant_x_codes
+    return out, quant_x_codes(out[0, :, 0, :].reshape(1, -1))
 
 
 def _last_token_shape(node):

@@ -119,6 +119,21 @@ def quant_gather(packed, indices, *, qtype: str, n: int, k: int, dtype: str = "f
     return dequantize(packed[idx], qtype).to(dt).reshape(*indices.shape, k)
 
 
+def quant_x_codes(x: torch.Tensor) -> torch.Tensor:
+    """x [1, K] as int8 codes (``shapeplan.quant.quantize.x_codes``' layout): qgemv's x quantizer where the
+    Triton quantized kernels run, else the torch form."""
+    if _triton(x) is not None:
+        try:
+            from shapeplan.runtime.backends.triton.kernels import qgemv
+            buf = qgemv.x_code_buffer(x.shape[1], x.device)
+            qgemv.quantize_x(x.contiguous(), None, 0.0, x.shape[1], out=buf)
+            return buf
+        except Exception as e:  # noqa: BLE001
+            _fallback(e, "x codes")
+    from shapeplan.quant.quantize import x_codes
+    return x_codes(x)
+
+
 def _fused_kernel(x2: torch.Tensor, packed: torch.Tensor, qtype: str, k: int):
     """qgemv.py when its one-row kernel applies to x2 [M, K] (and the fused GEMV is switched on), else None."""
     if x2.shape[0] != 1 or _triton(x2) is None:

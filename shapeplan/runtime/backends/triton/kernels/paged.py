@@ -94,7 +94,7 @@ def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
     leaves zero (the last program of each (row, head) merges the splits); a state variable of the graph
     (none: zeros made here, one fill more). Returns [B, Hq, 1, D] in q's dtype (zeros for padding rows);
     with ``x_codes`` (D a multiple of 32) also row 0's output flattened ([Hq * D], the o projection's x) as
-    int8 codes per block of 32, int32 [qgemv.x_code_words(Hq * D)] (qgemv.quantize_x's buffer, written by
+    int8 codes per block of 32, int32 [x_code_words(Hq * D)] (qgemv.quantize_x's buffer, written by
     the merges: no kernel of its own)."""
     b, hq, s, d = q.shape
     _, hkv, bs, _ = k_pool.shape
@@ -129,7 +129,7 @@ def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
         from shapeplan.runtime.backends.triton.kernels import qgemv
         if d % 32:
             raise ValueError(f"paged decode attention: x_codes needs a head size that is a multiple of 32, got {d}")
-        codes = torch.empty(qgemv.x_code_words(hq * d), dtype=torch.int32, device=dev)
+        codes = qgemv.x_code_buffer(hq * d, dev)
         xw, xd, xs = qgemv.x_code_views(codes, hq * d)
     _paged_decode[(b * hkv, ns)](q, k_pool, v_pool, positions, lengths, bt, m, l, acc, counters, out,
                                  cos if rotate else q, sin if rotate else q, k if write else q, v if write else q,

@@ -986,6 +986,11 @@ def gemv1(x: torch.Tensor, packed: torch.Tensor, qtype: str, n: int, k: int, *, 
     return y
 
 
+def x_code_buffer(k: int, device: torch.device) -> torch.Tensor:
+    """An empty buffer for x as int8 codes: int32 [x_code_words(K)] (``x_code_views`` splits it)."""
+    return torch.empty(x_code_words(k), dtype=torch.int32, device=device)
+
+
 def x_code_views(buf: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The code words [K / 4] (int32), scales and sums [K / 32] (float32) in ``buf`` (int32 [x_code_words(K)]:
     shapeplan/quant/quantize.py ``x_codes`` is the torch form)."""
@@ -999,9 +1004,7 @@ def quantize_x(x: torch.Tensor, norm_w: torch.Tensor | None, eps: float, k: int,
     """x [1, K] (with ``norm_w``: rms_norm(x) * norm_w) as XQ = 2 reads it: int8 codes per block of 32,
     four to an int32 word [K / 4], the blocks' scales [K / 32] and their exact sums [K / 32] (float32),
     in one buffer (``out``, else a new one; ``x_code_views``; module doc)."""
-    if out is None:
-        out = torch.empty(x_code_words(k), dtype=torch.int32, device=x.device)
-    xw, xd, xs = x_code_views(out, k)
+    xw, xd, xs = x_code_views(out if out is not None else x_code_buffer(k, x.device), k)
     _quant_x_kernel[(triton.cdiv(k // 32, QX_BLOCKS),)](
         x, norm_w if norm_w is not None else x, xw, xd, xs, k, float(eps), BB=QX_BLOCKS, NORM=norm_w is not None,
         CHUNK=min(triton.next_power_of_2(k), QX_CHUNK), PDL=pdl, num_warps=4, enable_fp_fusion=False,
