@@ -37,6 +37,10 @@ step tests_quant default 300 'python3 -m pytest -q -p no:cacheprovider $(existin
   'grep -E "[0-9]+ (passed|failed|error)" $L | tail -1'
 step tests_quant_gpu default 330 'python3 -m pytest -q -p no:cacheprovider $(existing $QUANT_GPU_TESTS)' \
   'grep -E "[0-9]+ (passed|failed|error)" $L | tail -1'
+# the twenty-first session's attention-written codes for o (SHAPEPLAN_QUANT_ATTN_X) alone: its GPU test, and the paged
+# kernels whose merges write them (a short first look before the whole quantized-weight step)
+step tests_attn_x extra 240 'python3 -m pytest -q -p no:cacheprovider tests/gpu/test_quantized.py -k attention_codes tests/runtime/triton/kernels/test_paged.py' \
+  'grep -E "[0-9]+ (passed|failed|error)" $L | tail -1'
 step decode quick 150 'python3 -m shapeplan bench --preset llama-1b --device cuda --config triton --json $W/decode.json' \
   'awk '\''$1=="triton" {print "llama-1b triton late_steady " $(NF-2) " tok/s, cold " $2 " s"}'\'' $L'
 step startup quick 150 'python3 -m bench.startup --preset llama-1b --mode triton --warm 3 --json $W/startup.json' \
@@ -110,7 +114,7 @@ step quant_sweep_repack extra 540 'python3 -m bench.quant_gemv --no-gemv --sweep
 # the o projection's x as codes written by the attention kernel (SHAPEPLAN_QUANT_ATTN_X, twenty-first session, never
 # run on a GPU): off / auto interleaved on the two llama-8b files whose o reads int8 x (1b's o reads 16-bit x)
 step quant_attn_x extra 420 'python3 -m bench.quant_gemv --no-gemv --e2e llama-8b:Q8_0,llama-8b:Q4_K_M --e2e-configs triton --switch-ab SHAPEPLAN_QUANT_ATTN_X=off,auto:2' \
-  'grep -E "^llama-8b" $L | awk '''{printf "%s %s %s; ", $1, $2, $3}''' | cut -c1-300'
+  'grep -E "^llama-8b" $L | awk '\''{printf "%s %s %s; ", $1, $2, $3}'\'' | cut -c1-300'
 # PDL for the one-row GEMVs, off by default since the twelfth session (1b Q4_K_M 1,200 off, 1,123 on); the kernels and
 # layouts have changed since, and it was never measured on Q8_0
 step quant_pdl extra 480 'python3 -m bench.quant_gemv --no-gemv --e2e llama-1b:Q4_K_M,llama-1b:Q8_0,llama-8b:Q8_0 --e2e-configs triton --pdl-ab 2' \
