@@ -39,7 +39,7 @@ step tests_quant_gpu default 330 'python3 -m pytest -q -p no:cacheprovider $(exi
   'grep -E "[0-9]+ (passed|failed|error)" $L | tail -1'
 # the twenty-first session's attention-written codes for o (SHAPEPLAN_QUANT_ATTN_X) alone: its GPU test, and the paged
 # kernels whose merges write them (a short first look before the whole quantized-weight step)
-step tests_attn_x extra 240 'python3 -m pytest -q -p no:cacheprovider tests/gpu/test_quantized.py -k attention_codes tests/runtime/triton/kernels/test_paged.py' \
+step tests_attn_x extra 240 'python3 -m pytest -q -p no:cacheprovider tests/gpu/test_quantized.py::test_attention_codes_for_o_on_cuda tests/runtime/triton/kernels/test_paged.py' \
   'grep -E "[0-9]+ (passed|failed|error)" $L | tail -1'
 step decode quick 150 'python3 -m shapeplan bench --preset llama-1b --device cuda --config triton --json $W/decode.json' \
   'awk '\''$1=="triton" {print "llama-1b triton late_steady " $(NF-2) " tok/s, cold " $2 " s"}'\'' $L'
