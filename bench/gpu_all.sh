@@ -31,15 +31,15 @@ GPU_TESTS="tests/gpu tests/llm/test_gpu.py tests/llm/test_decode_attention.py te
 # (gguf) comes from .wheels312
 QUANT_TESTS="tests/ops/test_quant_ops.py"
 QUANT_GPU_TESTS="tests/gpu/test_quantized.py tests/llm/test_reference_int4.py"
-step tests default 300 'python3 -m pytest -q -p no:cacheprovider --ignore=tests/gpu/test_quantized.py $(existing $GPU_TESTS)' \
+step tests default 300 'python3 -m pytest -q -p no:cacheprovider $XDIST --ignore=tests/gpu/test_quantized.py $(existing $GPU_TESTS)' \
   'grep -E "[0-9]+ (passed|failed|error)" $L | tail -1'
-step tests_quant default 300 'python3 -m pytest -q -p no:cacheprovider $(existing $QUANT_TESTS)' \
+step tests_quant default 300 'python3 -m pytest -q -p no:cacheprovider $XDIST $(existing $QUANT_TESTS)' \
   'grep -E "[0-9]+ (passed|failed|error)" $L | tail -1'
-step tests_quant_gpu default 330 'python3 -m pytest -q -p no:cacheprovider $(existing $QUANT_GPU_TESTS)' \
+step tests_quant_gpu default 330 'python3 -m pytest -q -p no:cacheprovider $XDIST $(existing $QUANT_GPU_TESTS)' \
   'grep -E "[0-9]+ (passed|failed|error)" $L | tail -1'
 # the twenty-first session's attention-written codes for o (SHAPEPLAN_QUANT_ATTN_X) alone: its GPU test, and the paged
 # kernels whose merges write them (a short first look before the whole quantized-weight step)
-step tests_attn_x extra 240 'python3 -m pytest -q -p no:cacheprovider tests/gpu/test_quantized.py::test_attention_codes_for_o_on_cuda tests/runtime/triton/kernels/test_paged.py' \
+step tests_attn_x extra 240 'python3 -m pytest -q -p no:cacheprovider $XDIST tests/gpu/test_quantized.py::test_attention_codes_for_o_on_cuda tests/runtime/triton/kernels/test_paged.py' \
   'grep -E "[0-9]+ (passed|failed|error)" $L | tail -1'
 step decode quick 150 'python3 -m shapeplan bench --preset llama-1b --device cuda --config triton --json $W/decode.json' \
   'awk '\''$1=="triton" {print "llama-1b triton late_steady " $(NF-2) " tok/s, cold " $2 " s"}'\'' $L'
@@ -179,10 +179,15 @@ O=${OUT:-/tmp/gpu_all}; W=$(mktemp -d /tmp/gpu_all.XXXX); C=$W/caches; mkdir -p 
 export PYTHONUNBUFFERED=1 PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONPYCACHEPREFIX=${PYTHONPYCACHEPREFIX:-/tmp/sp_pycache}    # site-packages may be read-only
 export W O GPU_TESTS QUANT_TESTS QUANT_GPU_TESTS; export -f existing     # O: where plots go ($OUT)
+# the test steps compile Triton kernels for most of their time (twentieth session: two steps ran into their limits
+# compiling): with pytest-xdist there (the lent machines' image has it) they compile in GPU_TEST_WORKERS processes
+XDIST=""; python3 -c "import xdist" 2>/dev/null && [ "${GPU_TEST_WORKERS:-8}" -gt 1 ] && XDIST="-n ${GPU_TEST_WORKERS:-8}"
+export XDIST
 T0=$(date +%s)
 {
   date -u
   nvidia-smi --query-gpu=name,driver_version,memory.used,clocks.sm --format=csv,noheader
+  echo "pytest: ${XDIST:-one process (no pytest-xdist)}"
   python3 -c "import sys, torch, triton; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
   if [ -d "${WHEELS:-.wheels312}" ]; then        # each package on its own: one missing wheel costs only its steps
     got=(); missing=()
