@@ -125,7 +125,8 @@ SWITCHES: tuple[Switch, ...] = (
     Switch("SHAPEPLAN_QUANT_ATTN_X", "auto|on|off", "auto",
            "a paged decode step's attention kernel also writes the o projection's x as int8 codes, so no x quantizer "
            "launches before o (auto: on CUDA where o's one-row tile reads int8 x, qgemv.TUNE's XQ 2 / 3: llama-8b's "
-           "quantized types; on: wherever o is a one-row type, tests; shapeplan/llm/model.py attention_x_codes)"),
+           "quantized types; on: wherever o is a one-row type, tests; shapeplan/llm/model.py attention_x_codes; H100: 8b "
+           "Q4_K_M +0.5-1.5 %, Q8_0 within the noise)"),
     Switch("SHAPEPLAN_QUANT_CPU", "auto|packed|unpack", "auto",
            "a CPU LLM pipeline keeps quantized weights packed and dequantizes each matrix per call (packed: the "
            "memory of the file), or dequantizes them once when it is built, into the activation dtype (unpack: "
