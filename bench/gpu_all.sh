@@ -116,8 +116,8 @@ step quant_sweep_repack extra 540 'python3 -m bench.quant_gemv --no-gemv --sweep
 # Q8_0 models end to end on the swept tiles (the Q8_0 targets, 330 / 1,200, are 3 % and 7 % away)
 step quant_sweep_q80 extra 480 'python3 -m bench.quant_gemv --no-gemv --sweep1 --qtypes Q8_0_R --presets llama-8b,llama-1b --xq 2,1 --top 2 --e2e llama-8b:Q8_0,llama-1b:Q8_0 --e2e-configs triton' \
   'grep -E "^llama-(1b|8b):" $L | awk '\''{printf "%s %s; ", $1, $3}'\'' | cut -c1-300'
-# the o projection's x as codes written by the attention kernel (SHAPEPLAN_QUANT_ATTN_X, twenty-first session, never
-# run on a GPU): off / auto interleaved on the two llama-8b files whose o reads int8 x (1b's o reads 16-bit x)
+# the o projection's x as codes written by the attention kernel (SHAPEPLAN_QUANT_ATTN_X, twenty-first session; first
+# run on an H100 in the twenty-second): off / auto interleaved on the two llama-8b files whose o reads int8 x (1b's o reads 16-bit x)
 step quant_attn_x extra 420 'python3 -m bench.quant_gemv --no-gemv --e2e llama-8b:Q8_0,llama-8b:Q4_K_M --e2e-configs triton --switch-ab SHAPEPLAN_QUANT_ATTN_X=off,auto:2' \
   'grep -E "^llama-8b" $L | awk '\''{printf "%s %s %s; ", $1, $2, $3}'\'' | cut -c1-300'
 # PDL for the one-row GEMVs, off by default since the twelfth session (1b Q4_K_M 1,200 off, 1,123 on); the kernels and
@@ -186,7 +186,7 @@ export PYTHONPYCACHEPREFIX=${PYTHONPYCACHEPREFIX:-/tmp/sp_pycache}    # site-pac
 export W O GPU_TESTS QUANT_TESTS QUANT_GPU_TESTS; export -f existing     # O: where plots go ($OUT)
 # the test steps compile Triton kernels for most of their time (twentieth session: two steps ran into their limits
 # compiling): with pytest-xdist there (the lent machines' image has it) they compile in GPU_TEST_WORKERS processes
-XDIST=""; python3 -c "import xdist" 2>/dev/null && [ "${GPU_TEST_WORKERS:-8}" -gt 1 ] && XDIST="-n ${GPU_TEST_WORKERS:-8}"
+XDIST=""; python3 -c "import xdist" 2>/dev/null && [ "${GPU_TEST_WORKERS:-8}" -gt 1 ] && XDIST="-n ${GPU_TEST_WORKERS:-8} -p no:benchmark"   # pytest-benchmark: one warning per worker
 export XDIST
 T0=$(date +%s)
 {
