@@ -17,8 +17,9 @@ weight-bandwidth floor, weight memory vs the file's tensor bytes).
     python3 -m bench.quant_gemv --qtypes Q4_K,Q4_K_R,Q6_K,Q6_K_R,Q8_0,Q8_0_R --m 1    # the one-row kernel on both layouts
     ncu --clock-control none -k regex:_q4k -c 1 python3 -m bench.quant_gemv --once llama-8b:gate_up:Q4_K  # counters
 
-Without CUDA it says so and exits 0. Copy bandwidth for the floor: --copy-gbs (4,230 GB/s: the H200's
-measured device-to-device copy).
+Without CUDA it says so and exits 0. Copy bandwidth for the floor: --copy-gbs; by default 4,230 GB/s on an
+H200 (its measured device-to-device copy, the figure issue 19's targets use), elsewhere (an H100, say) a
+device-to-device copy measured here and printed.
 """
 from __future__ import annotations
 
@@ -273,6 +274,33 @@ def sweep_one_row(qtypes: list[str], presets: list[str], top: int, jobs: int, la
     print("}")
 
 
+H200_COPY_GBS = 4230.0      # the H200's measured device-to-device copy, read + write counted (GPU_NOTES.md)
+
+
+def copy_bandwidth() -> float:
+    """GB/s of the floor: ``H200_COPY_GBS`` on an H200; elsewhere a 1 GiB device-to-device copy timed here
+    (read + write counted, best of 10), so that "of floor" means the same on another card."""
+    name = torch.cuda.get_device_name()
+    if "H200" in name:
+        return H200_COPY_GBS
+    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(11):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        best = min(best, start.elapsed_time(end) * 1e-3)
+    gbs = 2 * src.numel() / best / 1e9
+    print(f"# copy bandwidth for the floor: {gbs:,.0f} GB/s measured on {name} (read + write; --copy-gbs to set it)",
+          flush=True)
+    del src, dst
+    torch.cuda.empty_cache()
+    return gbs
+
+
 def e2e(specs: list[str], copy_gbs: float, new_tokens: int, prompt_len: int, configs: list[str],
         profile_tokens: int = 0, switch_ab: tuple[str, list[str], int] | None = None, repack_rounds: int = 0) -> None:
     """Decode tok/s of presets written by ``shapeplan quantize --preset`` and loaded back from the file;
@@ -385,7 +413,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="only call one shape's one-row kernel a few times (for ncu), e.g. llama-8b:gate_up:Q4_K")
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--prompt-len", type=int, default=128)
-    ap.add_argument("--copy-gbs", type=float, default=4230.0, help="copy bandwidth of the floor, GB/s")
+    ap.add_argument("--copy-gbs", type=float, default=None,
+                    help="copy bandwidth of the floor, GB/s (default: 4,230 on an H200, else measured here)")
     a = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("quant_gemv: needs CUDA; measured nothing")
@@ -407,7 +436,7 @@ def main(argv: list[str] | None = None) -> int:
             name, _, rest = a.switch_ab.partition("=")
             values, _, rounds = rest.partition(":")
             ab = (name, values.split(","), int(rounds or 2))
-        e2e(a.e2e.split(","), a.copy_gbs, a.new_tokens, a.prompt_len, a.e2e_configs.split(","), a.profile,
+        e2e(a.e2e.split(","), a.copy_gbs or copy_bandwidth(), a.new_tokens, a.prompt_len, a.e2e_configs.split(","), a.profile,
             ab, a.repack_ab)
     return 0
 
