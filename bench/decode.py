@@ -26,12 +26,9 @@ from typing import Any
 
 import torch
 
-from shapeplan.llm.bench import bench_prompt, format_table, run_matrix, torch_baselines
+from shapeplan.llm.bench import bench_prompt, copy_bandwidth, format_table, run_matrix, torch_baselines
 from shapeplan.llm.config import LlamaConfig, preset_config
 from shapeplan.llm.weights import random_weights
-
-BANDWIDTH = 4.23e12        # H200 device-to-device copy bandwidth, bytes/s (read + write counted)
-
 
 def profile(cfg: LlamaConfig, weights: dict[str, torch.Tensor], mode: str, *, prompt_len: int,
             max_kv_cache_length: int, tokens: int, rows: int, dtype: torch.dtype | None = None) -> None:
@@ -117,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
             ref = next((r.tokens for r in rows if r.config == "slot_by_slot" and r.ok), None)
             rows += torch_baselines(cfg, weights, bench_prompt(cfg.vocab_size, args.prompt_len), args.new_tokens,
                                     args.max_kv_cache_length, ref)
-        floor = BANDWIDTH / (gb * 1e9)          # tok/s if every step only streamed the weights
+        floor = copy_bandwidth() / (gb * 1e9)   # tok/s if every step only streamed the weights
         print(format_table(rows, f"\n{preset} ({gb:.2f} GB, bandwidth floor ~{floor:,.0f} tok/s), "
                                  f"prompt {args.prompt_len}, {args.new_tokens} new tokens, greedy, {args.dtype}"))
         results["models"][preset] = {"weights_gb": gb, "rows": [r.to_dict() for r in rows]}

@@ -32,7 +32,7 @@ from unittest import mock
 
 import torch
 
-from shapeplan.llm.bench import cuda_graph
+from shapeplan.llm.bench import copy_bandwidth, cuda_graph
 
 SHAPES = {"llama-1b": [(3072, 2048, "qkv"), (2048, 2048, "o"), (16384, 2048, "gate_up"), (2048, 8192, "down"),
                        (512, 2048, "k|v"), (128256, 2048, "head"), (2560, 2048, "qk")],
@@ -274,33 +274,6 @@ def sweep_one_row(qtypes: list[str], presets: list[str], top: int, jobs: int, la
     print("}")
 
 
-H200_COPY_GBS = 4230.0      # the H200's measured device-to-device copy, read + write counted (GPU_NOTES.md)
-
-
-def copy_bandwidth() -> float:
-    """GB/s of the floor: ``H200_COPY_GBS`` on an H200; elsewhere a 1 GiB device-to-device copy timed here
-    (read + write counted, best of 10), so that "of floor" means the same on another card."""
-    name = torch.cuda.get_device_name()
-    if "H200" in name:
-        return H200_COPY_GBS
-    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    best = float("inf")
-    for _ in range(11):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        dst.copy_(src)
-        end.record()
-        end.synchronize()
-        best = min(best, start.elapsed_time(end) * 1e-3)
-    gbs = 2 * src.numel() / best / 1e9
-    print(f"# copy bandwidth for the floor: {gbs:,.0f} GB/s measured on {name} (read + write; --copy-gbs to set it)",
-          flush=True)
-    del src, dst
-    torch.cuda.empty_cache()
-    return gbs
-
-
 def e2e(specs: list[str], copy_gbs: float, new_tokens: int, prompt_len: int, configs: list[str],
         profile_tokens: int = 0, switch_ab: tuple[str, list[str], int] | None = None, repack_rounds: int = 0) -> None:
     """Decode tok/s of presets written by ``shapeplan quantize --preset`` and loaded back from the file;
@@ -436,8 +409,8 @@ def main(argv: list[str] | None = None) -> int:
             name, _, rest = a.switch_ab.partition("=")
             values, _, rounds = rest.partition(":")
             ab = (name, values.split(","), int(rounds or 2))
-        e2e(a.e2e.split(","), a.copy_gbs or copy_bandwidth(), a.new_tokens, a.prompt_len, a.e2e_configs.split(","), a.profile,
-            ab, a.repack_ab)
+        e2e(a.e2e.split(","), a.copy_gbs or copy_bandwidth() / 1e9, a.new_tokens, a.prompt_len,
+            a.e2e_configs.split(","), a.profile, ab, a.repack_ab)
     return 0
 
 

@@ -89,6 +89,33 @@ def float_weights(weights: dict, dtype: torch.dtype) -> dict:
     return {k: v if isinstance(v, torch.Tensor) else v.dequantize(dtype) for k, v in weights.items()}
 
 
+H200_COPY_BANDWIDTH = 4.23e12   # bytes/s: the H200's measured device-to-device copy, read + write counted (GPU_NOTES.md)
+
+
+def copy_bandwidth() -> float:
+    """Bytes/s of a decode step's bandwidth floor (weight bytes per token / this): ``H200_COPY_BANDWIDTH`` on an
+    H200 (the figure the issues' targets use); on another card a 1 GiB device-to-device copy timed here (read +
+    write counted, best of 10) and printed, so that "of floor" means the same there."""
+    name = torch.cuda.get_device_name()
+    if "H200" in name:
+        return H200_COPY_BANDWIDTH
+    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(11):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        best = min(best, start.elapsed_time(end) * 1e-3)
+    bw = 2 * src.numel() / best
+    print(f"# copy bandwidth for the floor: {bw / 1e9:,.0f} GB/s measured on {name} (read + write)", flush=True)
+    del src, dst
+    torch.cuda.empty_cache()
+    return bw
+
+
 def cuda_graph(fn: Callable[[], Any], warmups: int = 3, reps: int = 1) -> torch.cuda.CUDAGraph:
     """``reps`` calls of ``fn`` captured into one CUDA graph, after ``warmups`` calls on a side stream
     (lazy initialisation, cuBLAS workspaces and the allocator's pools happen outside the capture).

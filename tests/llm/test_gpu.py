@@ -194,3 +194,15 @@ def test_gpu_logprobs_in_captured_plans(mode, checkpoints):
             for j, (t, lp) in enumerate(zip(h.token_ids, lps)):
                 assert lp.logprob == pytest.approx(ref[len(p) - 1 + j, t].item(), abs=1e-3)
                 assert lp.top[0][0] == t and len(lp.top) == 5
+
+
+def test_gpu_copy_bandwidth_is_the_h200_figure_there_and_measured_elsewhere(capsys):
+    """The benchmarks' bandwidth floor: the issues' 4.23 TB/s on an H200; on another card a copy timed there
+    (read + write counted), within what HBM can do, and printed."""
+    from shapeplan.llm.bench import H200_COPY_BANDWIDTH, copy_bandwidth
+    bw = copy_bandwidth()
+    if "H200" in torch.cuda.get_device_name():
+        assert bw == H200_COPY_BANDWIDTH
+    else:
+        assert 1e10 < bw < 2e13
+        assert "copy bandwidth for the floor" in capsys.readouterr().out
