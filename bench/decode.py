@@ -30,6 +30,7 @@ from shapeplan.llm.bench import bench_prompt, copy_bandwidth, format_table, run_
 from shapeplan.llm.config import LlamaConfig, preset_config
 from shapeplan.llm.weights import random_weights
 
+
 def profile(cfg: LlamaConfig, weights: dict[str, torch.Tensor], mode: str, *, prompt_len: int,
             max_kv_cache_length: int, tokens: int, rows: int, dtype: torch.dtype | None = None) -> None:
     """The decode plan's segments and a torch.profiler table (CUDA time) over ``tokens`` greedy tokens."""
