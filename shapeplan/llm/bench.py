@@ -15,6 +15,7 @@ from shapeplan.llm.config import LlamaConfig, preset_config
 from shapeplan.llm.metrics import Metrics
 from shapeplan.llm.pipeline import GenerationPipeline
 from shapeplan.llm.sampling import Sampling
+from shapeplan.quant.formats import dequantized
 
 CONFIGS = ["slot_by_slot", "emulated_replay", "cuda_graphs", "triton", "auto"]
 
@@ -82,11 +83,6 @@ def quantized(cfg: LlamaConfig, weights: dict, spec: str | None) -> dict:
         return weights
     from shapeplan.quant.recipes import quantize_weights
     return quantize_weights(cfg, dict(weights), spec)
-
-
-def float_weights(weights: dict, dtype: torch.dtype) -> dict:
-    """``weights`` with packed ones dequantized (the PyTorch baselines of a GGUF file)."""
-    return {k: v if isinstance(v, torch.Tensor) else v.dequantize(dtype) for k, v in weights.items()}
 
 
 H200_COPY_BANDWIDTH = 4.23e12   # bytes/s: the H200's measured device-to-device copy, read + write counted (GPU_NOTES.md)
@@ -240,7 +236,7 @@ def torch_baselines(cfg: LlamaConfig, weights: dict[str, torch.Tensor], prompt: 
     ``cold s`` = the step's warm-up / capture / compile."""
     cuda = torch.device(device).type == "cuda"
     kinds = ("torch eager", "torch eager+graph", "torch.compile", "torch.compile int4") if cuda else ("torch eager",)
-    weights = float_weights(weights, cfg.torch_dtype)
+    weights = dequantized(weights, cfg.torch_dtype)
     rows = []
     for kind in kinds:
         try:

@@ -133,23 +133,13 @@ def _cpu_unpack(weights: dict[str, Any], dtype: torch.dtype, memory: int | None 
         return False
     if mode == "unpack":
         return True
-    dense = sum(w.shape[0] * w.shape[1] for w in quant) * torch.empty((), dtype=dtype).element_size()
+    dense = sum(w.shape[0] * w.shape[1] for w in quant) * dtype.itemsize
     if memory is None:
         try:
             memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         except (ValueError, OSError, AttributeError):
             return False
     return dense <= memory // 4
-
-
-def _unpacked(weights: dict[str, Any], dtype: torch.dtype) -> dict[str, Any]:
-    """``weights`` with every quantized matrix dequantized once into ``dtype`` (``SHAPEPLAN_QUANT_CPU=unpack``):
-    the graph then holds float matrices, as for a float checkpoint. The values are those each call of the
-    packed graph dequantizes (shapeplan/quant/dequant.py, gguf-py's dequantization)."""
-    from shapeplan.quant.dequant import dequantize
-    from shapeplan.quant.formats import QuantWeight
-    return {name: dequantize(w.packed, w.qtype).to(dtype) if isinstance(w, QuantWeight) else w
-            for name, w in weights.items()}
 
 
 #: the CPU's smallest decode bucket: every decode GEMM then has M >= 16, one kernel path of the CPU BLAS,
@@ -192,7 +182,8 @@ class GenerationPipeline:
         self.device = torch.device(device)
         self.dtype = dtype or cfg.torch_dtype
         if self.device.type == "cpu" and _cpu_unpack(weights, self.dtype):
-            weights = _unpacked(weights, self.dtype)
+            from shapeplan.quant.formats import dequantized
+            weights = dequantized(weights, self.dtype)
         self.max_prefill_length, self.max_kv_cache_length = max_prefill_length, max_kv_cache_length
         self.sync_every, self.max_num_seqs, self.block_size = sync_every, max_num_seqs, block_size
         self.prefix_cache = prefix_cache

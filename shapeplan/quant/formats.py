@@ -31,6 +31,7 @@ kernels read them as 32-bit words, the odd block realigned with funnel shifts, n
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -130,6 +131,13 @@ class QuantWeight:
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         from shapeplan.quant.dequant import dequantize
         return dequantize(self.packed, self.qtype).to(dtype)
+
+
+def dequantized(weights: dict[str, Any], dtype: torch.dtype) -> dict[str, Any]:
+    """``weights`` with every ``QuantWeight`` dequantized into ``dtype`` (the values each call of a packed graph
+    dequantizes), the rest as they are: a CPU pipeline's ``SHAPEPLAN_QUANT_CPU=unpack``, the PyTorch
+    baselines of a GGUF file."""
+    return {k: w.dequantize(dtype) if isinstance(w, QuantWeight) else w for k, w in weights.items()}
 
 
 #: our layouts (module doc): name -> (the GGUF type whose bytes it holds, the runs of a row: each run is one
