@@ -82,6 +82,12 @@ step quant_gemv default 200 'python3 -m bench.quant_gemv --prefill-m 128,512,204
   'grep -iE "Q4_K|Q8_0" $L | head -3 | paste -sd" " | cut -c1-300'
 step quant_e2e default 300 'python3 -m bench.quant_gemv --no-gemv --e2e llama-1b:Q4_K_M,llama-1b:Q8_0,llama-8b:Q4_K_M,llama-8b:Q8_0' \
   'grep -E "llama-(1b|8b)" $L | tail -4 | paste -sd" " | cut -c1-300'
+# the prefill paths on our layouts (what a GGUF load runs on a GPU): the fused dequantize-into-tl.dot GEMM against
+# dequantize to a scratch buffer + cuBLAS, at prompt-sized rows, every llama-8b and llama-1b shape (issue 19's "measure
+# and choose": auto takes the fused GEMM up to gguf.GEMM["fused_max_m"] = 128 rows, a guess until this runs); the
+# summary sums each (preset, type, M) over the shapes: fused / dequant+cuBLAS us
+step quant_prefill extra 480 'python3 -m bench.quant_gemv --qtypes Q4_K_R,Q6_K_R,Q8_0_R --presets llama-8b,llama-1b --m 1 --prefill-m 16,64,128,512,2048' \
+  'awk '\''$6=="fused" {f[$1" "$4" M"$5]+=$8} $6=="dequant+cuBLAS" {d[$1" "$4" M"$5]+=$7} END {for (k in f) printf "%s %.0f/%.0f; ", k, f[k], d[k]}'\'' $L | cut -c1-600'
 # Nsight Compute's counters on one llama-8b Q4_K gate/up call (the nvidia-h200 kind runs on Firecracker, where ncu reads them)
 step quant_ncu extra 150 'N=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
 $N --clock-control none -k regex:_q4k -c 1 --section SpeedOfLight --section Occupancy --section WarpStateStats \
