@@ -122,6 +122,10 @@ step quant_sweep_repack extra 540 'python3 -m bench.quant_gemv --no-gemv --sweep
 # Q8_0 models end to end on the swept tiles (the Q8_0 targets, 330 / 1,200, are 3 % and 7 % away)
 step quant_sweep_q80 extra 480 'python3 -m bench.quant_gemv --no-gemv --sweep1 --qtypes Q8_0_R --presets llama-8b,llama-1b --xq 2,1 --top 2 --e2e llama-8b:Q8_0,llama-1b:Q8_0 --e2e-configs triton' \
   'grep -E "^llama-(1b|8b):" $L | awk '\''{printf "%s %s; ", $1, $3}'\'' | cut -c1-300'
+# the short form of quant_sweep_q80 for a call with little device time left: llama-8b's shapes, int8 x only (XQ 2, which
+# every 8b Q8_0 shape chose in the fourteenth session's sweep), then the 8b Q8_0 model (the 330 target) on the swept tiles
+step quant_sweep_q80_8b extra 420 'python3 -m bench.quant_gemv --no-gemv --sweep1 --qtypes Q8_0_R --presets llama-8b --xq 2 --top 2 --e2e llama-8b:Q8_0 --e2e-configs triton' \
+  'grep -E "^llama-8b:" $L | awk '\''{printf "%s %s; ", $1, $3}'\'' | cut -c1-300'
 # the o projection's x as codes written by the attention kernel (SHAPEPLAN_QUANT_ATTN_X, twenty-first session; first
 # run on an H100 in the twenty-second): off / auto interleaved on the two llama-8b files whose o reads int8 x (1b's o reads 16-bit x)
 step quant_attn_x extra 420 'python3 -m bench.quant_gemv --no-gemv --e2e llama-8b:Q8_0,llama-8b:Q4_K_M --e2e-configs triton --switch-ab SHAPEPLAN_QUANT_ATTN_X=off,auto:2' \
