@@ -116,17 +116,35 @@ def test_triton_paths_through_the_op(triton_kernels):
     gguf = triton_kernels
     packed = packed_weight("Q4_0", 16, 320).to(DEV)                 # K not a multiple of 256: a masked tail
     w = dequantize(packed, "Q4_0")
-    for m in (2, 12):
+    for m in (2, 12):                           # the GEMV; 12 rows of a narrow matrix: auto's dequantize + matmul
         x = torch.randn(1, m, 320, device=DEV)
         _close(qops.quant_matmul(x, packed, qtype="Q4_0", n=16, k=320), x @ w.t())
-    old = gguf.configure(gemm={"path": "dequant", "scratch_elements": 5 * 320})   # dequantize + matmul, in slices
-    try:
-        x = torch.randn(12, 320, device=DEV)
-        _close(qops.quant_matmul(x, packed, qtype="Q4_0", n=16, k=320), x @ w.t())
-    finally:
-        gguf.configure(*old)
+    for gemm in ({"path": "fused"}, {"path": "dequant", "scratch_elements": 5 * 320}):   # the fused GEMM; slices
+        old = gguf.configure(gemm=gemm)
+        try:
+            x = torch.randn(12, 320, device=DEV)
+            _close(qops.quant_matmul(x, packed, qtype="Q4_0", n=16, k=320), x @ w.t())
+        finally:
+            gguf.configure(*old)
     e = qops.quant_gather(packed, torch.tensor([[1, -1]], device=DEV), qtype="Q4_0", n=16, k=320)
     assert torch.equal(e, w[[1, 15]].reshape(1, 2, 320))
+
+
+def test_auto_takes_the_fused_gemm_only_where_it_measured_faster(triton_kernels, monkeypatch):
+    """``gguf.matmul``'s choice of path by rows M and outputs N (the kernels themselves are tested above): the
+    GEMV up to 8 rows; the fused GEMM up to ``fused_max_m`` rows of a matrix of ``fused_min_n`` outputs or more
+    (gate/up, the LM head); dequantize + cuBLAS for narrower matrices and from 65 rows (the H100 table in
+    gguf.GEMM's comment)."""
+    gguf = triton_kernels
+    calls = []
+    monkeypatch.setattr(gguf, "gemv", lambda x, p, q, n, k, **kw: calls.append("gemv"))
+    monkeypatch.setattr(gguf, "gemm", lambda x, p, q, n, k: calls.append("fused"))
+    monkeypatch.setattr(gguf, "dequant_mm", lambda x, p, q, n, k: calls.append("dequant"))
+    unread = torch.zeros(1, 18, dtype=torch.uint8)                  # the stand-ins read no weight
+    shapes = ((8, 128256), (9, 16384), (64, 128256), (16, 14336), (65, 16384), (128, 2048), (2048, 128256))
+    for m, n in shapes:
+        gguf.matmul(torch.zeros(m, 64), unread, QTYPES["Q4_0"], n, 64)
+    assert calls == ["gemv", "fused", "fused", "dequant", "dequant", "dequant", "dequant"]
 
 
 # ------------------------------------------------------------------ compiled for the H200 (no GPU needed)

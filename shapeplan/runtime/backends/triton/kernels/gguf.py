@@ -43,9 +43,15 @@ GEMV = {"bn": 8, "warps": 4, "unroll": 2, "min_programs": 0}
 #: is there); False: the generic GEMV above (bench/quant_gemv.py compares them)
 GEMV1 = True
 #: prefill GEMM tuning and path: "fused" (dequantize tiles into tl.dot), "dequant" (dequantize the
-#: weight to a scratch buffer in the activation dtype, then cuBLAS), "auto" (fused up to FUSED_MAX_M rows)
-GEMM = {"bm": 64, "bn": 64, "bk": 64, "warps": 4, "stages": 2, "path": "auto", "fused_max_m": 128,
-        "scratch_elements": 1 << 26}
+#: weight to a scratch buffer in the activation dtype, then cuBLAS), "auto": the fused GEMM up to
+#: ``fused_max_m`` rows on matrices of at least ``fused_min_n`` outputs, dequant + cuBLAS elsewhere. Measured
+#: (H100, twenty-third session, `bench/gpu_all.sh quant_prefill`: every llama-1b / 8b shape, Q4_K_R / Q6_K_R /
+#: Q8_0_R, 16..2,048 rows): the fused GEMM wins only on the wide matrices (gate/up, the LM head: N >= 16,384, so
+#: N / bn >= 256 programs) at <= 64 rows, by 1.1-1.9x; on every narrower matrix it has too few programs for
+#: its long K loop and loses 2-7x, and from 128 rows cuBLAS wins everywhere but the Q8_0_R LM heads (208 of 210
+#: cases picked right)
+GEMM = {"bm": 64, "bn": 64, "bk": 64, "warps": 4, "stages": 2, "path": "auto", "fused_max_m": 64,
+        "fused_min_n": 16384, "scratch_elements": 1 << 26}
 
 
 def configure(gemv: dict | None = None, gemm: dict | None = None) -> tuple[dict, dict]:
@@ -406,7 +412,7 @@ def matmul(x: torch.Tensor, packed: torch.Tensor, q, n: int, k: int) -> torch.Te
     if m <= 8:
         return gemv(x, packed, q, n, k)
     path = GEMM["path"]
-    if path == "fused" or (path == "auto" and m <= GEMM["fused_max_m"]):
+    if path == "fused" or (path == "auto" and m <= GEMM["fused_max_m"] and n >= GEMM["fused_min_n"]):
         return gemm(x, packed, q, n, k)
     return dequant_mm(x, packed, q, n, k)
 
