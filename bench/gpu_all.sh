@@ -123,9 +123,15 @@ step quant_sweep_repack extra 540 'python3 -m bench.quant_gemv --no-gemv --sweep
 step quant_sweep_q80 extra 480 'python3 -m bench.quant_gemv --no-gemv --sweep1 --qtypes Q8_0_R --presets llama-8b,llama-1b --xq 2,1 --top 2 --e2e llama-8b:Q8_0,llama-1b:Q8_0 --e2e-configs triton' \
   'grep -E "^llama-(1b|8b):" $L | awk '\''{printf "%s %s; ", $1, $3}'\'' | cut -c1-300'
 # the short form of quant_sweep_q80 for a call with little device time left: llama-8b's shapes, int8 x only (XQ 2, which
-# every 8b Q8_0 shape chose in the fourteenth session's sweep), then the 8b Q8_0 model (the 330 target) on the swept tiles
-step quant_sweep_q80_8b extra 420 'python3 -m bench.quant_gemv --no-gemv --sweep1 --qtypes Q8_0_R --presets llama-8b --xq 2 --top 2 --e2e llama-8b:Q8_0 --e2e-configs triton' \
-  'grep -E "^llama-8b:" $L | awk '\''{printf "%s %s; ", $1, $3}'\'' | cut -c1-300'
+# every 8b Q8_0 shape chose in the fourteenth session's sweep), then the 8b Q8_0 model (the 330 target) on the committed
+# and the swept tiles, interleaved, two rounds (on an H100 the sweep's per-call gains did not show end to end)
+step quant_sweep_q80_8b extra 420 'python3 -m bench.quant_gemv --no-gemv --sweep1 --qtypes Q8_0_R --presets llama-8b --xq 2 --top 2 --e2e llama-8b:Q8_0 --e2e-configs triton --tiles-ab 2' \
+  'grep -E "^llama-8b:" $L | awk '\''{printf "%s %s %s; ", $1, $2, $3}'\'' | cut -c1-300'
+# the 4- and 6-bit half of quant_sweep_repack on llama-8b's shapes only (the whole step ran out of its limit on an
+# H100 after five shapes, twenty-third session): Q4_K_R with int8 x and integer dots, Q6_K_R with int8 x, then the 8b
+# Q4_K_M model (both types; the 500 target) on the committed and the swept tiles, interleaved, two rounds
+step quant_sweep_q4kr_8b extra 540 'python3 -m bench.quant_gemv --no-gemv --sweep1 --qtypes Q4_K_R,Q6_K_R --presets llama-8b --xq 2,3 --top 2 --e2e llama-8b:Q4_K_M --e2e-configs triton --tiles-ab 2' \
+  'grep -E "^llama-8b:" $L | awk '\''{printf "%s %s %s; ", $1, $2, $3}'\'' | cut -c1-300'
 # the o projection's x as codes written by the attention kernel (SHAPEPLAN_QUANT_ATTN_X, twenty-first session; first
 # run on an H100 in the twenty-second): off / auto interleaved on the two llama-8b files whose o reads int8 x (1b's o reads 16-bit x)
 step quant_attn_x extra 420 'python3 -m bench.quant_gemv --no-gemv --e2e llama-8b:Q8_0,llama-8b:Q4_K_M --e2e-configs triton --switch-ab SHAPEPLAN_QUANT_ATTN_X=off,auto:2' \

@@ -199,12 +199,12 @@ def _precompile(task: tuple) -> int:
 
 def sweep_one_row(qtypes: list[str], presets: list[str], top: int, jobs: int, labels: list[str] | None = None,
                   modes: tuple[int, ...] = (1, 0, 2, 3), stages: tuple[int, ...] = (),
-                  pfs: tuple[int, ...] = (0,)) -> None:
+                  pfs: tuple[int, ...] = (0,)) -> dict[tuple[str, int, int], tuple[int, ...]]:
     """Every (BN, CH, warps, XQ) of qgemv.py's one-row kernel on each decode shape (x modes ``modes``),
     used as decode uses it (``USE``), weights rotated through enough copies to exceed L2; prints the best
     configs per shape, the shape's current config (``qgemv.config``), the generic GEMV and bf16 cuBLAS
-    for comparison, and ``TUNE`` lines (the best of the swept and the current) to paste into qgemv.py.
-    ``jobs`` processes compile the configs first (Triton compiles one kernel at a time per process).
+    for comparison, and ``TUNE`` lines (the best of the swept and the current) to paste into qgemv.py; returns
+    them as ``TUNE`` entries. ``jobs`` processes compile the configs first (Triton compiles one kernel at a time per process).
     ``stages``: the staged family instead (``staged_configs``: tiles (BN, CH, warps, XQ, STAGES))."""
     import multiprocessing as mp
     from shapeplan.quant.formats import QTYPES
@@ -219,7 +219,7 @@ def sweep_one_row(qtypes: list[str], presets: list[str], top: int, jobs: int, la
             done = pool.map(_precompile, tasks, chunksize=1)
         print(f"# compiled {sum(done)} kernel configs in {time.perf_counter() - t0:.0f} s ({jobs} processes)",
               flush=True)
-    best_lines = []
+    best_lines, best = [], {}
     for preset, n, k, label, name in cases:
         use = USE[label]
         one = packed(name, n, k)
@@ -264,7 +264,7 @@ def sweep_one_row(qtypes: list[str], presets: list[str], top: int, jobs: int, la
                   + ("  (current)" if qgemv.full_tiles(tiles) == now else ""))
         if results:
             us, tiles = results[0]
-            qgemv.TUNE[(name, out_n, k)] = tiles          # an --e2e in this run uses the sweep's best tiles
+            best[(name, out_n, k)] = tiles
             best_lines.append(f'    ("{name}", {out_n}, {k}): {tiles},   # {preset} {label}: {us:.1f} us, '
                               f'{gb(us):.0f} GB/s')
         del copies, one, wb
@@ -272,10 +272,12 @@ def sweep_one_row(qtypes: list[str], presets: list[str], top: int, jobs: int, la
     print("\n# qgemv.TUNE entries (best per shape; this run's --e2e uses them):\nTUNE = {")
     print("\n".join(best_lines))
     print("}")
+    return best
 
 
 def e2e(specs: list[str], copy_gbs: float, new_tokens: int, prompt_len: int, configs: list[str],
-        profile_tokens: int = 0, switch_ab: tuple[str, list[str], int] | None = None, repack_rounds: int = 0) -> None:
+        profile_tokens: int = 0, switch_ab: tuple[str, list[str], int] | None = None, repack_rounds: int = 0,
+        tiles_ab: tuple[dict, int] | None = None) -> None:
     """Decode tok/s of presets written by ``shapeplan quantize --preset`` and loaded back from the file;
     ``profile_tokens``: then the per-kernel table of the last config's decode (bench/decode.py);
     ``switch_ab`` (NAME, values, rounds): each config that many rounds with the switch at each value, interleaved
@@ -286,6 +288,7 @@ def e2e(specs: list[str], copy_gbs: float, new_tokens: int, prompt_len: int, con
     from shapeplan.llm.bench import bench_prompt, load_model, run_config
     from shapeplan.quant.formats import QuantWeight
     from shapeplan.quant.writer import write_preset_gguf
+    from shapeplan.runtime.backends.triton.kernels import qgemv
     print(f"\n{'model':<18} {'config':<8} {'late tok/s':>10} {'decode':>8} {'MB/token':>9} {'floor tok/s':>11} "
           f"{'of floor':>8} {'weights MB':>10} {'file MB':>8} {'+mem':>6}")
     for spec in specs:
@@ -302,16 +305,20 @@ def e2e(specs: list[str], copy_gbs: float, new_tokens: int, prompt_len: int, con
                 loads[repack] = cfg, weights, torch.cuda.memory_allocated() - before
             file_mb = summary.bytes / 1e6
             ab_name, ab_values, ab_rounds = switch_ab or ("", [], 0)
-            runs = [(c, sw, rp) for c in configs for sw in (ab_values * ab_rounds or [None])
-                    for rp in (["0", "1"] * repack_rounds or [None])]
-            for config, sw, rp in runs:
+            swept, tiles_rounds = tiles_ab or ({}, 0)
+            runs = [(c, sw, rp, tl) for c in configs for sw in (ab_values * ab_rounds or [None])
+                    for rp in (["0", "1"] * repack_rounds or [None])
+                    for tl in (["committed", "swept"] * tiles_rounds or [None])]
+            for config, sw, rp, tl in runs:
                 cfg, weights, mem = loads[rp]
                 per_token = sum(w.nbytes for n, w in weights.items() if isinstance(w, QuantWeight)
                                 and (n != "model.embed_tokens.weight" or cfg.tie_word_embeddings))
-                with mock.patch.dict(os.environ, {} if sw is None else {ab_name: sw}):
+                with mock.patch.dict(os.environ, {} if sw is None else {ab_name: sw}), \
+                        mock.patch.dict(qgemv.TUNE, swept if tl == "swept" else {}):
                     row = run_config(cfg, weights, config, device="cuda", prompt=bench_prompt(cfg.vocab_size, prompt_len),
                                      new_tokens=new_tokens, max_kv_cache_length=1024, max_prefill_length=prompt_len)
-                label = config + ("" if sw is None else f"/{sw}") + ("" if rp is None else f"/repack{rp}")
+                label = (config + ("" if sw is None else f"/{sw}") + ("" if rp is None else f"/repack{rp}")
+                         + ("" if tl is None else f"/{tl}"))
                 if not row.ok:
                     print(f"{spec:<18} {label:<8} FAILED: {row.error}")
                     continue
@@ -384,6 +391,9 @@ def main(argv: list[str] | None = None) -> int:
                     "as Q4_K_R / Q8_0_R (SHAPEPLAN_QUANT_REPACK=0 / 1: two loads), interleaved")
     ap.add_argument("--once", default="", metavar="PRESET:LABEL:QTYPE[:TILES]",
                     help="only call one shape's one-row kernel a few times (for ncu), e.g. llama-8b:gate_up:Q4_K")
+    ap.add_argument("--tiles-ab", type=int, default=0, metavar="R",
+                    help="after --sweep1: each --e2e config R times on the committed tiles and on the swept ones, "
+                    "interleaved (one model load); without it the --e2e rows use the swept tiles")
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--copy-gbs", type=float, default=None,
@@ -399,8 +409,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not a.no_gemv:
         gemv_table(a.qtypes.split(","), a.presets.split(","), ints(a.m), ints(a.prefill_m), a.sweep)
+    swept = {}
     if a.sweep1:
-        sweep_one_row(a.qtypes.split(","), a.presets.split(","), a.top, a.jobs, [s for s in a.shapes.split(",") if s],
+        swept = sweep_one_row(a.qtypes.split(","), a.presets.split(","), a.top, a.jobs, [s for s in a.shapes.split(",") if s],
                       tuple(int(m) for m in a.xq.split(",")), tuple(ints(a.stages)),
                       tuple(ints(a.pf)))
     if a.e2e:
@@ -409,8 +420,11 @@ def main(argv: list[str] | None = None) -> int:
             name, _, rest = a.switch_ab.partition("=")
             values, _, rounds = rest.partition(":")
             ab = (name, values.split(","), int(rounds or 2))
+        if not a.tiles_ab:                          # the swept tiles for every e2e row
+            from shapeplan.runtime.backends.triton.kernels import qgemv
+            qgemv.TUNE.update(swept)
         e2e(a.e2e.split(","), a.copy_gbs or copy_bandwidth() / 1e9, a.new_tokens, a.prompt_len,
-            a.e2e_configs.split(","), a.profile, ab, a.repack_ab)
+            a.e2e_configs.split(","), a.profile, ab, a.repack_ab, (swept, a.tiles_ab) if a.tiles_ab else None)
     return 0
 
 
