@@ -204,7 +204,8 @@ def sweep_one_row(qtypes: list[str], presets: list[str], top: int, jobs: int, la
     used as decode uses it (``USE``), weights rotated through enough copies to exceed L2; prints the best
     configs per shape, the shape's current config (``qgemv.config``), the generic GEMV and bf16 cuBLAS
     for comparison, and ``TUNE`` lines (the best of the swept and the current) to paste into qgemv.py; returns
-    them as ``TUNE`` entries. ``jobs`` processes compile the configs first (Triton compiles one kernel at a time per process).
+    them as ``TUNE`` entries. ``jobs`` processes compile the configs first (Triton compiles one kernel at a
+    time per process).
     ``stages``: the staged family instead (``staged_configs``: tiles (BN, CH, warps, XQ, STAGES))."""
     import multiprocessing as mp
     from shapeplan.quant.formats import QTYPES
@@ -411,9 +412,9 @@ def main(argv: list[str] | None = None) -> int:
         gemv_table(a.qtypes.split(","), a.presets.split(","), ints(a.m), ints(a.prefill_m), a.sweep)
     swept = {}
     if a.sweep1:
-        swept = sweep_one_row(a.qtypes.split(","), a.presets.split(","), a.top, a.jobs, [s for s in a.shapes.split(",") if s],
-                      tuple(int(m) for m in a.xq.split(",")), tuple(ints(a.stages)),
-                      tuple(ints(a.pf)))
+        swept = sweep_one_row(a.qtypes.split(","), a.presets.split(","), a.top, a.jobs,
+                              [s for s in a.shapes.split(",") if s], tuple(int(m) for m in a.xq.split(",")),
+                              tuple(ints(a.stages)), tuple(ints(a.pf)))
     if a.e2e:
         ab = ("SHAPEPLAN_QUANT_GEMV_PDL", ["0", "1"], a.pdl_ab) if a.pdl_ab else None
         if a.switch_ab:
