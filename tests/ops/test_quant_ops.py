@@ -109,7 +109,12 @@ def test_triton_kernels_every_type(name, triton_kernels):
         x = torch.randn(m, k, device=DEV)
         _close(gguf.gemv(x, packed, q, n, k, split=split), x @ w.t())
     x = torch.randn(11, k, device=DEV)
-    _close(gguf.gemm(x, packed, q, n, k), x @ w.t())                # prefill: fused tiles into tl.dot
+    for split in (None, 3):                                         # prefill: fused tiles into tl.dot, whole K
+        old = gguf.configure(gemm={"split": split})                 # and split along K (uneven: a short last split)
+        try:
+            _close(gguf.gemm(x, packed, q, n, k), x @ w.t())
+        finally:
+            gguf.configure(*old)
 
 
 def test_triton_paths_through_the_op(triton_kernels):
@@ -119,7 +124,8 @@ def test_triton_paths_through_the_op(triton_kernels):
     for m in (2, 12):                           # the GEMV; 12 rows of a narrow matrix: auto's dequantize + matmul
         x = torch.randn(1, m, 320, device=DEV)
         _close(qops.quant_matmul(x, packed, qtype="Q4_0", n=16, k=320), x @ w.t())
-    for gemm in ({"path": "fused"}, {"path": "dequant", "scratch_elements": 5 * 320}):   # the fused GEMM; slices
+    for gemm in ({"path": "fused"}, {"path": "fused", "split": 3},                    # the fused GEMM, whole K or
+                 {"path": "dequant", "scratch_elements": 5 * 320}):                    # split; dequantize, in slices
         old = gguf.configure(gemm=gemm)
         try:
             x = torch.randn(12, 320, device=DEV)
@@ -174,9 +180,15 @@ def test_decode_gemv_compiles_for_sm90():
     assert res["vector_loads"]                          # a Q4_K chunk's bytes load 16 at a time
 
 
+def test_prefill_gemm_compiles_for_sm90():
+    """The fused GEMM, whole K and split along K (float32 partial sums), as the GPU compiler takes them."""
+    res = _compile_sm90("gemm:Q4_K:0", "gemm:Q4_K:1")
+    assert all(r["ok"] for r in res.values()), {s: r["error"] for s, r in res.items() if not r["ok"]}
+
+
 @pytest.mark.slow
 def test_every_kernel_compiles_for_sm90():
-    specs = [f"{k}:{n}:{m}" for n in QTYPES for k, m in (("gemv", 1), ("gemv", 8), ("gemm", 0), ("rows", 0))]
+    specs = [f"{k}:{n}:{m}" for n in QTYPES for k, m in (("gemv", 1), ("gemv", 8), ("gemm", 0), ("gemm", 1), ("rows", 0))]
     res = _compile_sm90(*specs)
     assert all(r["ok"] for r in res.values()), {s: r["error"] for s, r in res.items() if not r["ok"]}
 

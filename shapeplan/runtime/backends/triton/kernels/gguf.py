@@ -13,8 +13,9 @@ the weight is needed.
 GEMV: grid (cdiv(N, BN), SPLIT). Each program holds BN rows and a run of chunks, decodes each chunk
 once and multiplies it with every one of the M <= 8 activation rows (so batched decode reads the weight
 once, not M times). SPLIT > 1 (few rows, e.g. a K/V projection) writes float32 partials that
-``_splitk_reduce`` sums and casts. Everything is launched from the op kernel with device tensors only,
-so a decode step with these kernels captures into a CUDA graph.
+``_splitk_reduce`` sums and casts; the GEMM splits along K the same way where its output tiles leave
+SMs idle (``gemm``). Everything is launched from the op kernel with device tensors only, so a decode step
+with these kernels captures into a CUDA graph.
 
 Importing this module never fails: without Triton, ``AVAILABLE`` is False and the op kernels use the
 torch reference (shapeplan/quant/dequant.py).
@@ -50,8 +51,9 @@ GEMV1 = True
 #: N / bn >= 256 programs) at <= 64 rows, by 1.1-1.9x; on every narrower matrix it has too few programs for
 #: its long K loop and loses 2-7x, and from 128 rows cuBLAS wins everywhere but the Q8_0_R LM heads (208 of 210
 #: cases picked right)
+#: (``split``: the fused GEMM's programs along K, None = ``gemm``'s rule)
 GEMM = {"bm": 64, "bn": 64, "bk": 64, "warps": 4, "stages": 2, "path": "auto", "fused_max_m": 64,
-        "fused_min_n": 16384, "scratch_elements": 1 << 26}
+        "fused_min_n": 16384, "split": None, "scratch_elements": 1 << 26}
 
 
 def configure(gemv: dict | None = None, gemm: dict | None = None) -> tuple[dict, dict]:
@@ -283,11 +285,14 @@ if AVAILABLE:
         tl.store(y_ptr + (i // N) * stride_ym + i % N, acc.to(y_ptr.dtype.element_ty), mask=ok)
 
     @triton.jit
-    def _gemm_kernel(x_ptr, w_ptr, y_ptr, M, N, K, ROW_BYTES, stride_xm, stride_ym,
+    def _gemm_kernel(x_ptr, w_ptr, y_ptr, M, N, K, ROW_BYTES, stride_xm, stride_ym, PER,
                      BM: tl.constexpr, BN: tl.constexpr, KIND: tl.constexpr, TS: tl.constexpr,
-                     NSUB: tl.constexpr, SUBLEN: tl.constexpr, NT: tl.constexpr, IEEE: tl.constexpr):
-        """y = x @ W.T, K tiles of NT sub-blocks (NT * SUBLEN elements) dequantized into tl.dot."""
-        pid_m, pid_n = tl.program_id(0), tl.program_id(1)
+                     NSUB: tl.constexpr, SUBLEN: tl.constexpr, NT: tl.constexpr, IEEE: tl.constexpr,
+                     PARTIAL: tl.constexpr):
+        """y = x @ W.T, K tiles of NT sub-blocks (NT * SUBLEN elements) dequantized into tl.dot; program
+        (m, n, s) takes K tiles s * PER .. (s + 1) * PER - 1 (PARTIAL: of several splits, whose float32 sums
+        go to y_ptr as [splits, M, N] for ``_splitk_reduce``)."""
+        pid_m, pid_n, pid_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         rows = pid_n * BN + tl.arange(0, BN)
         row_ok = rows < N
         rb = w_ptr + rows.to(tl.int64) * ROW_BYTES
@@ -295,7 +300,7 @@ if AVAILABLE:
         kk = tl.arange(0, NT * SUBLEN)
         acc = tl.zeros([BM, BN], dtype=tl.float32)
         tiles = NSUB // NT                                          # K tiles per 256-element chunk
-        for i in range(0, tl.cdiv(K, 256) * tiles):
+        for i in range(pid_s * PER, tl.minimum((pid_s + 1) * PER, tl.cdiv(K, 256) * tiles)):
             c = i // tiles
             sb0 = (i % tiles) * NT
             w = _decode(rb, c, row_ok, K, KIND, TS, NSUB, SUBLEN, sb0, NT)             # [BN, NT, SUBLEN]
@@ -307,8 +312,12 @@ if AVAILABLE:
                 acc += tl.dot(xt, tl.trans(w2), input_precision="ieee")
             else:
                 acc += tl.dot(xt, tl.trans(w2))
-        tl.store(y_ptr + ms[:, None].to(tl.int64) * stride_ym + rows[None, :], acc.to(y_ptr.dtype.element_ty),
-                 mask=(ms[:, None] < M) & row_ok[None, :])
+        out = (ms[:, None] < M) & row_ok[None, :]
+        if PARTIAL:
+            tl.store(y_ptr + pid_s.to(tl.int64) * M * N + ms[:, None].to(tl.int64) * N + rows[None, :], acc, mask=out)
+        else:
+            tl.store(y_ptr + ms[:, None].to(tl.int64) * stride_ym + rows[None, :], acc.to(y_ptr.dtype.element_ty),
+                     mask=out)
 
     @triton.jit
     def _rows_kernel(w_ptr, idx_ptr, out_ptr, R, K, ROW_BYTES, stride_o, BN: tl.constexpr,
@@ -373,14 +382,30 @@ def gemv(x: torch.Tensor, packed: torch.Tensor, q, n: int, k: int, *, split: int
 
 
 def gemm(x: torch.Tensor, packed: torch.Tensor, q, n: int, k: int) -> torch.Tensor:
-    """The fused prefill GEMM: x [M, K] @ W.T with W's tiles dequantized into ``tl.dot``."""
+    """The fused prefill GEMM: x [M, K] @ W.T with W's tiles dequantized into ``tl.dot``; split along K
+    (``GEMM["split"]``; by default only where the output tiles alone leave SMs idle, into about 4 programs
+    per SM: a narrow matrix's N / bn programs each walking all of K were what lost to cuBLAS, twenty-third
+    session), the float32 partial sums then added by ``_splitk_reduce``."""
     m = x.shape[0]
     bm, bn = GEMM["bm"], GEMM["bn"]
     nt = max(1, min(q.tile[0], GEMM["bk"] // q.tile[1]))         # sub-blocks per K tile (>= 16 elements)
+    ktiles = triton.cdiv(k, CHUNK) * (q.tile[0] // nt)
+    blocks = triton.cdiv(m, bm) * triton.cdiv(n, bn)
+    split = GEMM["split"]
+    if split is None:
+        sms = _programs_wanted(x.device)
+        split = 1 if blocks >= sms else max(1, min(ktiles // 2, triton.cdiv(4 * sms, blocks)))
+    per = triton.cdiv(ktiles, max(1, split))
+    split = triton.cdiv(ktiles, per)
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    _gemm_kernel[(triton.cdiv(m, bm), triton.cdiv(n, bn))](
-        x, packed, y, m, n, k, packed.stride(0), x.stride(0), y.stride(0), BM=bm, BN=bn,
-        NT=nt, IEEE=x.dtype == torch.float32, num_warps=GEMM["warps"], num_stages=GEMM["stages"], **_meta(q))
+    part = y if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=x.device)
+    _gemm_kernel[(triton.cdiv(m, bm), triton.cdiv(n, bn), split)](
+        x, packed, part, m, n, k, packed.stride(0), x.stride(0), y.stride(0), per, BM=bm, BN=bn,
+        NT=nt, IEEE=x.dtype == torch.float32, PARTIAL=split > 1, num_warps=GEMM["warps"],
+        num_stages=GEMM["stages"], **_meta(q))
+    if split > 1:
+        total, block = m * n, 1024
+        _splitk_reduce[(triton.cdiv(total, block),)](part, y, n, total, y.stride(0), SPLIT=split, BLOCK=block)
     return y
 
 
