@@ -278,14 +278,16 @@ def sweep_one_row(qtypes: list[str], presets: list[str], top: int, jobs: int, la
 
 def e2e(specs: list[str], copy_gbs: float, new_tokens: int, prompt_len: int, configs: list[str],
         profile_tokens: int = 0, switch_ab: tuple[str, list[str], int] | None = None, repack_rounds: int = 0,
-        tiles_ab: tuple[dict, int] | None = None) -> None:
+        swept: dict | None = None, tiles_rounds: int = 0) -> None:
     """Decode tok/s of presets written by ``shapeplan quantize --preset`` and loaded back from the file;
     ``profile_tokens``: then the per-kernel table of the last config's decode (bench/decode.py);
     ``switch_ab`` (NAME, values, rounds): each config that many rounds with the switch at each value, interleaved
     (one model load; each row builds its graph and captures its own plans, so a graph or kernel switch applies
     to it: e.g. SHAPEPLAN_QUANT_GEMV_PDL 0 / 1, SHAPEPLAN_QUANT_ATTN_X off / auto);
     ``repack_rounds``: the same with ``SHAPEPLAN_QUANT_REPACK`` (applied at load: the model is loaded twice,
-    in the file's layout and with Q4_K / Q8_0 as Q4_K_R / Q8_0_R, and the rows alternate between the two)."""
+    in the file's layout and with Q4_K / Q8_0 as Q4_K_R / Q8_0_R, and the rows alternate between the two);
+    ``swept``: ``qgemv.TUNE`` entries (a ``--sweep1`` of this run) every row uses, or with ``tiles_rounds`` the
+    rows alternate between the committed tiles and these."""
     from shapeplan.llm.bench import bench_prompt, load_model, run_config
     from shapeplan.quant.formats import QuantWeight
     from shapeplan.quant.writer import write_preset_gguf
@@ -306,7 +308,6 @@ def e2e(specs: list[str], copy_gbs: float, new_tokens: int, prompt_len: int, con
                 loads[repack] = cfg, weights, torch.cuda.memory_allocated() - before
             file_mb = summary.bytes / 1e6
             ab_name, ab_values, ab_rounds = switch_ab or ("", [], 0)
-            swept, tiles_rounds = tiles_ab or ({}, 0)
             runs = [(c, sw, rp, tl) for c in configs for sw in (ab_values * ab_rounds or [None])
                     for rp in (["0", "1"] * repack_rounds or [None])
                     for tl in (["committed", "swept"] * tiles_rounds or [None])]
@@ -315,7 +316,7 @@ def e2e(specs: list[str], copy_gbs: float, new_tokens: int, prompt_len: int, con
                 per_token = sum(w.nbytes for n, w in weights.items() if isinstance(w, QuantWeight)
                                 and (n != "model.embed_tokens.weight" or cfg.tie_word_embeddings))
                 with mock.patch.dict(os.environ, {} if sw is None else {ab_name: sw}), \
-                        mock.patch.dict(qgemv.TUNE, swept if tl == "swept" else {}):
+                        mock.patch.dict(qgemv.TUNE, {} if tl == "committed" else swept or {}):
                     row = run_config(cfg, weights, config, device="cuda", prompt=bench_prompt(cfg.vocab_size, prompt_len),
                                      new_tokens=new_tokens, max_kv_cache_length=1024, max_prefill_length=prompt_len)
                 label = (config + ("" if sw is None else f"/{sw}") + ("" if rp is None else f"/repack{rp}")
@@ -330,8 +331,9 @@ def e2e(specs: list[str], copy_gbs: float, new_tokens: int, prompt_len: int, con
             if profile_tokens:
                 from bench.decode import profile
                 cfg, weights, _ = loads[None if not repack_rounds else "1"]
-                profile(cfg, weights, configs[-1], prompt_len=prompt_len, max_kv_cache_length=1024,
-                        tokens=profile_tokens, rows=30, dtype=cfg.torch_dtype)
+                with mock.patch.dict(qgemv.TUNE, swept or {}):
+                    profile(cfg, weights, configs[-1], prompt_len=prompt_len, max_kv_cache_length=1024,
+                            tokens=profile_tokens, rows=30, dtype=cfg.torch_dtype)
             del weights, loads
             torch.cuda.empty_cache()
 
@@ -421,11 +423,8 @@ def main(argv: list[str] | None = None) -> int:
             name, _, rest = a.switch_ab.partition("=")
             values, _, rounds = rest.partition(":")
             ab = (name, values.split(","), int(rounds or 2))
-        if not a.tiles_ab:                          # the swept tiles for every e2e row
-            from shapeplan.runtime.backends.triton.kernels import qgemv
-            qgemv.TUNE.update(swept)
         e2e(a.e2e.split(","), a.copy_gbs or copy_bandwidth() / 1e9, a.new_tokens, a.prompt_len,
-            a.e2e_configs.split(","), a.profile, ab, a.repack_ab, (swept, a.tiles_ab) if a.tiles_ab else None)
+            a.e2e_configs.split(","), a.profile, ab, a.repack_ab, swept, a.tiles_ab)
     return 0
 
 

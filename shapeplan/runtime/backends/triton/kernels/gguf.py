@@ -359,25 +359,40 @@ def _meta(q) -> dict:
     return dict(KIND=KINDS[q.kind], TS=q.type_size, NSUB=q.tile[0], SUBLEN=q.tile[1])
 
 
+def _split_k(units: int, blocks: int, wanted: int, split: int | None) -> tuple[int, int]:
+    """(splits, units per split) of a K loop of ``units`` steps over ``blocks`` output blocks: ``split``, or
+    enough for ``wanted`` programs (at most ``units // 2``, at least 1), evened out so none is empty."""
+    if split is None:
+        split = max(1, min(units // 2, triton.cdiv(wanted, blocks)))
+    per = triton.cdiv(units, max(1, split))
+    return triton.cdiv(units, per), per
+
+
+def _partials(y: torch.Tensor, split: int) -> torch.Tensor:
+    """Where a kernel of ``split`` programs along K writes: y itself, or float32 [split, M, N] partials."""
+    return y if split == 1 else torch.empty(split, *y.shape, dtype=torch.float32, device=y.device)
+
+
+def _sum_partials(part: torch.Tensor, y: torch.Tensor, split: int) -> None:
+    """y = the sum of ``_partials``' splits, cast to y's dtype (nothing to do for one split)."""
+    if split > 1:
+        total, block = y.numel(), 1024
+        _splitk_reduce[(triton.cdiv(total, block),)](part, y, y.shape[1], total, y.stride(0), SPLIT=split, BLOCK=block)
+
+
 def gemv(x: torch.Tensor, packed: torch.Tensor, q, n: int, k: int, *, split: int | None = None) -> torch.Tensor:
     """x [M, K] (M <= 8, last dim contiguous) @ W.T -> [M, N] in x's dtype; W = packed rows of ``q``.
     ``split``: programs along K (default: enough for ``_programs_wanted``; 1 when the rows suffice)."""
     m = x.shape[0]
     bn, unroll = GEMV["bn"], GEMV["unroll"]
-    chunks = triton.cdiv(k, CHUNK)
     blocks_n = triton.cdiv(n, bn)
-    if split is None:
-        split = max(1, min(chunks // 2, triton.cdiv(_programs_wanted(x.device), blocks_n)))
-    per = triton.cdiv(chunks, split)
-    split = triton.cdiv(chunks, per)
+    split, per = _split_k(triton.cdiv(k, CHUNK), blocks_n, _programs_wanted(x.device), split)
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    part = y if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=x.device)
+    part = _partials(y, split)
     _gemv_kernel[(blocks_n, split)](x, packed, part, n, k, packed.stride(0), x.stride(0),
                                    y.stride(0), per, M=m, BM=max(2, _pow2(m)), BN=bn, PARTIAL=split > 1,
                                    UNROLL=unroll, num_warps=GEMV["warps"], **_meta(q))
-    if split > 1:
-        total, block = m * n, 1024
-        _splitk_reduce[(triton.cdiv(total, block),)](part, y, n, total, y.stride(0), SPLIT=split, BLOCK=block)
+    _sum_partials(part, y, split)
     return y
 
 
@@ -389,23 +404,17 @@ def gemm(x: torch.Tensor, packed: torch.Tensor, q, n: int, k: int) -> torch.Tens
     m = x.shape[0]
     bm, bn = GEMM["bm"], GEMM["bn"]
     nt = max(1, min(q.tile[0], GEMM["bk"] // q.tile[1]))         # sub-blocks per K tile (>= 16 elements)
-    ktiles = triton.cdiv(k, CHUNK) * (q.tile[0] // nt)
     blocks = triton.cdiv(m, bm) * triton.cdiv(n, bn)
-    split = GEMM["split"]
-    if split is None:
-        sms = _programs_wanted(x.device)
-        split = 1 if blocks >= sms else max(1, min(ktiles // 2, triton.cdiv(4 * sms, blocks)))
-    per = triton.cdiv(ktiles, max(1, split))
-    split = triton.cdiv(ktiles, per)
+    sms = _programs_wanted(x.device)
+    split, per = _split_k(triton.cdiv(k, CHUNK) * (q.tile[0] // nt), blocks, 4 * sms if blocks < sms else 0,
+                          GEMM["split"])
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    part = y if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=x.device)
+    part = _partials(y, split)
     _gemm_kernel[(triton.cdiv(m, bm), triton.cdiv(n, bn), split)](
         x, packed, part, m, n, k, packed.stride(0), x.stride(0), y.stride(0), per, BM=bm, BN=bn,
         NT=nt, IEEE=x.dtype == torch.float32, PARTIAL=split > 1, num_warps=GEMM["warps"],
         num_stages=GEMM["stages"], **_meta(q))
-    if split > 1:
-        total, block = m * n, 1024
-        _splitk_reduce[(triton.cdiv(total, block),)](part, y, n, total, y.stride(0), SPLIT=split, BLOCK=block)
+    _sum_partials(part, y, split)
     return y
 
 
