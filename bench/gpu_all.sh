@@ -88,6 +88,10 @@ step quant_e2e default 300 'python3 -m bench.quant_gemv --no-gemv --e2e llama-1b
 # summary sums each (preset, type, M) over the shapes: fused / dequant+cuBLAS us
 step quant_prefill extra 480 'python3 -m bench.quant_gemv --qtypes Q4_K_R,Q6_K_R,Q8_0_R --presets llama-8b,llama-1b --m 1 --prefill-m 16,64,128,512,2048' \
   'awk '\''$6=="fused" {f[$1" "$4" M"$5]+=$8} $6=="dequant+cuBLAS" {d[$1" "$4" M"$5]+=$7} END {for (k in f) printf "%s %.0f/%.0f; ", k, f[k], d[k]}'\'' $L | cut -c1-600'
+# the fused GEMM's tiling (bm, bn, bk, warps, stages) at the 9-64-row sizes where auto takes it (twenty-fourth session):
+# every llama-8b / 1b shape in Q4_K_R and Q8_0_R; the summary is each row count's best tiling summed over the shapes
+step quant_gemm_sweep extra 420 'python3 -m bench.quant_gemv --no-gemv --gemm-sweep 16,64 --qtypes Q4_K_R,Q8_0_R --presets llama-8b,llama-1b --top 2' \
+  'grep -A1 -E "^# M=" $L | grep -vE "^(--)?$" | paste -sd" " | cut -c1-400'
 # Nsight Compute's counters on one llama-8b Q4_K gate/up call (the nvidia-h200 kind runs on Firecracker, where ncu reads them)
 step quant_ncu extra 150 'N=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
 $N --clock-control none -k regex:_q4k -c 1 --section SpeedOfLight --section Occupancy --section WarpStateStats \
@@ -140,6 +144,9 @@ step quant_attn_x extra 420 'python3 -m bench.quant_gemv --no-gemv --e2e llama-8
 # layouts have changed since, and it was never measured on Q8_0
 step quant_pdl extra 480 'python3 -m bench.quant_gemv --no-gemv --e2e llama-1b:Q4_K_M,llama-1b:Q8_0,llama-8b:Q8_0 --e2e-configs triton --pdl-ab 2' \
   'grep -E "^llama-(1b|8b)" $L | awk '\''{printf "%s %s %s; ", $1, $2, $3}'\'' | cut -c1-300'
+# SHAPEPLAN_QUANT_GEMV_PDL=auto (PDL on llama-8b-sized matrices only, twenty-fourth session) against off, on the llama-8b files
+step quant_pdl_8b extra 420 'python3 -m bench.quant_gemv --no-gemv --e2e llama-8b:Q8_0,llama-8b:Q4_K_M --e2e-configs triton --switch-ab SHAPEPLAN_QUANT_GEMV_PDL=off,auto:2' \
+  'grep -E "^llama-8b" $L | awk '''{printf "%s %s %s; ", $1, $2, $3}''' | cut -c1-300'
 step structured extra 300 'python3 -m bench.structured --preset llama-1b --device cuda --json $W/structured.json' \
   'awk -F"|" '\''$2 ~ /json_schema/ && $4 ~ /on/ {printf "N=%s%s tok/s (%s of unconstrained); ", $3, $5, $6}'\'' $L'
 step decode_attention default 60 'python3 -m bench.decode_attention --pos 256' \

@@ -8,6 +8,7 @@ weight-bandwidth floor, weight memory vs the file's tensor bytes).
     python3 -m bench.quant_gemv --prefill-m 128,512,2048           # + the prefill paths
     python3 -m bench.quant_gemv --sweep --qtypes Q4_K,Q8_0         # + GEMV tuning (bn, warps, unroll)
     python3 -m bench.quant_gemv --sweep1 --no-gemv                  # one-row Q4_K/Q5_K/Q6_K/Q8_0/Q4_0/IQ4 kernel tuning
+    python3 -m bench.quant_gemv --no-gemv --gemm-sweep 16,64 --qtypes Q4_K_R,Q8_0_R   # the fused prefill GEMM's tiling
     python3 -m bench.quant_gemv --e2e llama-1b:Q4_K_M,llama-1b:Q8_0,llama-8b:Q4_K_M --no-gemv
     python3 -m bench.quant_gemv --no-gemv --sweep1 --shapes head --e2e llama-1b:Q4_K_M   # e2e with the swept tiles
     python3 -m bench.quant_gemv --no-gemv --sweep1 --stages 1,2,3 --qtypes Q4_K,Q6_K,Q8_0   # the K loop pipelined
@@ -116,6 +117,96 @@ def sweep_gemv(gguf, x, p, q, n: int, k: int) -> None:
         print(f"    sweep: bn={bn:<3} warps={warps} unroll={unroll} split={split or 'auto':<4} {us:8.1f} us "
               f"{p.numel() / us / 1e3:7.0f} GB/s")
     print(f"    BEST={results[0][1]},{results[0][2]},{results[0][3]},{results[0][4] or 'auto'}")
+
+
+def gemm_configs(m: int) -> list[tuple[int, int, int, int, int]]:
+    """The fused prefill GEMM's tilings swept at ``m`` rows: (bm, bn, bk, warps, stages); bm 16 or 32 (the
+    rows rounded up) beside the default 64."""
+    bms = sorted({16 if m <= 16 else 32, 64})
+    return [(bm, bn, bk, warps, stages) for bm in bms
+            for bn, bk in ((32, 128), (64, 64), (64, 128), (128, 64), (128, 128)) for warps in (4, 8)
+            for stages in (2, 3)]
+
+
+def _gemm_keys(tiles: tuple[int, ...]) -> dict:
+    return dict(zip(("bm", "bn", "bk", "warps", "stages"), tiles))
+
+
+def _precompile_gemm(task: tuple) -> int:
+    """Child process of ``sweep_gemm``: compile one type's GEMM in each tiling, with and without the split
+    along K (their PARTIAL variants), on a small matrix."""
+    name, configs = task
+    from shapeplan.quant.formats import QTYPES
+    from shapeplan.runtime.backends.triton.kernels import gguf
+    q, n, k = QTYPES[name], 256, 2048
+    w, x, done = packed(name, n, k), torch.randn(16, k, device="cuda", dtype=torch.bfloat16), 0
+    for tiles in configs:
+        for split in (1, 2):
+            old = gguf.configure(gemm={**_gemm_keys(tiles), "split": split})
+            try:
+                gguf.gemm(x, w, q, n, k)
+                done += 1
+            except Exception:  # noqa: BLE001 - reported by the timing loop
+                pass
+            finally:
+                gguf.configure(*old)
+    torch.cuda.synchronize()
+    return done
+
+
+def sweep_gemm(qtypes: list[str], presets: list[str], ms: list[int], jobs: int, labels: list[str] | None = None,
+               top: int = 3) -> None:
+    """Every tiling of ``gemm_configs`` of the fused prefill GEMM (its split along K by its own rule) on each
+    shape at each of ``ms`` rows, beside the committed tiling and dequantize + cuBLAS; then, per row count, the
+    tilings ranked by their time summed over the shapes (the candidates for ``gguf.GEMM``)."""
+    import multiprocessing as mp
+    from shapeplan.quant.formats import QTYPES
+    from shapeplan.runtime.backends.triton.kernels import gguf
+    now = tuple(gguf.GEMM[key] for key in ("bm", "bn", "bk", "warps", "stages"))
+    if jobs > 1:
+        t0 = time.perf_counter()
+        tasks = [(name, [c]) for name in qtypes for c in sorted({c for m in ms for c in gemm_configs(m)})]
+        with mp.get_context("spawn").Pool(jobs) as pool:
+            done = pool.map(_precompile_gemm, tasks, chunksize=1)
+        print(f"# compiled {sum(done)} GEMM variants in {time.perf_counter() - t0:.0f} s ({jobs} processes)", flush=True)
+    sums: dict[tuple, dict] = {}
+    for preset in presets:
+        for n, k, label in SHAPES[preset]:
+            if labels and label not in labels and f"{preset}:{label}" not in labels:
+                continue
+            for name in qtypes:
+                q = QTYPES[name]
+                p = packed(name, n, k)
+                for m in ms:
+                    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+                    deq = graph_time(lambda: gguf.dequant_mm(x, p, q, n, k), reps=5, rounds=3)
+                    results = []
+                    for tiles in gemm_configs(m) + ([] if now in gemm_configs(m) else [now]):
+                        old = gguf.configure(gemm=_gemm_keys(tiles))
+                        try:
+                            results.append((graph_time(lambda: gguf.gemm(x, p, q, n, k), reps=5, rounds=3), tiles))
+                        except Exception as e:  # noqa: BLE001 - e.g. out of shared memory: skip the tiling
+                            print(f"    {tiles}: {type(e).__name__}: {str(e)[:80]}")
+                        finally:
+                            gguf.configure(*old)
+                    results.sort()
+                    cur = next((us for us, t in results if t == now), float("nan"))
+                    print(f"{preset:<9} {label:<8} {f'{n}x{k}':>14} {name:<7} M={m:<4} dequant+cuBLAS {deq:8.1f} us | "
+                          f"committed {now} {cur:8.1f} us", flush=True)
+                    for us, tiles in results[:top]:
+                        print(f"    bm={tiles[0]:<3} bn={tiles[1]:<4} bk={tiles[2]:<4} warps={tiles[3]} stages={tiles[4]} "
+                              f"{us:8.1f} us  x{deq / us:5.2f} vs dequant")
+                    for us, tiles in results:
+                        row = sums.setdefault((m, tiles), {"us": 0.0, "cases": 0})
+                        row["us"] += us
+                        row["cases"] += 1
+                del p
+                torch.cuda.empty_cache()
+    for m in ms:
+        ranked = sorted((v["us"], t) for (mm, t), v in sums.items() if mm == m)
+        print(f"\n# M={m}: tilings by their time summed over the shapes and types (committed {now}):")
+        for us, tiles in ranked[:5] + [r for r in ranked if r[1] == now][:1]:
+            print(f"    {tiles}  {us:9.1f} us" + ("  (committed)" if tiles == now else ""))
 
 
 #: how decode uses each shape: the one-row kernel's prologue / epilogue there (qgemv.py)
@@ -379,13 +470,16 @@ def main(argv: list[str] | None = None) -> int:
                     "the staged family's), e.g. 0,1")
     ap.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1),
                     help="processes compiling --sweep1's kernels before it times them")
+    ap.add_argument("--gemm-sweep", default="", metavar="M,...",
+                    help="sweep the fused prefill GEMM's tiling (gguf.GEMM: bm, bn, bk, warps, stages) at these rows on "
+                    "each shape (--shapes narrows it), against the committed tiling and dequantize + cuBLAS")
     ap.add_argument("--no-gemv", action="store_true", help="skip the kernel table")
     ap.add_argument("--e2e", default="", help="PRESET:FILETYPE,... end-to-end decode (e.g. llama-1b:Q4_K_M)")
     ap.add_argument("--e2e-configs", default="triton,cuda_graphs", help="modes of the --e2e rows")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="after each --e2e model, a per-kernel table of its decode over N tokens")
     ap.add_argument("--pdl-ab", type=int, default=0, metavar="R",
-                    help="each --e2e config R times with SHAPEPLAN_QUANT_GEMV_PDL=0 and =1, interleaved (one model load)")
+                    help="each --e2e config R times with SHAPEPLAN_QUANT_GEMV_PDL=off and =on, interleaved (one model load)")
     ap.add_argument("--switch-ab", default="", metavar="NAME=A,B[:R]",
                     help="each --e2e config R (default 2) times with the switch NAME at each value, interleaved, e.g. "
                     "SHAPEPLAN_QUANT_ATTN_X=off,auto")
@@ -417,8 +511,11 @@ def main(argv: list[str] | None = None) -> int:
         swept = sweep_one_row(a.qtypes.split(","), a.presets.split(","), a.top, a.jobs,
                               [s for s in a.shapes.split(",") if s], tuple(int(m) for m in a.xq.split(",")),
                               tuple(ints(a.stages)), tuple(ints(a.pf)))
+    if a.gemm_sweep:
+        sweep_gemm(a.qtypes.split(","), a.presets.split(","), ints(a.gemm_sweep), a.jobs,
+                   [s for s in a.shapes.split(",") if s], a.top)
     if a.e2e:
-        ab = ("SHAPEPLAN_QUANT_GEMV_PDL", ["0", "1"], a.pdl_ab) if a.pdl_ab else None
+        ab = ("SHAPEPLAN_QUANT_GEMV_PDL", ["off", "on"], a.pdl_ab) if a.pdl_ab else None
         if a.switch_ab:
             name, _, rest = a.switch_ab.partition("=")
             values, _, rounds = rest.partition(":")

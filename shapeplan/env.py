@@ -11,7 +11,8 @@ on the replay hot path calls ``get``: such switches are read once, at import or 
 or a captured segment is built, and kept.
 
 Types: ``bool`` (1/0, true/false, on/off, yes/no), ``int``, ``float``, ``str``, ``path``, ``names`` (a
-comma-separated list, returned as a tuple), ``a|b|c`` (one of these words), and the decode-attention
+comma-separated list, returned as a tuple), ``a|b|c`` (one of these words; ``auto|on|off`` also
+takes a boolean's spellings for on / off), and the decode-attention
 choice ``auto|sdpa|triton[:split,warps,dot]`` (returned as ``(mode, (split, warps, dot) | None)``).
 
 The README's table of switches is generated from this one (``shapeplan env --markdown``;
@@ -110,9 +111,10 @@ SWITCHES: tuple[Switch, ...] = (
     Switch("SHAPEPLAN_LLM_GEMV_PDL", "bool", True,
            "launch the fused decode GEMVs with programmatic dependent launch (Hopper+): each loads its first weight "
            "tile while the kernel before it ends (H200: llama-1b 1,008 -> 1,075 tok/s; 0: plain launches)"),
-    Switch("SHAPEPLAN_QUANT_GEMV_PDL", "bool", False,
-           "launch the one-row quantized GEMVs (kernels/qgemv.py) with programmatic dependent launch (Hopper+), "
-           "as the bf16 GEMV is by default (off by default: H200, llama-1b Q4_K_M 1,200 tok/s off, 1,123 on)"),
+    Switch("SHAPEPLAN_QUANT_GEMV_PDL", "auto|on|off", "auto",
+           "launch the one-row quantized GEMVs (kernels/qgemv.py) with programmatic dependent launch (Hopper+); "
+           "auto: on for matrices of 4,096 or more outputs and inputs (llama-8b's, H100: 8b Q8_0 263 -> 277 tok/s), "
+           "off for smaller ones (H200: llama-1b Q4_K_M 1,200 tok/s off, 1,123 on)"),
     Switch("SHAPEPLAN_QUANT_INT8_X", "bool", True,
            "the one-row quantized GEMVs may read x as int8 codes per block of 32 (one dp4a per weight word, "
            "x quantized by a kernel before; kernels/qgemv.py XQ = 2 and 3) where qgemv.TUNE chose it: ~1 % output "
@@ -225,6 +227,16 @@ def _decode_attention(v: str) -> tuple[str, tuple[int, int, bool] | None]:
             from None
 
 
+def _auto_on_off(v: str) -> str:
+    """``auto``, ``on`` or ``off``; a boolean's other spellings (1/0, true/false, yes/no) mean on / off."""
+    if v.lower() == "auto":
+        return "auto"
+    try:
+        return "on" if _bool(v) else "off"
+    except ValueError:
+        raise ValueError("auto, on or off (or 1/0, true/false, yes/no)") from None
+
+
 def _choice(kind: str, v: str) -> str:
     options = kind.split("|")
     if v.lower() not in options:
@@ -234,7 +246,7 @@ def _choice(kind: str, v: str) -> str:
 
 _PARSERS: dict[str, Callable[[str], Any]] = {
     "bool": _bool, "int": _int, "float": _float, "str": str, "path": str, "names": _names,
-    DECODE_ATTENTION_TYPE: _decode_attention,
+    DECODE_ATTENTION_TYPE: _decode_attention, "auto|on|off": _auto_on_off,
 }
 
 

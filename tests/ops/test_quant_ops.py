@@ -109,8 +109,10 @@ def test_triton_kernels_every_type(name, triton_kernels):
         x = torch.randn(m, k, device=DEV)
         _close(gguf.gemv(x, packed, q, n, k, split=split), x @ w.t())
     x = torch.randn(11, k, device=DEV)
-    for split in (None, 3):                                         # prefill: fused tiles into tl.dot, whole K
-        old = gguf.configure(gemm={"split": split})                 # and split along K (uneven: a short last split)
+    # prefill: fused tiles into tl.dot, whole K and split along K (uneven: a short last split), and a tiling
+    # bench/quant_gemv.py --gemm-sweep tries (16-row M tiles, 128-element K tiles)
+    for tiling in ({"split": None}, {"split": 3}, {"bm": 16, "bn": 32, "bk": 128, "warps": 8, "stages": 3}):
+        old = gguf.configure(gemm=tiling)
         try:
             _close(gguf.gemm(x, packed, q, n, k), x @ w.t())
         finally:
@@ -137,20 +139,36 @@ def test_triton_paths_through_the_op(triton_kernels):
 
 
 def test_auto_takes_the_fused_gemm_only_where_it_measured_faster(triton_kernels, monkeypatch):
-    """``gguf.matmul``'s choice of path by rows M and outputs N (the kernels themselves are tested above): the
-    GEMV up to 8 rows; the fused GEMM up to ``fused_max_m`` rows of a matrix of ``fused_min_n`` outputs or more
-    (gate/up, the LM head); dequantize + cuBLAS for narrower matrices and from 65 rows (the H100 table in
-    gguf.GEMM's comment)."""
+    """``gguf.matmul``'s choice of path by rows M and weight size N * K (the kernels themselves are tested
+    above): the GEMV up to 8 rows; the fused GEMM up to ``fused_max_m`` rows of a matrix of ``fused_min_weights``
+    elements or more (llama-8b's matrices but k / v; llama-1b's gate/up, down and LM head); dequantize + cuBLAS
+    for smaller matrices and from 65 rows (the H100 table in gguf.GEMM's comment)."""
     gguf = triton_kernels
     calls = []
     monkeypatch.setattr(gguf, "gemv", lambda x, p, q, n, k, **kw: calls.append("gemv"))
     monkeypatch.setattr(gguf, "gemm", lambda x, p, q, n, k: calls.append("fused"))
     monkeypatch.setattr(gguf, "dequant_mm", lambda x, p, q, n, k: calls.append("dequant"))
     unread = torch.zeros(1, 18, dtype=torch.uint8)                  # the stand-ins read no weight
-    shapes = ((8, 128256), (9, 16384), (64, 128256), (16, 14336), (65, 16384), (128, 2048), (2048, 128256))
-    for m, n in shapes:
-        gguf.matmul(torch.zeros(m, 64), unread, QTYPES["Q4_0"], n, 64)
-    assert calls == ["gemv", "fused", "fused", "dequant", "dequant", "dequant", "dequant"]
+    cases = {(8, 128256, 4096): "gemv", (9, 16384, 2048): "fused", (64, 4096, 4096): "fused",
+             (16, 2048, 8192): "fused", (16, 1024, 4096): "dequant", (64, 3072, 2048): "dequant",
+             (65, 28672, 4096): "dequant", (128, 2048, 2048): "dequant", (2048, 128256, 4096): "dequant"}
+    for m, n, k in cases:
+        gguf.matmul(torch.zeros(m, 1), unread, QTYPES["Q4_0"], n, k)
+    assert calls == list(cases.values())
+
+
+def test_pdl_auto_takes_the_measured_shapes():
+    """``SHAPEPLAN_QUANT_GEMV_PDL``: auto launches the one-row GEMVs with PDL on llama-8b-sized matrices only
+    (measured faster there, slower on llama-1b's), on / off everywhere; a boolean's spellings still work."""
+    from shapeplan import env
+    from shapeplan.runtime.backends.triton.kernels.qgemv import pdl_wanted
+    shapes = {(6144, 4096): True, (128256, 4096): True, (4096, 14336): True, (3072, 2048): False,
+              (2048, 8192): False, (128256, 2048): False}
+    assert {s: pdl_wanted(*s, "auto") for s in shapes} == shapes
+    assert all(pdl_wanted(*s, "on") and not pdl_wanted(*s, "off") for s in shapes)
+    assert env.get("SHAPEPLAN_QUANT_GEMV_PDL", {}) == "auto"
+    assert [env.get("SHAPEPLAN_QUANT_GEMV_PDL", {"SHAPEPLAN_QUANT_GEMV_PDL": v}) for v in ("1", "0", "on", "AUTO")] \
+        == ["on", "off", "on", "auto"]
 
 
 # ------------------------------------------------------------------ compiled for the H200 (no GPU needed)

@@ -45,15 +45,18 @@ GEMV = {"bn": 8, "warps": 4, "unroll": 2, "min_programs": 0}
 GEMV1 = True
 #: prefill GEMM tuning and path: "fused" (dequantize tiles into tl.dot), "dequant" (dequantize the
 #: weight to a scratch buffer in the activation dtype, then cuBLAS), "auto": the fused GEMM up to
-#: ``fused_max_m`` rows on matrices of at least ``fused_min_n`` outputs, dequant + cuBLAS elsewhere. Measured
-#: (H100, twenty-third session, `bench/gpu_all.sh quant_prefill`: every llama-1b / 8b shape, Q4_K_R / Q6_K_R /
-#: Q8_0_R, 16..2,048 rows): the fused GEMM wins only on the wide matrices (gate/up, the LM head: N >= 16,384, so
-#: N / bn >= 256 programs) at <= 64 rows, by 1.1-1.9x; on every narrower matrix it has too few programs for
-#: its long K loop and loses 2-7x, and from 128 rows cuBLAS wins everywhere but the Q8_0_R LM heads (208 of 210
-#: cases picked right)
+#: ``fused_max_m`` rows on matrices of at least ``fused_min_weights`` elements (N * K), dequant + cuBLAS elsewhere.
+#: Measured (H100, `bench/gpu_all.sh quant_prefill`: every llama-1b / 8b shape, Q4_K_R / Q6_K_R / Q8_0_R, 16..2,048
+#: rows): from 128 rows cuBLAS wins everywhere but the Q8_0_R LM heads. At <= 64 rows, in the twenty-third
+#: session, the fused GEMM won only on N >= 16,384 (gate/up, the LM head): a narrower matrix's N / bn programs
+#: each walked all of K and lost 2-7x. Since it splits along K (twenty-fourth session's run) it wins on every
+#: matrix of 2^24 weights or more (llama-8b's all but k / v, llama-1b's gate/up, down, head: 8b down Q8_0_R at
+#: 16 rows 77.3 vs 121.4 us, qkv 34.8 vs 53.5, Q4_K_R down 113.7 vs 121.1) and loses by 0-30 % below it (8b k/v
+#: Q4_K_R 16.0 vs 13.0, 1b qkv 16.9 vs 13.6); at the threshold it is within 4 % either way (1b down Q4_K_R 35.0
+#: vs 33.5, 8b o 32.9 vs 33.9)
 #: (``split``: the fused GEMM's programs along K, None = ``gemm``'s rule)
 GEMM = {"bm": 64, "bn": 64, "bk": 64, "warps": 4, "stages": 2, "path": "auto", "fused_max_m": 64,
-        "fused_min_n": 16384, "split": None, "scratch_elements": 1 << 26}
+        "fused_min_weights": 1 << 24, "split": None, "scratch_elements": 1 << 26}
 
 
 def configure(gemv: dict | None = None, gemm: dict | None = None) -> tuple[dict, dict]:
@@ -446,7 +449,7 @@ def matmul(x: torch.Tensor, packed: torch.Tensor, q, n: int, k: int) -> torch.Te
     if m <= 8:
         return gemv(x, packed, q, n, k)
     path = GEMM["path"]
-    if path == "fused" or (path == "auto" and m <= GEMM["fused_max_m"] and n >= GEMM["fused_min_n"]):
+    if path == "fused" or (path == "auto" and m <= GEMM["fused_max_m"] and n * k >= GEMM["fused_min_weights"]):
         return gemm(x, packed, q, n, k)
     return dequant_mm(x, packed, q, n, k)
 

@@ -129,9 +129,10 @@ beside the products and the result scaled at the end; rounding as there (the pro
 rounded to the activation dtype where MatMul and SiluMul round). Everything is launched with device
 tensors only: it captures into the decode plan's CUDA graph.
 
-Programmatic dependent launch (``SHAPEPLAN_QUANT_GEMV_PDL=1``, Hopper+; **off by default: measured
-slower** (H200, twelfth session, one process, llama-1b Q4_K_M: 1,200.4 tok/s off, 1,122.7 on)), as the
-bf16 GEMV has it on: the next kernel may launch at once, and each iteration waits for the kernel before
+Programmatic dependent launch (``SHAPEPLAN_QUANT_GEMV_PDL``, Hopper+; by default (``auto``) only for matrices of
+4,096 or more outputs and inputs: measured faster there (H100, twenty-fourth session, one process, llama-8b
+Q8_0: 262.9 / 261.6 tok/s off, 275.4 / 277.9 on) and slower on llama-1b's (H200, twelfth session, llama-1b
+Q4_K_M: 1,200.4 off, 1,122.7 on)), as the bf16 GEMV has it on: the next kernel may launch at once, and each iteration waits for the kernel before
 (``gdc_wait``, a no-op once it has returned) only after its weight loads and before its first x load, so
 the first chunk's weights load while that kernel ends; the x quantizer then launches early too and
 waits before reading x.
@@ -927,6 +928,16 @@ def config(qtype: str, n: int, k: int) -> tuple[int, ...]:
     return hit
 
 
+#: ``SHAPEPLAN_QUANT_GEMV_PDL=auto`` launches with PDL matrices with at least this many outputs and inputs
+PDL_MIN_DIM = 4096
+
+
+def pdl_wanted(n: int, k: int, mode: str) -> bool:
+    """Whether the switch's value (auto / on / off) asks for PDL on an [n, k] matrix (``pdl_on`` then checks
+    that the device and Triton can)."""
+    return mode == "on" or (mode == "auto" and min(n, k) >= PDL_MIN_DIM)
+
+
 def full_tiles(tiles: tuple[int, ...]) -> tuple[int, int, int, int, int, int]:
     """(BN, CH, warps, XQ[, STAGES[, PF]]) with the left-out elements at their defaults (STAGES 1, PF 0)."""
     t = tuple(tiles)
@@ -959,7 +970,7 @@ def gemv1(x: torch.Tensor, packed: torch.Tensor, qtype: str, n: int, k: int, *, 
     nw = _aligned(norm_w.reshape(1, -1)) if norm_w is not None else x
     from shapeplan import env
     from shapeplan.runtime.backends.triton.kernels.gemv import pdl_on
-    launch = {"launch_pdl": True} if pdl_on(x.device, env.get("SHAPEPLAN_QUANT_GEMV_PDL")) else {}
+    launch = {"launch_pdl": True} if pdl_on(x.device, pdl_wanted(n, k, env.get("SHAPEPLAN_QUANT_GEMV_PDL"))) else {}
     if xq == 3 and qtype not in INT_DOTS:
         raise ValueError(f"qgemv: x mode 3 (integer dots) exists for {sorted(INT_DOTS)}, not {qtype}")
     norm = norm_w is not None
