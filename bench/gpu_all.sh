@@ -62,6 +62,9 @@ SERVE='python3 -m shapeplan bench --device cuda --config triton --prompt-len 128
 SERVE_SUM='awk '\''$1=="shapeplan" {printf "%s req: %s tok/s, TTFT p50 %s ms, ITL p50 %s ms, prefill %s tok; ", $3, $5, $6, $8, $10}'\'' $L'
 step serve_batch quick 240 "$SERVE --preset llama-1b --batch 64 --json \$W/serve_batch.json" "$SERVE_SUM"
 step serve_prefix default 240 "$SERVE --preset llama-1b --batch 64 --prompt-len 64 --shared-prefix 1024 --new-tokens 64 --json \$W/serve_prefix.json && $SERVE --preset llama-1b --batch 64 --prompt-len 64 --shared-prefix 1024 --new-tokens 64 --no-prefix-cache" "$SERVE_SUM"
+# the batched engine on quantized weights (16 requests: its 9-16-row buckets take the fused GEMM with 16-row tiles,
+# twenty-fourth session) beside the same preset in bf16
+step serve_quant extra 300 "$SERVE --preset llama-8b --quantize Q4_K_M --batch 16 --new-tokens 128 && $SERVE --preset llama-8b --batch 16 --new-tokens 128" "$SERVE_SUM"
 step serve_8b extra 300 "$SERVE --preset llama-8b --batch 64 --json \$W/serve_8b.json" "$SERVE_SUM"
 step serve_sweep extra 300 "$SERVE --preset llama-1b --sweep 1,8,32,64,128 --json \$W/serve_sweep.json --plot \$O/serve_sweep.png" "$SERVE_SUM"
 # the OpenAI-compatible server in the background, then streaming HTTP clients (docs/serve.md); the plot comes back in $OUT

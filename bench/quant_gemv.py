@@ -162,7 +162,7 @@ def sweep_gemm(qtypes: list[str], presets: list[str], ms: list[int], jobs: int, 
     import multiprocessing as mp
     from shapeplan.quant.formats import QTYPES
     from shapeplan.runtime.backends.triton.kernels import gguf
-    now = tuple(gguf.GEMM[key] for key in ("bm", "bn", "bk", "warps", "stages"))
+    committed = lambda m: (gguf.gemm_bm(m), *(gguf.GEMM[key] for key in ("bn", "bk", "warps", "stages")))  # noqa: E731
     if jobs > 1:
         t0 = time.perf_counter()
         tasks = [(name, [c]) for name in qtypes for c in sorted({c for m in ms for c in gemm_configs(m)})]
@@ -180,7 +180,7 @@ def sweep_gemm(qtypes: list[str], presets: list[str], ms: list[int], jobs: int, 
                 for m in ms:
                     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
                     deq = graph_time(lambda: gguf.dequant_mm(x, p, q, n, k), reps=5, rounds=3)
-                    results = []
+                    results, now = [], committed(m)
                     for tiles in gemm_configs(m) + ([] if now in gemm_configs(m) else [now]):
                         old = gguf.configure(gemm=_gemm_keys(tiles))
                         try:
@@ -203,6 +203,7 @@ def sweep_gemm(qtypes: list[str], presets: list[str], ms: list[int], jobs: int, 
                 del p
                 torch.cuda.empty_cache()
     for m in ms:
+        now = committed(m)
         ranked = sorted((v["us"], t) for (mm, t), v in sums.items() if mm == m)
         print(f"\n# M={m}: tilings by their time summed over the shapes and types (committed {now}):")
         for us, tiles in ranked[:5] + [r for r in ranked if r[1] == now][:1]:

@@ -199,14 +199,16 @@ def test_decode_gemv_compiles_for_sm90():
 
 
 def test_prefill_gemm_compiles_for_sm90():
-    """The fused GEMM, whole K and split along K (float32 partial sums), as the GPU compiler takes them."""
-    res = _compile_sm90("gemm:Q4_K:0", "gemm:Q4_K:1")
+    """The fused GEMM, whole K and split along K (float32 partial sums), in its tilings for 64 and for 16 rows,
+    as the GPU compiler takes them."""
+    res = _compile_sm90("gemm:Q4_K:0", "gemm:Q4_K:1", "gemm:Q8_0_R:2", "gemm:Q6_K_R:3")
     assert all(r["ok"] for r in res.values()), {s: r["error"] for s, r in res.items() if not r["ok"]}
 
 
 @pytest.mark.slow
 def test_every_kernel_compiles_for_sm90():
-    specs = [f"{k}:{n}:{m}" for n in QTYPES for k, m in (("gemv", 1), ("gemv", 8), ("gemm", 0), ("gemm", 1), ("rows", 0))]
+    specs = [f"{k}:{n}:{m}" for n in QTYPES
+             for k, m in (("gemv", 1), ("gemv", 8), ("gemm", 0), ("gemm", 1), ("gemm", 2), ("gemm", 3), ("rows", 0))]
     res = _compile_sm90(*specs)
     assert all(r["ok"] for r in res.values()), {s: r["error"] for s, r in res.items() if not r["ok"]}
 

@@ -54,8 +54,11 @@ GEMV1 = True
 #: 16 rows 77.3 vs 121.4 us, qkv 34.8 vs 53.5, Q4_K_R down 113.7 vs 121.1) and loses by 0-30 % below it (8b k/v
 #: Q4_K_R 16.0 vs 13.0, 1b qkv 16.9 vs 13.6); at the threshold it is within 4 % either way (1b down Q4_K_R 35.0
 #: vs 33.5, 8b o 32.9 vs 33.9)
-#: (``split``: the fused GEMM's programs along K, None = ``gemm``'s rule)
-GEMM = {"bm": 64, "bn": 64, "bk": 64, "warps": 4, "stages": 2, "path": "auto", "fused_max_m": 64,
+#: (``split``: the fused GEMM's programs along K, None = ``gemm``'s rule; ``bm``: rows per program, None = 16 up to
+#: 16 rows, else 64.) Its tiling, swept (H100, twenty-fourth session, `bench/gpu_all.sh quant_gemm_sweep`: 60 tilings,
+#: every llama-8b / 1b shape in Q4_K_R and Q8_0_R, summed): at 16 rows bm 16 and 3 stages 2,816 us against 3,131 us
+#: for the former (64, 64, 64, 4 warps, 2 stages); at 64 rows 3 stages 2,974 against 3,140
+GEMM = {"bm": None, "bn": 64, "bk": 64, "warps": 4, "stages": 3, "path": "auto", "fused_max_m": 64,
         "fused_min_weights": 1 << 24, "split": None, "scratch_elements": 1 << 26}
 
 
@@ -399,13 +402,19 @@ def gemv(x: torch.Tensor, packed: torch.Tensor, q, n: int, k: int, *, split: int
     return y
 
 
+def gemm_bm(m: int) -> int:
+    """The fused GEMM's rows per program for ``m`` rows: ``GEMM["bm"]``, or by default 16 up to 16 rows (tl.dot's
+    least), else 64."""
+    return GEMM["bm"] or (16 if m <= 16 else 64)
+
+
 def gemm(x: torch.Tensor, packed: torch.Tensor, q, n: int, k: int) -> torch.Tensor:
     """The fused prefill GEMM: x [M, K] @ W.T with W's tiles dequantized into ``tl.dot``; split along K
     (``GEMM["split"]``; by default only where the output tiles alone leave SMs idle, into about 4 programs
     per SM: a narrow matrix's N / bn programs each walking all of K were what lost to cuBLAS, twenty-third
     session), the float32 partial sums then added by ``_splitk_reduce``."""
     m = x.shape[0]
-    bm, bn = GEMM["bm"], GEMM["bn"]
+    bm, bn = gemm_bm(m), GEMM["bn"]
     nt = max(1, min(q.tile[0], GEMM["bk"] // q.tile[1]))         # sub-blocks per K tile (>= 16 elements)
     blocks = triton.cdiv(m, bm) * triton.cdiv(n, bn)
     sms = _programs_wanted(x.device)
