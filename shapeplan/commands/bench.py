@@ -92,6 +92,16 @@ def _bench(args: argparse.Namespace) -> int:
     return 1 if failed or (args.device == "cpu" and diverged) else 0
 
 
+def _tensors(v) -> list[torch.Tensor]:  # noqa: ANN001 - a weight as the loader gives it
+    """The device tensors holding one weight: itself, a quantized weight's packed bytes, or a reference
+    int4 weight's parts."""
+    import torch
+    from shapeplan.quant.formats import QuantWeight
+    if isinstance(v, torch.Tensor):
+        return [v]
+    return [v.packed] if isinstance(v, QuantWeight) else v.tensors()
+
+
 def _serving(args: argparse.Namespace, cfg, weights, name: str) -> int:  # noqa: ANN001
     import torch
 
@@ -120,7 +130,7 @@ def _serving(args: argparse.Namespace, cfg, weights, name: str) -> int:  # noqa:
     run_serving(pipe, warm, 8)                                     # every bucket has replayed once
     pipe.clear_prefix_cache()
     plans = reserved() - before
-    tensors = [t for v in weights.values() for t in ([v] if isinstance(v, torch.Tensor) else v.tensors())]
+    tensors = [t for v in weights.values() for t in _tensors(v)]
     weight_bytes = sum(t.numel() * t.element_size() for t in {id(t): t for t in tensors}.values())
     gib = 2 ** 30
     print(f"  ready in {time.perf_counter() - t0:.1f} s (load, compile, capture of {len(pipe.decode_buckets)} "

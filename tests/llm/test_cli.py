@@ -45,6 +45,18 @@ def test_bench_matrix_checks_configs_against_slot_by_slot(tmp_path, capsys):
     assert "late" in table and "emulated_replay" in table
 
 
+def test_bench_serving_on_quantized_weights(capsys):
+    """``bench --quantize TYPE --batch N``: the batched engine's benchmark on weights quantized at load (it had
+    failed counting a quantized weight's bytes, twenty-fourth session on the GPU)."""
+    rc = main(["bench", "--preset", "llama-tiny", "--quantize", "Q8_0", "--batch", "2", "--config", "slot_by_slot",
+               "--dtype", "float32", "--prompt-len", "8", "--new-tokens", "4", "--max-kv-cache-length", "64"])
+    out = capsys.readouterr()
+    assert rc == 0, out.err[-2000:]
+    row = next(line.split() for line in out.out.splitlines() if line.startswith("shapeplan "))
+    assert row[1:3] == ["2", "2"] and float(row[4]) > 0                 # 2 at once, 2 requests, tokens out
+    assert "llama-tiny Q8_0" in out.out and "weights" in out.err
+
+
 def test_bench_vs_torch_compile_runs_the_pytorch_decoder_on_the_same_weights(tmp_path, capsys):
     """``--vs-torch-compile``: the gpt-fast-style PyTorch decoder with the same weights in the same process
     (on the CPU its eager row only; on CUDA also eager + CUDA graph and torch.compile): same tokens as our
