@@ -94,7 +94,7 @@ step quant_prefill extra 480 'python3 -m bench.quant_gemv --qtypes Q4_K_R,Q6_K_R
 # the fused GEMM's tiling (bm, bn, bk, warps, stages) at the 9-64-row sizes where auto takes it (twenty-fourth session):
 # every llama-8b / 1b shape in Q4_K_R and Q8_0_R; the summary is each row count's best tiling summed over the shapes
 step quant_gemm_sweep extra 420 'python3 -m bench.quant_gemv --no-gemv --gemm-sweep 16,64 --qtypes Q4_K_R,Q8_0_R --presets llama-8b,llama-1b --top 2' \
-  'grep -A1 -E "^# M=" $L | grep -vE "^(--)?$" | paste -sd" " | cut -c1-400'
+  'grep -A1 -E "^# M=[0-9]+, all types" $L | grep -vE "^(--)?$" | paste -sd" " | cut -c1-400'
 # Nsight Compute's counters on one llama-8b Q4_K gate/up call (the nvidia-h200 kind runs on Firecracker, where ncu reads them)
 step quant_ncu extra 150 'N=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
 $N --clock-control none -k regex:_q4k -c 1 --section SpeedOfLight --section Occupancy --section WarpStateStats \

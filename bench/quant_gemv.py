@@ -121,10 +121,12 @@ def sweep_gemv(gguf, x, p, q, n: int, k: int) -> None:
 
 def gemm_configs(m: int) -> list[tuple[int, int, int, int, int]]:
     """The fused prefill GEMM's tilings swept at ``m`` rows: (bm, bn, bk, warps, stages); bm 16 or 32 (the
-    rows rounded up) beside the default 64."""
+    rows rounded up) beside 64; bk 256 (a whole K-quant super-block per step) added after the first sweep, whose
+    best bk was 64 or 128 on every shape."""
     bms = sorted({16 if m <= 16 else 32, 64})
     return [(bm, bn, bk, warps, stages) for bm in bms
-            for bn, bk in ((32, 128), (64, 64), (64, 128), (128, 64), (128, 128)) for warps in (4, 8)
+            for bn, bk in ((32, 128), (32, 256), (64, 64), (64, 128), (64, 256), (128, 64), (128, 128))
+            for warps in (4, 8)
             for stages in (2, 3)]
 
 
@@ -197,17 +199,23 @@ def sweep_gemm(qtypes: list[str], presets: list[str], ms: list[int], jobs: int, 
                         print(f"    bm={tiles[0]:<3} bn={tiles[1]:<4} bk={tiles[2]:<4} warps={tiles[3]} stages={tiles[4]} "
                               f"{us:8.1f} us  x{deq / us:5.2f} vs dequant")
                     for us, tiles in results:
-                        row = sums.setdefault((m, tiles), {"us": 0.0, "cases": 0})
-                        row["us"] += us
-                        row["cases"] += 1
+                        for group in ("all types", name):
+                            row = sums.setdefault((m, group, tiles), {"us": 0.0, "cases": 0})
+                            row["us"] += us
+                            row["cases"] += 1
                 del p
                 torch.cuda.empty_cache()
     for m in ms:
         now = committed(m)
-        ranked = sorted((v["us"], t) for (mm, t), v in sums.items() if mm == m)
-        print(f"\n# M={m}: tilings by their time summed over the shapes and types (committed {now}):")
-        for us, tiles in ranked[:5] + [r for r in ranked if r[1] == now][:1]:
-            print(f"    {tiles}  {us:9.1f} us" + ("  (committed)" if tiles == now else ""))
+        for group in ("all types", *qtypes):
+            rows = {t: v for (mm, g, t), v in sums.items() if mm == m and g == group}
+            if not rows:
+                continue
+            full = max(v["cases"] for v in rows.values())       # a tiling that failed somewhere is not ranked
+            ranked = sorted((v["us"], t) for t, v in rows.items() if v["cases"] == full)
+            print(f"\n# M={m}, {group}: tilings by their time summed over the shapes (committed {now}):")
+            for us, tiles in ranked[:5] + [r for r in ranked[5:] if r[1] == now][:1]:
+                print(f"    {tiles}  {us:9.1f} us" + ("  (committed)" if tiles == now else ""))
 
 
 #: how decode uses each shape: the one-row kernel's prologue / epilogue there (qgemv.py)

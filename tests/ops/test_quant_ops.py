@@ -110,8 +110,9 @@ def test_triton_kernels_every_type(name, triton_kernels):
         _close(gguf.gemv(x, packed, q, n, k, split=split), x @ w.t())
     x = torch.randn(11, k, device=DEV)
     # prefill: fused tiles into tl.dot, whole K and split along K (uneven: a short last split), and a tiling
-    # bench/quant_gemv.py --gemm-sweep tries (16-row M tiles, 128-element K tiles)
-    for tiling in ({"split": None}, {"split": 3}, {"bm": 16, "bn": 32, "bk": 128, "warps": 8, "stages": 3}):
+    # bench/quant_gemv.py --gemm-sweep tries (16-row M tiles, K tiles of 128 elements and of a whole 256 chunk)
+    for tiling in ({"split": None}, {"split": 3}, {"bm": 16, "bn": 32, "bk": 128, "warps": 8, "stages": 3},
+                   {"bm": 16, "bn": 64, "bk": 256, "split": 2}):
         old = gguf.configure(gemm=tiling)
         try:
             _close(gguf.gemm(x, packed, q, n, k), x @ w.t())
