@@ -119,19 +119,23 @@ def sweep_gemv(gguf, x, p, q, n: int, k: int) -> None:
     print(f"    BEST={results[0][1]},{results[0][2]},{results[0][3]},{results[0][4] or 'auto'}")
 
 
-def gemm_configs(m: int) -> list[tuple[int, int, int, int, int]]:
-    """The fused prefill GEMM's tilings swept at ``m`` rows: (bm, bn, bk, warps, stages); bm 16 or 32 (the
+def gemm_configs(m: int) -> list[tuple[int, int, int, int, int, int]]:
+    """The fused prefill GEMM's tilings swept at ``m`` rows: (bm, bn, bk, warps, stages, swap); bm 16 or 32 (the
     rows rounded up) beside 64; bk 256 (a whole K-quant super-block per step) added after the first sweep, whose
-    best bk was 64 or 128 on every shape."""
+    best bk was 64 or 128 on every shape; swap 1: the weight tile as the MMA's first operand (Hopper's warpgroup
+    MMA then takes the bn weight rows as its M, where 16 x rows leave the plain order on the older MMA)."""
     bms = sorted({16 if m <= 16 else 32, 64})
-    return [(bm, bn, bk, warps, stages) for bm in bms
-            for bn, bk in ((32, 128), (32, 256), (64, 64), (64, 128), (64, 256), (128, 64), (128, 128))
-            for warps in (4, 8)
-            for stages in (2, 3)]
+    plain = [(bm, bn, bk, warps, stages, 0) for bm in bms
+             for bn, bk in ((32, 128), (32, 256), (64, 64), (64, 128), (64, 256), (128, 64), (128, 128))
+             for warps in (4, 8) for stages in (2, 3)]
+    swapped = [(bm, bn, bk, warps, stages, 1) for bm in bms
+               for bn, bk in ((64, 64), (64, 128), (64, 256), (128, 64), (128, 128)) for warps in (4, 8)
+               for stages in (2, 3)]
+    return plain + swapped
 
 
 def _gemm_keys(tiles: tuple[int, ...]) -> dict:
-    return dict(zip(("bm", "bn", "bk", "warps", "stages"), tiles))
+    return dict(zip(("bm", "bn", "bk", "warps", "stages", "swap"), tiles))
 
 
 def _precompile_gemm(task: tuple) -> int:
@@ -164,7 +168,8 @@ def sweep_gemm(qtypes: list[str], presets: list[str], ms: list[int], jobs: int, 
     import multiprocessing as mp
     from shapeplan.quant.formats import QTYPES
     from shapeplan.runtime.backends.triton.kernels import gguf
-    committed = lambda m: (gguf.gemm_bm(m), *(gguf.GEMM[key] for key in ("bn", "bk", "warps", "stages")))  # noqa: E731
+    committed = lambda m: (gguf.gemm_bm(m), *(gguf.GEMM[key] for key in ("bn", "bk", "warps", "stages")),  # noqa: E731
+                           int(gguf.GEMM["swap"]))
     if jobs > 1:
         t0 = time.perf_counter()
         tasks = [(name, [c]) for name in qtypes for c in sorted({c for m in ms for c in gemm_configs(m)})]
@@ -197,7 +202,7 @@ def sweep_gemm(qtypes: list[str], presets: list[str], ms: list[int], jobs: int, 
                           f"committed {now} {cur:8.1f} us", flush=True)
                     for us, tiles in results[:top]:
                         print(f"    bm={tiles[0]:<3} bn={tiles[1]:<4} bk={tiles[2]:<4} warps={tiles[3]} stages={tiles[4]} "
-                              f"{us:8.1f} us  x{deq / us:5.2f} vs dequant")
+                              f"swap={tiles[5]} {us:8.1f} us  x{deq / us:5.2f} vs dequant")
                     for us, tiles in results:
                         for group in ("all types", name):
                             row = sums.setdefault((m, group, tiles), {"us": 0.0, "cases": 0})

@@ -104,10 +104,12 @@ def compile_one(kernel: str, name: str, m: int):
         consts = dict(M=m, BM=max(2, 1 << (m - 1).bit_length()), BN=gguf.GEMV["bn"], PARTIAL=False,
                       UNROLL=gguf.GEMV["unroll"], **meta)
         opts = {"num_warps": gguf.GEMV["warps"]}
-    elif kernel == "gemm":    # m: bit 1 = split along K (float32 partial sums), bit 2 = the tiling for <= 16 rows
+    elif kernel == "gemm":    # m: bit 1 = split along K (float32 partial sums), bit 2 = the tiling for <= 16 rows,
+        # bit 4 = the weight tile as the MMA's first operand (SWAP)
         fn, args = gguf._gemm_kernel, ["M", "N", "K", "ROW_BYTES", "stride_xm", "stride_ym", "PER"]
         consts = dict(BM=gguf.gemm_bm(16 if m & 2 else 64), BN=gguf.GEMM["bn"],
-                      NT=max(1, min(q.tile[0], gguf.GEMM["bk"] // q.tile[1])), IEEE=False, PARTIAL=bool(m & 1), **meta)
+                      NT=max(1, min(q.tile[0], gguf.GEMM["bk"] // q.tile[1])), IEEE=False, PARTIAL=bool(m & 1),
+                      SWAP=bool(m & 4), **meta)
         ptrs["y_ptr"] = "*fp32" if m & 1 else "*bf16"
         opts = {"num_warps": gguf.GEMM["warps"], "num_stages": gguf.GEMM["stages"]}
     else:

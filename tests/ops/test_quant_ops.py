@@ -110,9 +110,11 @@ def test_triton_kernels_every_type(name, triton_kernels):
         _close(gguf.gemv(x, packed, q, n, k, split=split), x @ w.t())
     x = torch.randn(11, k, device=DEV)
     # prefill: fused tiles into tl.dot, whole K and split along K (uneven: a short last split), and a tiling
-    # bench/quant_gemv.py --gemm-sweep tries (16-row M tiles, K tiles of 128 elements and of a whole 256 chunk)
+    # bench/quant_gemv.py --gemm-sweep tries (16-row M tiles, K tiles of 128 elements and of a whole 256 chunk,
+    # the weight tile as the MMA's first operand)
     for tiling in ({"split": None}, {"split": 3}, {"bm": 16, "bn": 32, "bk": 128, "warps": 8, "stages": 3},
-                   {"bm": 16, "bn": 64, "bk": 256, "split": 2}):
+                   {"bm": 16, "bn": 64, "bk": 256, "split": 2}, {"bm": 16, "swap": True},
+                   {"bm": 32, "bn": 64, "swap": True, "split": 2}):
         old = gguf.configure(gemm=tiling)
         try:
             _close(gguf.gemm(x, packed, q, n, k), x @ w.t())
@@ -201,8 +203,8 @@ def test_decode_gemv_compiles_for_sm90():
 
 def test_prefill_gemm_compiles_for_sm90():
     """The fused GEMM, whole K and split along K (float32 partial sums), in its tilings for 64 and for 16 rows,
-    as the GPU compiler takes them."""
-    res = _compile_sm90("gemm:Q4_K:0", "gemm:Q4_K:1", "gemm:Q8_0_R:2", "gemm:Q6_K_R:3")
+    and with the weight tile as the MMA's first operand, as the GPU compiler takes them."""
+    res = _compile_sm90("gemm:Q4_K:0", "gemm:Q4_K:1", "gemm:Q8_0_R:2", "gemm:Q6_K_R:3", "gemm:Q4_K_R:6", "gemm:Q8_0_R:7")
     assert all(r["ok"] for r in res.values()), {s: r["error"] for s, r in res.items() if not r["ok"]}
 
 

@@ -55,10 +55,11 @@ GEMV1 = True
 #: Q4_K_R 16.0 vs 13.0, 1b qkv 16.9 vs 13.6); at the threshold it is within 4 % either way (1b down Q4_K_R 35.0
 #: vs 33.5, 8b o 32.9 vs 33.9)
 #: (``split``: the fused GEMM's programs along K, None = ``gemm``'s rule; ``bm``: rows per program, None = 16 up to
-#: 16 rows, else 64.) Its tiling, swept (H100, twenty-fourth session, `bench/gpu_all.sh quant_gemm_sweep`: 60 tilings,
+#: 16 rows, else 64; ``swap``: the weight tile as the MMA's first operand (``_gemm_kernel``'s SWAP), off until a
+#: sweep measures it.) Its tiling, swept (H100, twenty-fourth session, `bench/gpu_all.sh quant_gemm_sweep`: 60 tilings,
 #: every llama-8b / 1b shape in Q4_K_R and Q8_0_R, summed): at 16 rows bm 16 and 3 stages 2,816 us against 3,131 us
 #: for the former (64, 64, 64, 4 warps, 2 stages); at 64 rows 3 stages 2,974 against 3,140
-GEMM = {"bm": None, "bn": 64, "bk": 64, "warps": 4, "stages": 3, "path": "auto", "fused_max_m": 64,
+GEMM = {"bm": None, "bn": 64, "bk": 64, "warps": 4, "stages": 3, "swap": False, "path": "auto", "fused_max_m": 64,
         "fused_min_weights": 1 << 24, "split": None, "scratch_elements": 1 << 26}
 
 
@@ -294,17 +295,19 @@ if AVAILABLE:
     def _gemm_kernel(x_ptr, w_ptr, y_ptr, M, N, K, ROW_BYTES, stride_xm, stride_ym, PER,
                      BM: tl.constexpr, BN: tl.constexpr, KIND: tl.constexpr, TS: tl.constexpr,
                      NSUB: tl.constexpr, SUBLEN: tl.constexpr, NT: tl.constexpr, IEEE: tl.constexpr,
-                     PARTIAL: tl.constexpr):
+                     PARTIAL: tl.constexpr, SWAP: tl.constexpr):
         """y = x @ W.T, K tiles of NT sub-blocks (NT * SUBLEN elements) dequantized into tl.dot; program
         (m, n, s) takes K tiles s * PER .. (s + 1) * PER - 1 (PARTIAL: of several splits, whose float32 sums
-        go to y_ptr as [splits, M, N] for ``_splitk_reduce``)."""
+        go to y_ptr as [splits, M, N] for ``_splitk_reduce``). SWAP: y.T = W @ x.T instead, the weight tile as
+        the MMA's first operand (its BN rows the MMA's M, the few x rows its N: Hopper's warpgroup MMA needs
+        64+ rows there, and takes that operand from registers)."""
         pid_m, pid_n, pid_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         rows = pid_n * BN + tl.arange(0, BN)
         row_ok = rows < N
         rb = w_ptr + rows.to(tl.int64) * ROW_BYTES
         ms = pid_m * BM + tl.arange(0, BM)
         kk = tl.arange(0, NT * SUBLEN)
-        acc = tl.zeros([BM, BN], dtype=tl.float32)
+        acc = tl.zeros([BN, BM] if SWAP else [BM, BN], dtype=tl.float32)
         tiles = NSUB // NT                                          # K tiles per 256-element chunk
         for i in range(pid_s * PER, tl.minimum((pid_s + 1) * PER, tl.cdiv(K, 256) * tiles)):
             c = i // tiles
@@ -314,16 +317,24 @@ if AVAILABLE:
             k = c * 256 + sb0 * SUBLEN + kk
             xt = tl.load(x_ptr + ms[:, None].to(tl.int64) * stride_xm + k[None, :],
                          mask=(ms[:, None] < M) & (k[None, :] < K), other=0.0)
-            if IEEE:
+            if SWAP:
+                if IEEE:
+                    acc += tl.dot(w2, tl.trans(xt), input_precision="ieee")
+                else:
+                    acc += tl.dot(w2, tl.trans(xt))
+            elif IEEE:
                 acc += tl.dot(xt, tl.trans(w2), input_precision="ieee")
             else:
                 acc += tl.dot(xt, tl.trans(w2))
-        out = (ms[:, None] < M) & row_ok[None, :]
-        if PARTIAL:
-            tl.store(y_ptr + pid_s.to(tl.int64) * M * N + ms[:, None].to(tl.int64) * N + rows[None, :], acc, mask=out)
+        if SWAP:                                                    # acc[r, m] is y[m, r]
+            mi, ri = ms[None, :].to(tl.int64), rows[:, None]
         else:
-            tl.store(y_ptr + ms[:, None].to(tl.int64) * stride_ym + rows[None, :], acc.to(y_ptr.dtype.element_ty),
-                     mask=out)
+            mi, ri = ms[:, None].to(tl.int64), rows[None, :]
+        out = (mi < M) & (ri < N)
+        if PARTIAL:
+            tl.store(y_ptr + pid_s.to(tl.int64) * M * N + mi * N + ri, acc, mask=out)
+        else:
+            tl.store(y_ptr + mi * stride_ym + ri, acc.to(y_ptr.dtype.element_ty), mask=out)
 
     @triton.jit
     def _rows_kernel(w_ptr, idx_ptr, out_ptr, R, K, ROW_BYTES, stride_o, BN: tl.constexpr,
@@ -424,7 +435,7 @@ def gemm(x: torch.Tensor, packed: torch.Tensor, q, n: int, k: int) -> torch.Tens
     part = _partials(y, split)
     _gemm_kernel[(triton.cdiv(m, bm), triton.cdiv(n, bn), split)](
         x, packed, part, m, n, k, packed.stride(0), x.stride(0), y.stride(0), per, BM=bm, BN=bn,
-        NT=nt, IEEE=x.dtype == torch.float32, PARTIAL=split > 1, num_warps=GEMM["warps"],
+        NT=nt, IEEE=x.dtype == torch.float32, PARTIAL=split > 1, SWAP=bool(GEMM["swap"]), num_warps=GEMM["warps"],
         num_stages=GEMM["stages"], **_meta(q))
     _sum_partials(part, y, split)
     return y
