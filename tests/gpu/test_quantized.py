@@ -54,6 +54,11 @@ def test_kernels_every_type(name, dtype):
         ref = x.float() @ w.t()
         _close(gguf.gemm(x, p, q, n, k), ref, dtype)
         _close(gguf.dequant_mm(x, p, q, n, k), ref, dtype)
+        old = gguf.configure(gemm={"swap": True})          # the weight tile as the MMA's first operand
+        try:
+            _close(gguf.gemm(x, p, q, n, k), ref, dtype)
+        finally:
+            gguf.configure(*old)
 
 
 def _graph(name: str, n: int, k: int, p: torch.Tensor, m: int) -> Graph:
@@ -152,6 +157,16 @@ def test_q5_k_m_q4_0_and_iq4_xs_models_on_cuda(ftype, tmp_path):
     """A Q5_K_M file (Q5_K matrices, some Q6_K), a Q4_0 and an IQ4_XS file (their matrices, the head in Q6_K):
     one row of Q5_K runs the one-row kernel (Q4_K's with 5-bit codes), one row of Q4_0 and IQ4_XS Q8_0's
     (nibble codes; IQ4's through its table); the tokens are the CPU reference's in every mode."""
+    _same_tokens_in_every_mode(*_tiny_gguf(tmp_path, ftype))
+
+
+@pytest.mark.parametrize("ftype", ["Q8_0", "Q4_K_M"])
+def test_one_row_gemvs_with_pdl_on_cuda(ftype, tmp_path, monkeypatch):
+    """``SHAPEPLAN_QUANT_GEMV_PDL=on``: every one-row GEMV (and x quantizer) launched with programmatic dependent
+    launch, each waiting for the kernel before it before it reads x (``auto``, the default, does so on
+    matrices of 4,096+ outputs and inputs only, which these tiny models lack); the tokens are the CPU
+    reference's in every mode."""
+    monkeypatch.setenv("SHAPEPLAN_QUANT_GEMV_PDL", "on")
     _same_tokens_in_every_mode(*_tiny_gguf(tmp_path, ftype))
 
 
