@@ -211,7 +211,8 @@ def test_prefill_gemm_compiles_for_sm90():
 @pytest.mark.slow
 def test_every_kernel_compiles_for_sm90():
     specs = [f"{k}:{n}:{m}" for n in QTYPES
-             for k, m in (("gemv", 1), ("gemv", 8), ("gemm", 0), ("gemm", 1), ("gemm", 2), ("gemm", 3), ("rows", 0))]
+             for k, m in (("gemv", 1), ("gemv", 8), ("gemm", 0), ("gemm", 1), ("gemm", 2), ("gemm", 3), ("gemm", 6),
+                          ("rows", 0))]
     res = _compile_sm90(*specs)
     assert all(r["ok"] for r in res.values()), {s: r["error"] for s, r in res.items() if not r["ok"]}
 
