@@ -163,7 +163,8 @@ def _precompile_gemm(task: tuple) -> int:
 def sweep_gemm(qtypes: list[str], presets: list[str], ms: list[int], jobs: int, labels: list[str] | None = None,
                top: int = 3) -> None:
     """Every tiling of ``gemm_configs`` of the fused prefill GEMM (its split along K by its own rule) on each
-    shape at each of ``ms`` rows, beside the committed tiling and dequantize + cuBLAS; then, per row count, the
+    shape at each of ``ms`` rows, beside the committed tiling, dequantize + cuBLAS and bf16 cuBLAS on the same
+    shape (what the quantized path has to beat); then, per row count, the
     tilings ranked by their time summed over the shapes (the candidates for ``gguf.GEMM``)."""
     import multiprocessing as mp
     from shapeplan.quant.formats import QTYPES
@@ -181,12 +182,14 @@ def sweep_gemm(qtypes: list[str], presets: list[str], ms: list[int], jobs: int, 
         for n, k, label in SHAPES[preset]:
             if labels and label not in labels and f"{preset}:{label}" not in labels:
                 continue
+            wb = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
             for name in qtypes:
                 q = QTYPES[name]
                 p = packed(name, n, k)
                 for m in ms:
                     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
                     deq = graph_time(lambda: gguf.dequant_mm(x, p, q, n, k), reps=5, rounds=3)
+                    bf16 = graph_time(lambda: x @ wb.t(), reps=5, rounds=3)
                     results, now = [], committed(m)
                     for tiles in gemm_configs(m) + ([] if now in gemm_configs(m) else [now]):
                         old = gguf.configure(gemm=_gemm_keys(tiles))
@@ -199,7 +202,7 @@ def sweep_gemm(qtypes: list[str], presets: list[str], ms: list[int], jobs: int, 
                     results.sort()
                     cur = next((us for us, t in results if t == now), float("nan"))
                     print(f"{preset:<9} {label:<8} {f'{n}x{k}':>14} {name:<7} M={m:<4} dequant+cuBLAS {deq:8.1f} us | "
-                          f"committed {now} {cur:8.1f} us", flush=True)
+                          f"committed {now} {cur:8.1f} us | bf16 cuBLAS {bf16:8.1f} us", flush=True)
                     for us, tiles in results[:top]:
                         print(f"    bm={tiles[0]:<3} bn={tiles[1]:<4} bk={tiles[2]:<4} warps={tiles[3]} stages={tiles[4]} "
                               f"swap={tiles[5]} {us:8.1f} us  x{deq / us:5.2f} vs dequant")
@@ -209,7 +212,8 @@ def sweep_gemm(qtypes: list[str], presets: list[str], ms: list[int], jobs: int, 
                             row["us"] += us
                             row["cases"] += 1
                 del p
-                torch.cuda.empty_cache()
+            del wb
+            torch.cuda.empty_cache()
     for m in ms:
         now = committed(m)
         for group in ("all types", *qtypes):
