@@ -149,7 +149,7 @@ step quant_pdl extra 480 'python3 -m bench.quant_gemv --no-gemv --e2e llama-1b:Q
   'grep -E "^llama-(1b|8b)" $L | awk '\''{printf "%s %s %s; ", $1, $2, $3}'\'' | cut -c1-300'
 # SHAPEPLAN_QUANT_GEMV_PDL=auto (PDL on llama-8b-sized matrices only, twenty-fourth session) against off, on the llama-8b files
 step quant_pdl_8b extra 420 'python3 -m bench.quant_gemv --no-gemv --e2e llama-8b:Q8_0,llama-8b:Q4_K_M --e2e-configs triton --switch-ab SHAPEPLAN_QUANT_GEMV_PDL=off,auto:2' \
-  'grep -E "^llama-8b" $L | awk '''{printf "%s %s %s; ", $1, $2, $3}''' | cut -c1-300'
+  'grep -E "^llama-8b" $L | awk '\''{printf "%s %s %s; ", $1, $2, $3}'\'' | cut -c1-300'
 step structured extra 300 'python3 -m bench.structured --preset llama-1b --device cuda --json $W/structured.json' \
   'awk -F"|" '\''$2 ~ /json_schema/ && $4 ~ /on/ {printf "N=%s%s tok/s (%s of unconstrained); ", $3, $5, $6}'\'' $L'
 step decode_attention default 60 'python3 -m bench.decode_attention --pos 256' \
