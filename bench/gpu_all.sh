@@ -95,6 +95,10 @@ step quant_prefill extra 480 'python3 -m bench.quant_gemv --qtypes Q4_K_R,Q6_K_R
 # every llama-8b / 1b shape in Q4_K_R and Q8_0_R; the summary is each row count's best tiling summed over the shapes
 step quant_gemm_sweep extra 420 'python3 -m bench.quant_gemv --no-gemv --gemm-sweep 16,64 --qtypes Q4_K_R,Q8_0_R --presets llama-8b,llama-1b --top 2' \
   'grep -A1 -E "^# M=[0-9]+, all types" $L | grep -vE "^(--)?$" | paste -sd" " | cut -c1-400'
+# the batched engine's small sizes: the GEMV at 1-8 rows (never timed above one row), and at 16-64 rows the fused GEMM
+# against dequantize + cuBLAS and the GEMV 8 rows a call (gguf.GEMM["gemv_max_m"], off until this runs)
+step quant_small_m extra 300 'python3 -m bench.quant_gemv --qtypes Q4_K_R,Q6_K_R,Q8_0_R --presets llama-8b,llama-1b --m 1,2,4,8 --prefill-m 16,32,64' \
+  'awk '\''$6=="fused" {f[$1" "$4" M"$5]+=$8} $6=="dequant+cuBLAS" {d[$1" "$4" M"$5]+=$7} $6=="gemv-8-rows" {g[$1" "$4" M"$5]+=$7} END {for (k in f) printf "%s %.0f/%.0f/%.0f; ", k, f[k], d[k], g[k]}'\'' $L | cut -c1-600'
 # Nsight Compute's counters on one llama-8b Q4_K gate/up call (the nvidia-h200 kind runs on Firecracker, where ncu reads them)
 step quant_ncu extra 150 'N=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
 $N --clock-control none -k regex:_q4k -c 1 --section SpeedOfLight --section Occupancy --section WarpStateStats \

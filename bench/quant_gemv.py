@@ -87,8 +87,11 @@ def gemv_table(qtypes: list[str], presets: list[str], ms: list[int], prefill: li
                 for m in prefill:
                     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
                     ref_us = graph_time(lambda: x @ wb.t(), reps=5)
-                    for path, fn in (("fused tl.dot", lambda: gguf.gemm(x, p, q, n, k)),
-                                     ("dequant+cuBLAS", lambda: gguf.dequant_mm(x, p, q, n, k))):
+                    paths = [("fused tl.dot", lambda: gguf.gemm(x, p, q, n, k)),
+                             ("dequant+cuBLAS", lambda: gguf.dequant_mm(x, p, q, n, k))]
+                    if m <= 64:                     # the 9-64-row alternative: the GEMV, 8 rows a call
+                        paths.append(("gemv-8-rows", lambda: gguf.gemv_rows(x, p, q, n, k)))
+                    for path, fn in paths:
                         us = graph_time(fn, reps=5)
                         print(f"{preset:<9} {label:<8} {f'{n}x{k}':>14} {name:<10} {m:>3} {path:<14} {us:>8.1f} "
                               f"{p.numel() / us / 1e3:>7.0f} {ref_us:>8.1f} {ref_us / us:>6.2f}")

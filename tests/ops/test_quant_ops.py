@@ -108,6 +108,8 @@ def test_triton_kernels_every_type(name, triton_kernels):
     for m, split in ((1, None), (3, 2)):                      # GEMV, one pass and split-K
         x = torch.randn(m, k, device=DEV)
         _close(gguf.gemv(x, packed, q, n, k, split=split), x @ w.t())
+    x = torch.randn(11, k, device=DEV)                              # 11 rows as GEMV calls of 8 and 3
+    _close(gguf.gemv_rows(x, packed, q, n, k), x @ w.t())
     x = torch.randn(11, k, device=DEV)
     # prefill: fused tiles into tl.dot, whole K and split along K (uneven: a short last split), and a tiling
     # bench/quant_gemv.py --gemm-sweep tries (16-row M tiles, K tiles of 128 elements and of a whole 256 chunk,
@@ -130,7 +132,8 @@ def test_triton_paths_through_the_op(triton_kernels):
         x = torch.randn(1, m, 320, device=DEV)
         _close(qops.quant_matmul(x, packed, qtype="Q4_0", n=16, k=320), x @ w.t())
     for gemm in ({"path": "fused"}, {"path": "fused", "split": 3},                    # the fused GEMM, whole K or
-                 {"path": "dequant", "scratch_elements": 5 * 320}):                    # split; dequantize, in slices
+                 {"path": "dequant", "scratch_elements": 5 * 320},                     # split; dequantize, in slices;
+                 {"path": "gemv"}):                                                     # the GEMV 8 rows a call
         old = gguf.configure(gemm=gemm)
         try:
             x = torch.randn(12, 320, device=DEV)
@@ -151,7 +154,16 @@ def test_auto_takes_the_fused_gemm_only_where_it_measured_faster(triton_kernels,
     monkeypatch.setattr(gguf, "gemv", lambda x, p, q, n, k, **kw: calls.append("gemv"))
     monkeypatch.setattr(gguf, "gemm", lambda x, p, q, n, k: calls.append("fused"))
     monkeypatch.setattr(gguf, "dequant_mm", lambda x, p, q, n, k: calls.append("dequant"))
+    monkeypatch.setattr(gguf, "gemv_rows", lambda x, p, q, n, k: calls.append("gemv_rows"))
     unread = torch.zeros(1, 18, dtype=torch.uint8)                  # the stand-ins read no weight
+    old = gguf.configure(gemm={"gemv_max_m": 16})                   # the GEMV 8 rows a call up to 16 rows first
+    try:
+        for m in (9, 16, 17):
+            gguf.matmul(torch.zeros(m, 1), unread, QTYPES["Q4_0"], 4096, 4096)
+    finally:
+        gguf.configure(*old)
+    assert calls == ["gemv_rows", "gemv_rows", "fused"]
+    calls.clear()
     cases = {(8, 128256, 4096): "gemv", (9, 16384, 2048): "fused", (64, 4096, 4096): "fused",
              (16, 2048, 8192): "fused", (16, 1024, 4096): "dequant", (64, 3072, 2048): "dequant",
              (65, 28672, 4096): "dequant", (128, 2048, 2048): "dequant", (2048, 128256, 4096): "dequant"}

@@ -44,7 +44,7 @@ GEMV = {"bn": 8, "warps": 4, "unroll": 2, "min_programs": 0}
 #: is there); False: the generic GEMV above (bench/quant_gemv.py compares them)
 GEMV1 = True
 #: prefill GEMM tuning and path: "fused" (dequantize tiles into tl.dot), "dequant" (dequantize the
-#: weight to a scratch buffer in the activation dtype, then cuBLAS), "auto": the fused GEMM up to
+#: weight to a scratch buffer in the activation dtype, then cuBLAS), "gemv" (the GEMV, 8 rows a call), "auto": the fused GEMM up to
 #: ``fused_max_m`` rows on matrices of at least ``fused_min_weights`` elements (N * K), dequant + cuBLAS elsewhere.
 #: Measured (H100, `bench/gpu_all.sh quant_prefill`: every llama-1b / 8b shape, Q4_K_R / Q6_K_R / Q8_0_R, 16..2,048
 #: rows): from 128 rows cuBLAS wins everywhere but the Q8_0_R LM heads. At <= 64 rows, in the twenty-third
@@ -54,13 +54,15 @@ GEMV1 = True
 #: 16 rows 77.3 vs 121.4 us, qkv 34.8 vs 53.5, Q4_K_R down 113.7 vs 121.1) and loses by 0-30 % below it (8b k/v
 #: Q4_K_R 16.0 vs 13.0, 1b qkv 16.9 vs 13.6); at the threshold it is within 4 % either way (1b down Q4_K_R 35.0
 #: vs 33.5, 8b o 32.9 vs 33.9)
-#: (``split``: the fused GEMM's programs along K, None = ``gemm``'s rule; ``bm``: rows per program, None = 16 up to
+#: (``gemv_max_m``: up to this many rows ``auto`` runs the GEMV in calls of 8 rows (``gemv_rows``; path "gemv":
+#: always), before the rule above: 8, i.e. off, until `quant_small_m` measures it;
+#: ``split``: the fused GEMM's programs along K, None = ``gemm``'s rule; ``bm``: rows per program, None = 16 up to
 #: 16 rows, else 64; ``swap``: the weight tile as the MMA's first operand (``_gemm_kernel``'s SWAP), off until a
 #: sweep measures it.) Its tiling, swept (H100, twenty-fourth session, `bench/gpu_all.sh quant_gemm_sweep`: 60 tilings,
 #: every llama-8b / 1b shape in Q4_K_R and Q8_0_R, summed): at 16 rows bm 16 and 3 stages 2,816 us against 3,131 us
 #: for the former (64, 64, 64, 4 warps, 2 stages); at 64 rows 3 stages 2,974 against 3,140
 GEMM = {"bm": None, "bn": 64, "bk": 64, "warps": 4, "stages": 3, "swap": False, "path": "auto", "fused_max_m": 64,
-        "fused_min_weights": 1 << 24, "split": None, "scratch_elements": 1 << 26}
+        "fused_min_weights": 1 << 24, "split": None, "scratch_elements": 1 << 26, "gemv_max_m": 8}
 
 
 def configure(gemv: dict | None = None, gemm: dict | None = None) -> tuple[dict, dict]:
@@ -397,19 +399,32 @@ def _sum_partials(part: torch.Tensor, y: torch.Tensor, split: int) -> None:
         _splitk_reduce[(triton.cdiv(total, block),)](part, y, y.shape[1], total, y.stride(0), SPLIT=split, BLOCK=block)
 
 
-def gemv(x: torch.Tensor, packed: torch.Tensor, q, n: int, k: int, *, split: int | None = None) -> torch.Tensor:
-    """x [M, K] (M <= 8, last dim contiguous) @ W.T -> [M, N] in x's dtype; W = packed rows of ``q``.
-    ``split``: programs along K (default: enough for ``_programs_wanted``; 1 when the rows suffice)."""
+def gemv(x: torch.Tensor, packed: torch.Tensor, q, n: int, k: int, *, split: int | None = None,
+         out: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, K] (M <= 8, last dim contiguous) @ W.T -> [M, N] in x's dtype (into ``out``, rows of an [*, N]
+    tensor, if given); W = packed rows of ``q``. ``split``: programs along K (default: enough for
+    ``_programs_wanted``; 1 when the rows suffice)."""
     m = x.shape[0]
     bn, unroll = GEMV["bn"], GEMV["unroll"]
     blocks_n = triton.cdiv(n, bn)
     split, per = _split_k(triton.cdiv(k, CHUNK), blocks_n, _programs_wanted(x.device), split)
-    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    y = torch.empty(m, n, dtype=x.dtype, device=x.device) if out is None else out
     part = _partials(y, split)
     _gemv_kernel[(blocks_n, split)](x, packed, part, n, k, packed.stride(0), x.stride(0),
                                    y.stride(0), per, M=m, BM=max(2, _pow2(m)), BN=bn, PARTIAL=split > 1,
                                    UNROLL=unroll, num_warps=GEMV["warps"], **_meta(q))
     _sum_partials(part, y, split)
+    return y
+
+
+def gemv_rows(x: torch.Tensor, packed: torch.Tensor, q, n: int, k: int) -> torch.Tensor:
+    """x [M, K] of any M as GEMV calls of at most 8 rows each (each call reads the whole weight again): the
+    9-64-row alternative to the fused GEMM that ``GEMM["gemv_max_m"]`` turns on (bench/quant_gemv.py times
+    it as a prefill path)."""
+    m = x.shape[0]
+    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    for r0 in range(0, m, 8):
+        gemv(x[r0:r0 + 8], packed, q, n, k, out=y[r0:r0 + 8])
     return y
 
 
@@ -458,7 +473,7 @@ def dequantize_rows(packed: torch.Tensor, q, k: int, dtype: torch.dtype, idx: to
 
 def matmul(x: torch.Tensor, packed: torch.Tensor, q, n: int, k: int) -> torch.Tensor:
     """x [M, K] @ W.T -> [M, N]: one row of Q4_K / Q5_K / Q6_K / Q8_0 / Q4_0 / IQ4: the one-row kernel of qgemv.py; the
-    GEMV for M <= 8; above, the fused GEMM or dequantize + cuBLAS (``GEMM["path"]``)."""
+    GEMV for M <= 8; above, the GEMV 8 rows a call, the fused GEMM or dequantize + cuBLAS (``GEMM["path"]``)."""
     if x.stride(-1) != 1:
         x = x.contiguous()
     m = x.shape[0]
@@ -469,6 +484,8 @@ def matmul(x: torch.Tensor, packed: torch.Tensor, q, n: int, k: int) -> torch.Te
     if m <= 8:
         return gemv(x, packed, q, n, k)
     path = GEMM["path"]
+    if path == "gemv" or (path == "auto" and m <= GEMM["gemv_max_m"]):
+        return gemv_rows(x, packed, q, n, k)
     if path == "fused" or (path == "auto" and m <= GEMM["fused_max_m"] and n * k >= GEMM["fused_min_weights"]):
         return gemm(x, packed, q, n, k)
     return dequant_mm(x, packed, q, n, k)
