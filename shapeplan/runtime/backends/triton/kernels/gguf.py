@@ -45,8 +45,8 @@ GEMV = {"bn": 8, "warps": 4, "unroll": 2, "min_programs": 0}
 GEMV1 = True
 #: prefill GEMM tuning and path: "fused" (dequantize tiles into tl.dot), "dequant" (dequantize the
 #: weight to a scratch buffer in the activation dtype, then cuBLAS), "gemv" (the GEMV, 8 rows a call),
-#: "auto": the fused GEMM up to ``fused_max_m`` rows on matrices of at least ``fused_min_weights`` elements (N * K), dequant + cuBLAS elsewhere.
-#: Measured (H100, `bench/gpu_all.sh quant_prefill`: every llama-1b / 8b shape, Q4_K_R / Q6_K_R / Q8_0_R, 16..2,048
+#: "auto": the fused GEMM up to ``fused_max_m`` rows on matrices of at least ``fused_min_weights`` elements
+#: (N * K), dequant + cuBLAS elsewhere. Measured (H100, `bench/gpu_all.sh quant_prefill`: every llama-1b / 8b shape, Q4_K_R / Q6_K_R / Q8_0_R, 16..2,048
 #: rows): from 128 rows cuBLAS wins everywhere but the Q8_0_R LM heads. At <= 64 rows, in the twenty-third
 #: session, the fused GEMM won only on N >= 16,384 (gate/up, the LM head): a narrower matrix's N / bn programs
 #: each walked all of K and lost 2-7x. Since it splits along K (twenty-fourth session's run) it wins on every
