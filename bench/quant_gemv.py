@@ -107,14 +107,12 @@ def sweep_gemv(gguf, x, p, q, n: int, k: int) -> None:
         for warps in (2, 4, 8):
             for unroll in (1, 2, 4):
                 for split in (None, 1):
-                    old = gguf.configure(gemv={"bn": bn, "warps": warps, "unroll": unroll})
                     try:
-                        us = graph_time(lambda: gguf.gemv(x, p, q, n, k, split=split), reps=10, rounds=3)
+                        with gguf.configured(gemv={"bn": bn, "warps": warps, "unroll": unroll}):
+                            us = graph_time(lambda: gguf.gemv(x, p, q, n, k, split=split), reps=10, rounds=3)
                         results.append((us, bn, warps, unroll, split))
                     except Exception as e:  # noqa: BLE001 - e.g. out of registers: skip the config
                         print(f"    bn={bn} warps={warps} unroll={unroll}: {type(e).__name__}")
-                    finally:
-                        gguf.configure(*old)
     results.sort()
     for us, bn, warps, unroll, split in results[:5]:
         print(f"    sweep: bn={bn:<3} warps={warps} unroll={unroll} split={split or 'auto':<4} {us:8.1f} us "
@@ -151,14 +149,12 @@ def _precompile_gemm(task: tuple) -> int:
     w, x, done = packed(name, n, k), torch.randn(16, k, device="cuda", dtype=torch.bfloat16), 0
     for tiles in configs:
         for split in (1, 2):
-            old = gguf.configure(gemm={**_gemm_keys(tiles), "split": split})
             try:
-                gguf.gemm(x, w, q, n, k)
+                with gguf.configured(gemm={**_gemm_keys(tiles), "split": split}):
+                    gguf.gemm(x, w, q, n, k)
                 done += 1
             except Exception:  # noqa: BLE001 - reported by the timing loop
                 pass
-            finally:
-                gguf.configure(*old)
     torch.cuda.synchronize()
     return done
 
@@ -172,8 +168,10 @@ def sweep_gemm(qtypes: list[str], presets: list[str], ms: list[int], jobs: int, 
     import multiprocessing as mp
     from shapeplan.quant.formats import QTYPES
     from shapeplan.runtime.backends.triton.kernels import gguf
-    committed = lambda m: (gguf.gemm_bm(m), *(gguf.GEMM[key] for key in ("bn", "bk", "warps", "stages")),  # noqa: E731
-                           int(gguf.GEMM["swap"]))
+
+    def committed(m: int) -> tuple[int, ...]:
+        return (gguf.gemm_bm(m), *(gguf.GEMM[key] for key in ("bn", "bk", "warps", "stages")), int(gguf.GEMM["swap"]))
+
     if jobs > 1:
         t0 = time.perf_counter()
         tasks = [(name, [c]) for name in qtypes for c in sorted({c for m in ms for c in gemm_configs(m)})]
@@ -195,13 +193,12 @@ def sweep_gemm(qtypes: list[str], presets: list[str], ms: list[int], jobs: int, 
                     bf16 = graph_time(lambda: x @ wb.t(), reps=5, rounds=3)
                     results, now = [], committed(m)
                     for tiles in gemm_configs(m) + ([] if now in gemm_configs(m) else [now]):
-                        old = gguf.configure(gemm=_gemm_keys(tiles))
                         try:
-                            results.append((graph_time(lambda: gguf.gemm(x, p, q, n, k), reps=5, rounds=3), tiles))
+                            with gguf.configured(gemm=_gemm_keys(tiles)):
+                                us = graph_time(lambda: gguf.gemm(x, p, q, n, k), reps=5, rounds=3)
+                            results.append((us, tiles))
                         except Exception as e:  # noqa: BLE001 - e.g. out of shared memory: skip the tiling
                             print(f"    {tiles}: {type(e).__name__}: {str(e)[:80]}")
-                        finally:
-                            gguf.configure(*old)
                     results.sort()
                     cur = next((us for us, t in results if t == now), float("nan"))
                     print(f"{preset:<9} {label:<8} {f'{n}x{k}':>14} {name:<7} M={m:<4} dequant+cuBLAS {deq:8.1f} us | "
@@ -492,7 +489,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1),
                     help="processes compiling --sweep1's kernels before it times them")
     ap.add_argument("--gemm-sweep", default="", metavar="M,...",
-                    help="sweep the fused prefill GEMM's tiling (gguf.GEMM: bm, bn, bk, warps, stages) at these rows on "
+                    help="sweep the fused prefill GEMM's tiling (gguf.GEMM: bm, bn, bk, warps, stages, swap) at these rows on "
                     "each shape (--shapes narrows it), against the committed tiling and dequantize + cuBLAS")
     ap.add_argument("--no-gemv", action="store_true", help="skip the kernel table")
     ap.add_argument("--e2e", default="", help="PRESET:FILETYPE,... end-to-end decode (e.g. llama-1b:Q4_K_M)")

@@ -54,11 +54,8 @@ def test_kernels_every_type(name, dtype):
         ref = x.float() @ w.t()
         _close(gguf.gemm(x, p, q, n, k), ref, dtype)
         _close(gguf.dequant_mm(x, p, q, n, k), ref, dtype)
-        old = gguf.configure(gemm={"swap": True})          # the weight tile as the MMA's first operand
-        try:
+        with gguf.configured(gemm={"swap": True}):          # the weight tile as the MMA's first operand
             _close(gguf.gemm(x, p, q, n, k), ref, dtype)
-        finally:
-            gguf.configure(*old)
 
 
 def _graph(name: str, n: int, k: int, p: torch.Tensor, m: int) -> Graph:

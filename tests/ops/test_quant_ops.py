@@ -117,11 +117,8 @@ def test_triton_kernels_every_type(name, triton_kernels):
     for tiling in ({"split": None}, {"split": 3}, {"bm": 16, "bn": 32, "bk": 128, "warps": 8, "stages": 3},
                    {"bm": 16, "bn": 64, "bk": 256, "split": 2}, {"bm": 16, "swap": True},
                    {"bm": 32, "bn": 64, "swap": True, "split": 2}):
-        old = gguf.configure(gemm=tiling)
-        try:
+        with gguf.configured(gemm=tiling):
             _close(gguf.gemm(x, packed, q, n, k), x @ w.t())
-        finally:
-            gguf.configure(*old)
 
 
 def test_triton_paths_through_the_op(triton_kernels):
@@ -134,12 +131,9 @@ def test_triton_paths_through_the_op(triton_kernels):
     for gemm in ({"path": "fused"}, {"path": "fused", "split": 3},                    # the fused GEMM, whole K or
                  {"path": "dequant", "scratch_elements": 5 * 320},                     # split; dequantize, in slices;
                  {"path": "gemv"}):                                                     # the GEMV 8 rows a call
-        old = gguf.configure(gemm=gemm)
-        try:
+        with gguf.configured(gemm=gemm):
             x = torch.randn(12, 320, device=DEV)
             _close(qops.quant_matmul(x, packed, qtype="Q4_0", n=16, k=320), x @ w.t())
-        finally:
-            gguf.configure(*old)
     e = qops.quant_gather(packed, torch.tensor([[1, -1]], device=DEV), qtype="Q4_0", n=16, k=320)
     assert torch.equal(e, w[[1, 15]].reshape(1, 2, 320))
 
@@ -156,12 +150,9 @@ def test_auto_takes_the_fused_gemm_only_where_it_measured_faster(triton_kernels,
     monkeypatch.setattr(gguf, "dequant_mm", lambda x, p, q, n, k: calls.append("dequant"))
     monkeypatch.setattr(gguf, "gemv_rows", lambda x, p, q, n, k: calls.append("gemv_rows"))
     unread = torch.zeros(1, 18, dtype=torch.uint8)                  # the stand-ins read no weight
-    old = gguf.configure(gemm={"gemv_max_m": 16})                   # the GEMV 8 rows a call up to 16 rows first
-    try:
+    with gguf.configured(gemm={"gemv_max_m": 16}):                  # the GEMV 8 rows a call up to 16 rows first
         for m in (9, 16, 17):
             gguf.matmul(torch.zeros(m, 1), unread, QTYPES["Q4_0"], 4096, 4096)
-    finally:
-        gguf.configure(*old)
     assert calls == ["gemv_rows", "gemv_rows", "fused"]
     calls.clear()
     cases = {(8, 128256, 4096): "gemv", (9, 16384, 2048): "fused", (64, 4096, 4096): "fused",

@@ -22,6 +22,9 @@ torch reference (shapeplan/quant/dequant.py).
 """
 from __future__ import annotations
 
+import contextlib
+from typing import Iterator
+
 import torch
 
 try:
@@ -43,31 +46,30 @@ GEMV = {"bn": 8, "warps": 4, "unroll": 2, "min_programs": 0}
 #: one activation row of Q4_K / Q5_K / Q6_K / Q8_0 / Q4_0 / IQ4 runs the one-row kernel of qgemv.py (its tuning
 #: is there); False: the generic GEMV above (bench/quant_gemv.py compares them)
 GEMV1 = True
-#: prefill GEMM tuning and path: "fused" (dequantize tiles into tl.dot), "dequant" (dequantize the
-#: weight to a scratch buffer in the activation dtype, then cuBLAS), "gemv" (the GEMV, 8 rows a call),
-#: "auto": the fused GEMM up to ``fused_max_m`` rows on matrices of at least ``fused_min_weights`` elements
-#: (N * K), dequant + cuBLAS elsewhere. Measured (H100, `bench/gpu_all.sh quant_prefill`: every llama-1b / 8b shape, Q4_K_R / Q6_K_R / Q8_0_R, 16..2,048
-#: rows): from 128 rows cuBLAS wins everywhere but the Q8_0_R LM heads. At <= 64 rows, in the twenty-third
-#: session, the fused GEMM won only on N >= 16,384 (gate/up, the LM head): a narrower matrix's N / bn programs
-#: each walked all of K and lost 2-7x. Since it splits along K (twenty-fourth session's run) it wins on every
-#: matrix of 2^24 weights or more (llama-8b's all but k / v, llama-1b's gate/up, down, head: 8b down Q8_0_R at
-#: 16 rows 77.3 vs 121.4 us, qkv 34.8 vs 53.5, Q4_K_R down 113.7 vs 121.1) and loses by 0-30 % below it (8b k/v
+#: prefill (9+ rows) GEMM tuning and path. ``path``: "fused" (dequantize tiles into tl.dot), "dequant" (dequantize
+#: the weight to a scratch buffer in the activation dtype, then cuBLAS), "gemv" (the GEMV, 8 rows a call), "auto":
+#: the GEMV 8 rows a call up to ``gemv_max_m`` rows (8: never, until `quant_small_m` measures it), the fused GEMM up
+#: to ``fused_max_m`` rows on matrices of at least ``fused_min_weights`` elements (N * K), dequant + cuBLAS
+#: elsewhere. The fused GEMM's tiling: ``bm`` rows per program (None: 16 up to 16 rows, else 64), ``bn`` outputs,
+#: ``bk`` inputs per K step, ``warps``, ``stages``; ``swap``: the weight tile as the MMA's first operand
+#: (``_gemm_kernel``'s SWAP; off until a sweep measures it); ``split``: programs along K (None: ``gemm``'s rule).
+#: Measured (H100, `bench/gpu_all.sh quant_prefill`: every llama-1b / 8b shape, Q4_K_R / Q6_K_R / Q8_0_R,
+#: 16..2,048 rows): from 128 rows cuBLAS wins everywhere but the Q8_0_R LM heads. At <= 64 rows, in the
+#: twenty-third session, the fused GEMM won only on N >= 16,384 (gate/up, the LM head): a narrower matrix's N / bn
+#: programs each walked all of K and lost 2-7x. Since it splits along K (twenty-fourth session) it wins on every
+#: matrix of 2^24 weights or more (llama-8b's all but k / v, llama-1b's gate/up, down, head: 8b down Q8_0_R at 16
+#: rows 77.3 vs 121.4 us, qkv 34.8 vs 53.5, Q4_K_R down 113.7 vs 121.1) and loses by 0-30 % below it (8b k/v
 #: Q4_K_R 16.0 vs 13.0, 1b qkv 16.9 vs 13.6); at the threshold it is within 4 % either way (1b down Q4_K_R 35.0
-#: vs 33.5, 8b o 32.9 vs 33.9)
-#: (``gemv_max_m``: up to this many rows ``auto`` runs the GEMV in calls of 8 rows (``gemv_rows``; path "gemv":
-#: always), before the rule above: 8, i.e. off, until `quant_small_m` measures it;
-#: ``split``: the fused GEMM's programs along K, None = ``gemm``'s rule; ``bm``: rows per program, None = 16 up to
-#: 16 rows, else 64; ``swap``: the weight tile as the MMA's first operand (``_gemm_kernel``'s SWAP), off until a
-#: sweep measures it.) Its tiling, swept (H100, twenty-fourth session, `bench/gpu_all.sh quant_gemm_sweep`: 60 tilings,
-#: every llama-8b / 1b shape in Q4_K_R and Q8_0_R, summed): at 16 rows bm 16 and 3 stages 2,816 us against 3,131 us
-#: for the former (64, 64, 64, 4 warps, 2 stages); at 64 rows 3 stages 2,974 against 3,140
+#: vs 33.5, 8b o 32.9 vs 33.9). Its tiling, swept (twenty-fourth session, `bench/gpu_all.sh quant_gemm_sweep`: 60
+#: tilings, every llama-8b / 1b shape in Q4_K_R and Q8_0_R, summed): at 16 rows bm 16 and 3 stages 2,816 us against
+#: 3,131 us for the former (64, 64, 64, 4 warps, 2 stages); at 64 rows 3 stages 2,974 against 3,140
 GEMM = {"bm": None, "bn": 64, "bk": 64, "warps": 4, "stages": 3, "swap": False, "path": "auto", "fused_max_m": 64,
         "fused_min_weights": 1 << 24, "split": None, "scratch_elements": 1 << 26, "gemv_max_m": 8}
 
 
 def configure(gemv: dict | None = None, gemm: dict | None = None) -> tuple[dict, dict]:
     """Update the GEMV / GEMM tuning tables (e.g. ``configure(gemm={"path": "dequant"})``); returns
-    copies of the old ones (bench/quant_gemv.py compares configurations)."""
+    copies of the old ones (``configured`` restores them after a ``with`` block)."""
     old = dict(GEMV), dict(GEMM)
     for table, new in ((GEMV, gemv or {}), (GEMM, gemm or {})):
         unknown = set(new) - set(table)
@@ -75,6 +77,16 @@ def configure(gemv: dict | None = None, gemm: dict | None = None) -> tuple[dict,
             raise KeyError(f"unknown quantized-kernel settings {sorted(unknown)}; known: {sorted(table)}")
         table.update(new)
     return old
+
+
+@contextlib.contextmanager
+def configured(gemv: dict | None = None, gemm: dict | None = None) -> Iterator[None]:
+    """``configure(gemv, gemm)`` for the body of a ``with`` block, then the tables as they were."""
+    old = configure(gemv, gemm)
+    try:
+        yield
+    finally:
+        configure(*old)
 
 
 def _iq4_words() -> tuple[int, ...]:
@@ -320,14 +332,13 @@ if AVAILABLE:
             xt = tl.load(x_ptr + ms[:, None].to(tl.int64) * stride_xm + k[None, :],
                          mask=(ms[:, None] < M) & (k[None, :] < K), other=0.0)
             if SWAP:
-                if IEEE:
-                    acc += tl.dot(w2, tl.trans(xt), input_precision="ieee")
-                else:
-                    acc += tl.dot(w2, tl.trans(xt))
-            elif IEEE:
-                acc += tl.dot(xt, tl.trans(w2), input_precision="ieee")
+                a, b = w2, tl.trans(xt)
             else:
-                acc += tl.dot(xt, tl.trans(w2))
+                a, b = xt, tl.trans(w2)
+            if IEEE:
+                acc += tl.dot(a, b, input_precision="ieee")
+            else:
+                acc += tl.dot(a, b)
         if SWAP:                                                    # acc[r, m] is y[m, r]
             mi, ri = ms[None, :].to(tl.int64), rows[:, None]
         else:
@@ -361,7 +372,7 @@ _SMS: dict[int, int] = {}
 
 
 def _programs_wanted(device: torch.device) -> int:
-    """Programs a GEMV should have before it is worth a split-K pass (1 off CUDA)."""
+    """Programs a kernel should have before it is worth splitting along K: the SM count (1 off CUDA)."""
     if GEMV["min_programs"] or device.type != "cuda":
         return GEMV["min_programs"] or 1
     i = device.index if device.index is not None else torch.cuda.current_device()
