@@ -63,7 +63,7 @@ def packed(name: str, n: int, k: int) -> torch.Tensor:
 def gemv_table(qtypes: list[str], presets: list[str], ms: list[int], prefill: list[int], sweep: bool) -> None:
     from shapeplan.quant.dequant import dequantize
     from shapeplan.quant.formats import QTYPES
-    from shapeplan.runtime.backends.triton.kernels import gguf
+    from shapeplan.runtime.backends.triton.kernels import gguf, qgemv
     print(f"{'preset':<9} {'shape':<8} {'N x K':>14} {'type':<10} {'M':>3} {'path':<14} {'us':>8} {'GB/s':>7} "
           f"{'bf16 us':>8} {'x bf16':>6} {'max err':>8}")
     for preset in presets:
@@ -82,6 +82,10 @@ def gemv_table(qtypes: list[str], presets: list[str], ms: list[int], prefill: li
                     err = (gguf.matmul(x, p, q, n, k).float() - (x @ w.t()).float()).abs().max().item()
                     print(f"{preset:<9} {label:<8} {f'{n}x{k}':>14} {name:<10} {m:>3} {'gemv':<14} {us:>8.1f} "
                           f"{p.numel() / us / 1e3:>7.0f} {ref_us:>8.1f} {ref_us / us:>6.2f} {err:>8.1e}")
+                    if m > 1 and qgemv.supports(x, p, name, k):     # "gemv" ran the one-row kernel, a program
+                        us = graph_time(lambda: gguf.gemv(x, p, q, n, k))    # per row: beside it the generic
+                        print(f"{preset:<9} {label:<8} {f'{n}x{k}':>14} {name:<10} {m:>3} {'generic gemv':<14} "
+                              f"{us:>8.1f} {p.numel() / us / 1e3:>7.0f} {ref_us:>8.1f} {ref_us / us:>6.2f}")
                     if sweep and m == ms[0]:
                         sweep_gemv(gguf, x, p, q, n, k)
                 for m in prefill:
@@ -89,12 +93,15 @@ def gemv_table(qtypes: list[str], presets: list[str], ms: list[int], prefill: li
                     ref_us = graph_time(lambda: x @ wb.t(), reps=5)
                     paths = [("fused tl.dot", lambda: gguf.gemm(x, p, q, n, k)),
                              ("dequant+cuBLAS", lambda: gguf.dequant_mm(x, p, q, n, k))]
-                    if m <= 64:                     # the 9-64-row alternative: the GEMV, 8 rows a call
-                        paths.append(("gemv-8-rows", lambda: gguf.gemv_rows(x, p, q, n, k)))
                     for path, fn in paths:
                         us = graph_time(fn, reps=5)
                         print(f"{preset:<9} {label:<8} {f'{n}x{k}':>14} {name:<10} {m:>3} {path:<14} {us:>8.1f} "
                               f"{p.numel() / us / 1e3:>7.0f} {ref_us:>8.1f} {ref_us / us:>6.2f}")
+                    if m <= 32 and qgemv.supports(x[:1], p, name, k):   # the one-row kernel a program per row
+                        with mock.patch.object(qgemv, "MAX_ROWS", m):    # past its 8 (a probe of where it stops
+                            us = graph_time(lambda: qgemv.gemv1(x, p, name, n, k), reps=5)      # paying)
+                        print(f"{preset:<9} {label:<8} {f'{n}x{k}':>14} {name:<10} {m:>3} {'one-row rows':<14} "
+                              f"{us:>8.1f} {p.numel() / us / 1e3:>7.0f} {ref_us:>8.1f} {ref_us / us:>6.2f}")
                 del p, w
             del wb
             torch.cuda.empty_cache()

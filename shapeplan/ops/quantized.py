@@ -17,8 +17,9 @@ norm + projection (+ SiLU gate) and projection + residual add, one kernel at bat
 
 Kernels: on CUDA tensors the Triton kernels of shapeplan/runtime/backends/triton/kernels/gguf.py (GEMV
 for M <= 8 rows, prefill GEMM, row dequantization), which capture into the decode plan's CUDA graph;
-one row of Q4_K / Q5_K / Q6_K / Q8_0 / Q4_0 / IQ4 runs qgemv.py's kernel, which also does the fused ops'
-norm prologue and gate / residual epilogue (other types and rows: the norm, QuantMatMul and the gate or add, unfused).
+up to 8 rows of Q4_K / Q5_K / Q6_K / Q8_0 / Q4_0 / IQ4 run qgemv.py's one-row kernel (a program per row, each
+row's result that of a one-row call), which also does the fused ops' norm prologue and gate / residual epilogue
+(other types and rows: the norm, QuantMatMul and the gate or add, unfused).
 Elsewhere, the torch reference: dequantize the weight per call (the fused ops: the unfused ops' kernels
 in sequence, so their values are bit for bit those of the unfused graph) (shapeplan/quant/dequant.py, equal to
 gguf-py's dequantization) and multiply in x's dtype, so memory stays packed everywhere and CPU runs
@@ -135,8 +136,9 @@ def quant_x_codes(x: torch.Tensor) -> torch.Tensor:
 
 
 def _fused_kernel(x2: torch.Tensor, packed: torch.Tensor, qtype: str, k: int):
-    """qgemv.py when its one-row kernel applies to x2 [M, K] (and the fused GEMV is switched on), else None."""
-    if x2.shape[0] != 1 or _triton(x2) is None:
+    """qgemv.py when its one-row kernel applies to x2 [M, K] (M <= 8: a program per row; and the fused GEMV is
+    switched on), else None."""
+    if _triton(x2) is None:
         return None
     from shapeplan import env
     if not env.get("SHAPEPLAN_LLM_FUSED_GEMV"):
@@ -220,7 +222,8 @@ def quant_matmul_add(a, packed, residual, x_codes=None, *, qtype: str, n: int, k
     kern = _fused_kernel(a2, packed, qtype, k) if r2.shape[0] == a2.shape[0] and r2.dtype == a2.dtype else None
     if kern is not None:
         try:
-            return kern.gemv1(a2, packed, qtype, n, k, residual=r2, x_codes=x_codes).reshape(residual.shape)
+            codes = x_codes if a2.shape[0] == 1 else None          # the attention writes one row's codes
+            return kern.gemv1(a2, packed, qtype, n, k, residual=r2, x_codes=codes).reshape(residual.shape)
         except Exception as e:  # noqa: BLE001
             _fallback(e, "QuantMatMulAdd")
     return residual + quant_matmul(a, packed, qtype=qtype, n=n, k=k)

@@ -158,6 +158,24 @@ def test_q5_k_m_q4_0_and_iq4_xs_models_on_cuda(ftype, tmp_path):
 
 
 @pytest.mark.parametrize("ftype", ["Q8_0", "Q4_K_M"])
+def test_batched_decode_equals_single_stream_on_cuda(ftype, tmp_path, monkeypatch):
+    """Three prompts decoded together (decode buckets of 2-4 rows: the one-row kernels with a program per row,
+    the norm, gate and residual fused as at one row) give each prompt's single-stream tokens, in both captured
+    modes."""
+    from shapeplan.runtime.backends.triton.kernels import qgemv
+    path, _ = _tiny_gguf(tmp_path, ftype)
+    rows = []
+    real = qgemv.gemv1
+    monkeypatch.setattr(qgemv, "gemv1", lambda x, *a, **kw: rows.append(x.shape[0]) or real(x, *a, **kw))
+    prompts = [PROMPT, "Hello", "0 1 2 3"]
+    for mode in ("cuda_graphs", "triton"):
+        pipe = sp.llm.GenerationPipeline.from_pretrained(path, device=DEV, mode=mode, **KW)
+        single = [pipe.generate(p, max_new_tokens=8).token_ids for p in prompts]
+        assert [r.token_ids for r in pipe.generate_batch(prompts, 8)] == single, mode
+    assert max(rows) > 1                                     # the batched steps ran the kernel on several rows
+
+
+@pytest.mark.parametrize("ftype", ["Q8_0", "Q4_K_M"])
 def test_one_row_gemvs_with_pdl_on_cuda(ftype, tmp_path, monkeypatch):
     """``SHAPEPLAN_QUANT_GEMV_PDL=on``: every one-row GEMV (and x quantizer) launched with programmatic dependent
     launch, each waiting for the kernel before it before it reads x (``auto``, the default, does so on

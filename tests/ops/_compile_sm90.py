@@ -31,12 +31,14 @@ def compile_one(kernel: str, name: str, m: int):
         # kernel (x as quads, XQ = 1; gemv1t: x tile broadcast, XQ = 0; gemv1i: x as int8 codes, XQ = 2, no norm in
         # the kernel then; gemv1s: gemv1i with its K loop in 3 stages; gemv1p: gemv1i with Q4_K's register
         # prefetch; gemv1q: Q4_K's integer dots, XQ = 3, unmasked (EVEN));
-        # m: 0 plain, 1 norm + GLU, 2 residual, 3/4 = 1/2 + PDL
+        # m: 0 plain, 1 norm + GLU, 2 residual, 3/4 = 1/2 + PDL; plus 8: several rows of x (MROWS a runtime int;
+        # one row, as Triton specialises an int argument of 1, is the constant 1)
         from shapeplan.runtime.backends.triton.kernels import qgemv
         xq = {"gemv1": 1, "gemv1t": 0, "gemv1i": 2, "gemv1s": 2, "gemv1p": 2, "gemv1q": 3}[kernel]
         ptrs = {"X": "*i32" if xq >= 2 else "*bf16", "NW": "*bf16", "XD": "*fp32", "XS": "*fp32", "W": "*i32",
                 "R": "*bf16", "Y": "*bf16"}
         args = ["N", "K", "HALF", "ROW_WORDS"]
+        rows, m = m & 8, m & 7
         bn, ch, warps, _ = qgemv.DEFAULT[qgemv.tiles_type(name)]
         fn = qgemv.KERNELS[name]
         consts = dict(BN=bn, CH=ch, NORM=m in (1, 3) and xq < 2, RES=m in (2, 4), GLU=m in (1, 3), PDL=m >= 3,
@@ -44,7 +46,11 @@ def compile_one(kernel: str, name: str, m: int):
                       **qgemv.type_flags(name))
         if "FIVE" in consts:                                  # Q4_K's kernel
             consts.update(PF=kernel == "gemv1p", EVEN=xq == 3)
-        sig = {**ptrs, **{a: "i32" for a in args}, "eps": "fp32", **{c: "constexpr" for c in consts}}
+        if not rows:
+            consts = {"MROWS": 1, **consts}
+        sig = {**ptrs, **{a: "i32" for a in args}, "eps": "fp32", **({"MROWS": "i32"} if rows else {}), "SX": "i32",
+               **{c: "constexpr" for c in consts}}
+        sig = {a: sig[a] for a in fn.arg_names}                  # in the kernel's order (MROWS may be a constant)
         names = list(sig)
         attrs = {(names.index(p),): [["tt.divisibility", 16]] for p in ("X", "NW", "W", "K", "ROW_WORDS")}
         return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
@@ -53,7 +59,7 @@ def compile_one(kernel: str, name: str, m: int):
         from shapeplan.runtime.backends.triton.kernels import qgemv
         consts = dict(BB=qgemv.QX_BLOCKS, NORM=m >= 1, CHUNK=qgemv.QX_CHUNK, PDL=m == 2)
         sig = {"X": "*bf16", "NW": "*bf16", "XW": "*i32", "XD": "*fp32", "XS": "*fp32", "K": "i32", "eps": "fp32",
-               **{c: "constexpr" for c in consts}}
+               "SXIN": "i32", "SOUT": "i32", **{c: "constexpr" for c in consts}}
         return triton.compile(ASTSource(fn=qgemv._quant_x_kernel, signature=sig, constexprs=consts),
                               target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "enable_fp_fusion": False})
     if kernel == "dense":     # the bf16 decode GEMV of kernels/gemv.py; m: 0 plain, 1 norm + GLU, 2 residual, 3 = 1 + PDL

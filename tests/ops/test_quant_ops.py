@@ -108,8 +108,6 @@ def test_triton_kernels_every_type(name, triton_kernels):
     for m, split in ((1, None), (3, 2)):                      # GEMV, one pass and split-K
         x = torch.randn(m, k, device=DEV)
         _close(gguf.gemv(x, packed, q, n, k, split=split), x @ w.t())
-    x = torch.randn(11, k, device=DEV)                              # 11 rows as GEMV calls of 8 and 3
-    _close(gguf.gemv_rows(x, packed, q, n, k), x @ w.t())
     x = torch.randn(11, k, device=DEV)
     # prefill: fused tiles into tl.dot, whole K and split along K (uneven: a short last split), and a tiling
     # bench/quant_gemv.py --gemm-sweep tries (16-row M tiles, K tiles of 128 elements and of a whole 256 chunk,
@@ -129,8 +127,7 @@ def test_triton_paths_through_the_op(triton_kernels):
         x = torch.randn(1, m, 320, device=DEV)
         _close(qops.quant_matmul(x, packed, qtype="Q4_0", n=16, k=320), x @ w.t())
     for gemm in ({"path": "fused"}, {"path": "fused", "split": 3},                    # the fused GEMM, whole K or
-                 {"path": "dequant", "scratch_elements": 5 * 320},                     # split; dequantize, in slices;
-                 {"path": "gemv"}):                                                     # the GEMV 8 rows a call
+                 {"path": "dequant", "scratch_elements": 5 * 320}):                    # split; dequantize, in slices
         with gguf.configured(gemm=gemm):
             x = torch.randn(12, 320, device=DEV)
             _close(qops.quant_matmul(x, packed, qtype="Q4_0", n=16, k=320), x @ w.t())
@@ -148,13 +145,7 @@ def test_auto_takes_the_fused_gemm_only_where_it_measured_faster(triton_kernels,
     monkeypatch.setattr(gguf, "gemv", lambda x, p, q, n, k, **kw: calls.append("gemv"))
     monkeypatch.setattr(gguf, "gemm", lambda x, p, q, n, k: calls.append("fused"))
     monkeypatch.setattr(gguf, "dequant_mm", lambda x, p, q, n, k: calls.append("dequant"))
-    monkeypatch.setattr(gguf, "gemv_rows", lambda x, p, q, n, k: calls.append("gemv_rows"))
     unread = torch.zeros(1, 18, dtype=torch.uint8)                  # the stand-ins read no weight
-    with gguf.configured(gemm={"gemv_max_m": 16}):                  # the GEMV 8 rows a call up to 16 rows first
-        for m in (9, 16, 17):
-            gguf.matmul(torch.zeros(m, 1), unread, QTYPES["Q4_0"], 4096, 4096)
-    assert calls == ["gemv_rows", "gemv_rows", "fused"]
-    calls.clear()
     cases = {(8, 128256, 4096): "gemv", (9, 16384, 2048): "fused", (64, 4096, 4096): "fused",
              (16, 2048, 8192): "fused", (16, 1024, 4096): "dequant", (64, 3072, 2048): "dequant",
              (65, 28672, 4096): "dequant", (128, 2048, 2048): "dequant", (2048, 128256, 4096): "dequant"}
@@ -396,6 +387,39 @@ def test_one_row_kernel_reads_given_x_codes(name, triton_kernels):
         qgemv.gemv1(x, packed, name, n, k, tiles=(4, 2, 4, 2), x_codes=buf[:-1])
     with pytest.raises(ValueError, match="without a norm prologue"):
         qgemv.gemv1(x, packed, name, n, k, norm_w=torch.ones(k, device=DEV), tiles=(4, 2, 4, 2), x_codes=buf)
+    with pytest.raises(ValueError, match="with one row of x .* and 2 rows"):
+        qgemv.gemv1(x.expand(2, k), packed, name, n, k, tiles=(4, 2, 4, 2), x_codes=buf)
+
+
+@pytest.mark.parametrize("name,xq,case", [(name, xq, case) for name in ONE_ROW
+                                          for xq, case in ((1, "norm+glu"), (2, "norm+glu"), (2, "res"))]
+                         + [("Q4_K", 0, "norm+glu"), ("Q4_K", 3, "res"), ("Q4_K_R", 3, "norm+glu")])
+def test_one_row_kernel_rows_equal_one_row_calls(name, xq, case, triton_kernels):
+    """x of 3 rows (the batched engine's decode, up to 8): a program per row and block of outputs, and each row
+    is bit for bit the one-row call on that row (the same tiles and arithmetic; with XQ = 2 / 3 the rows' x
+    quantized in one launch, each row's codes those of a one-row quantization); x rows 2 bytes off 8-byte
+    alignment are copied first."""
+    from shapeplan.runtime.backends.triton.kernels import qgemv
+    n, k, m = 18, 1024, 3
+    g = torch.Generator().manual_seed(17)
+    packed = packed_weight(name, n, k, seed=4).to(DEV)
+    x = torch.randn(m, k + 1, generator=g).to(torch.bfloat16).to(DEV)[:, 1:]     # rows 2 bytes past alignment
+    s = (torch.rand(k, generator=g) + 0.5).to(torch.bfloat16).to(DEV)
+    r = torch.randn(m, n, generator=g).to(torch.bfloat16).to(DEV)
+    kw = dict(norm_w=s, eps=1e-5, glu=True) if case == "norm+glu" else {}
+    y = qgemv.gemv1(x, packed, name, n, k, tiles=(4, 2, 4, xq), residual=r if case == "res" else None, **kw)
+    for i in range(m):
+        yi = qgemv.gemv1(x[i:i + 1], packed, name, n, k, tiles=(4, 2, 4, xq),
+                         residual=r[i:i + 1] if case == "res" else None, **kw)
+        assert torch.equal(y[i:i + 1], yi), (i, (y[i] - yi[0]).abs().max().item())
+    if xq >= 2:
+        codes = qgemv.x_code_buffer(k, DEV, m)
+        qgemv.quantize_x(x.contiguous(), kw.get("norm_w"), 1e-5, k, out=codes)
+        words = qgemv.x_code_words(k)
+        for i in range(m):
+            one = qgemv.x_code_buffer(k, DEV)
+            qgemv.quantize_x(x[i:i + 1].contiguous(), kw.get("norm_w"), 1e-5, k, out=one)
+            assert torch.equal(codes[i * words:(i + 1) * words], one)
 
 
 @pytest.mark.parametrize("name", ONE_ROW)
@@ -419,8 +443,8 @@ def test_one_row_kernel_16_bit_x(name, dtype, triton_kernels):
 
 
 def test_one_row_kernel_dispatch(triton_kernels, monkeypatch):
-    """gguf.matmul sends one row of Q4_K / Q5_K / Q6_K / Q8_0 / Q4_0 to the one-row kernel; a packed view 2
-    bytes off word alignment, other types (Q4_1) and more rows take the generic GEMV."""
+    """gguf.matmul sends up to 8 rows of Q4_K / Q5_K / Q6_K / Q8_0 / Q4_0 to the one-row kernel; a packed view 2
+    bytes off word alignment, other types (Q4_1) and 9 rows or more take the other kernels."""
     gguf = triton_kernels
     from shapeplan.runtime.backends.triton.kernels import qgemv
     calls = []
@@ -437,23 +461,29 @@ def test_one_row_kernel_dispatch(triton_kernels, monkeypatch):
     assert not qgemv.supports(x, off, "Q8_0", 512)
     _close(gguf.matmul(x, off, QTYPES["Q8_0"], 4, 512), x @ w.t())
     _close(gguf.matmul(x.expand(2, 512), packed, QTYPES["Q8_0"], 4, 512), x.expand(2, 512) @ w.t())
-    assert calls == ["Q8_0"]
+    assert calls == ["Q8_0", "Q8_0"]                               # two rows (one x row, stride 0): the same kernel
+    x9 = torch.randn(9, 512, device=DEV)
+    _close(gguf.matmul(x9, packed, QTYPES["Q8_0"], 4, 512), x9 @ w.t())
+    assert calls == ["Q8_0", "Q8_0"]
+    with pytest.raises(ValueError, match="1 to 8 rows, got 9"):
+        real(x9, packed, "Q8_0", 4, 512)
+    calls.clear()
     with pytest.raises(ValueError, match="x mode 3 .* not Q8_0"):           # integer dots: Q4_K only
         real(x, packed, "Q8_0", 4, 512, tiles=(2, 2, 1, 3))
     q5 = packed_weight("Q5_K", 4, 512).to(DEV)                             # (Q5_K's products overflow them)
     with pytest.raises(ValueError, match="x mode 3 .* not Q5_K"):
         real(x, q5, "Q5_K", 4, 512, tiles=(2, 2, 1, 3))
     _close(gguf.matmul(x, q5, QTYPES["Q5_K"], 4, 512), x @ dequantize(q5, "Q5_K").t())
-    assert calls == ["Q8_0", "Q5_K"]                                         # Q5_K, one row: the one-row kernel
+    assert calls == ["Q5_K"]                                                 # Q5_K, one row: the one-row kernel
     q40, q41 = packed_weight("Q4_0", 4, 512).to(DEV), packed_weight("Q4_1", 4, 512).to(DEV)
     _close(gguf.matmul(x, q40, QTYPES["Q4_0"], 4, 512), x @ dequantize(q40, "Q4_0").t())
     _close(gguf.matmul(x, q41, QTYPES["Q4_1"], 4, 512), x @ dequantize(q41, "Q4_1").t())
-    assert calls == ["Q8_0", "Q5_K", "Q4_0"]                                 # Q4_0: Q8_0's kernel; Q4_1: the generic
+    assert calls == ["Q5_K", "Q4_0"]                                         # Q4_0: Q8_0's kernel; Q4_1: the generic
 
 
 @pytest.mark.parametrize("name", ["Q4_K", "Q4_K_R", "Q5_K", "Q4_0", "Q4_1"])    # the one-row kernel; Q4_1: unfused
 def test_fused_quant_ops_through_the_kernels(name, triton_kernels):
-    """QuantRMSNormMatMul / QuantMatMulAdd with the Triton kernels (one row: fused; three rows: the norm,
+    """QuantRMSNormMatMul / QuantMatMulAdd with the Triton kernels (one and three rows: fused, but Q4_1: the norm,
     the GEMV and the gate / add) against the torch reference (the unfused ops)."""
     n, k = 16, 512
     g = torch.Generator().manual_seed(5)

@@ -1,5 +1,5 @@
-"""Triton kernels over packed GGUF / shapeplan block weights: dequantizing GEMV (decode, M <= 8; one row
-of Q4_K / Q5_K / Q6_K / Q8_0 / Q4_0 / IQ4 runs the faster one-row kernel of qgemv.py instead, see there),
+"""Triton kernels over packed GGUF / shapeplan block weights: dequantizing GEMV (decode, M <= 8; up to 8 rows
+of Q4_K / Q5_K / Q6_K / Q8_0 / Q4_0 / IQ4 run the faster one-row kernel of qgemv.py instead, see there),
 dequantizing GEMM (prefill: weight tiles dequantized into ``tl.dot``), and row dequantization (the
 quantized embedding lookup, and the dequantize-to-scratch + cuBLAS prefill path).
 
@@ -43,16 +43,16 @@ KINDS = {"int8": 0, "int4": 1, "q4_0": 2, "q5_0": 3, "q5_1": 4, "iq4_nl": 5,
 #: decode GEMV tuning: rows per program, warps, chunks decoded per loop iteration (their loads are in
 #: flight together), and the programs below which split-K is used (0: the device's SM count)
 GEMV = {"bn": 8, "warps": 4, "unroll": 2, "min_programs": 0}
-#: one activation row of Q4_K / Q5_K / Q6_K / Q8_0 / Q4_0 / IQ4 runs the one-row kernel of qgemv.py (its tuning
-#: is there); False: the generic GEMV above (bench/quant_gemv.py compares them)
+#: up to ``qgemv.MAX_ROWS`` (8) activation rows of Q4_K / Q5_K / Q6_K / Q8_0 / Q4_0 / IQ4 run the one-row kernel of
+#: qgemv.py (its tuning is there), a program per row; False: the generic GEMV above (bench/quant_gemv.py compares
+#: them: at 2-8 rows it was 3-5x slower than one call per row of the one-row kernel, H100, twenty-fifth session)
 GEMV1 = True
 #: prefill (9+ rows) GEMM tuning and path. ``path``: "fused" (dequantize tiles into tl.dot), "dequant" (dequantize
-#: the weight to a scratch buffer in the activation dtype, then cuBLAS), "gemv" (the GEMV, 8 rows a call), "auto":
-#: the GEMV 8 rows a call up to ``gemv_max_m`` rows (8: never, until `quant_small_m` measures it), the fused GEMM up
-#: to ``fused_max_m`` rows on matrices of at least ``fused_min_weights`` elements (N * K), dequant + cuBLAS
-#: elsewhere. The fused GEMM's tiling: ``bm`` rows per program (None: 16 up to 16 rows, else 64), ``bn`` outputs,
-#: ``bk`` inputs per K step, ``warps``, ``stages``; ``swap``: the weight tile as the MMA's first operand
-#: (``_gemm_kernel``'s SWAP; off until a sweep measures it); ``split``: programs along K (None: ``gemm``'s rule).
+#: the weight to a scratch buffer in the activation dtype, then cuBLAS), "auto": the fused GEMM up to
+#: ``fused_max_m`` rows on matrices of at least ``fused_min_weights`` elements (N * K), dequant + cuBLAS elsewhere.
+#: The fused GEMM's tiling: ``bm`` rows per program (None: 16 up to 16 rows, else 64), ``bn`` outputs, ``bk``
+#: inputs per K step, ``warps``, ``stages``; ``swap``: the weight tile as the MMA's first operand (``_gemm_kernel``'s
+#: SWAP; None: on with 16-row tiles, as measured below); ``split``: programs along K (None: ``gemm``'s rule).
 #: Measured (H100, `bench/gpu_all.sh quant_prefill`: every llama-1b / 8b shape, Q4_K_R / Q6_K_R / Q8_0_R,
 #: 16..2,048 rows): from 128 rows cuBLAS wins everywhere but the Q8_0_R LM heads. At <= 64 rows, in the
 #: twenty-third session, the fused GEMM won only on N >= 16,384 (gate/up, the LM head): a narrower matrix's N / bn
@@ -62,9 +62,11 @@ GEMV1 = True
 #: Q4_K_R 16.0 vs 13.0, 1b qkv 16.9 vs 13.6); at the threshold it is within 4 % either way (1b down Q4_K_R 35.0
 #: vs 33.5, 8b o 32.9 vs 33.9). Its tiling, swept (twenty-fourth session, `bench/gpu_all.sh quant_gemm_sweep`: 60
 #: tilings, every llama-8b / 1b shape in Q4_K_R and Q8_0_R, summed): at 16 rows bm 16 and 3 stages 2,816 us against
-#: 3,131 us for the former (64, 64, 64, 4 warps, 2 stages); at 64 rows 3 stages 2,974 against 3,140
-GEMM = {"bm": None, "bn": 64, "bk": 64, "warps": 4, "stages": 3, "swap": False, "path": "auto", "fused_max_m": 64,
-        "fused_min_weights": 1 << 24, "split": None, "scratch_elements": 1 << 26, "gemv_max_m": 8}
+#: 3,131 us for the former (64, 64, 64, 4 warps, 2 stages); at 64 rows 3 stages 2,974 against 3,140. SWAP, swept
+#: (twenty-fifth session, H100, the same shapes): at 16 rows 2,679 us against 2,792 without (Q8_0_R 1,058 against
+#: 1,141, Q4_K_R 1,621 against 1,651); at 64 rows 2,967 against 2,948: so on with 16-row tiles only
+GEMM = {"bm": None, "bn": 64, "bk": 64, "warps": 4, "stages": 3, "swap": None, "path": "auto", "fused_max_m": 64,
+        "fused_min_weights": 1 << 24, "split": None, "scratch_elements": 1 << 26}
 
 
 def configure(gemv: dict | None = None, gemm: dict | None = None) -> tuple[dict, dict]:
@@ -410,16 +412,14 @@ def _sum_partials(part: torch.Tensor, y: torch.Tensor, split: int) -> None:
         _splitk_reduce[(triton.cdiv(total, block),)](part, y, y.shape[1], total, y.stride(0), SPLIT=split, BLOCK=block)
 
 
-def gemv(x: torch.Tensor, packed: torch.Tensor, q, n: int, k: int, *, split: int | None = None,
-         out: torch.Tensor | None = None) -> torch.Tensor:
-    """x [M, K] (M <= 8, last dim contiguous) @ W.T -> [M, N] in x's dtype (into ``out``, rows of an [*, N]
-    tensor, if given); W = packed rows of ``q``. ``split``: programs along K (default: enough for
-    ``_programs_wanted``; 1 when the rows suffice)."""
+def gemv(x: torch.Tensor, packed: torch.Tensor, q, n: int, k: int, *, split: int | None = None) -> torch.Tensor:
+    """x [M, K] (M <= 8, last dim contiguous) @ W.T -> [M, N] in x's dtype; W = packed rows of ``q``. ``split``:
+    programs along K (default: enough for ``_programs_wanted``; 1 when the rows suffice)."""
     m = x.shape[0]
     bn, unroll = GEMV["bn"], GEMV["unroll"]
     blocks_n = triton.cdiv(n, bn)
     split, per = _split_k(triton.cdiv(k, CHUNK), blocks_n, _programs_wanted(x.device), split)
-    y = torch.empty(m, n, dtype=x.dtype, device=x.device) if out is None else out
+    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     part = _partials(y, split)
     _gemv_kernel[(blocks_n, split)](x, packed, part, n, k, packed.stride(0), x.stride(0),
                                    y.stride(0), per, M=m, BM=max(2, _pow2(m)), BN=bn, PARTIAL=split > 1,
@@ -428,21 +428,16 @@ def gemv(x: torch.Tensor, packed: torch.Tensor, q, n: int, k: int, *, split: int
     return y
 
 
-def gemv_rows(x: torch.Tensor, packed: torch.Tensor, q, n: int, k: int) -> torch.Tensor:
-    """x [M, K] of any M as GEMV calls of at most 8 rows each (each call reads the whole weight again): the
-    9-64-row alternative to the fused GEMM that ``GEMM["gemv_max_m"]`` turns on (bench/quant_gemv.py times
-    it as a prefill path)."""
-    m = x.shape[0]
-    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    for r0 in range(0, m, 8):
-        gemv(x[r0:r0 + 8], packed, q, n, k, out=y[r0:r0 + 8])
-    return y
-
-
 def gemm_bm(m: int) -> int:
     """The fused GEMM's rows per program for ``m`` rows: ``GEMM["bm"]``, or by default 16 up to 16 rows (tl.dot's
     least), else 64."""
     return GEMM["bm"] or (16 if m <= 16 else 64)
+
+
+def gemm_swap(bm: int) -> bool:
+    """Whether the fused GEMM with ``bm``-row tiles takes the weight tile as the MMA's first operand:
+    ``GEMM["swap"]``, or by default with 16-row tiles only (measured: ``GEMM``'s comment)."""
+    return bool(bm == 16 if GEMM["swap"] is None else GEMM["swap"])
 
 
 def gemm(x: torch.Tensor, packed: torch.Tensor, q, n: int, k: int) -> torch.Tensor:
@@ -461,7 +456,7 @@ def gemm(x: torch.Tensor, packed: torch.Tensor, q, n: int, k: int) -> torch.Tens
     part = _partials(y, split)
     _gemm_kernel[(triton.cdiv(m, bm), triton.cdiv(n, bn), split)](
         x, packed, part, m, n, k, packed.stride(0), x.stride(0), y.stride(0), per, BM=bm, BN=bn,
-        NT=nt, IEEE=x.dtype == torch.float32, PARTIAL=split > 1, SWAP=bool(GEMM["swap"]), num_warps=GEMM["warps"],
+        NT=nt, IEEE=x.dtype == torch.float32, PARTIAL=split > 1, SWAP=gemm_swap(bm), num_warps=GEMM["warps"],
         num_stages=GEMM["stages"], **_meta(q))
     _sum_partials(part, y, split)
     return y
@@ -483,20 +478,19 @@ def dequantize_rows(packed: torch.Tensor, q, k: int, dtype: torch.dtype, idx: to
 
 
 def matmul(x: torch.Tensor, packed: torch.Tensor, q, n: int, k: int) -> torch.Tensor:
-    """x [M, K] @ W.T -> [M, N]: one row of Q4_K / Q5_K / Q6_K / Q8_0 / Q4_0 / IQ4: the one-row kernel of qgemv.py; the
-    GEMV for M <= 8; above, the GEMV 8 rows a call, the fused GEMM or dequantize + cuBLAS (``GEMM["path"]``)."""
+    """x [M, K] @ W.T -> [M, N]: up to 8 rows of Q4_K / Q5_K / Q6_K / Q8_0 / Q4_0 / IQ4: the one-row kernel of
+    qgemv.py (a program per row and block of outputs); other types the GEMV for M <= 8; above, the fused GEMM
+    or dequantize + cuBLAS (``GEMM["path"]``)."""
     if x.stride(-1) != 1:
         x = x.contiguous()
     m = x.shape[0]
-    if m == 1 and GEMV1:
+    if GEMV1:
         from shapeplan.runtime.backends.triton.kernels import qgemv
         if qgemv.supports(x, packed, q.name, k):
             return qgemv.gemv1(x, packed, q.name, n, k)
     if m <= 8:
         return gemv(x, packed, q, n, k)
     path = GEMM["path"]
-    if path == "gemv" or (path == "auto" and m <= GEMM["gemv_max_m"]):
-        return gemv_rows(x, packed, q, n, k)
     if path == "fused" or (path == "auto" and m <= GEMM["fused_max_m"] and n * k >= GEMM["fused_min_weights"]):
         return gemm(x, packed, q, n, k)
     return dequant_mm(x, packed, q, n, k)

@@ -203,6 +203,9 @@ QX_BLOCKS = 16
 QX_CHUNK = 4096
 #: programs below which BN is halved (the H200 has 132 SMs)
 MIN_PROGRAMS = 264
+#: the most rows of x one launch takes (the batched engine's decode buckets of 2-8 sequences): a program per row
+#: and output block, the row's arithmetic the one row's, so each row's result is bit for bit the one-row call's
+MAX_ROWS = 8
 #: the types whose one-row kernel has x mode 3 (int8 x, integer dots)
 INT_DOTS = frozenset({"Q4_K", "Q4_K_R"})
 #: the types with a one-row kernel, and the K each needs (super-block or block pair)
@@ -364,18 +367,21 @@ if AVAILABLE:
         return tl.load(ptr, mask=mask, other=0)
 
     @triton.jit
-    def _quant_x_kernel(X, NW, XW, XD, XS, K, eps, BB: tl.constexpr, NORM: tl.constexpr, CHUNK: tl.constexpr,
-                        PDL: tl.constexpr = False):
+    def _quant_x_kernel(X, NW, XW, XD, XS, K, eps, SXIN, SOUT, BB: tl.constexpr, NORM: tl.constexpr,
+                        CHUNK: tl.constexpr, PDL: tl.constexpr = False):
         """x (times rsqrt(mean(x²) + eps) and the norm weight with NORM) as int8 codes per block of 32
         (XQ = 2): code = round(x * 127 / max|x|), four to an int32 word (element 4j + b in byte b of word
-        j), the block's scale max|x| / 127 in XD and its exact Σx in XS. A program owns BB blocks; with
-        NORM each program sums all of x's squares too (x is at most a few tens of KB: L2 hits), in chunks
-        of CHUNK (the launcher's: all of x up to 4,096 elements, one load), after its own blocks' loads are
-        issued, so the two wait together. PDL: the GEMV after it may launch at once (and load its first
+        j), the block's scale max|x| / 127 in XD and its exact Σx in XS. A program owns BB blocks of row
+        ``program_id(1)`` of x (SXIN elements a row; its codes, scales and sums SOUT elements a row on); with
+        NORM each program sums all of its row's squares too (a row is at most a few tens of KB: L2 hits), in
+        chunks of CHUNK (the launcher's: a row up to 4,096 elements, one load), after its own blocks' loads
+        are issued, so the two wait together. PDL: the GEMV after it may launch at once (and load its first
         weights), this kernel waits for the one before."""
         if PDL:
             gdc_launch_dependents()
             gdc_wait()
+        xr = tl.program_id(1)
+        X, XW, XD, XS = X + xr * SXIN, XW + xr * SOUT, XD + xr * SOUT, XS + xr * SOUT
         blk = tl.program_id(0) * BB + tl.arange(0, BB)                             # [BB] blocks of 32
         ok = blk < K // 32
         j = tl.arange(0, 8)                                                        # word of the block
@@ -422,16 +428,26 @@ if AVAILABLE:
         return _f16(hd) * _code(sc, 63), _f16(hd >> 16) * _code(mn, 63)
 
     @triton.jit
-    def _program_rows(W, N, HALF, ROW_WORDS, BN: tl.constexpr, PDL: tl.constexpr):
-        """This program's BN output rows, which of them exist, and the word pointers of their rows of W
-        (and of the up rows HALF further, for the GLU). PDL: the next kernel may launch now (the
-        kernels wait for the one before only after an iteration's weight loads)."""
+    def _program_rows(W, N, HALF, ROW_WORDS, BN: tl.constexpr, PDL: tl.constexpr, MROWS):
+        """This program's BN output rows, which of them exist, the word pointers of their rows of W (and
+        of the up rows HALF further, for the GLU), and its row of x: of MROWS rows of x, program p takes
+        row p % MROWS of output block p // MROWS (the programs of one block run side by side, so all but
+        the first read its weights from L2; MROWS = 1 is Triton's constant 1: the one-row code). PDL: the
+        next kernel may launch now (the kernels wait for the one before only after an iteration's weight
+        loads)."""
         if PDL:
             gdc_launch_dependents()
-        rows = tl.program_id(0) * BN + tl.arange(0, BN)
+        pid = tl.program_id(0)
+        rows = (pid // MROWS) * BN + tl.arange(0, BN)
         rg = W + rows.to(tl.int64) * ROW_WORDS                                    # [BN] word pointers
         ru = W + (rows + HALF).to(tl.int64) * ROW_WORDS
-        return rows, rows < N, rg, ru
+        return rows, rows < N, rg, ru, pid % MROWS
+
+    @triton.jit
+    def _row_ptrs(X, XD, XS, R, Y, xr, SX, N):
+        """X, XD, XS, R and Y at x row ``xr``: x (or its codes buffer, whose scale and sum views share its row
+        stride) SX elements a row, the residual and the output N."""
+        return X + xr * SX, XD + xr * SX, XS + xr * SX, R + xr * N, Y + xr * N
 
     @triton.jit
     def _q4k_words(rp, c, m4, woff, hoff, nc, EVEN: tl.constexpr, REPACK: tl.constexpr, FIVE: tl.constexpr = False):
@@ -509,8 +525,8 @@ if AVAILABLE:
         return _ld(X + xi, xm, EVEN), _ld(XD + bi, m4, EVEN), _ld(XS + bi, m4, EVEN)
 
     @triton.jit
-    def _q4k_kernel(X, NW, XD, XS, W, R, Y, N, K, HALF, ROW_WORDS, eps, BN: tl.constexpr, CH: tl.constexpr,
-                    NORM: tl.constexpr, RES: tl.constexpr, GLU: tl.constexpr, PDL: tl.constexpr = False,
+    def _q4k_kernel(X, NW, XD, XS, W, R, Y, N, K, HALF, ROW_WORDS, eps, MROWS, SX, BN: tl.constexpr,
+                    CH: tl.constexpr, NORM: tl.constexpr, RES: tl.constexpr, GLU: tl.constexpr, PDL: tl.constexpr = False,
                     ASM: tl.constexpr = False, XQ: tl.constexpr = True, XB: tl.constexpr = 16,
                     XF16: tl.constexpr = False, NB: tl.constexpr = 16, NF16: tl.constexpr = False,
                     STAGES: tl.constexpr = 1, PF: tl.constexpr = False, EVEN: tl.constexpr = False,
@@ -522,7 +538,8 @@ if AVAILABLE:
         first and its header words after them: ``_q4k_words``). FIVE: Q5_K (44 words: [d|dmin] [scales x
         3] [qh x 8] [qs x 32]; the same arithmetic with 5-bit codes, ``_q4k_nib``; not XQ = 3, whose
         integer products must stay under 2^22)."""
-        rows, ok, rg, ru = _program_rows(W, N, HALF, ROW_WORDS, BN, PDL)
+        rows, ok, rg, ru, xr = _program_rows(W, N, HALF, ROW_WORDS, BN, PDL, MROWS)
+        X, XD, XS, R, Y = _row_ptrs(X, XD, XS, R, Y, xr, SX, N)
         ci = tl.arange(0, CH)[:, None, None]                                       # [CH, 1, 1]
         p = tl.arange(0, 4)[None, :, None]                                         # [1, 4, 1]
         w = tl.arange(0, 8)[None, None, :]                                         # [1, 1, 8]
@@ -640,8 +657,8 @@ if AVAILABLE:
         return d * sc
 
     @triton.jit
-    def _q6k_kernel(X, NW, XD, XS, W, R, Y, N, K, HALF, ROW_WORDS, eps, BN: tl.constexpr, CH: tl.constexpr,
-                    NORM: tl.constexpr, RES: tl.constexpr, GLU: tl.constexpr, PDL: tl.constexpr = False,
+    def _q6k_kernel(X, NW, XD, XS, W, R, Y, N, K, HALF, ROW_WORDS, eps, MROWS, SX, BN: tl.constexpr,
+                    CH: tl.constexpr, NORM: tl.constexpr, RES: tl.constexpr, GLU: tl.constexpr, PDL: tl.constexpr = False,
                     ASM: tl.constexpr = False, XQ: tl.constexpr = True, XB: tl.constexpr = 16,
                     XF16: tl.constexpr = False, NB: tl.constexpr = 16, NF16: tl.constexpr = False,
                     STAGES: tl.constexpr = 1, REPACK: tl.constexpr = False):
@@ -651,7 +668,8 @@ if AVAILABLE:
         of qh word 32 + 8h + 4(g % 2) + w (bits 2(2n + g // 2)); its sub-block is 8h + 4n + g. REPACK
         (Q6_K_R): a row of S super-blocks is their 48 code words each, then their 4 scale words each,
         then one word of two d per pair: every load aligned, no funnel shift."""
-        rows, ok, rg, ru = _program_rows(W, N, HALF, ROW_WORDS, BN, PDL)
+        rows, ok, rg, ru, xr = _program_rows(W, N, HALF, ROW_WORDS, BN, PDL, MROWS)
+        X, XD, XS, R, Y = _row_ptrs(X, XD, XS, R, Y, xr, SX, N)
         ci = tl.arange(0, CH)[:, None, None]                                       # [CP, 1, 1]
         hg = tl.arange(0, 8)[None, :, None]                                        # [1, 8, 1]
         w = tl.arange(0, 4)[None, None, :]                                         # [1, 1, 4]
@@ -800,8 +818,8 @@ if AVAILABLE:
         return qw
 
     @triton.jit
-    def _q80_kernel(X, NW, XD, XS, W, R, Y, N, K, HALF, ROW_WORDS, eps, BN: tl.constexpr, CH: tl.constexpr,
-                    NORM: tl.constexpr, RES: tl.constexpr, GLU: tl.constexpr, PDL: tl.constexpr = False,
+    def _q80_kernel(X, NW, XD, XS, W, R, Y, N, K, HALF, ROW_WORDS, eps, MROWS, SX, BN: tl.constexpr,
+                    CH: tl.constexpr, NORM: tl.constexpr, RES: tl.constexpr, GLU: tl.constexpr, PDL: tl.constexpr = False,
                     ASM: tl.constexpr = False, XQ: tl.constexpr = True, XB: tl.constexpr = 16,
                     XF16: tl.constexpr = False, NB: tl.constexpr = 16, NF16: tl.constexpr = False,
                     STAGES: tl.constexpr = 1, REPACK: tl.constexpr = False, FOUR: tl.constexpr = False,
@@ -817,7 +835,8 @@ if AVAILABLE:
         blocks; IQ 2 (IQ4_XS): super-blocks of 256 ([d f16][scales_h u16][scales_l x 4][16 bytes x 8], 34
         words, aligned), eight 32-element blocks each laid out as Q4_0's codes, four pairs a super-block, the
         block's scale ``d * (ls - 32)`` from its header."""
-        rows, ok, rg, ru = _program_rows(W, N, HALF, ROW_WORDS, BN, PDL)
+        rows, ok, rg, ru, xr = _program_rows(W, N, HALF, ROW_WORDS, BN, PDL, MROWS)
+        X, XD, XS, R, Y = _row_ptrs(X, XD, XS, R, Y, xr, SX, N)
         ci = tl.arange(0, CH)[:, None]                                             # [CP, 1]
         w = tl.arange(0, 8)[None, :]                                               # [1, 8]
         npairs = K // 64
@@ -888,12 +907,12 @@ if AVAILABLE:
 
 # --------------------------------------------------------------------------------------- launching
 def supports(x: torch.Tensor, packed: torch.Tensor, qtype: str, k: int) -> bool:
-    """Whether the one-row kernel runs: x [1, K], a weight of a ``K_MULTIPLE`` type whose K is a multiple of
-    the kernel's step and whose rows are whole int32 words at a 4-byte aligned address; not with
-    ``SHAPEPLAN_QUANT_ONE_ROW=0`` (the generic GEMV of gguf.py then runs every one-row call)."""
+    """Whether the one-row kernel runs: x [M, K] with M <= ``MAX_ROWS``, a weight of a ``K_MULTIPLE`` type whose
+    K is a multiple of the kernel's step and whose rows are whole int32 words at a 4-byte aligned address;
+    not with ``SHAPEPLAN_QUANT_ONE_ROW=0`` (the generic GEMV of gguf.py then runs every such call)."""
     from shapeplan import env
     return (AVAILABLE and qtype in K_MULTIPLE and env.get("SHAPEPLAN_QUANT_ONE_ROW") and x.dim() == 2
-            and x.shape[0] == 1 and k % K_MULTIPLE[qtype] == 0
+            and 1 <= x.shape[0] <= MAX_ROWS and k % K_MULTIPLE[qtype] == 0
             and packed.dim() == 2 and packed.stride(1) == 1 and packed.stride(0) % 4 == 0
             and packed.data_ptr() % 4 == 0 and x.dtype in (torch.float16, torch.bfloat16, torch.float32))
 
@@ -945,9 +964,9 @@ def full_tiles(tiles: tuple[int, ...]) -> tuple[int, int, int, int, int, int]:
 
 
 def _aligned(v: torch.Tensor) -> torch.Tensor:
-    """``v`` [1, K] with unit stride at an 8-byte aligned address (the kernels read x and the norm weight
-    as 64-bit words): ``v`` itself, else a copy."""
-    if v.stride(1) != 1 or v.data_ptr() % 8:
+    """``v`` [M, K] with unit stride and every row at an 8-byte aligned address (the kernels read x and the
+    norm weight as 64-bit words): ``v`` itself, else a copy."""
+    if v.stride(1) != 1 or v.data_ptr() % 8 or (v.shape[0] > 1 and v.stride(0) * v.element_size() % 8):
         return v.clone(memory_format=torch.contiguous_format)
     return v
 
@@ -955,17 +974,22 @@ def _aligned(v: torch.Tensor) -> torch.Tensor:
 def gemv1(x: torch.Tensor, packed: torch.Tensor, qtype: str, n: int, k: int, *, norm_w: torch.Tensor | None = None,
           eps: float = 0.0, residual: torch.Tensor | None = None, glu: bool = False,
           tiles: tuple[int, ...] | None = None, x_codes: torch.Tensor | None = None) -> torch.Tensor:
-    """The one-row quantized GEMV (module doc): x [1, K], W [n, k] packed -> [1, n] (GLU: [1, n / 2]);
-    ``tiles`` (BN, CH, warps, XQ[, STAGES[, PF]]) instead of ``config``'s. ``x_codes``: x already as int8
-    codes (``quantize_x``'s buffer, int32 [x_code_words(K)], e.g. from the paged decode attention), which a
-    tile with XQ = 2 / 3 reads instead of quantizing x itself (not with a norm prologue; other tiles read x)."""
+    """The one-row quantized GEMV (module doc): x [M, K], W [n, k] packed -> [M, n] (GLU: [M, n / 2]), M <=
+    ``MAX_ROWS``: each row as the one-row call computes it (same tiles, same arithmetic: the same bits), a
+    program per row and block of outputs, the weights read from DRAM about once; ``tiles`` (BN, CH, warps,
+    XQ[, STAGES[, PF]]) instead of ``config``'s. ``x_codes``: one row of x already as int8 codes
+    (``quantize_x``'s buffer, int32 [x_code_words(K)], e.g. from the paged decode attention), which a tile
+    with XQ = 2 / 3 reads instead of quantizing x itself (not with a norm prologue; other tiles read x)."""
+    m = x.shape[0]
+    if not 1 <= m <= MAX_ROWS:
+        raise ValueError(f"qgemv: x must have 1 to {MAX_ROWS} rows, got {m}")
     x = _aligned(x)
     out_n = n // 2 if glu else n
     bn, ch, warps, xq, stages, pf = full_tiles(tiles or config(qtype, out_n, k))
     words = packed.view(torch.int32)                                               # [n, row bytes / 4]
-    y = torch.empty(1, out_n, dtype=x.dtype, device=x.device)
-    r = residual.reshape(1, out_n) if residual is not None else y
-    if r.stride(-1) != 1:
+    y = torch.empty(m, out_n, dtype=x.dtype, device=x.device)
+    r = residual.reshape(m, out_n) if residual is not None else y
+    if not r.is_contiguous():
         r = r.contiguous()
     nw = _aligned(norm_w.reshape(1, -1)) if norm_w is not None else x
     from shapeplan import env
@@ -975,10 +999,10 @@ def gemv1(x: torch.Tensor, packed: torch.Tensor, qtype: str, n: int, k: int, *, 
         raise ValueError(f"qgemv: x mode 3 (integer dots) exists for {sorted(INT_DOTS)}, not {qtype}")
     norm = norm_w is not None
     xd = xs = x
-    if x_codes is not None and (norm or x_codes.dtype != torch.int32 or x_codes.numel() != x_code_words(k)):
+    if x_codes is not None and (norm or m > 1 or x_codes.dtype != torch.int32 or x_codes.numel() != x_code_words(k)):
         raise ValueError(f"qgemv: x_codes must be int32 [{x_code_words(k)}] (x as int8 codes for K={k}) and come "
-                         f"without a norm prologue, got {x_codes.dtype} [{x_codes.numel()}]"
-                         + (" with norm_w" if norm else ""))
+                         f"with one row of x and without a norm prologue, got {x_codes.dtype} [{x_codes.numel()}]"
+                         + (" with norm_w" if norm else "") + (f" and {m} rows" if m > 1 else ""))
     if xq >= 2 and x_codes is not None:           # x came as codes (the decode attention wrote them)
         x, xd, xs = x_code_views(x_codes, k)
         nw = x
@@ -988,8 +1012,9 @@ def gemv1(x: torch.Tensor, packed: torch.Tensor, qtype: str, n: int, k: int, *, 
     extra = type_flags(qtype)
     if "FIVE" in extra:                           # Q4_K's kernel: its register prefetch, its unmasked launch
         extra.update(PF=bool(pf), EVEN=xq == 3 and out_n % bn == 0 and (k // K_MULTIPLE[qtype]) % ch == 0)
-    KERNELS[qtype][(triton.cdiv(out_n, bn),)](
-        x, nw, xd, xs, words, r, y, out_n, k, out_n, words.stride(0), float(eps), BN=bn, CH=ch,
+    sx = x_code_words(k) if xq >= 2 else x.stride(0)         # a row of x: its codes buffer's, or its own
+    KERNELS[qtype][(triton.cdiv(out_n, bn) * m,)](
+        x, nw, xd, xs, words, r, y, out_n, k, out_n, words.stride(0), float(eps), m, sx, BN=bn, CH=ch,
         NORM=norm, RES=residual is not None, GLU=glu, PDL=bool(launch), ASM=not interpreting(),
         XQ=xq, XB=8 * x.element_size(), XF16=x.dtype == torch.float16, NB=8 * nw.element_size(),
         NF16=nw.dtype == torch.float16, STAGES=stages, **extra,
@@ -997,27 +1022,32 @@ def gemv1(x: torch.Tensor, packed: torch.Tensor, qtype: str, n: int, k: int, *, 
     return y
 
 
-def x_code_buffer(k: int, device: torch.device) -> torch.Tensor:
-    """An empty buffer for x as int8 codes: int32 [x_code_words(K)] (``x_code_views`` splits it)."""
-    return torch.empty(x_code_words(k), dtype=torch.int32, device=device)
+def x_code_buffer(k: int, device: torch.device, rows: int = 1) -> torch.Tensor:
+    """An empty buffer for ``rows`` rows of x as int8 codes: int32 [rows * x_code_words(K)] (``x_code_views``
+    splits the first)."""
+    return torch.empty(rows * x_code_words(k), dtype=torch.int32, device=device)
 
 
 def x_code_views(buf: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The code words [K / 4] (int32), scales and sums [K / 32] (float32) in ``buf`` (int32 [x_code_words(K)]:
-    shapeplan/quant/quantize.py ``x_codes`` is the torch form)."""
+    """The code words [K / 4] (int32), scales and sums [K / 32] (float32) of the first row of x in ``buf``
+    (int32 [x_code_words(K)] a row, rows one after another: shapeplan/quant/quantize.py ``x_codes`` is the
+    torch form of one); the kernels reach row i at ``x_code_words(K) * i`` elements further in each."""
     nb = k // 32
-    xw, xd, xs = buf.reshape(-1).split([k // 4, nb, nb])
+    xw, xd, xs = buf.reshape(-1)[:x_code_words(k)].split([k // 4, nb, nb])
     return xw, xd.view(torch.float32), xs.view(torch.float32)
 
 
 def quantize_x(x: torch.Tensor, norm_w: torch.Tensor | None, eps: float, k: int, *, pdl: bool = False,
                out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """x [1, K] (with ``norm_w``: rms_norm(x) * norm_w) as XQ = 2 reads it: int8 codes per block of 32,
-    four to an int32 word [K / 4], the blocks' scales [K / 32] and their exact sums [K / 32] (float32),
-    in one buffer (``out``, else a new one; ``x_code_views``; module doc)."""
-    xw, xd, xs = x_code_views(out if out is not None else x_code_buffer(k, x.device), k)
-    _quant_x_kernel[(triton.cdiv(k // 32, QX_BLOCKS),)](
-        x, norm_w if norm_w is not None else x, xw, xd, xs, k, float(eps), BB=QX_BLOCKS, NORM=norm_w is not None,
+    """x [M, K] (with ``norm_w``: rms_norm(x) * norm_w, per row) as XQ = 2 reads it: per row int8 codes per
+    block of 32, four to an int32 word [K / 4], the blocks' scales [K / 32] and their exact sums [K / 32]
+    (float32), rows one after another in one buffer (``out``, else a new one; ``x_code_views``: the first
+    row's views; module doc)."""
+    m = x.shape[0]
+    xw, xd, xs = x_code_views(out if out is not None else x_code_buffer(k, x.device, m), k)
+    _quant_x_kernel[(triton.cdiv(k // 32, QX_BLOCKS), m)](
+        x, norm_w if norm_w is not None else x, xw, xd, xs, k, float(eps), x.stride(0), x_code_words(k),
+        BB=QX_BLOCKS, NORM=norm_w is not None,
         CHUNK=min(triton.next_power_of_2(k), QX_CHUNK), PDL=pdl, num_warps=4, enable_fp_fusion=False,
         **({"launch_pdl": True} if pdl else {}))
     return xw, xd, xs
