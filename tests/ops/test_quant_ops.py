@@ -416,9 +416,10 @@ def test_one_row_kernel_rows_equal_one_row_calls(name, xq, case, triton_kernels)
         codes = qgemv.x_code_buffer(k, DEV, m)
         qgemv.quantize_x(x.contiguous(), kw.get("norm_w"), 1e-5, k, out=codes)
         words = qgemv.x_code_words(k)
-        for i in range(m):
-            one = qgemv.x_code_buffer(k, DEV)
-            qgemv.quantize_x(x[i:i + 1].contiguous(), kw.get("norm_w"), 1e-5, k, out=one)
+        for i in range(m):             # (each row copied to an aligned address, as gemv1 does: x's alignment
+            one = qgemv.x_code_buffer(k, DEV)      # picks the loads' width, and so the order Σx is summed in)
+            xi = x[i:i + 1].clone(memory_format=torch.contiguous_format)
+            qgemv.quantize_x(xi, kw.get("norm_w"), 1e-5, k, out=one)
             assert torch.equal(codes[i * words:(i + 1) * words], one)
 
 
