@@ -67,6 +67,8 @@ step serve_prefix default 240 "$SERVE --preset llama-1b --batch 64 --prompt-len 
 step serve_quant extra 300 "$SERVE --preset llama-8b --quantize Q4_K_M --batch 16 --new-tokens 128 && $SERVE --preset llama-8b --batch 16 --new-tokens 128" "$SERVE_SUM"
 # the same at 8 requests (decode buckets of up to 8 rows: the one-row kernels a program per row, twenty-fifth session)
 step serve_quant8 extra 300 "$SERVE --preset llama-8b --quantize Q4_K_M --batch 8 --new-tokens 128 && $SERVE --preset llama-8b --batch 8 --new-tokens 128" "$SERVE_SUM"
+# Q4_K_M at 8 and 16 requests with the integer tensor-core GEMM (kernels/mmq.py) on for 2-64 rows, beside it off
+step serve_quant_mmq extra 420 "for b in 8 16; do SHAPEPLAN_QUANT_MMQ_MAX_ROWS=64 $SERVE --preset llama-8b --quantize Q4_K_M --batch \$b --new-tokens 128 && $SERVE --preset llama-8b --quantize Q4_K_M --batch \$b --new-tokens 128; done" "$SERVE_SUM"
 step serve_8b extra 300 "$SERVE --preset llama-8b --batch 64 --json \$W/serve_8b.json" "$SERVE_SUM"
 step serve_sweep extra 300 "$SERVE --preset llama-1b --sweep 1,8,32,64,128 --json \$W/serve_sweep.json --plot \$O/serve_sweep.png" "$SERVE_SUM"
 # the OpenAI-compatible server in the background, then streaming HTTP clients (docs/serve.md); the plot comes back in $OUT
@@ -98,10 +100,11 @@ step quant_prefill extra 480 'python3 -m bench.quant_gemv --qtypes Q4_K_R,Q6_K_R
 step quant_gemm_sweep extra 420 'python3 -m bench.quant_gemv --no-gemv --gemm-sweep 16,64 --qtypes Q4_K_R,Q8_0_R --presets llama-8b,llama-1b --top 2' \
   'grep -A1 -E "^# M=[0-9]+, all types" $L | grep -vE "^(--)?$" | paste -sd" " | cut -c1-400'
 # the batched engine's small sizes: at 2-8 rows the one-row kernel a program per row (the default since the twenty-fifth
-# session) against the generic GEMV; at 16-32 rows the fused GEMM against dequantize + cuBLAS and the one-row kernel
-# a program per row (a probe past its 8 rows); summary: summed µs per type and M, "one-row/generic" or "fused/dequant/rows"
-step quant_small_m extra 300 'python3 -m bench.quant_gemv --qtypes Q4_K_R,Q6_K_R,Q8_0_R --presets llama-8b,llama-1b --m 1,2,4,8 --prefill-m 16,32' \
-  'awk '\''{k=$1" "$4" M"$5} $6=="gemv" {a[k]+=$7} $6=="generic" {b[k]+=$8} $6=="fused" {f[k]+=$8} $6=="dequant+cuBLAS" {d[k]+=$7} $6=="one-row" {r[k]+=$8} END {for (k in b) printf "%s %.0f/%.0f; ", k, a[k], b[k]; for (k in f) printf "%s %.0f/%.0f/%.0f; ", k, f[k], d[k], r[k]}'\'' $L | cut -c1-900'
+# session) against the generic GEMV and the integer tensor-core GEMM (kernels/mmq.py, off by default); at 16-64 rows
+# the fused GEMM against dequantize + cuBLAS, mmq, and (to 32) the one-row kernel a program per row (a probe past its
+# 8 rows); summary: summed µs per type and M, "one-row/generic/mmq" or "fused/dequant/mmq/rows"
+step quant_small_m extra 300 'python3 -m bench.quant_gemv --qtypes Q4_K_R,Q6_K_R,Q8_0_R --presets llama-8b,llama-1b --m 1,2,4,8 --prefill-m 16,32,64' \
+  'awk '\''{k=$1" "$4" M"$5} $6=="gemv" {a[k]+=$7} $6=="generic" {b[k]+=$8} $6=="mmq" {q[k]+=$7} $6=="fused" {f[k]+=$8} $6=="dequant+cuBLAS" {d[k]+=$7} $6=="one-row" {r[k]+=$8} END {for (k in b) printf "%s %.0f/%.0f/%.0f; ", k, a[k], b[k], q[k]; for (k in f) printf "%s %.0f/%.0f/%.0f/%.0f; ", k, f[k], d[k], q[k], r[k]}'\'' $L | cut -c1-1200'
 # Nsight Compute's counters on one llama-8b Q4_K gate/up call (the nvidia-h200 kind runs on Firecracker, where ncu reads them)
 step quant_ncu extra 150 'N=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
 $N --clock-control none -k regex:_q4k -c 1 --section SpeedOfLight --section Occupancy --section WarpStateStats \

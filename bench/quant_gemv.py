@@ -63,7 +63,7 @@ def packed(name: str, n: int, k: int) -> torch.Tensor:
 def gemv_table(qtypes: list[str], presets: list[str], ms: list[int], prefill: list[int], sweep: bool) -> None:
     from shapeplan.quant.dequant import dequantize
     from shapeplan.quant.formats import QTYPES
-    from shapeplan.runtime.backends.triton.kernels import gguf, qgemv
+    from shapeplan.runtime.backends.triton.kernels import gguf, mmq, qgemv
     print(f"{'preset':<9} {'shape':<8} {'N x K':>14} {'type':<10} {'M':>3} {'path':<14} {'us':>8} {'GB/s':>7} "
           f"{'bf16 us':>8} {'x bf16':>6} {'max err':>8}")
     for preset in presets:
@@ -86,6 +86,11 @@ def gemv_table(qtypes: list[str], presets: list[str], ms: list[int], prefill: li
                         us = graph_time(lambda: gguf.gemv(x, p, q, n, k))    # per row: beside it the generic
                         print(f"{preset:<9} {label:<8} {f'{n}x{k}':>14} {name:<10} {m:>3} {'generic gemv':<14} "
                               f"{us:>8.1f} {p.numel() / us / 1e3:>7.0f} {ref_us:>8.1f} {ref_us / us:>6.2f}")
+                    if m > 1 and mmq.supports(x, p, name, k):       # the integer tensor-core GEMM (off by default)
+                        us = graph_time(lambda: mmq.mmq(x, p, name, n, k))
+                        err = (mmq.mmq(x, p, name, n, k).float() - (x @ w.t()).float()).abs().max().item()
+                        print(f"{preset:<9} {label:<8} {f'{n}x{k}':>14} {name:<10} {m:>3} {'mmq':<14} {us:>8.1f} "
+                              f"{p.numel() / us / 1e3:>7.0f} {ref_us:>8.1f} {ref_us / us:>6.2f} {err:>8.1e}")
                     if sweep and m == ms[0]:
                         sweep_gemv(gguf, x, p, q, n, k)
                 for m in prefill:
@@ -93,6 +98,8 @@ def gemv_table(qtypes: list[str], presets: list[str], ms: list[int], prefill: li
                     ref_us = graph_time(lambda: x @ wb.t(), reps=5)
                     paths = [("fused tl.dot", lambda: gguf.gemm(x, p, q, n, k)),
                              ("dequant+cuBLAS", lambda: gguf.dequant_mm(x, p, q, n, k))]
+                    if mmq.supports(x, p, name, k):
+                        paths.append(("mmq", lambda: mmq.mmq(x, p, name, n, k)))
                     for path, fn in paths:
                         us = graph_time(fn, reps=5)
                         print(f"{preset:<9} {label:<8} {f'{n}x{k}':>14} {name:<10} {m:>3} {path:<14} {us:>8.1f} "

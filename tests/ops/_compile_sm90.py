@@ -62,6 +62,18 @@ def compile_one(kernel: str, name: str, m: int):
                "SXIN": "i32", "SOUT": "i32", **{c: "constexpr" for c in consts}}
         return triton.compile(ASTSource(fn=qgemv._quant_x_kernel, signature=sig, constexprs=consts),
                               target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "enable_fp_fusion": False})
+    if kernel == "mmq":       # the integer tensor-core GEMM of kernels/mmq.py; m: bit 1 = split along K (float32
+        # partial sums), bit 2 = the plain operand order (no SWAP)
+        from shapeplan.runtime.backends.triton.kernels import mmq
+        consts = dict(BM=mmq.MMQ["bm"], BN=mmq.MMQ["bn"], Q4K=name == "Q4_K_R", PARTIAL=bool(m & 1), SWAP=not m & 2)
+        sig = {"XC": "*i8", "XD": "*fp32", "XS": "*fp32", "W": "*u8", "Y": "*fp32" if m & 1 else "*bf16",
+               **{a: "i32" for a in ("M", "N", "K", "ROW_BYTES", "SX", "stride_ym", "PER")},
+               **{c: "constexpr" for c in consts}}
+        names = list(sig)
+        attrs = {(names.index(p),): [["tt.divisibility", 16]] for p in ("XC", "W", "K", "ROW_BYTES", "SX")}
+        return triton.compile(ASTSource(fn=mmq._mmq_kernel, signature=sig, constexprs=consts, attrs=attrs),
+                              target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": mmq.MMQ["warps"], "num_stages": mmq.MMQ["stages"]})
     if kernel == "dense":     # the bf16 decode GEMV of kernels/gemv.py; m: 0 plain, 1 norm + GLU, 2 residual, 3 = 1 + PDL
         from shapeplan.runtime.backends.triton.kernels import gemv as dense
         ptrs = {"X": "*bf16", "NW": "*bf16", "W": "*bf16", "R": "*bf16", "Y": "*bf16"}
@@ -141,7 +153,8 @@ def main(specs: list[str]) -> int:
             out[spec] = {"ok": bool(k.asm.get("cubin")), "error": "", "vector_loads": "ld.global.v4" in ptx,
                          "global_loads": len(re.findall(r"\bld\.global", ptx)),
                          "griddepcontrol": "griddepcontrol.wait" in ptx, "dp4a": "dp4a.s32.s32" in ptx,
-                         "cp_async": "cp.async" in ptx,
+                         "cp_async": "cp.async" in ptx, "int8_mma": bool(re.search(r"mma\S*\.s8", ptx)),
+                         "wgmma": "wgmma" in ptx,
                          "shared": ptx.count("st.shared"), "cvt_rn_f32": ptx.count("cvt.rn.f32.s32"),
                          "regs": getattr(k, "n_regs", None), "spills": getattr(k, "n_spills", None)}
         except TypeError as e:                            # another ASTSource signature

@@ -480,10 +480,14 @@ def dequantize_rows(packed: torch.Tensor, q, k: int, dtype: torch.dtype, idx: to
 def matmul(x: torch.Tensor, packed: torch.Tensor, q, n: int, k: int) -> torch.Tensor:
     """x [M, K] @ W.T -> [M, N]: up to 8 rows of Q4_K / Q5_K / Q6_K / Q8_0 / Q4_0 / IQ4: the one-row kernel of
     qgemv.py (a program per row and block of outputs); other types the GEMV for M <= 8; above, the fused GEMM
-    or dequantize + cuBLAS (``GEMM["path"]``)."""
+    or dequantize + cuBLAS (``GEMM["path"]``). Where ``mmq.MMQ`` asks for it (off by default), Q8_0_R / Q4_K_R
+    take the integer tensor-core GEMM of mmq.py first."""
     if x.stride(-1) != 1:
         x = x.contiguous()
     m = x.shape[0]
+    from shapeplan.runtime.backends.triton.kernels import mmq
+    if mmq.wanted(m) and mmq.supports(x, packed, q.name, k):        # off until measured (its MMQ["max_m"])
+        return mmq.mmq(x, packed, q.name, n, k)
     if GEMV1:
         from shapeplan.runtime.backends.triton.kernels import qgemv
         if qgemv.supports(x, packed, q.name, k):

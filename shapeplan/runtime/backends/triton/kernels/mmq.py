@@ -1,0 +1,150 @@
+"""Integer tensor-core GEMM over Q8_0_R / Q4_K_R weights for a few rows of x (the batched engine's 2-64-row
+decode buckets, short prefills), after llama.cpp's MMQ; **off by default until measured on a GPU**
+(``MMQ["max_m"]`` 0, ``SHAPEPLAN_QUANT_MMQ_MAX_ROWS`` to turn it on; bench/quant_gemv.py times it as path "mmq",
+``bash bench/gpu_all.sh quant_small_m``, and ``serve_quant_mmq`` end to end):
+
+    mmq(x, packed, qtype, n, k)          x [M, K] @ W.T -> [M, N], x's dtype
+
+x is quantized first, per row, to int8 codes per block of 32 with each block's scale and exact sum (the x
+quantizer of qgemv.py, whose codes the one-row kernels' XQ = 2 reads). A program owns BM rows of x, BN rows
+of W and a run of 256-element chunks; per 32-element sub-block it loads the weight's codes as int8 (Q8_0_R:
+the bytes as they are; Q4_K_R: the 32 code bytes of a sub-block pair, low nibbles the first sub-block, high
+nibbles the second, in element order) and multiplies them with x's codes in one int8 ``tl.dot`` (int32 sums,
+exact), then scales the sums: Q8_0 ``d * d_x * dot``; Q4_K ``d * sc * d_x * dot - dmin * m * Σx`` (the
+one-row kernels' algebra). No weight element is converted to a float: the per-element work of the fused GEMM
+of gguf.py (byte loads, scale extraction, the affine decode, a bf16 ``tl.dot``) becomes a mask and a shift
+of 16-byte loads and the MMA's integer product. The cost is x's rounding to 8 bits: about 1 % of the output's
+scale against dequantize-then-matmul, as with the one-row kernels' XQ = 2 (tests: the same arithmetic in
+torch, and dequantize-then-matmul exactly where int8 codes hold x exactly); so unlike the per-row GEMVs its
+rows are not bit for bit single-stream decode's.
+
+SWAP (default): y.T = W @ x.T, the weight tile the MMA's first operand (BN = 64 of its rows fill Hopper's
+warpgroup MMA, where BM = 16 rows of x would not). Split along K as gguf.py's GEMM where the output tiles
+leave SMs idle (float32 partials, summed by its ``_splitk_reduce``). K must be a multiple of 256.
+"""
+from __future__ import annotations
+
+import torch
+
+from shapeplan.quant.quantize import x_code_words
+from shapeplan.runtime.backends.triton.kernels import gguf
+from shapeplan.runtime.backends.triton.kernels.gguf import AVAILABLE, triton, tl
+
+#: the types it reads (constexpr Q4K)
+TYPES = ("Q8_0_R", "Q4_K_R")
+#: ``gguf.matmul`` takes it from ``min_m`` to ``max_m`` rows (max_m 0: never, until measured); rows of x and of W
+#: per program, warps, pipeline stages, SWAP, programs along K (None: gguf.py's rule for its GEMM)
+MMQ = {"min_m": 2, "max_m": 0, "bm": 16, "bn": 64, "warps": 4, "stages": 3, "swap": True, "split": None}
+
+if AVAILABLE:
+    from shapeplan.runtime.backends.triton.kernels.gguf import _f16, _scale_min_k4
+
+    @triton.jit
+    def _outer(a_m, b_n, SWAP: tl.constexpr):
+        """The [BM, BN] (SWAP: [BN, BM]) products of a vector over x's rows and one over W's rows."""
+        if SWAP:
+            out = b_n[:, None] * a_m[None, :]
+        else:
+            out = a_m[:, None] * b_n[None, :]
+        return out
+
+    @triton.jit
+    def _sub(acc, wq, xrow, XD, XS, ms, m_ok, blk, SX, dw, dmw, t, MIN: tl.constexpr, SWAP: tl.constexpr):
+        """``acc`` + sub-block ``blk`` (32 elements of K): x's codes [BM, 32] at ``xrow`` times the weight's
+        int8 codes ``wq`` [BN, 32] in one int8 dot, scaled by x's block scale and the weight's ``dw`` [BN];
+        MIN: minus the weight's minimum term ``dmw`` [BN] times x's exact block sum."""
+        xq = tl.load(xrow + blk * 32 + t[None, :], mask=m_ok[:, None], other=0)            # [BM, 32] int8
+        xd = tl.load(XD + ms * SX + blk, mask=m_ok, other=0.0)                             # [BM]
+        if SWAP:
+            dot = tl.dot(wq, tl.trans(xq), out_dtype=tl.int32)                             # [BN, BM]
+        else:
+            dot = tl.dot(xq, tl.trans(wq), out_dtype=tl.int32)                             # [BM, BN]
+        acc += dot.to(tl.float32) * _outer(xd, dw, SWAP)
+        if MIN:
+            acc -= _outer(tl.load(XS + ms * SX + blk, mask=m_ok, other=0.0), dmw, SWAP)
+        return acc
+
+    @triton.jit
+    def _mmq_kernel(XC, XD, XS, W, Y, M, N, K, ROW_BYTES, SX, stride_ym, PER, BM: tl.constexpr, BN: tl.constexpr,
+                    Q4K: tl.constexpr, PARTIAL: tl.constexpr, SWAP: tl.constexpr):
+        """y = x @ W.T from x's int8 codes ``XC`` (SX int32 words a row: codes, then XD's scales and XS's sums,
+        which point at row 0's) and W's packed rows (uint8, ROW_BYTES a row; Q8_0_R: K code bytes then the
+        blocks' d; Q4_K_R: 128 code bytes a chunk, then 16 header bytes a chunk, [d][dmin][scales x 12]).
+        Program (m, n, s): chunks s * PER .. (s + 1) * PER - 1 (PARTIAL: float32 sums [splits, M, N])."""
+        pid_m, pid_n, pid_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+        ms = pid_m * BM + tl.arange(0, BM)
+        m_ok = ms < M
+        rows = pid_n * BN + tl.arange(0, BN)
+        r_ok = rows < N
+        rb = W + rows.to(tl.int64) * ROW_BYTES                                             # [BN] byte pointers
+        xrow = XC + ms.to(tl.int64)[:, None] * (SX * 4)                                    # [BM, 1] code bytes
+        t = tl.arange(0, 32)
+        chunks = K // 256
+        acc = tl.zeros([BN, BM] if SWAP else [BM, BN], dtype=tl.float32)
+        zero = tl.zeros([BN], dtype=tl.float32)
+        for c in range(pid_s * PER, tl.minimum((pid_s + 1) * PER, chunks)):
+            if Q4K:
+                hdr = rb + chunks * 128 + c * 16                                           # [BN] chunk headers
+                d, dmin = _f16(hdr, r_ok), _f16(hdr + 2, r_ok)
+                for p in tl.static_range(4):                # sub-blocks 2p (low nibbles) and 2p + 1 (high)
+                    b = tl.load(rb[:, None] + c * 128 + p * 32 + t[None, :], mask=r_ok[:, None], other=0)
+                    for h in tl.static_range(2):
+                        sc, mn = _scale_min_k4(hdr, 2 * p + h, r_ok)
+                        wq = ((b >> (4 * h)) & 15).to(tl.int8)
+                        acc = _sub(acc, wq, xrow, XD, XS, ms, m_ok, c * 8 + 2 * p + h, SX, d * sc.to(tl.float32),
+                                   dmin * mn.to(tl.float32), t, True, SWAP)
+            else:
+                for j in tl.static_range(8):
+                    blk = c * 8 + j
+                    wq = tl.load(rb[:, None] + blk * 32 + t[None, :], mask=r_ok[:, None], other=0).to(
+                        tl.int8, bitcast=True)
+                    acc = _sub(acc, wq, xrow, XD, XS, ms, m_ok, blk, SX, _f16(rb + K + blk * 2, r_ok), zero, t,
+                               False, SWAP)
+        if SWAP:                                                    # acc[r, m] is y[m, r]
+            mi, ri = ms[None, :].to(tl.int64), rows[:, None]
+        else:
+            mi, ri = ms[:, None].to(tl.int64), rows[None, :]
+        out = (mi < M) & (ri < N)
+        if PARTIAL:
+            tl.store(Y + pid_s.to(tl.int64) * M * N + mi * N + ri, acc, mask=out)
+        else:
+            tl.store(Y + mi * stride_ym + ri, acc.to(Y.dtype.element_ty), mask=out)
+
+
+def supports(x: torch.Tensor, packed: torch.Tensor, qtype: str, k: int) -> bool:
+    """Whether ``mmq`` reads this weight: a ``TYPES`` type, K a multiple of 256, x [M, K] of a float dtype."""
+    return (AVAILABLE and qtype in TYPES and k % 256 == 0 and x.dim() == 2 and packed.dim() == 2
+            and packed.stride(1) == 1 and x.dtype in (torch.float16, torch.bfloat16, torch.float32))
+
+
+def wanted(m: int) -> bool:
+    """Whether ``gguf.matmul`` takes it for ``m`` rows: ``MMQ["min_m"]`` .. ``SHAPEPLAN_QUANT_MMQ_MAX_ROWS`` (default
+    ``MMQ["max_m"]``)."""
+    if m < MMQ["min_m"]:
+        return False
+    from shapeplan import env
+    top = env.get("SHAPEPLAN_QUANT_MMQ_MAX_ROWS")
+    return m <= (MMQ["max_m"] if top is None else top)
+
+
+def mmq(x: torch.Tensor, packed: torch.Tensor, qtype: str, n: int, k: int) -> torch.Tensor:
+    """x [M, K] @ W.T -> [M, N] in x's dtype (module doc); W [n, k] packed as ``qtype`` (``TYPES``)."""
+    from shapeplan.runtime.backends.triton.kernels import qgemv
+    if not supports(x, packed, qtype, k):
+        raise ValueError(f"mmq: needs a {' / '.join(TYPES)} weight with K a multiple of 256 and float x [M, K], "
+                         f"got {qtype}, K={k}, x {x.dtype} {list(x.shape)}")
+    m = x.shape[0]
+    codes = qgemv.x_code_buffer(k, x.device, m)
+    _, xd, xs = qgemv.quantize_x(x, None, 0.0, k, out=codes)
+    bm, bn = MMQ["bm"], MMQ["bn"]
+    blocks = triton.cdiv(m, bm) * triton.cdiv(n, bn)
+    sms = gguf._programs_wanted(x.device)
+    split, per = gguf._split_k(k // 256, blocks, 4 * sms if blocks < sms else 0, MMQ["split"])
+    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    part = gguf._partials(y, split)
+    _mmq_kernel[(triton.cdiv(m, bm), triton.cdiv(n, bn), split)](
+        codes.view(torch.int8), xd, xs, packed, part, m, n, k, packed.stride(0), x_code_words(k), y.stride(0), per,
+        BM=bm, BN=bn, Q4K=qtype == "Q4_K_R", PARTIAL=split > 1, SWAP=bool(MMQ["swap"]), num_warps=MMQ["warps"],
+        num_stages=MMQ["stages"])
+    gguf._sum_partials(part, y, split)
+    return y
