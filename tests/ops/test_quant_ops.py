@@ -199,8 +199,8 @@ def test_decode_gemv_compiles_for_sm90():
 def test_prefill_gemm_compiles_for_sm90():
     """The fused GEMM, whole K and split along K (float32 partial sums), in its tilings for 64 and for 16 rows,
     and with the weight tile as the MMA's first operand, as the GPU compiler takes them."""
-    res = _compile_sm90("gemm:Q4_K:0", "gemm:Q4_K:1", "gemm:Q8_0_R:2", "gemm:Q6_K_R:3", "gemm:Q4_K_R:6", "gemm:Q8_0_R:7",
-                        "mmq:Q8_0_R:0", "mmq:Q4_K_R:1", "mmq:Q4_K_R:2")
+    res = _compile_sm90("gemm:Q4_K:0", "gemm:Q4_K:1", "gemm:Q8_0_R:2", "gemm:Q6_K_R:3", "gemm:Q4_K_R:6",
+                        "gemm:Q8_0_R:7", "mmq:Q8_0_R:0", "mmq:Q4_K_R:1", "mmq:Q4_K_R:2")
     assert all(r["ok"] for r in res.values()), {s: r["error"] for s, r in res.items() if not r["ok"]}
     # the integer GEMM's products are int8 MMAs; with the weight tile first (SWAP) Hopper's warpgroup MMA
     assert all(r["int8_mma"] for s, r in res.items() if s.startswith("mmq"))
