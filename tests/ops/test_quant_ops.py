@@ -200,7 +200,7 @@ def test_prefill_gemm_compiles_for_sm90():
     """The fused GEMM, whole K and split along K (float32 partial sums), in its tilings for 64 and for 16 rows,
     and with the weight tile as the MMA's first operand, as the GPU compiler takes them."""
     res = _compile_sm90("gemm:Q4_K:0", "gemm:Q4_K:1", "gemm:Q8_0_R:2", "gemm:Q6_K_R:3", "gemm:Q4_K_R:6",
-                        "gemm:Q8_0_R:7", "mmq:Q8_0_R:0", "mmq:Q4_K_R:1", "mmq:Q4_K_R:2")
+                        "gemm:Q8_0_R:7", "mmq:Q8_0_R:0", "mmq:Q4_K_R:1", "mmq:Q4_K_R:2", "mmq:Q6_K_R:0")
     assert all(r["ok"] for r in res.values()), {s: r["error"] for s, r in res.items() if not r["ok"]}
     # the integer GEMM's products are int8 MMAs; with the weight tile first (SWAP) Hopper's warpgroup MMA
     assert all(r["int8_mma"] for s, r in res.items() if s.startswith("mmq"))
@@ -217,14 +217,14 @@ def test_every_kernel_compiles_for_sm90():
 
 
 # ------------------------------------------------------------------ the integer tensor-core GEMM (mmq.py)
-@pytest.mark.parametrize("name", ["Q8_0_R", "Q4_K_R"])
+@pytest.mark.parametrize("name", ["Q8_0_R", "Q4_K_R", "Q6_K_R"])
 def test_integer_mma_gemm(name, triton_kernels):
     """mmq.py (off by default until measured): x as int8 codes per block of 32 times the weight's int8 codes in
     an int8 ``tl.dot``. Where int8 codes hold x exactly, dequantize-then-matmul to fp32 rounding; on random x
     the same arithmetic in torch (``_int8_x_linear``) to 1e-3. Both operand orders, 16- and 32-row tiles, split
     along K, 1-17 rows, N not a multiple of the tile's rows; random bytes (every code and scale pattern)."""
     from shapeplan.runtime.backends.triton.kernels import mmq
-    n, k = 20, 768
+    n, k = 20, 1024                                   # (x's quantizer: whole programs of 16 blocks)
     g = torch.Generator().manual_seed(21)
     packed = packed_weight(name, n, k, seed=6, random_bytes=True).to(DEV)
     w = dequantize(packed, name)
@@ -251,13 +251,13 @@ def test_integer_mma_gemm_dispatch(triton_kernels, monkeypatch):
     calls = []
     monkeypatch.setattr(mmq, "mmq", lambda x, p, q, n, k: calls.append((q, x.shape[0])))
     q4 = packed_weight("Q4_K_R", 8, 256).to(DEV)
-    q6 = packed_weight("Q6_K_R", 8, 512).to(DEV)
+    q6 = packed_weight("Q6_K", 8, 512).to(DEV)                          # (the file's layout: not read)
     gguf.matmul(torch.randn(3, 256, device=DEV), q4, QTYPES["Q4_K_R"], 8, 256)
     assert calls == []                                                   # off by default
     monkeypatch.setitem(mmq.MMQ, "max_m", 64)
     for m in (1, 2, 64, 65):
         gguf.matmul(torch.randn(m, 256, device=DEV), q4, QTYPES["Q4_K_R"], 8, 256)
-    gguf.matmul(torch.randn(4, 512, device=DEV), q6, QTYPES["Q6_K_R"], 8, 512)
+    gguf.matmul(torch.randn(4, 512, device=DEV), q6, QTYPES["Q6_K"], 8, 512)
     assert calls == [("Q4_K_R", 2), ("Q4_K_R", 64)]
 
 

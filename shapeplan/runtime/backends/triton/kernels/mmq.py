@@ -1,4 +1,4 @@
-"""Integer tensor-core GEMM over Q8_0_R / Q4_K_R weights for a few rows of x (the batched engine's 2-64-row
+"""Integer tensor-core GEMM over Q8_0_R / Q4_K_R / Q6_K_R weights for a few rows of x (the batched engine's 2-64-row
 decode buckets, short prefills), after llama.cpp's MMQ; **off by default until measured on a GPU**
 (``MMQ["max_m"]`` 0, ``SHAPEPLAN_QUANT_MMQ_MAX_ROWS`` to turn it on; bench/quant_gemv.py times it as path "mmq",
 ``bash bench/gpu_all.sh quant_small_m``, and ``serve_quant_mmq`` end to end):
@@ -9,11 +9,12 @@ x is quantized first, per row, to int8 codes per block of 32 with each block's s
 quantizer of qgemv.py, whose codes the one-row kernels' XQ = 2 reads). A program owns BM rows of x, BN rows
 of W and a run of 256-element chunks; per 32-element sub-block it loads the weight's codes as int8 (Q8_0_R:
 the bytes as they are; Q4_K_R: the 32 code bytes of a sub-block pair, low nibbles the first sub-block, high
-nibbles the second, in element order) and multiplies them with x's codes in one int8 ``tl.dot`` (int32 sums,
-exact), then scales the sums: Q8_0 ``d * d_x * dot``; Q4_K ``d * sc * d_x * dot - dmin * m * Σx`` (the
-one-row kernels' algebra). No weight element is converted to a float: the per-element work of the fused GEMM
+nibbles the second, in element order; Q6_K_R: the ql nibbles and qh bit pairs joined, minus 32) and multiplies
+them with x's codes in one int8 ``tl.dot`` (int32 sums, exact), then scales the sums: Q8_0 ``d * d_x * dot``;
+Q4_K ``d * sc * d_x * dot - dmin * m * Σx`` (the one-row kernels' algebra); Q6_K ``d * sc * d_x * dot`` per
+16-element sub-block, as two dots with the other half's codes zeroed (an int8 MMA's K is 32). No weight element is converted to a float: the per-element work of the fused GEMM
 of gguf.py (byte loads, scale extraction, the affine decode, a bf16 ``tl.dot``) becomes a mask and a shift
-of 16-byte loads and the MMA's integer product. The cost is x's rounding to 8 bits: about 1 % of the output's
+of wide loads and the MMA's integer product. The cost is x's rounding to 8 bits: about 1 % of the output's
 scale against dequantize-then-matmul, as with the one-row kernels' XQ = 2 (tests: the same arithmetic in
 torch, and dequantize-then-matmul exactly where int8 codes hold x exactly); so unlike the per-row GEMVs its
 rows are not bit for bit single-stream decode's.
@@ -30,14 +31,14 @@ from shapeplan.quant.quantize import x_code_words
 from shapeplan.runtime.backends.triton.kernels import gguf
 from shapeplan.runtime.backends.triton.kernels.gguf import AVAILABLE, triton, tl
 
-#: the types it reads (constexpr Q4K)
-TYPES = ("Q8_0_R", "Q4_K_R")
+#: the types it reads -> their constexpr KIND
+TYPES = {"Q8_0_R": 0, "Q4_K_R": 1, "Q6_K_R": 2}
 #: ``gguf.matmul`` takes it from ``min_m`` to ``max_m`` rows (max_m 0: never, until measured); rows of x and of W
 #: per program, warps, pipeline stages, SWAP, programs along K (None: gguf.py's rule for its GEMM)
 MMQ = {"min_m": 2, "max_m": 0, "bm": 16, "bn": 64, "warps": 4, "stages": 3, "swap": True, "split": None}
 
 if AVAILABLE:
-    from shapeplan.runtime.backends.triton.kernels.gguf import _f16, _scale_min_k4
+    from shapeplan.runtime.backends.triton.kernels.gguf import _byte, _f16, _scale_min_k4, _signed8
 
     @triton.jit
     def _outer(a_m, b_n, SWAP: tl.constexpr):
@@ -66,11 +67,13 @@ if AVAILABLE:
 
     @triton.jit
     def _mmq_kernel(XC, XD, XS, W, Y, M, N, K, ROW_BYTES, SX, stride_ym, PER, BM: tl.constexpr, BN: tl.constexpr,
-                    Q4K: tl.constexpr, PARTIAL: tl.constexpr, SWAP: tl.constexpr):
+                    KIND: tl.constexpr, PARTIAL: tl.constexpr, SWAP: tl.constexpr):
         """y = x @ W.T from x's int8 codes ``XC`` (SX int32 words a row: codes, then XD's scales and XS's sums,
-        which point at row 0's) and W's packed rows (uint8, ROW_BYTES a row; Q8_0_R: K code bytes then the
-        blocks' d; Q4_K_R: 128 code bytes a chunk, then 16 header bytes a chunk, [d][dmin][scales x 12]).
-        Program (m, n, s): chunks s * PER .. (s + 1) * PER - 1 (PARTIAL: float32 sums [splits, M, N])."""
+        which point at row 0's) and W's packed rows (uint8, ROW_BYTES a row; KIND 0, Q8_0_R: K code bytes then
+        the blocks' d; 1, Q4_K_R: 128 code bytes a chunk, then 16 header bytes a chunk, [d][dmin][scales x 12];
+        2, Q6_K_R: 192 code bytes a chunk ([ql 128][qh 64]), then 16 int8 scales a chunk (one per 16 elements),
+        then a chunk's d). Program (m, n, s): chunks s * PER .. (s + 1) * PER - 1 (PARTIAL: float32 sums
+        [splits, M, N])."""
         pid_m, pid_n, pid_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         ms = pid_m * BM + tl.arange(0, BM)
         m_ok = ms < M
@@ -83,7 +86,7 @@ if AVAILABLE:
         acc = tl.zeros([BN, BM] if SWAP else [BM, BN], dtype=tl.float32)
         zero = tl.zeros([BN], dtype=tl.float32)
         for c in range(pid_s * PER, tl.minimum((pid_s + 1) * PER, chunks)):
-            if Q4K:
+            if KIND == 1:
                 hdr = rb + chunks * 128 + c * 16                                           # [BN] chunk headers
                 d, dmin = _f16(hdr, r_ok), _f16(hdr + 2, r_ok)
                 for p in tl.static_range(4):                # sub-blocks 2p (low nibbles) and 2p + 1 (high)
@@ -93,6 +96,17 @@ if AVAILABLE:
                         wq = ((b >> (4 * h)) & 15).to(tl.int8)
                         acc = _sub(acc, wq, xrow, XD, XS, ms, m_ok, c * 8 + 2 * p + h, SX, d * sc.to(tl.float32),
                                    dmin * mn.to(tl.float32), t, True, SWAP)
+            elif KIND == 2:                 # block j: its 32 ql nibbles and qh bit pairs, two scales (16 each)
+                d = _f16(rb + chunks * 208 + c * 2, r_ok)
+                for j in tl.static_range(8):
+                    ql = tl.load(rb[:, None] + c * 192 + (j // 4) * 64 + (j % 2) * 32 + t[None, :],
+                                 mask=r_ok[:, None], other=0)
+                    qh = tl.load(rb[:, None] + c * 192 + 128 + (j // 4) * 32 + t[None, :], mask=r_ok[:, None], other=0)
+                    q = (((ql >> (4 * ((j % 4) // 2))) & 15) | (((qh >> (2 * (j % 4))) & 3) << 4)).to(tl.int8) - 32
+                    for half in tl.static_range(2):         # a dot per 16-element sub-block: the other half zeroed
+                        sc = _signed8(_byte(rb + chunks * 192 + c * 16 + 2 * j + half, r_ok)).to(tl.float32)
+                        wq = tl.where((t[None, :] >= 16) == (half == 1), q, 0).to(tl.int8)
+                        acc = _sub(acc, wq, xrow, XD, XS, ms, m_ok, c * 8 + j, SX, d * sc, zero, t, False, SWAP)
             else:
                 for j in tl.static_range(8):
                     blk = c * 8 + j
@@ -144,7 +158,7 @@ def mmq(x: torch.Tensor, packed: torch.Tensor, qtype: str, n: int, k: int) -> to
     part = gguf._partials(y, split)
     _mmq_kernel[(triton.cdiv(m, bm), triton.cdiv(n, bn), split)](
         codes.view(torch.int8), xd, xs, packed, part, m, n, k, packed.stride(0), x_code_words(k), y.stride(0), per,
-        BM=bm, BN=bn, Q4K=qtype == "Q4_K_R", PARTIAL=split > 1, SWAP=bool(MMQ["swap"]), num_warps=MMQ["warps"],
+        BM=bm, BN=bn, KIND=TYPES[qtype], PARTIAL=split > 1, SWAP=bool(MMQ["swap"]), num_warps=MMQ["warps"],
         num_stages=MMQ["stages"])
     gguf._sum_partials(part, y, split)
     return y
