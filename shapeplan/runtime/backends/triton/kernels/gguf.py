@@ -308,6 +308,21 @@ if AVAILABLE:
         tl.store(y_ptr + (i // N) * stride_ym + i % N, acc.to(y_ptr.dtype.element_ty), mask=ok)
 
     @triton.jit
+    def _store_tile(Y, acc, ms, rows, M, N, stride_ym, pid_s, PARTIAL: tl.constexpr, SWAP: tl.constexpr):
+        """A GEMM program's output tile ``acc`` [BM, BN] of rows ``ms`` and columns ``rows`` (SWAP: [BN, BM],
+        acc[r, m] is y[m, r]) into Y, cast to its dtype; PARTIAL: float32 sums into split ``pid_s`` of
+        [splits, M, N] partials."""
+        if SWAP:
+            mi, ri = ms[None, :].to(tl.int64), rows[:, None]
+        else:
+            mi, ri = ms[:, None].to(tl.int64), rows[None, :]
+        out = (mi < M) & (ri < N)
+        if PARTIAL:
+            tl.store(Y + pid_s.to(tl.int64) * M * N + mi * N + ri, acc, mask=out)
+        else:
+            tl.store(Y + mi * stride_ym + ri, acc.to(Y.dtype.element_ty), mask=out)
+
+    @triton.jit
     def _gemm_kernel(x_ptr, w_ptr, y_ptr, M, N, K, ROW_BYTES, stride_xm, stride_ym, PER,
                      BM: tl.constexpr, BN: tl.constexpr, KIND: tl.constexpr, TS: tl.constexpr,
                      NSUB: tl.constexpr, SUBLEN: tl.constexpr, NT: tl.constexpr, IEEE: tl.constexpr,
@@ -341,15 +356,7 @@ if AVAILABLE:
                 acc += tl.dot(a, b, input_precision="ieee")
             else:
                 acc += tl.dot(a, b)
-        if SWAP:                                                    # acc[r, m] is y[m, r]
-            mi, ri = ms[None, :].to(tl.int64), rows[:, None]
-        else:
-            mi, ri = ms[:, None].to(tl.int64), rows[None, :]
-        out = (mi < M) & (ri < N)
-        if PARTIAL:
-            tl.store(y_ptr + pid_s.to(tl.int64) * M * N + mi * N + ri, acc, mask=out)
-        else:
-            tl.store(y_ptr + mi * stride_ym + ri, acc.to(y_ptr.dtype.element_ty), mask=out)
+        _store_tile(y_ptr, acc, ms, rows, M, N, stride_ym, pid_s, PARTIAL, SWAP)
 
     @triton.jit
     def _rows_kernel(w_ptr, idx_ptr, out_ptr, R, K, ROW_BYTES, stride_o, BN: tl.constexpr,

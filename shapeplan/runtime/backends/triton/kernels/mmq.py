@@ -38,7 +38,7 @@ TYPES = {"Q8_0_R": 0, "Q4_K_R": 1, "Q6_K_R": 2}
 MMQ = {"min_m": 2, "max_m": 0, "bm": 16, "bn": 64, "warps": 4, "stages": 3, "swap": True, "split": None}
 
 if AVAILABLE:
-    from shapeplan.runtime.backends.triton.kernels.gguf import _byte, _f16, _scale_min_k4, _signed8
+    from shapeplan.runtime.backends.triton.kernels.gguf import _byte, _f16, _scale_min_k4, _signed8, _store_tile
 
     @triton.jit
     def _outer(a_m, b_n, SWAP: tl.constexpr):
@@ -114,15 +114,7 @@ if AVAILABLE:
                         tl.int8, bitcast=True)
                     acc = _sub(acc, wq, xrow, XD, XS, ms, m_ok, blk, SX, _f16(rb + K + blk * 2, r_ok), zero, t,
                                False, SWAP)
-        if SWAP:                                                    # acc[r, m] is y[m, r]
-            mi, ri = ms[None, :].to(tl.int64), rows[:, None]
-        else:
-            mi, ri = ms[:, None].to(tl.int64), rows[None, :]
-        out = (mi < M) & (ri < N)
-        if PARTIAL:
-            tl.store(Y + pid_s.to(tl.int64) * M * N + mi * N + ri, acc, mask=out)
-        else:
-            tl.store(Y + mi * stride_ym + ri, acc.to(Y.dtype.element_ty), mask=out)
+        _store_tile(Y, acc, ms, rows, M, N, stride_ym, pid_s, PARTIAL, SWAP)
 
 
 def supports(x: torch.Tensor, packed: torch.Tensor, qtype: str, k: int) -> bool:
