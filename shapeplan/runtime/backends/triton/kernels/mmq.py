@@ -1,5 +1,5 @@
-"""Integer tensor-core GEMM over Q8_0_R / Q4_K_R / Q6_K_R weights for a few rows of x (the batched engine's 2-64-row
-decode buckets, short prefills), after llama.cpp's MMQ; **off by default until measured on a GPU**
+"""Integer tensor-core GEMM over Q8_0_R / Q4_K_R / Q6_K_R weights for a few rows of x (the batched engine's
+2-64-row decode buckets, short prefills), after llama.cpp's MMQ; **off by default until measured on a GPU**
 (``MMQ["max_m"]`` 0, ``SHAPEPLAN_QUANT_MMQ_MAX_ROWS`` to turn it on; bench/quant_gemv.py times it as path "mmq",
 ``bash bench/gpu_all.sh quant_small_m``, and ``serve_quant_mmq`` end to end):
 
@@ -12,12 +12,12 @@ the bytes as they are; Q4_K_R: the 32 code bytes of a sub-block pair, low nibble
 nibbles the second, in element order; Q6_K_R: the ql nibbles and qh bit pairs joined, minus 32) and multiplies
 them with x's codes in one int8 ``tl.dot`` (int32 sums, exact), then scales the sums: Q8_0 ``d * d_x * dot``;
 Q4_K ``d * sc * d_x * dot - dmin * m * Σx`` (the one-row kernels' algebra); Q6_K ``d * sc * d_x * dot`` per
-16-element sub-block, as two dots with the other half's codes zeroed (an int8 MMA's K is 32). No weight element is converted to a float: the per-element work of the fused GEMM
-of gguf.py (byte loads, scale extraction, the affine decode, a bf16 ``tl.dot``) becomes a mask and a shift
-of wide loads and the MMA's integer product. The cost is x's rounding to 8 bits: about 1 % of the output's
-scale against dequantize-then-matmul, as with the one-row kernels' XQ = 2 (tests: the same arithmetic in
-torch, and dequantize-then-matmul exactly where int8 codes hold x exactly); so unlike the per-row GEMVs its
-rows are not bit for bit single-stream decode's.
+16-element sub-block, as two dots with the other half's codes zeroed (an int8 MMA's K is 32). No weight element
+is converted to a float: the per-element work of the fused GEMM of gguf.py (byte loads, scale extraction, the
+affine decode, a bf16 ``tl.dot``) becomes a mask and a shift of wide loads and the MMA's integer product. The
+cost is x's rounding to 8 bits: about 1 % of the output's scale against dequantize-then-matmul, as with the
+one-row kernels' XQ = 2 (tests: the same arithmetic in torch, and dequantize-then-matmul exactly where int8
+codes hold x exactly); so unlike the per-row GEMVs its rows are not bit for bit single-stream decode's.
 
 SWAP (default): y.T = W @ x.T, the weight tile the MMA's first operand (BN = 64 of its rows fill Hopper's
 warpgroup MMA, where BM = 16 rows of x would not). Split along K as gguf.py's GEMM where the output tiles
@@ -101,8 +101,10 @@ if AVAILABLE:
                 for j in tl.static_range(8):
                     ql = tl.load(rb[:, None] + c * 192 + (j // 4) * 64 + (j % 2) * 32 + t[None, :],
                                  mask=r_ok[:, None], other=0)
-                    qh = tl.load(rb[:, None] + c * 192 + 128 + (j // 4) * 32 + t[None, :], mask=r_ok[:, None], other=0)
-                    q = (((ql >> (4 * ((j % 4) // 2))) & 15) | (((qh >> (2 * (j % 4))) & 3) << 4)).to(tl.int8) - 32
+                    qh = tl.load(rb[:, None] + c * 192 + 128 + (j // 4) * 32 + t[None, :], mask=r_ok[:, None],
+                                 other=0)
+                    q = (((ql >> (4 * ((j % 4) // 2))) & 15) | (((qh >> (2 * (j % 4))) & 3) << 4)).to(tl.int8)
+                    q = q - 32
                     for half in tl.static_range(2):         # a dot per 16-element sub-block: the other half zeroed
                         sc = _signed8(_byte(rb + chunks * 192 + c * 16 + 2 * j + half, r_ok)).to(tl.float32)
                         wq = tl.where((t[None, :] >= 16) == (half == 1), q, 0).to(tl.int8)
