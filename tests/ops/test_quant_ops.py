@@ -200,7 +200,8 @@ def test_prefill_gemm_compiles_for_sm90():
     """The fused GEMM, whole K and split along K (float32 partial sums), in its tilings for 64 and for 16 rows,
     and with the weight tile as the MMA's first operand, as the GPU compiler takes them."""
     res = _compile_sm90("gemm:Q4_K:0", "gemm:Q4_K:1", "gemm:Q8_0_R:2", "gemm:Q6_K_R:3", "gemm:Q4_K_R:6",
-                        "gemm:Q8_0_R:7", "mmq:Q8_0_R:0", "mmq:Q4_K_R:1", "mmq:Q4_K_R:2", "mmq:Q6_K_R:0")
+                        "gemm:Q8_0_R:7", "mmq:Q8_0_R:0", "mmq:Q4_K_R:1", "mmq:Q4_K_R:2", "mmq:Q6_K_R:0",
+                        "mmq:Q4_K_R:4", "mmq:Q6_K_R:5")
     assert all(r["ok"] for r in res.values()), {s: r["error"] for s, r in res.items() if not r["ok"]}
     # the integer GEMM's products are int8 MMAs; with the weight tile first (SWAP) Hopper's warpgroup MMA
     assert all(r["int8_mma"] for s, r in res.items() if s.startswith("mmq"))
@@ -222,13 +223,14 @@ def test_integer_mma_gemm(name, triton_kernels):
     """mmq.py (off by default until measured): x as int8 codes per block of 32 times the weight's int8 codes in
     an int8 ``tl.dot``. Where int8 codes hold x exactly, dequantize-then-matmul to fp32 rounding; on random x
     the same arithmetic in torch (``_int8_x_linear``) to 1e-3. Both operand orders, 16- and 32-row tiles, split
-    along K, 1-17 rows, N not a multiple of the tile's rows; random bytes (every code and scale pattern)."""
+    along K, 1-40 rows (17: 32-row tiles by default, 40: three 16-row tiles), N not a multiple of the tile's rows;
+    random bytes (every code and scale pattern)."""
     from shapeplan.runtime.backends.triton.kernels import mmq
     n, k = 20, 1024                                   # (x's quantizer: whole programs of 16 blocks)
     g = torch.Generator().manual_seed(21)
     packed = packed_weight(name, n, k, seed=6, random_bytes=True).to(DEV)
     w = dequantize(packed, name)
-    for m, tiling in ((1, {}), (3, {"swap": False}), (17, {"bm": 32, "bn": 16}), (5, {"split": 2})):
+    for m, tiling in ((1, {}), (3, {"swap": False}), (17, {"bn": 16}), (40, {"bm": 16, "split": 2})):
         codes = torch.randint(-127, 128, (m * k // 32, 32), generator=g).float()
         codes[:, 0] = 127 * torch.sign(torch.randn(m * k // 32, generator=g))
         scale = 2.0 ** -torch.randint(4, 9, (m * k // 32, 1), generator=g).float()
@@ -259,6 +261,7 @@ def test_integer_mma_gemm_dispatch(triton_kernels, monkeypatch):
         gguf.matmul(torch.randn(m, 256, device=DEV), q4, QTYPES["Q4_K_R"], 8, 256)
     gguf.matmul(torch.randn(4, 512, device=DEV), q6, QTYPES["Q6_K"], 8, 512)
     assert calls == [("Q4_K_R", 2), ("Q4_K_R", 64)]
+    assert [mmq.block_m(m) for m in (2, 16, 17, 33, 64)] == [16, 16, 32, 64, 64]    # one program column to 64 rows
 
 
 # ------------------------------------------------------------------ the one-row kernels (qgemv.py)

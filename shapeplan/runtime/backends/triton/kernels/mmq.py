@@ -33,9 +33,9 @@ from shapeplan.runtime.backends.triton.kernels.gguf import AVAILABLE, triton, tl
 
 #: the types it reads -> their constexpr KIND
 TYPES = {"Q8_0_R": 0, "Q4_K_R": 1, "Q6_K_R": 2}
-#: ``gguf.matmul`` takes it from ``min_m`` to ``max_m`` rows (max_m 0: never, until measured); rows of x and of W
-#: per program, warps, pipeline stages, SWAP, programs along K (None: gguf.py's rule for its GEMM)
-MMQ = {"min_m": 2, "max_m": 0, "bm": 16, "bn": 64, "warps": 4, "stages": 3, "swap": True, "split": None}
+#: ``gguf.matmul`` takes it from ``min_m`` to ``max_m`` rows (max_m 0: never, until measured); rows of x per program
+#: (None: ``block_m``'s rule), of W, warps, pipeline stages, SWAP, programs along K (None: gguf.py's rule for its GEMM)
+MMQ = {"min_m": 2, "max_m": 0, "bm": None, "bn": 64, "warps": 4, "stages": 3, "swap": True, "split": None}
 
 if AVAILABLE:
     from shapeplan.runtime.backends.triton.kernels.gguf import _byte, _f16, _scale_min_k4, _signed8, _store_tile
@@ -125,6 +125,12 @@ def supports(x: torch.Tensor, packed: torch.Tensor, qtype: str, k: int) -> bool:
             and packed.stride(1) == 1 and x.dtype in (torch.float16, torch.bfloat16, torch.float32))
 
 
+def block_m(m: int) -> int:
+    """Rows of x per program for ``m`` rows: ``MMQ["bm"]``, or the power of two from 16 (tl.dot's least) to 64 that
+    holds them, so up to 64 rows one program column reads each weight tile once."""
+    return MMQ["bm"] or min(64, max(16, triton.next_power_of_2(m)))
+
+
 def wanted(m: int) -> bool:
     """Whether ``gguf.matmul`` takes it for ``m`` rows: ``MMQ["min_m"]`` .. ``SHAPEPLAN_QUANT_MMQ_MAX_ROWS`` (default
     ``MMQ["max_m"]``)."""
@@ -144,7 +150,7 @@ def mmq(x: torch.Tensor, packed: torch.Tensor, qtype: str, n: int, k: int) -> to
     m = x.shape[0]
     codes = qgemv.x_code_buffer(k, x.device, m)
     _, xd, xs = qgemv.quantize_x(x, None, 0.0, k, out=codes)
-    bm, bn = MMQ["bm"], MMQ["bn"]
+    bm, bn = block_m(m), MMQ["bn"]
     blocks = triton.cdiv(m, bm) * triton.cdiv(n, bn)
     sms = gguf._programs_wanted(x.device)
     split, per = gguf._split_k(k // 256, blocks, 4 * sms if blocks < sms else 0, MMQ["split"])
