@@ -65,8 +65,8 @@ def compile_one(kernel: str, name: str, m: int):
     if kernel == "mmq":       # the integer tensor-core GEMM of kernels/mmq.py; m: bit 1 = split along K (float32
         # partial sums), bit 2 = the plain operand order (no SWAP), bit 4 = the tile for 64 rows (else for 8)
         from shapeplan.runtime.backends.triton.kernels import mmq
-        consts = dict(BM=mmq.block_m(64 if m & 4 else 8), BN=mmq.MMQ["bn"], KIND=mmq.TYPES[name], PARTIAL=bool(m & 1),
-                      SWAP=not m & 2)
+        consts = dict(BM=mmq.block_m(64 if m & 4 else 8), BN=mmq.MMQ["bn"], KIND=mmq.TYPES[name],
+                      PARTIAL=bool(m & 1), SWAP=not m & 2)
         sig = {"XC": "*i8", "XD": "*fp32", "XS": "*fp32", "W": "*u8", "Y": "*fp32" if m & 1 else "*bf16",
                **{a: "i32" for a in ("M", "N", "K", "ROW_BYTES", "SX", "stride_ym", "PER")},
                **{c: "constexpr" for c in consts}}
