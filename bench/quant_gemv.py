@@ -184,7 +184,8 @@ def sweep_gemm(qtypes: list[str], presets: list[str], ms: list[int], jobs: int, 
     from shapeplan.runtime.backends.triton.kernels import gguf
 
     def committed(m: int) -> tuple[int, ...]:
-        return (gguf.gemm_bm(m), *(gguf.GEMM[key] for key in ("bn", "bk", "warps", "stages")), int(gguf.GEMM["swap"]))
+        bm = gguf.gemm_bm(m)
+        return (bm, *(gguf.GEMM[key] for key in ("bn", "bk", "warps", "stages")), int(gguf.gemm_swap(bm)))
 
     if jobs > 1:
         t0 = time.perf_counter()

@@ -407,6 +407,13 @@ def _split_k(units: int, blocks: int, wanted: int, split: int | None) -> tuple[i
     return triton.cdiv(units, per), per
 
 
+def _tile_split(units: int, blocks: int, device: torch.device, split: int | None) -> tuple[int, int]:
+    """``_split_k`` for a GEMM of ``blocks`` output tiles: ``split``, or by default only where the tiles alone
+    leave SMs idle, into about 4 programs per SM."""
+    sms = _programs_wanted(device)
+    return _split_k(units, blocks, 4 * sms if blocks < sms else 0, split)
+
+
 def _partials(y: torch.Tensor, split: int) -> torch.Tensor:
     """Where a kernel of ``split`` programs along K writes: y itself, or float32 [split, M, N] partials."""
     return y if split == 1 else torch.empty(split, *y.shape, dtype=torch.float32, device=y.device)
@@ -456,9 +463,7 @@ def gemm(x: torch.Tensor, packed: torch.Tensor, q, n: int, k: int) -> torch.Tens
     bm, bn = gemm_bm(m), GEMM["bn"]
     nt = max(1, min(q.tile[0], GEMM["bk"] // q.tile[1]))         # sub-blocks per K tile (>= 16 elements)
     blocks = triton.cdiv(m, bm) * triton.cdiv(n, bn)
-    sms = _programs_wanted(x.device)
-    split, per = _split_k(triton.cdiv(k, CHUNK) * (q.tile[0] // nt), blocks, 4 * sms if blocks < sms else 0,
-                          GEMM["split"])
+    split, per = _tile_split(triton.cdiv(k, CHUNK) * (q.tile[0] // nt), blocks, x.device, GEMM["split"])
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     part = _partials(y, split)
     _gemm_kernel[(triton.cdiv(m, bm), triton.cdiv(n, bn), split)](
@@ -493,7 +498,7 @@ def matmul(x: torch.Tensor, packed: torch.Tensor, q, n: int, k: int) -> torch.Te
         x = x.contiguous()
     m = x.shape[0]
     from shapeplan.runtime.backends.triton.kernels import mmq
-    if mmq.wanted(m) and mmq.supports(x, packed, q.name, k):        # off until measured (its MMQ["max_m"])
+    if mmq.supports(x, packed, q.name, k) and mmq.wanted(m):        # off until measured (its MMQ["max_m"])
         return mmq.mmq(x, packed, q.name, n, k)
     if GEMV1:
         from shapeplan.runtime.backends.triton.kernels import qgemv

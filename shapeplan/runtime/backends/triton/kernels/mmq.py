@@ -152,8 +152,7 @@ def mmq(x: torch.Tensor, packed: torch.Tensor, qtype: str, n: int, k: int) -> to
     _, xd, xs = qgemv.quantize_x(x, None, 0.0, k, out=codes)
     bm, bn = block_m(m), MMQ["bn"]
     blocks = triton.cdiv(m, bm) * triton.cdiv(n, bn)
-    sms = gguf._programs_wanted(x.device)
-    split, per = gguf._split_k(k // 256, blocks, 4 * sms if blocks < sms else 0, MMQ["split"])
+    split, per = gguf._tile_split(k // 256, blocks, x.device, MMQ["split"])
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     part = gguf._partials(y, split)
     _mmq_kernel[(triton.cdiv(m, bm), triton.cdiv(n, bn), split)](

@@ -140,10 +140,10 @@ tensors only: it captures into the decode plan's CUDA graph.
 Programmatic dependent launch (``SHAPEPLAN_QUANT_GEMV_PDL``, Hopper+; by default (``auto``) only for matrices of
 4,096 or more outputs and inputs: measured faster there (H100, twenty-fourth session, one process, llama-8b
 Q8_0: 262.9 / 261.6 tok/s off, 275.4 / 277.9 on) and slower on llama-1b's (H200, twelfth session, llama-1b
-Q4_K_M: 1,200.4 off, 1,122.7 on)), as the bf16 GEMV has it on: the next kernel may launch at once, and each iteration waits for the kernel before
-(``gdc_wait``, a no-op once it has returned) only after its weight loads and before its first x load, so
-the first chunk's weights load while that kernel ends; the x quantizer then launches early too and
-waits before reading x.
+Q4_K_M: 1,200.4 off, 1,122.7 on)), as the bf16 GEMV has it on: the next kernel may launch at once, and each
+iteration waits for the kernel before (``gdc_wait``, a no-op once it has returned) only after its weight loads
+and before its first x load, so the first chunk's weights load while that kernel ends; the x quantizer then
+launches early too and waits before reading x.
 """
 from __future__ import annotations
 
@@ -535,8 +535,9 @@ if AVAILABLE:
     @triton.jit
     def _q4k_kernel(X, NW, XD, XS, W, R, Y, N, K, HALF, ROW_WORDS, eps, MROWS, SX, BN: tl.constexpr,
                     CH: tl.constexpr, NORM: tl.constexpr, RES: tl.constexpr, GLU: tl.constexpr,
-                    PDL: tl.constexpr = False, ASM: tl.constexpr = False, XQ: tl.constexpr = True, XB: tl.constexpr = 16,
-                    XF16: tl.constexpr = False, NB: tl.constexpr = 16, NF16: tl.constexpr = False,
+                    PDL: tl.constexpr = False, ASM: tl.constexpr = False, XQ: tl.constexpr = True,
+                    XB: tl.constexpr = 16, XF16: tl.constexpr = False, NB: tl.constexpr = 16,
+                    NF16: tl.constexpr = False,
                     STAGES: tl.constexpr = 1, PF: tl.constexpr = False, EVEN: tl.constexpr = False,
                     REPACK: tl.constexpr = False, FIVE: tl.constexpr = False):
         """Q4_K super-block (36 words): [d|dmin] [scales x 3] [qs x 32]; qs word 4 + 8p + w holds, in
@@ -667,8 +668,9 @@ if AVAILABLE:
     @triton.jit
     def _q6k_kernel(X, NW, XD, XS, W, R, Y, N, K, HALF, ROW_WORDS, eps, MROWS, SX, BN: tl.constexpr,
                     CH: tl.constexpr, NORM: tl.constexpr, RES: tl.constexpr, GLU: tl.constexpr,
-                    PDL: tl.constexpr = False, ASM: tl.constexpr = False, XQ: tl.constexpr = True, XB: tl.constexpr = 16,
-                    XF16: tl.constexpr = False, NB: tl.constexpr = 16, NF16: tl.constexpr = False,
+                    PDL: tl.constexpr = False, ASM: tl.constexpr = False, XQ: tl.constexpr = True,
+                    XB: tl.constexpr = 16, XF16: tl.constexpr = False, NB: tl.constexpr = 16,
+                    NF16: tl.constexpr = False,
                     STAGES: tl.constexpr = 1, REPACK: tl.constexpr = False):
         """Q6_K super-block (210 bytes): [ql 128][qh 64][scales int8 16][d]; two per pair of 105 words,
         the second 2 bytes off word alignment. With hg = 4h + g (h: half, g: 16-element group) and
@@ -828,8 +830,9 @@ if AVAILABLE:
     @triton.jit
     def _q80_kernel(X, NW, XD, XS, W, R, Y, N, K, HALF, ROW_WORDS, eps, MROWS, SX, BN: tl.constexpr,
                     CH: tl.constexpr, NORM: tl.constexpr, RES: tl.constexpr, GLU: tl.constexpr,
-                    PDL: tl.constexpr = False, ASM: tl.constexpr = False, XQ: tl.constexpr = True, XB: tl.constexpr = 16,
-                    XF16: tl.constexpr = False, NB: tl.constexpr = 16, NF16: tl.constexpr = False,
+                    PDL: tl.constexpr = False, ASM: tl.constexpr = False, XQ: tl.constexpr = True,
+                    XB: tl.constexpr = 16, XF16: tl.constexpr = False, NB: tl.constexpr = 16,
+                    NF16: tl.constexpr = False,
                     STAGES: tl.constexpr = 1, REPACK: tl.constexpr = False, FOUR: tl.constexpr = False,
                     IQ: tl.constexpr = 0):
         """Q8_0 blocks [d f16][32 int8], two per pair of 17 words; CH pairs per iteration. Element
