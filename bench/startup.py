@@ -166,9 +166,11 @@ def torch_bytecode_note() -> str:
     if os.path.exists(importlib.util.cache_from_source(torch.__file__)):
         return ""
     site = os.path.dirname(os.path.dirname(torch.__file__))
-    return (f"note: torch has no bytecode here (dont_write_bytecode={int(sys.flags.dont_write_bytecode)}): every "
-            f"process compiles it from source, seconds of each import; `python3 -m compileall -q -j 0 {site}` "
-            f"makes it what `pip install` leaves")
+    pyc = os.environ.get("SHAPEPLAN_PYCACHE", "auto") or "auto"
+    return (f"note: torch has no bytecode here (dont_write_bytecode={int(sys.flags.dont_write_bytecode)}): a process "
+            f"compiles it from source, seconds of each import; SHAPEPLAN_PYCACHE={pyc} (auto/on: the command's first "
+            f"run writes it under the cache root, later runs read it); `python3 -m compileall -q -j 0 {site}` makes "
+            f"it what `pip install` leaves")
 
 
 def generate_cmd(a: argparse.Namespace) -> int:

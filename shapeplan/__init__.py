@@ -3,8 +3,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from shapeplan import _gc
+from shapeplan import _bytecode, _gc
 
+_bytecode.setup()                 # a command's process: bytecode where the installation ships none (before torch)
 with _gc.startup():               # a command's process: no full collection over torch's objects (shapeplan/_gc.py)
     from shapeplan import env as _env
     from shapeplan.errors import (CacheError, CapacityError, CaptureError, ExecutionError, InjectedFault, InputError,

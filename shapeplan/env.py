@@ -157,6 +157,11 @@ SWITCHES: tuple[Switch, ...] = (
            "a `shapeplan` command's process holds Python's cyclic garbage collector off while shapeplan imports and "
            "while generate / chat build their pipeline, then freezes the objects made (gc.freeze; shapeplan/_gc.py: "
            "no full collection walks them); a program importing shapeplan keeps its collector as it was (0: off)"),
+    Switch("SHAPEPLAN_PYCACHE", "auto|on|off", "auto",
+           "a `shapeplan` command keeps Python's bytecode in <cache root>/pycache (sys.pycache_prefix) and may write "
+           "it there even under PYTHONDONTWRITEBYTECODE, so torch is compiled from source once, not in every command; "
+           "auto: only where the installed torch ships no bytecode (shapeplan/_bytecode.py); a library import and "
+           "a prefix the user set are left alone"),
     Switch("SHAPEPLAN_FAST_EXIT", "bool", True,
            "`shapeplan generate` ends with os._exit after the atexit handlers (0: the interpreter's full teardown)"),
     Switch("SHAPEPLAN_TOKENIZER_PROCESS", "auto|on|off", "auto",
