@@ -21,6 +21,13 @@ os.environ.setdefault("TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="sp-triton-"))
 from shapeplan import diagnostics  # noqa: E402
 
 
+def pytest_xdist_auto_num_workers(config):
+    """``pytest -n auto`` (the README's test command): a worker per CPU this process may use, at most 8 (each
+    worker imports torch and holds its own Triton interpreter state; past 8 they add memory, not speed)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(8, cpus))
+
+
 @pytest.fixture
 def diag():
     diagnostics.reset()
