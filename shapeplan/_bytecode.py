@@ -15,7 +15,8 @@ bytecode of its own: with a prefix Python ignores the ``__pycache__`` folders be
 a normal install it would only copy what is already there. Child processes (Triton's compile workers,
 the tokenizer helper) inherit the prefix through ``PYTHONPYCACHEPREFIX`` and read the same tree.
 
-A program that imports shapeplan as a library is left alone (where bytecode goes is the program's
+The folder is made private (0700); one that another user owns or may write is not used, since what it
+holds runs as code. A program that imports shapeplan as a library is left alone (where bytecode goes is the program's
 choice), and so is a prefix the user set (``PYTHONPYCACHEPREFIX`` / ``-X pycache_prefix``).
 This module imports the standard library and ``shapeplan.env`` only: it runs before torch.
 """
@@ -51,9 +52,12 @@ def setup(command: bool | None = None) -> str | None:
     from shapeplan.cache.paths import cache_root
     prefix = str(cache_root() / "pycache")
     try:
-        os.makedirs(prefix, exist_ok=True)
+        os.makedirs(prefix, mode=0o700, exist_ok=True)
+        st = os.stat(prefix)
     except OSError:                        # an unwritable cache root: leave Python as it was
         return None
+    if hasattr(os, "getuid") and (st.st_uid != os.getuid() or st.st_mode & 0o022):
+        return None                        # bytecode runs as code: only from a folder no one else may write
     sys.pycache_prefix = prefix
     sys.dont_write_bytecode = False
     os.environ["PYTHONPYCACHEPREFIX"] = prefix

@@ -75,6 +75,17 @@ def test_an_unwritable_cache_root_leaves_python_as_it_was(clean_prefix, monkeypa
     assert sys.pycache_prefix is None and sys.dont_write_bytecode
 
 
+@pytest.mark.skipif(not hasattr(os, "getuid"), reason="POSIX permissions")
+def test_a_folder_others_may_write_is_not_used(clean_prefix, monkeypatch):
+    monkeypatch.setenv("SHAPEPLAN_PYCACHE", "on")
+    clean_prefix.mkdir(parents=True)
+    clean_prefix.chmod(0o777)
+    assert _bytecode.setup(command=True) is None
+    assert sys.pycache_prefix is None and sys.dont_write_bytecode
+    clean_prefix.chmod(0o700)
+    assert _bytecode.setup(command=True) == str(clean_prefix)
+
+
 def test_a_command_writes_then_reads_torchs_bytecode(tmp_path):
     """Two real `python -m shapeplan` processes under PYTHONDONTWRITEBYTECODE: the first writes torch's
     bytecode into the cache root's mirror tree, the second reads it (the files are not written again)."""
