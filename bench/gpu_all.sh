@@ -93,6 +93,10 @@ step quant_e2e default 300 'python3 -m bench.quant_gemv --no-gemv --e2e llama-1b
 # dequantize to a scratch buffer + cuBLAS, at prompt-sized rows, every llama-8b and llama-1b shape (issue 19's "measure
 # and choose": auto takes the fused GEMM up to gguf.GEMM["fused_max_m"] = 128 rows, a guess until this runs); the
 # summary sums each (preset, type, M) over the shapes: fused / dequant+cuBLAS us
+# where a llama-1b quantized decode step goes (its targets: Q8_0 1,200 tok/s, Q4_K_M 1,500): the e2e rows, then each
+# model's per-kernel table (torch.profiler over 32 tokens), as bench.decode --profile prints it for bf16
+step quant_profile_1b extra 300 'python3 -m bench.quant_gemv --no-gemv --e2e llama-1b:Q8_0,llama-1b:Q4_K_M --e2e-configs triton --profile 32' \
+  'grep "Self CUDA time total" $L | paste -sd" "'
 step quant_prefill extra 480 'python3 -m bench.quant_gemv --qtypes Q4_K_R,Q6_K_R,Q8_0_R --presets llama-8b,llama-1b --m 1 --prefill-m 16,64,128,512,2048' \
   'awk '\''$6=="fused" {f[$1" "$4" M"$5]+=$8} $6=="dequant+cuBLAS" {d[$1" "$4" M"$5]+=$7} END {for (k in f) printf "%s %.0f/%.0f; ", k, f[k], d[k]}'\'' $L | cut -c1-600'
 # the fused GEMM's tiling (bm, bn, bk, warps, stages) at the 9-64-row sizes where auto takes it (twenty-fourth session):
