@@ -16,9 +16,10 @@ a normal install it would only copy what is already there. Child processes (Trit
 the tokenizer helper) inherit the prefix through ``PYTHONPYCACHEPREFIX`` and read the same tree.
 
 The folder is made private (0700); one that another user owns or may write is not used, since what it
-holds runs as code. A program that imports shapeplan as a library is left alone (where bytecode goes is the program's
-choice), and so is a prefix the user set (``PYTHONPYCACHEPREFIX`` / ``-X pycache_prefix``).
-This module imports the standard library and ``shapeplan.env`` only: it runs before torch.
+holds runs as code. A program that imports shapeplan as a library is left alone (where bytecode goes is
+the program's choice), and so is a prefix the user set (``PYTHONPYCACHEPREFIX`` / ``-X pycache_prefix``).
+This module imports the standard library and shapeplan's ``_gc``, ``env`` and ``cache.paths`` only: it
+runs before torch.
 """
 from __future__ import annotations
 
