@@ -51,7 +51,7 @@ def setup(command: bool | None = None) -> str | None:
     if mode == "off" or (mode == "auto" and ships_bytecode("torch")):
         return None
     from shapeplan.cache.paths import cache_root
-    prefix = str(cache_root() / "pycache")
+    prefix = os.path.abspath(cache_root() / "pycache")     # a relative one would follow the working directory
     try:
         os.makedirs(prefix, mode=0o700, exist_ok=True)
         st = os.stat(prefix)
