@@ -75,6 +75,13 @@ def test_an_unwritable_cache_root_leaves_python_as_it_was(clean_prefix, monkeypa
     assert sys.pycache_prefix is None and sys.dont_write_bytecode
 
 
+def test_a_relative_cache_dir_gives_an_absolute_prefix(clean_prefix, monkeypatch, tmp_path):
+    monkeypatch.setenv("SHAPEPLAN_PYCACHE", "on")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SHAPEPLAN_CACHE_DIR", "rel")
+    assert _bytecode.setup(command=True) == str(tmp_path / "rel" / "pycache")
+
+
 @pytest.mark.skipif(not hasattr(os, "getuid"), reason="POSIX permissions")
 def test_a_folder_others_may_write_is_not_used(clean_prefix, monkeypatch):
     monkeypatch.setenv("SHAPEPLAN_PYCACHE", "on")
