@@ -166,7 +166,8 @@ def torch_bytecode_note() -> str:
     if os.path.exists(importlib.util.cache_from_source(torch.__file__)):
         return ""
     site = os.path.dirname(os.path.dirname(torch.__file__))
-    pyc = os.environ.get("SHAPEPLAN_PYCACHE", "auto") or "auto"
+    from shapeplan import env
+    pyc = env.get("SHAPEPLAN_PYCACHE")
     return (f"note: torch has no bytecode here (dont_write_bytecode={int(sys.flags.dont_write_bytecode)}): a process "
             f"compiles it from source, seconds of each import; SHAPEPLAN_PYCACHE={pyc} (auto/on: the command's first "
             f"run writes it under the cache root, later runs read it); `python3 -m compileall -q -j 0 {site}` makes "

@@ -23,6 +23,15 @@ from shapeplan.quant.formats import QTYPES
 from shapeplan.runtime.backends.triton.kernels import gguf
 
 
+def _sm90(fn, sig: dict, consts: dict, options: dict, aligned=()):
+    """``fn`` compiled for sm_90 with signature ``sig`` and ``consts``; the ``aligned`` arguments (pointers, sizes)
+    specialised as 16-byte multiples, as Triton does for a packed weight's."""
+    names = list(sig)
+    attrs = {(names.index(p),): [["tt.divisibility", 16]] for p in aligned if p in names}
+    return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
+                          target=GPUTarget("cuda", 90, 32), options=options)
+
+
 def compile_one(kernel: str, name: str, m: int):
     q = QTYPES.get(name)
     meta = {} if q is None else dict(KIND=gguf.KINDS[q.kind], TS=q.type_size, NSUB=q.tile[0], SUBLEN=q.tile[1])
@@ -51,17 +60,13 @@ def compile_one(kernel: str, name: str, m: int):
         sig = {**ptrs, **{a: "i32" for a in args}, "eps": "fp32", **({"MROWS": "i32"} if rows else {}), "SX": "i32",
                **{c: "constexpr" for c in consts}}
         sig = {a: sig[a] for a in fn.arg_names}                  # in the kernel's order (MROWS may be a constant)
-        names = list(sig)
-        attrs = {(names.index(p),): [["tt.divisibility", 16]] for p in ("X", "NW", "W", "K", "ROW_WORDS")}
-        return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
-                              target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+        return _sm90(fn, sig, consts, {"num_warps": warps}, ("X", "NW", "W", "K", "ROW_WORDS"))
     if kernel == "quantx":    # XQ = 2's x quantizer (qgemv.py); m: 1 = with the norm, 2 = 1 + PDL
         from shapeplan.runtime.backends.triton.kernels import qgemv
         consts = dict(BB=qgemv.QX_BLOCKS, NORM=m >= 1, CHUNK=qgemv.QX_CHUNK, PDL=m == 2)
         sig = {"X": "*bf16", "NW": "*bf16", "XW": "*i32", "XD": "*fp32", "XS": "*fp32", "K": "i32", "eps": "fp32",
                "SXIN": "i32", "SOUT": "i32", **{c: "constexpr" for c in consts}}
-        return triton.compile(ASTSource(fn=qgemv._quant_x_kernel, signature=sig, constexprs=consts),
-                              target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "enable_fp_fusion": False})
+        return _sm90(qgemv._quant_x_kernel, sig, consts, {"num_warps": 4, "enable_fp_fusion": False})
     if kernel == "mmq":       # the integer tensor-core GEMM of kernels/mmq.py; m: bit 1 = split along K (float32
         # partial sums), bit 2 = the plain operand order (no SWAP), bit 4 = the tile for 64 rows (else for 8)
         from shapeplan.runtime.backends.triton.kernels import mmq
@@ -70,11 +75,8 @@ def compile_one(kernel: str, name: str, m: int):
         sig = {"XC": "*i8", "XD": "*fp32", "XS": "*fp32", "W": "*u8", "Y": "*fp32" if m & 1 else "*bf16",
                **{a: "i32" for a in ("M", "N", "K", "ROW_BYTES", "SX", "stride_ym", "PER")},
                **{c: "constexpr" for c in consts}}
-        names = list(sig)
-        attrs = {(names.index(p),): [["tt.divisibility", 16]] for p in ("XC", "W", "K", "ROW_BYTES", "SX")}
-        return triton.compile(ASTSource(fn=mmq._mmq_kernel, signature=sig, constexprs=consts, attrs=attrs),
-                              target=GPUTarget("cuda", 90, 32),
-                              options={"num_warps": mmq.MMQ["warps"], "num_stages": mmq.MMQ["stages"]})
+        return _sm90(mmq._mmq_kernel, sig, consts, {"num_warps": mmq.MMQ["warps"], "num_stages": mmq.MMQ["stages"]},
+                     ("XC", "W", "K", "ROW_BYTES", "SX"))
     if kernel == "dense":     # the bf16 decode GEMV of kernels/gemv.py; m: 0 plain, 1 norm + GLU, 2 residual, 3 = 1 + PDL
         from shapeplan.runtime.backends.triton.kernels import gemv as dense
         ptrs = {"X": "*bf16", "NW": "*bf16", "W": "*bf16", "R": "*bf16", "Y": "*bf16"}
@@ -82,10 +84,7 @@ def compile_one(kernel: str, name: str, m: int):
         consts = dict(BN=bn, BK=bk, NORM=m in (1, 3), RES=m == 2, GLU=m in (1, 3), EVEN_K=True, PDL=m == 3)
         sig = {**ptrs, **{a: "i32" for a in ("N", "K", "HALF", "stride_wn")}, "eps": "fp32",
                **{c: "constexpr" for c in consts}}
-        names = list(sig)
-        attrs = {(names.index(p),): [["tt.divisibility", 16]] for p in ("X", "NW", "W", "K", "stride_wn")}
-        return triton.compile(ASTSource(fn=dense._gemv_kernel, signature=sig, constexprs=consts, attrs=attrs),
-                              target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+        return _sm90(dense._gemv_kernel, sig, consts, {"num_warps": warps}, ("X", "NW", "W", "K", "stride_wn"))
     if kernel == "paged":     # the paged decode attention of kernels/paged.py as the LLM graph calls it; m: 1 = PDL
         from shapeplan.runtime.backends.triton.kernels import paged_jit
         ptrs = dict(q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", pos_ptr="*i64", len_ptr="*i64", bt_ptr="*i32",
@@ -101,9 +100,8 @@ def compile_one(kernel: str, name: str, m: int):
                       INTERLEAVED=False, HALF=d // 2, HALFP=d // 2, WRITE=name.startswith("write"), TABLE=True,
                       PDL=m == 1, MCH=tiling["MCH"], XQ_OUT="q" in name)
         sig = {**ptrs, **{a: "i32" for a in ints}, "scale": "fp32", **{c: "constexpr" for c in consts}}
-        return triton.compile(ASTSource(fn=paged_jit._paged_decode, signature=sig, constexprs=consts),
-                              target=GPUTarget("cuda", 90, 32),
-                              options={"num_warps": tiling["num_warps"], "enable_fp_fusion": False})
+        return _sm90(paged_jit._paged_decode, sig, consts,
+                     {"num_warps": tiling["num_warps"], "enable_fp_fusion": False})
     if kernel == "argmax":    # the two passes of kernels/argmax.py; m: 1 = PDL
         from shapeplan.runtime.backends.triton.kernels import argmax_jit
         if name == "partial":
@@ -116,8 +114,7 @@ def compile_one(kernel: str, name: str, m: int):
             sig = {"VAL": "*fp32", "IDX": "*i64", "NAN": "*i64", "OUT": "*i64", "NSPLIT": "i32",
                    **{c: "constexpr" for c in consts}}
             fn, warps = argmax_jit._arg_merge, 1
-        return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts),
-                              target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+        return _sm90(fn, sig, consts, {"num_warps": warps})
     if kernel == "gemv":
         fn, args = gguf._gemv_kernel, ["N", "K", "ROW_BYTES", "stride_xm", "stride_ym", "CHUNKS_PER_PROGRAM"]
         consts = dict(M=m, BM=max(2, 1 << (m - 1).bit_length()), BN=gguf.GEMV["bn"], PARTIAL=False,
@@ -137,11 +134,7 @@ def compile_one(kernel: str, name: str, m: int):
         consts, opts = dict(BN=4, HAS_IDX=True, **meta), {}
     sig = {**ptrs, **{a: "i32" for a in args}, **{c: "constexpr" for c in consts}}
     # the row stride and base pointers as Triton specialises them for a packed weight (16-byte multiples)
-    names = list(sig)
-    aligned = [p for p in ("x_ptr", "w_ptr", "idx_ptr", "K", "ROW_BYTES") if p in names]
-    attrs = {(names.index(p),): [["tt.divisibility", 16]] for p in aligned}
-    return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
-                          target=GPUTarget("cuda", 90, 32), options=opts)
+    return _sm90(fn, sig, consts, opts, ("x_ptr", "w_ptr", "idx_ptr", "K", "ROW_BYTES"))
 
 
 def main(specs: list[str]) -> int:
