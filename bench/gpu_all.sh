@@ -67,8 +67,8 @@ step serve_prefix default 240 "$SERVE --preset llama-1b --batch 64 --prompt-len 
 step serve_quant extra 300 "$SERVE --preset llama-8b --quantize Q4_K_M --batch 16 --new-tokens 128 && $SERVE --preset llama-8b --batch 16 --new-tokens 128" "$SERVE_SUM"
 # the same at 8 requests (decode buckets of up to 8 rows: the one-row kernels a program per row, twenty-fifth session)
 step serve_quant8 extra 300 "$SERVE --preset llama-8b --quantize Q4_K_M --batch 8 --new-tokens 128 && $SERVE --preset llama-8b --batch 8 --new-tokens 128" "$SERVE_SUM"
-# Q4_K_M at 8 and 16 requests with the integer tensor-core GEMM (kernels/mmq.py) on for 2-64 rows, beside it off
-step serve_quant_mmq extra 420 "for b in 8 16; do SHAPEPLAN_QUANT_MMQ_MAX_ROWS=64 $SERVE --preset llama-8b --quantize Q4_K_M --batch \$b --new-tokens 128 && $SERVE --preset llama-8b --quantize Q4_K_M --batch \$b --new-tokens 128; done" "$SERVE_SUM"
+# Q4_K_M and Q8_0 at 8 and 16 requests: the integer tensor-core GEMM (kernels/mmq.py) off (0), then as by default
+step serve_quant_mmq extra 480 "for q in Q4_K_M Q8_0; do for b in 8 16; do SHAPEPLAN_QUANT_MMQ_MAX_ROWS=0 $SERVE --preset llama-8b --quantize \$q --batch \$b --new-tokens 128 && $SERVE --preset llama-8b --quantize \$q --batch \$b --new-tokens 128; done; done" "$SERVE_SUM"
 step serve_8b extra 300 "$SERVE --preset llama-8b --batch 64 --json \$W/serve_8b.json" "$SERVE_SUM"
 step serve_sweep extra 300 "$SERVE --preset llama-1b --sweep 1,8,32,64,128 --json \$W/serve_sweep.json --plot \$O/serve_sweep.png" "$SERVE_SUM"
 # the OpenAI-compatible server in the background, then streaming HTTP clients (docs/serve.md); the plot comes back in $OUT

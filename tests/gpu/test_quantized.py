@@ -163,6 +163,7 @@ def test_batched_decode_equals_single_stream_on_cuda(ftype, tmp_path, monkeypatc
     the norm, gate and residual fused as at one row) give each prompt's single-stream tokens, in both captured
     modes."""
     from shapeplan.runtime.backends.triton.kernels import qgemv
+    monkeypatch.setenv("SHAPEPLAN_QUANT_MMQ_MAX_ROWS", "0")          # (Q8_0_R's 3-4 rows would take mmq.py: next test)
     path, _ = _tiny_gguf(tmp_path, ftype)
     rows = []
     real = qgemv.gemv1
@@ -173,6 +174,25 @@ def test_batched_decode_equals_single_stream_on_cuda(ftype, tmp_path, monkeypatc
         single = [pipe.generate(p, max_new_tokens=8).token_ids for p in prompts]
         assert [r.token_ids for r in pipe.generate_batch(prompts, 8)] == single, mode
     assert max(rows) > 1                                     # the batched steps ran the kernel on several rows
+
+
+@pytest.mark.parametrize("ftype", ["Q8_0", "Q4_K_M"])
+def test_batched_decode_through_integer_gemm_on_cuda(ftype, tmp_path, monkeypatch):
+    """Six prompts decoded together (decode bucket 8: the integer tensor-core GEMM of mmq.py, on by default for
+    its types at 5-16 rows) give each prompt's single-stream tokens in both captured modes. Its rows are not bit
+    for bit the one-row kernels' (the same int8 x, another order of float sums), so this is a check of tokens on
+    a model without near ties, as between any two batch sizes of a float model."""
+    from shapeplan.runtime.backends.triton.kernels import mmq
+    path, _ = _tiny_gguf(tmp_path, ftype)
+    rows = []
+    real = mmq.mmq
+    monkeypatch.setattr(mmq, "mmq", lambda x, *a: rows.append(x.shape[0]) or real(x, *a))
+    prompts = [PROMPT, "Hello", "0 1 2 3", "a b", "KV caching explained", "Why"]
+    for mode in ("cuda_graphs", "triton"):
+        pipe = sp.llm.GenerationPipeline.from_pretrained(path, device=DEV, mode=mode, **KW)
+        single = [pipe.generate(p, max_new_tokens=8).token_ids for p in prompts]
+        assert [r.token_ids for r in pipe.generate_batch(prompts, 8)] == single, mode
+    assert 8 in rows                                          # bucket 8's decode steps ran the integer GEMM
 
 
 @pytest.mark.parametrize("ftype", ["Q8_0", "Q4_K_M"])

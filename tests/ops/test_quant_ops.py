@@ -247,20 +247,33 @@ def test_integer_mma_gemm(name, triton_kernels):
 
 
 def test_integer_mma_gemm_dispatch(triton_kernels, monkeypatch):
-    """``gguf.matmul`` takes mmq.py only where ``MMQ`` asks (off by default: ``max_m`` 0), and only for its types."""
+    """``gguf.matmul`` takes mmq.py only where ``MMQ`` asks (by default 5-16 rows, Q8_0_R 3-16: the one-row kernels
+    keep fewer, the GEMMs 17 and up), only for its types, and ``SHAPEPLAN_QUANT_MMQ_MAX_ROWS`` moves the top (0:
+    never)."""
     gguf = triton_kernels
     from shapeplan.runtime.backends.triton.kernels import mmq
     calls = []
     monkeypatch.setattr(mmq, "mmq", lambda x, p, q, n, k: calls.append((q, x.shape[0])))
     q4 = packed_weight("Q4_K_R", 8, 256).to(DEV)
     q6 = packed_weight("Q6_K", 8, 512).to(DEV)                          # (the file's layout: not read)
-    gguf.matmul(torch.randn(3, 256, device=DEV), q4, QTYPES["Q4_K_R"], 8, 256)
-    assert calls == []                                                   # off by default
-    monkeypatch.setitem(mmq.MMQ, "max_m", 64)
-    for m in (1, 2, 64, 65):
+    monkeypatch.setattr(gguf, "GEMV1", False)                            # (rows the one-row kernels would take)
+    monkeypatch.setattr(gguf, "gemv", lambda *a: None)
+    monkeypatch.setattr(gguf, "gemm", lambda *a: None)
+    monkeypatch.setattr(gguf, "dequant_mm", lambda *a: None)
+    q8 = packed_weight("Q8_0_R", 8, 256).to(DEV)
+    for m in (4, 5, 8, 16, 17):
         gguf.matmul(torch.randn(m, 256, device=DEV), q4, QTYPES["Q4_K_R"], 8, 256)
-    gguf.matmul(torch.randn(4, 512, device=DEV), q6, QTYPES["Q6_K"], 8, 512)
-    assert calls == [("Q4_K_R", 2), ("Q4_K_R", 64)]
+    for m in (2, 3):
+        gguf.matmul(torch.randn(m, 256, device=DEV), q8, QTYPES["Q8_0_R"], 8, 256)
+    gguf.matmul(torch.randn(8, 512, device=DEV), q6, QTYPES["Q6_K"], 8, 512)
+    assert calls == [("Q4_K_R", 5), ("Q4_K_R", 8), ("Q4_K_R", 16), ("Q8_0_R", 3)]
+    calls.clear()
+    monkeypatch.setenv("SHAPEPLAN_QUANT_MMQ_MAX_ROWS", "0")
+    gguf.matmul(torch.randn(8, 256, device=DEV), q4, QTYPES["Q4_K_R"], 8, 256)
+    monkeypatch.setenv("SHAPEPLAN_QUANT_MMQ_MAX_ROWS", "64")
+    for m in (2, 64, 65):
+        gguf.matmul(torch.randn(m, 256, device=DEV), q4, QTYPES["Q4_K_R"], 8, 256)
+    assert calls == [("Q4_K_R", 64)]
     assert [mmq.block_m(m) for m in (2, 16, 17, 33, 64)] == [16, 16, 32, 64, 64]    # one program column to 64 rows
 
 

@@ -1,7 +1,10 @@
 """Integer tensor-core GEMM over Q8_0_R / Q4_K_R / Q6_K_R weights for a few rows of x (the batched engine's
-2-64-row decode buckets, short prefills), after llama.cpp's MMQ; **off by default until measured on a GPU**
-(``MMQ["max_m"]`` 0, ``SHAPEPLAN_QUANT_MMQ_MAX_ROWS`` to turn it on; bench/quant_gemv.py times it as path "mmq",
-``bash bench/gpu_all.sh quant_small_m``, and ``serve_quant_mmq`` end to end):
+small decode buckets, short prefills), after llama.cpp's MMQ. ``gguf.matmul`` takes it for 5-16 rows of x
+(Q8_0_R: 3-16), where it measured fastest (H100, twenty-seventh session: summed over llama-8b's seven shapes at
+8 rows, Q4_K_R 686 µs against 921 for the per-row one-row kernels, Q6_K_R 1,041 against 1,397, Q8_0_R 544 against
+1,676; at 32 rows the fused GEMM of gguf.py ties or wins, at 64 it wins by far): ``MMQ``'s ``min_m`` / ``max_m``,
+``SHAPEPLAN_QUANT_MMQ_MAX_ROWS`` to move the top (0: never). ``bash bench/gpu_all.sh quant_small_m`` times it
+as path "mmq", ``serve_quant_mmq`` end to end:
 
     mmq(x, packed, qtype, n, k)          x [M, K] @ W.T -> [M, N], x's dtype
 
@@ -33,9 +36,10 @@ from shapeplan.runtime.backends.triton.kernels.gguf import AVAILABLE, triton, tl
 
 #: the types it reads -> their constexpr KIND
 TYPES = {"Q8_0_R": 0, "Q4_K_R": 1, "Q6_K_R": 2}
-#: ``gguf.matmul`` takes it from ``min_m`` to ``max_m`` rows (max_m 0: never, until measured); rows of x per program
-#: (None: ``block_m``'s rule), of W, warps, pipeline stages, SWAP, programs along K (None: gguf.py's rule for its GEMM)
-MMQ = {"min_m": 2, "max_m": 0, "bm": None, "bn": 64, "warps": 4, "stages": 3, "swap": True, "split": None}
+#: ``gguf.matmul`` takes it from ``min_m`` (by type) to ``max_m`` rows; rows of x per program (None: ``block_m``'s
+#: rule), of W, warps, pipeline stages, SWAP, programs along K (None: gguf.py's rule for its GEMM)
+MMQ = {"min_m": {"Q8_0_R": 3, "Q4_K_R": 5, "Q6_K_R": 5}, "max_m": 16, "bm": None, "bn": 64, "warps": 4, "stages": 3,
+       "swap": True, "split": None}
 
 if AVAILABLE:
     from shapeplan.runtime.backends.triton.kernels.gguf import _byte, _f16, _scale_min_k4, _signed8, _store_tile
@@ -131,10 +135,11 @@ def block_m(m: int) -> int:
     return MMQ["bm"] or min(64, max(16, triton.next_power_of_2(m)))
 
 
-def wanted(m: int) -> bool:
-    """Whether ``gguf.matmul`` takes it for ``m`` rows: ``MMQ["min_m"]`` .. ``SHAPEPLAN_QUANT_MMQ_MAX_ROWS`` (default
-    ``MMQ["max_m"]``)."""
-    if m < MMQ["min_m"]:
+def wanted(m: int, qtype: str) -> bool:
+    """Whether ``gguf.matmul`` takes it for ``m`` rows of a ``qtype`` weight: ``MMQ["min_m"][qtype]`` ..
+    ``SHAPEPLAN_QUANT_MMQ_MAX_ROWS`` (default ``MMQ["max_m"]``). Below, the one-row kernels' programs per row
+    (each row bit for bit its single-stream result) are faster."""
+    if m < MMQ["min_m"][qtype]:
         return False
     from shapeplan import env
     top = env.get("SHAPEPLAN_QUANT_MMQ_MAX_ROWS")
