@@ -9,6 +9,7 @@ weight-bandwidth floor, weight memory vs the file's tensor bytes).
     python3 -m bench.quant_gemv --sweep --qtypes Q4_K,Q8_0         # + GEMV tuning (bn, warps, unroll)
     python3 -m bench.quant_gemv --sweep1 --no-gemv                  # one-row Q4_K/Q5_K/Q6_K/Q8_0/Q4_0/IQ4 kernel tuning
     python3 -m bench.quant_gemv --no-gemv --gemm-sweep 16,64 --qtypes Q4_K_R,Q8_0_R   # the fused prefill GEMM's tiling
+    python3 -m bench.quant_gemv --no-gemv --mmq-sweep 8,16 --qtypes Q4_K_R,Q6_K_R,Q8_0_R   # the integer GEMM's tiling
     python3 -m bench.quant_gemv --e2e llama-1b:Q4_K_M,llama-1b:Q8_0,llama-8b:Q4_K_M --no-gemv
     python3 -m bench.quant_gemv --no-gemv --sweep1 --shapes head --e2e llama-1b:Q4_K_M   # e2e with the swept tiles
     python3 -m bench.quant_gemv --no-gemv --sweep1 --stages 1,2,3 --qtypes Q4_K,Q6_K,Q8_0   # the K loop pipelined
@@ -238,6 +239,95 @@ def sweep_gemm(qtypes: list[str], presets: list[str], ms: list[int], jobs: int, 
             full = max(v["cases"] for v in rows.values())       # a tiling that failed somewhere is not ranked
             ranked = sorted((v["us"], t) for t, v in rows.items() if v["cases"] == full)
             print(f"\n# M={m}, {group}: tilings by their time summed over the shapes (committed {now}):")
+            for us, tiles in ranked[:5] + [r for r in ranked[5:] if r[1] == now][:1]:
+                print(f"    {tiles}  {us:9.1f} us" + ("  (committed)" if tiles == now else ""))
+
+
+MMQ_CONFIGS = [(bn, warps, stages, split) for bn in (32, 64, 128) for warps in (4, 8) for stages in (2, 3, 4)
+               for split in (None, 1)]
+
+
+def _mmq_keys(tiles: tuple) -> dict:
+    return dict(zip(("bn", "warps", "stages", "split"), tiles))
+
+
+def _precompile_mmq(task: tuple) -> int:
+    """Child process of ``sweep_mmq``: compile one type's integer GEMM in each tiling, whole and split along K."""
+    name, configs = task
+    from shapeplan.runtime.backends.triton.kernels import mmq
+    n, k = 256, 2048
+    w, x, done = packed(name, n, k), torch.randn(8, k, device="cuda", dtype=torch.bfloat16), 0
+    for tiles in configs:
+        for split in (1, 2):
+            try:
+                with mock.patch.dict(mmq.MMQ, {**_mmq_keys(tiles), "split": split}):
+                    mmq.mmq(x, w, name, n, k)
+                done += 1
+            except Exception:  # noqa: BLE001 - reported by the timing loop
+                pass
+    torch.cuda.synchronize()
+    return done
+
+
+def sweep_mmq(qtypes: list[str], presets: list[str], ms: list[int], jobs: int, labels: list[str] | None = None,
+              top: int = 3) -> None:
+    """Every tiling of ``MMQ_CONFIGS`` of the integer tensor-core GEMM (mmq.py: bn, warps, stages, split along K:
+    None = its rule, 1 = never) on each shape at each of ``ms`` rows, beside the committed tiling, the one-row
+    kernels' per-row programs (up to 8 rows) or the fused GEMM (above) and bf16 cuBLAS; then, per row count and
+    type, the tilings ranked by their time summed over the shapes (the candidates for ``mmq.MMQ``)."""
+    import multiprocessing as mp
+    from shapeplan.quant.formats import QTYPES
+    from shapeplan.runtime.backends.triton.kernels import gguf, mmq
+    now = tuple(mmq.MMQ[key] for key in ("bn", "warps", "stages", "split"))
+    configs = MMQ_CONFIGS + ([] if now in MMQ_CONFIGS else [now])
+    if jobs > 1:
+        t0 = time.perf_counter()
+        with mp.get_context("spawn").Pool(jobs) as pool:
+            done = pool.map(_precompile_mmq, [(name, [c]) for name in qtypes for c in configs], chunksize=1)
+        print(f"# compiled {sum(done)} mmq variants in {time.perf_counter() - t0:.0f} s ({jobs} processes)", flush=True)
+    sums: dict[tuple, dict] = {}
+    for preset in presets:
+        for n, k, label in SHAPES[preset]:
+            if labels and label not in labels and f"{preset}:{label}" not in labels:
+                continue
+            wb = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
+            for name in qtypes:
+                p = packed(name, n, k)
+                for m in ms:
+                    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+                    with mock.patch.dict(os.environ, {"SHAPEPLAN_QUANT_MMQ_MAX_ROWS": "0"}):
+                        other = graph_time(lambda: gguf.matmul(x, p, QTYPES[name], n, k), reps=5, rounds=3)
+                    bf16 = graph_time(lambda: x @ wb.t(), reps=5, rounds=3)
+                    results = []
+                    for tiles in configs:
+                        try:
+                            with mock.patch.dict(mmq.MMQ, _mmq_keys(tiles)):
+                                us = graph_time(lambda: mmq.mmq(x, p, name, n, k), reps=5, rounds=3)
+                            results.append((us, tiles))
+                        except Exception as e:  # noqa: BLE001 - e.g. out of shared memory: skip the tiling
+                            print(f"    {tiles}: {type(e).__name__}: {str(e)[:80]}")
+                    results.sort(key=lambda r: r[0])
+                    cur = next((us for us, t in results if t == now), float("nan"))
+                    print(f"{preset:<9} {label:<8} {f'{n}x{k}':>14} {name:<7} M={m:<4} without mmq {other:8.1f} us | "
+                          f"committed {now} {cur:8.1f} us | bf16 cuBLAS {bf16:8.1f} us", flush=True)
+                    for us, tiles in results[:top]:
+                        print(f"    bn={tiles[0]:<4} warps={tiles[1]} stages={tiles[2]} split={tiles[3]} {us:8.1f} us")
+                    for us, tiles in results:
+                        for group in ("all types", name):
+                            row = sums.setdefault((m, group, tiles), {"us": 0.0, "cases": 0})
+                            row["us"] += us
+                            row["cases"] += 1
+                del p
+            del wb
+            torch.cuda.empty_cache()
+    for m in ms:
+        for group in ("all types", *qtypes):
+            rows = {t: v for (mm, g, t), v in sums.items() if mm == m and g == group}
+            if not rows:
+                continue
+            full = max(v["cases"] for v in rows.values())
+            ranked = sorted(((v["us"], t) for t, v in rows.items() if v["cases"] == full), key=lambda r: r[0])
+            print(f"\n# M={m}, {group}: mmq tilings by their time summed over the shapes (committed {now}):")
             for us, tiles in ranked[:5] + [r for r in ranked[5:] if r[1] == now][:1]:
                 print(f"    {tiles}  {us:9.1f} us" + ("  (committed)" if tiles == now else ""))
 
@@ -506,6 +596,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gemm-sweep", default="", metavar="M,...",
                     help="sweep the fused prefill GEMM's tiling (gguf.GEMM: bm, bn, bk, warps, stages, swap) at these rows on "
                     "each shape (--shapes narrows it), against the committed tiling and dequantize + cuBLAS")
+    ap.add_argument("--mmq-sweep", default="", metavar="M,...",
+                    help="sweep the integer tensor-core GEMM's tiling (mmq.MMQ: bn, warps, stages, split) at these rows "
+                    "on each shape (--shapes narrows it), against the committed tiling and the path without it")
     ap.add_argument("--no-gemv", action="store_true", help="skip the kernel table")
     ap.add_argument("--e2e", default="", help="PRESET:FILETYPE,... end-to-end decode (e.g. llama-1b:Q4_K_M)")
     ap.add_argument("--e2e-configs", default="triton,cuda_graphs", help="modes of the --e2e rows")
@@ -547,6 +640,9 @@ def main(argv: list[str] | None = None) -> int:
     if a.gemm_sweep:
         sweep_gemm(a.qtypes.split(","), a.presets.split(","), ints(a.gemm_sweep), a.jobs,
                    [s for s in a.shapes.split(",") if s], a.top)
+    if a.mmq_sweep:
+        sweep_mmq(a.qtypes.split(","), a.presets.split(","), ints(a.mmq_sweep), a.jobs,
+                  [s for s in a.shapes.split(",") if s], a.top)
     if a.e2e:
         ab = ("SHAPEPLAN_QUANT_GEMV_PDL", ["off", "on"], a.pdl_ab) if a.pdl_ab else None
         if a.switch_ab:
