@@ -257,9 +257,18 @@ def read_weights(f: GGUFFile, cfg: LlamaConfig, *, device: str | torch.device = 
             out[hf] = QuantWeight(packed, t.qtype, t.shape)
         else:
             out[hf] = (_unpermute(t, heads) if heads else t).to(device)
+    return device_layout(cfg, out, device)
+
+
+def device_layout(cfg, weights: dict, device: str | torch.device) -> dict:
+    """``weights`` (float tensors and ``QuantWeight`` s) as a GGUF load leaves them on ``device``: off the CPU the
+    packed matrices in one arena, in our layouts where ``SHAPEPLAN_QUANT_REPACK`` is on (module doc); on the CPU
+    as they are. ``shapeplan bench --quantize`` passes its in-memory quantization through it, so that it times
+    what a loaded file runs."""
     if torch.device(device).type == "cpu":
-        return out
-    return {**out, **_arena({hf: w for hf, w in out.items() if isinstance(w, QuantWeight)}, fused_groups(cfg), device)}
+        return weights
+    quant = {hf: w for hf, w in weights.items() if isinstance(w, QuantWeight)}
+    return {**weights, **_arena(quant, fused_groups(cfg), device)}
 
 
 #: start of each packed matrix in the arena (bytes) that does not continue a stacked group

@@ -77,12 +77,16 @@ def load_model(preset: str | None, model: str | None, device: str, dtype: str | 
 
 def quantized(cfg: LlamaConfig, weights: dict, spec: str | None) -> dict:
     """A copy of ``weights`` quantized as ``spec`` (``recipes.tensor_types``: int8, int4, Q4_K_M, Q8_0,
-    ...), made on the weights' device, the way ``shapeplan quantize`` quantizes; ``weights`` itself is
-    kept (the PyTorch baselines read it)."""
+    ...), made on the weights' device, the way ``shapeplan quantize`` quantizes, and laid out there as a GGUF
+    load lays out the file (on a GPU: one arena, our repacked layouts); ``weights`` itself is kept (the PyTorch
+    baselines read it)."""
     if not spec:
         return weights
+    from shapeplan.importers.gguf import device_layout
     from shapeplan.quant.recipes import quantize_weights
-    return quantize_weights(cfg, dict(weights), spec)
+    q = quantize_weights(cfg, dict(weights), spec)
+    dev = next(iter(weights.values())).device
+    return device_layout(cfg, q, dev)                # the arena and layouts of a loaded GGUF file
 
 
 H200_COPY_BANDWIDTH = 4.23e12   # bytes/s: the H200's measured device-to-device copy, read + write counted (GPU_NOTES.md)

@@ -19,7 +19,10 @@ Kernels: on CUDA tensors the Triton kernels of shapeplan/runtime/backends/triton
 for M <= 8 rows, prefill GEMM, row dequantization), which capture into the decode plan's CUDA graph;
 up to 8 rows of Q4_K / Q5_K / Q6_K / Q8_0 / Q4_0 / IQ4 run qgemv.py's one-row kernel (a program per row, each
 row's result that of a one-row call), which also does the fused ops' norm prologue and gate / residual epilogue
-(other types and rows: the norm, QuantMatMul and the gate or add, unfused).
+(other types and rows: the norm, QuantMatMul and the gate or add, unfused). A decode step's 5-16 rows (x [B, 1,
+K]; Q8_0_R 3-16) of a Q8_0_R / Q4_K_R / Q6_K_R matrix whose one-row kernel reads x as int8 codes run mmq.py's
+integer tensor-core GEMM instead (the norm where it quantizes x, then the gate or add); each row agrees with its
+single stream to float rounding.
 Elsewhere, the torch reference: dequantize the weight per call (the fused ops: the unfused ops' kernels
 in sequence, so their values are bit for bit those of the unfused graph) (shapeplan/quant/dequant.py, equal to
 gguf-py's dequantization) and multiply in x's dtype, so memory stays packed everywhere and CPU runs
@@ -87,6 +90,9 @@ def quant_matmul(x, packed, *, qtype: str, n: int, k: int):
     kern = _triton(x)
     if kern is not None:
         try:
+            mm = _mmq_kernel(x, packed, qtype, n, k)
+            if mm is not None:
+                return mm.mmq(x2, packed, qtype, n, k).reshape(*lead, n)
             return kern.matmul(x2, packed, QTYPES[qtype], n, k).reshape(*lead, n)
         except Exception as e:  # noqa: BLE001 - e.g. an unsupported GPU: fall back, visibly
             _fallback(e, "QuantMatMul")
@@ -147,6 +153,19 @@ def _fused_kernel(x2: torch.Tensor, packed: torch.Tensor, qtype: str, k: int):
     return qgemv if qgemv.supports(x2, packed, qtype, k) else None
 
 
+def _mmq_kernel(x: torch.Tensor, packed: torch.Tensor, qtype: str, n: int, k: int, glu: bool = False):
+    """mmq.py (the integer tensor-core GEMM) where it takes x's rows of this weight, else None: the rows of a
+    decode step (x [B, 1, K], one token of each of B sequences; never a prefill's, so that a prompt's logits do not
+    depend on the prompts packed into its call) where ``mmq.wanted``: 5-16 rows (Q8_0_R 3-16) of a matrix whose
+    one-row kernel reads x as int8 codes (then each row agrees with its single stream to float rounding)."""
+    if x.dim() < 3 or x.shape[-2] != 1 or _triton(x) is None:
+        return None
+    from shapeplan.runtime.backends.triton.kernels import mmq
+    m = x.numel() // k
+    ok = m > 1 and mmq.wanted(m, qtype, n // 2 if glu else n, k) and mmq.supports(x.reshape(m, k), packed, qtype, k)
+    return mmq if ok else None
+
+
 def _qnorm_shape(node):
     x, packed = node.inputs[0], node.inputs[2]
     n, k = int(node.attrs["n"]), int(node.attrs["k"])
@@ -172,6 +191,13 @@ def quant_rms_norm_matmul(x, scale, packed, *, qtype: str, n: int, k: int, epsil
     lead = x.shape[:-1]
     x2 = x.reshape(-1, k)                                                   # [M, K]
     glu = activation == "silu_mul"
+    mm = _mmq_kernel(x, packed, qtype, n, k, glu)
+    if mm is not None:
+        try:                                     # the norm where mmq quantizes x; the gate after
+            y = mm.mmq(x2, packed, qtype, n, k, norm_w=scale, eps=float(epsilon))
+            return _silu_mul(y, x2).reshape(*lead, n // 2) if glu else y.reshape(*lead, n)
+        except Exception as e:  # noqa: BLE001
+            _fallback(e, "QuantRMSNormMatMul")
     kern = _fused_kernel(x2, packed, qtype, k)
     if kern is not None:
         try:
@@ -186,9 +212,16 @@ def quant_rms_norm_matmul(x, scale, packed, *, qtype: str, n: int, k: int, epsil
         xn = _rms_norm(x2, scale, -1, float(epsilon), 1, "QuantRMSNormMatMul")
     y = quant_matmul(xn, packed, qtype=qtype, n=n, k=k)                    # [M, N]
     if glu:
-        gate, up = y.chunk(2, dim=-1)
-        y = rows.silu_mul(gate, up) if rows is not None else torch.nn.functional.silu(gate) * up
+        y = _silu_mul(y, x2)
     return y.reshape(*lead, y.shape[-1])
+
+
+def _silu_mul(y: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
+    """SiLU(gate) * up of y's halves: the rows kernel where it runs on x2's device, else torch."""
+    from shapeplan.ops.fused_linear import _rows_kernels
+    rows = _rows_kernels(x2)
+    gate, up = y.chunk(2, dim=-1)
+    return rows.silu_mul(gate, up) if rows is not None else torch.nn.functional.silu(gate) * up
 
 
 def _qadd_shape(node):
@@ -219,6 +252,12 @@ def quant_matmul_add(a, packed, residual, x_codes=None, *, qtype: str, n: int, k
     quantizing ``a`` itself; every other kernel reads ``a``."""
     a2 = a.reshape(-1, k)
     r2 = residual.reshape(-1, n)
+    mm = _mmq_kernel(a, packed, qtype, n, k)
+    if mm is not None:
+        try:
+            return (residual + mm.mmq(a2, packed, qtype, n, k).reshape(*a.shape[:-1], n)).reshape(residual.shape)
+        except Exception as e:  # noqa: BLE001
+            _fallback(e, "QuantMatMulAdd")
     kern = _fused_kernel(a2, packed, qtype, k) if r2.shape[0] == a2.shape[0] and r2.dtype == a2.dtype else None
     if kern is not None:
         try:

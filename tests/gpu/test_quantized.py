@@ -163,7 +163,7 @@ def test_batched_decode_equals_single_stream_on_cuda(ftype, tmp_path, monkeypatc
     the norm, gate and residual fused as at one row) give each prompt's single-stream tokens, in both captured
     modes."""
     from shapeplan.runtime.backends.triton.kernels import qgemv
-    monkeypatch.setenv("SHAPEPLAN_QUANT_MMQ_MAX_ROWS", "0")          # (Q8_0_R's 3-4 rows would take mmq.py: next test)
+    monkeypatch.setenv("SHAPEPLAN_QUANT_MMQ_MAX_ROWS", "0")          # bit for bit: the integer GEMM off (next test)
     path, _ = _tiny_gguf(tmp_path, ftype)
     rows = []
     real = qgemv.gemv1
@@ -178,21 +178,22 @@ def test_batched_decode_equals_single_stream_on_cuda(ftype, tmp_path, monkeypatc
 
 @pytest.mark.parametrize("ftype", ["Q8_0", "Q4_K_M"])
 def test_batched_decode_through_integer_gemm_on_cuda(ftype, tmp_path, monkeypatch):
-    """Six prompts decoded together (decode bucket 8: the integer tensor-core GEMM of mmq.py, on by default for
-    its types at 5-16 rows) give each prompt's single-stream tokens in both captured modes. Its rows are not bit
-    for bit the one-row kernels' (the same int8 x, another order of float sums), so this is a check of tokens on
-    a model without near ties, as between any two batch sizes of a float model."""
-    from shapeplan.runtime.backends.triton.kernels import mmq
+    """Six prompts decoded together (decode bucket 8) with int8-x tiles everywhere: the decode steps' matrices run
+    the integer tensor-core GEMM of mmq.py (the same codes of x as each prompt's single stream, another order of
+    float sums) and each prompt gets its single-stream tokens, in both captured modes. Prefill never takes it."""
+    from shapeplan.runtime.backends.triton.kernels import mmq, qgemv
+    monkeypatch.setattr(qgemv, "DEFAULT", {q: (*t[:3], 2) for q, t in qgemv.DEFAULT.items()})
     path, _ = _tiny_gguf(tmp_path, ftype)
     rows = []
     real = mmq.mmq
-    monkeypatch.setattr(mmq, "mmq", lambda x, *a: rows.append(x.shape[0]) or real(x, *a))
+    monkeypatch.setattr(mmq, "mmq", lambda x, *a, **kw: rows.append(x.shape[0]) or real(x, *a, **kw))
     prompts = [PROMPT, "Hello", "0 1 2 3", "a b", "KV caching explained", "Why"]
     for mode in ("cuda_graphs", "triton"):
         pipe = sp.llm.GenerationPipeline.from_pretrained(path, device=DEV, mode=mode, **KW)
         single = [pipe.generate(p, max_new_tokens=8).token_ids for p in prompts]
         assert [r.token_ids for r in pipe.generate_batch(prompts, 8)] == single, mode
-    assert 8 in rows                                          # bucket 8's decode steps ran the integer GEMM
+        assert set(rows) == {8}, rows                         # bucket 8's decode steps (no prefill, no bucket 1)
+        rows.clear()
 
 
 @pytest.mark.parametrize("ftype", ["Q8_0", "Q4_K_M"])

@@ -220,7 +220,7 @@ def test_every_kernel_compiles_for_sm90():
 # ------------------------------------------------------------------ the integer tensor-core GEMM (mmq.py)
 @pytest.mark.parametrize("name", ["Q8_0_R", "Q4_K_R", "Q6_K_R"])
 def test_integer_mma_gemm(name, triton_kernels):
-    """mmq.py (off by default until measured): x as int8 codes per block of 32 times the weight's int8 codes in
+    """mmq.py: x as int8 codes per block of 32 times the weight's int8 codes in
     an int8 ``tl.dot``. Where int8 codes hold x exactly, dequantize-then-matmul to fp32 rounding; on random x
     the same arithmetic in torch (``_int8_x_linear``) to 1e-3. Both operand orders, 16- and 32-row tiles, split
     along K, 1-40 rows (17: 32-row tiles by default, 40: three 16-row tiles), N not a multiple of the tile's rows;
@@ -247,32 +247,39 @@ def test_integer_mma_gemm(name, triton_kernels):
 
 
 def test_integer_mma_gemm_dispatch(triton_kernels, monkeypatch):
-    """``gguf.matmul`` takes mmq.py only where ``MMQ`` asks (by default 5-16 rows, Q8_0_R 3-16: the one-row kernels
-    keep fewer, the GEMMs 17 and up), only for its types, and ``SHAPEPLAN_QUANT_MMQ_MAX_ROWS`` moves the top (0:
-    never)."""
+    """The quantized ops take mmq.py only where ``mmq.wanted`` asks, for a decode step's rows (x [B, 1, K]; never a
+    prefill's [1, S, K]): by default 5-16 rows (Q8_0_R 3-16; the one-row kernels keep fewer, the GEMMs 17 and up),
+    only for its types, only for a matrix whose one-row kernel reads x as int8 codes (``qgemv.config``'s XQ 2 / 3),
+    and ``SHAPEPLAN_QUANT_MMQ_MAX_ROWS`` moves the top (0: never)."""
     gguf = triton_kernels
-    from shapeplan.runtime.backends.triton.kernels import mmq
+    from shapeplan.runtime.backends.triton.kernels import mmq, qgemv
     calls = []
-    monkeypatch.setattr(mmq, "mmq", lambda x, p, q, n, k: calls.append((q, x.shape[0])))
-    q4 = packed_weight("Q4_K_R", 8, 256).to(DEV)
-    q6 = packed_weight("Q6_K", 8, 512).to(DEV)                          # (the file's layout: not read)
-    monkeypatch.setattr(gguf, "GEMV1", False)                            # (rows the one-row kernels would take)
-    monkeypatch.setattr(gguf, "gemv", lambda *a: None)
-    monkeypatch.setattr(gguf, "gemm", lambda *a: None)
-    monkeypatch.setattr(gguf, "dequant_mm", lambda *a: None)
-    q8 = packed_weight("Q8_0_R", 8, 256).to(DEV)
-    for m in (4, 5, 8, 16, 17):
-        gguf.matmul(torch.randn(m, 256, device=DEV), q4, QTYPES["Q4_K_R"], 8, 256)
-    for m in (2, 3):
-        gguf.matmul(torch.randn(m, 256, device=DEV), q8, QTYPES["Q8_0_R"], 8, 256)
-    gguf.matmul(torch.randn(8, 512, device=DEV), q6, QTYPES["Q6_K"], 8, 512)
+    monkeypatch.setattr(mmq, "mmq", lambda x, p, q, n, k: calls.append((q, x.shape[0])) or torch.zeros(x.shape[0], n))
+    xq = {"mode": 2}
+    monkeypatch.setattr(qgemv, "config", lambda q, n, k: (1, 1, 1, xq["mode"]))
+    monkeypatch.setattr(gguf, "matmul", lambda x, p, q, n, k: torch.zeros(x.shape[0], n))
+    weights = {name: packed_weight(name, 8, k).to(DEV) for name, k in (("Q4_K_R", 256), ("Q8_0_R", 256), ("Q6_K", 512))}
+
+    def run(name, b, s=1):
+        k = 512 if name == "Q6_K" else 256
+        qops.quant_matmul(torch.randn(b, s, k, device=DEV), weights[name], qtype=name, n=8, k=k)
+
+    for b in (4, 5, 8, 16, 17):
+        run("Q4_K_R", b)
+    for b in (2, 3):
+        run("Q8_0_R", b)
+    run("Q6_K", 8)                                                       # (the file's layout: not read)
+    run("Q4_K_R", 1, 8)                                                  # a prefill's 8 rows
     assert calls == [("Q4_K_R", 5), ("Q4_K_R", 8), ("Q4_K_R", 16), ("Q8_0_R", 3)]
     calls.clear()
+    xq["mode"] = 1                                                       # the single stream reads float x here
+    run("Q4_K_R", 8)
+    xq["mode"] = 3
     monkeypatch.setenv("SHAPEPLAN_QUANT_MMQ_MAX_ROWS", "0")
-    gguf.matmul(torch.randn(8, 256, device=DEV), q4, QTYPES["Q4_K_R"], 8, 256)
+    run("Q4_K_R", 8)
     monkeypatch.setenv("SHAPEPLAN_QUANT_MMQ_MAX_ROWS", "64")
-    for m in (2, 64, 65):
-        gguf.matmul(torch.randn(m, 256, device=DEV), q4, QTYPES["Q4_K_R"], 8, 256)
+    for b in (2, 64, 65):
+        run("Q4_K_R", b)
     assert calls == [("Q4_K_R", 64)]
     assert [mmq.block_m(m) for m in (2, 16, 17, 33, 64)] == [16, 16, 32, 64, 64]    # one program column to 64 rows
 
@@ -570,6 +577,40 @@ def test_fused_quant_ops_through_the_kernels(name, triton_kernels):
         for a, b in zip(got, want):
             assert a.shape == b.shape
             _close(a, b)
+
+
+@pytest.mark.parametrize("name", ["Q8_0_R", "Q4_K_R", "Q6_K_R"])
+def test_fused_quant_ops_rows_through_integer_gemm(name, triton_kernels, monkeypatch):
+    """A decode step's 8 rows of QuantRMSNormMatMul (norm + GLU) / QuantMatMulAdd where the one-row kernel reads x as int8 codes
+    (tiles with XQ = 2) run mmq.py (the norm where x is quantized, then the gate / the add), and each row agrees
+    with that row's one-row call to float32 rounding: the same codes of x, only the order of the sums differs
+    (what batched decode on these buckets promises against single-stream decode)."""
+    from shapeplan.runtime.backends.triton.kernels import mmq, qgemv
+    tiles = qgemv.DEFAULT_LARGE[qgemv.tiles_type(name)]
+    assert tiles[3] == 2
+    monkeypatch.setattr(qgemv, "config", lambda q, n, k: tiles)
+    rows = []
+    real = mmq.mmq
+    monkeypatch.setattr(mmq, "mmq", lambda x, *a, **kw: rows.append(x.shape[0]) or real(x, *a, **kw))
+    n, k = 32, 1024
+    g = torch.Generator().manual_seed(9)
+    packed = packed_weight(name, n, k).to(DEV)
+    s = (torch.rand(k, generator=g) + 0.5).to(DEV)
+    x = torch.randn(8, 1, k, generator=g).to(DEV)                       # a decode step's 8 rows
+    r = torch.randn(8, 1, n, generator=g).to(DEV)
+    norm = qops.quant_rms_norm_matmul(x, s, packed, qtype=name, n=n, k=k, activation="silu_mul")
+    add = qops.quant_matmul_add(x, packed, r, qtype=name, n=n, k=k)
+    assert rows == [8, 8]
+    qops.quant_matmul_add(x.reshape(1, 8, k), packed, r.reshape(1, 8, n), qtype=name, n=n, k=k)
+    assert rows == [8, 8]                                                # a prefill's 8 rows: the one-row kernels
+    for i in range(8):
+        _close(norm[i:i + 1], qops.quant_rms_norm_matmul(x[i:i + 1], s, packed, qtype=name, n=n, k=k,
+                                                          activation="silu_mul"))
+        _close(add[i:i + 1], qops.quant_matmul_add(x[i:i + 1], packed, r[i:i + 1], qtype=name, n=n, k=k))
+    assert rows == [8, 8]                                                # the single rows: the one-row kernel
+    monkeypatch.setenv("SHAPEPLAN_QUANT_MMQ_MAX_ROWS", "0")              # off: the one-row kernels, bit for bit
+    assert torch.equal(qops.quant_matmul_add(x, packed, r, qtype=name, n=n, k=k)[2:3],
+                       qops.quant_matmul_add(x[2:3], packed, r[2:3], qtype=name, n=n, k=k))
 
 
 #: the file layouts' kernels, compiled in every variant; the others (our layouts, Q5_K, Q4_0) share their code

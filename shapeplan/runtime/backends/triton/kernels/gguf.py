@@ -492,14 +492,11 @@ def dequantize_rows(packed: torch.Tensor, q, k: int, dtype: torch.dtype, idx: to
 def matmul(x: torch.Tensor, packed: torch.Tensor, q, n: int, k: int) -> torch.Tensor:
     """x [M, K] @ W.T -> [M, N]: up to 8 rows of Q4_K / Q5_K / Q6_K / Q8_0 / Q4_0 / IQ4: the one-row kernel of
     qgemv.py (a program per row and block of outputs); other types the GEMV for M <= 8; above, the fused GEMM
-    or dequantize + cuBLAS (``GEMM["path"]``). Where ``mmq.wanted`` (5-16 rows; Q8_0_R 3-16), Q8_0_R / Q4_K_R /
-    Q6_K_R take the integer tensor-core GEMM of mmq.py first."""
+    or dequantize + cuBLAS (``GEMM["path"]``). (A decode step's 3-16 rows of Q8_0_R / Q4_K_R / Q6_K_R: the integer
+    tensor-core GEMM of mmq.py, which shapeplan/ops/quantized.py calls.)"""
     if x.stride(-1) != 1:
         x = x.contiguous()
     m = x.shape[0]
-    from shapeplan.runtime.backends.triton.kernels import mmq
-    if mmq.supports(x, packed, q.name, k) and mmq.wanted(m, q.name):
-        return mmq.mmq(x, packed, q.name, n, k)
     if GEMV1:
         from shapeplan.runtime.backends.triton.kernels import qgemv
         if qgemv.supports(x, packed, q.name, k):

@@ -1,10 +1,11 @@
 """Integer tensor-core GEMM over Q8_0_R / Q4_K_R / Q6_K_R weights for a few rows of x (the batched engine's
-small decode buckets, short prefills), after llama.cpp's MMQ. ``gguf.matmul`` takes it for 5-16 rows of x
-(Q8_0_R: 3-16), where it measured fastest (H100, twenty-seventh session: summed over llama-8b's seven shapes at
-8 rows, Q4_K_R 686 µs against 921 for the per-row one-row kernels, Q6_K_R 1,041 against 1,397, Q8_0_R 544 against
-1,676; at 32 rows the fused GEMM of gguf.py ties or wins, at 64 it wins by far): ``MMQ``'s ``min_m`` / ``max_m``,
-``SHAPEPLAN_QUANT_MMQ_MAX_ROWS`` to move the top (0: never). ``bash bench/gpu_all.sh quant_small_m`` times it
-as path "mmq", ``serve_quant_mmq`` end to end:
+small decode buckets), after llama.cpp's MMQ. The quantized ops (shapeplan/ops/quantized.py) take it for a decode
+step's 5-16 rows (Q8_0_R: 3-16) of a matrix whose one-row kernel reads x as int8 codes (``wanted``), where it
+measured fastest (H100, twenty-seventh session: summed over llama-8b's seven shapes at 8 rows, Q4_K_R 686 µs
+against 921 for the one-row kernels' programs per row, Q6_K_R 1,041 against 1,397, Q8_0_R 544 against 1,676; at
+32 rows the fused GEMM of gguf.py ties or wins, at 64 it wins by far); never for a prefill. ``MMQ``'s ``min_m`` /
+``max_m``, ``SHAPEPLAN_QUANT_MMQ_MAX_ROWS`` to move the top (0: never). ``bash bench/gpu_all.sh quant_small_m``
+times it as path "mmq", ``quant_mmq_sweep`` its tilings, ``serve_quant_mmq`` end to end:
 
     mmq(x, packed, qtype, n, k)          x [M, K] @ W.T -> [M, N], x's dtype
 
@@ -135,26 +136,36 @@ def block_m(m: int) -> int:
     return MMQ["bm"] or min(64, max(16, triton.next_power_of_2(m)))
 
 
-def wanted(m: int, qtype: str) -> bool:
-    """Whether ``gguf.matmul`` takes it for ``m`` rows of a ``qtype`` weight: ``MMQ["min_m"][qtype]`` ..
-    ``SHAPEPLAN_QUANT_MMQ_MAX_ROWS`` (default ``MMQ["max_m"]``). Below, the one-row kernels' programs per row
-    (each row bit for bit its single-stream result) are faster."""
-    if m < MMQ["min_m"][qtype]:
+def wanted(m: int, qtype: str, n: int, k: int) -> bool:
+    """Whether ``m`` decode rows of x times a ``qtype`` weight of ``n`` outputs (GLU: after the gate) and ``k`` inputs run
+    here: ``MMQ["min_m"][qtype]`` .. ``SHAPEPLAN_QUANT_MMQ_MAX_ROWS`` (default ``MMQ["max_m"]``) rows, and only where
+    the one-row kernel reads that matrix's x as int8 codes too (``qgemv.config``'s XQ 2 / 3): then a row's codes
+    are the ones its single stream multiplies and the two agree to float rounding (the order of the sums), as a
+    float model's rows agree between batch sizes. Below ``min_m`` the one-row kernels' programs per row are
+    faster (each row bit for bit its single-stream result)."""
+    if qtype not in TYPES or m < MMQ["min_m"][qtype]:
         return False
     from shapeplan import env
     top = env.get("SHAPEPLAN_QUANT_MMQ_MAX_ROWS")
-    return m <= (MMQ["max_m"] if top is None else top)
+    if m > (MMQ["max_m"] if top is None else top):
+        return False
+    from shapeplan.runtime.backends.triton.kernels import qgemv
+    return qgemv.config(qtype, n, k)[3] >= 2
 
 
-def mmq(x: torch.Tensor, packed: torch.Tensor, qtype: str, n: int, k: int) -> torch.Tensor:
-    """x [M, K] @ W.T -> [M, N] in x's dtype (module doc); W [n, k] packed as ``qtype`` (``TYPES``)."""
+def mmq(x: torch.Tensor, packed: torch.Tensor, qtype: str, n: int, k: int, *, norm_w: torch.Tensor | None = None,
+        eps: float = 0.0) -> torch.Tensor:
+    """x [M, K] @ W.T -> [M, N] in x's dtype (module doc); W [n, k] packed as ``qtype`` (``TYPES``). ``norm_w``:
+    rms_norm(x) * norm_w instead of x, applied where x is quantized (as the one-row kernels' XQ = 2 does)."""
     from shapeplan.runtime.backends.triton.kernels import qgemv
     if not supports(x, packed, qtype, k):
         raise ValueError(f"mmq: needs a {' / '.join(TYPES)} weight with K a multiple of 256 and float x [M, K], "
                          f"got {qtype}, K={k}, x {x.dtype} {list(x.shape)}")
     m = x.shape[0]
+    x = qgemv._aligned(x)
     codes = qgemv.x_code_buffer(k, x.device, m)
-    _, xd, xs = qgemv.quantize_x(x, None, 0.0, k, out=codes)
+    nw = None if norm_w is None else qgemv._aligned(norm_w.reshape(1, -1))
+    _, xd, xs = qgemv.quantize_x(x, nw, eps, k, out=codes)
     bm, bn = block_m(m), MMQ["bn"]
     blocks = triton.cdiv(m, bm) * triton.cdiv(n, bn)
     split, per = gguf._tile_split(k // 256, blocks, x.device, MMQ["split"])
