@@ -39,6 +39,9 @@ step tests_quant_gpu default 330 'python3 -m pytest -q -p no:cacheprovider $XDIS
   'grep -E "[0-9]+ (passed|failed|error)" $L | tail -1'
 # the twenty-first session's attention-written codes for o (SHAPEPLAN_QUANT_ATTN_X) alone: its GPU test, and the paged
 # kernels whose merges write them (a short first look before the whole quantized-weight step)
+# the quantized model tests that the integer tensor-core GEMM's routing touches (batched decode, every mode's tokens)
+step tests_mmq extra 240 'python3 -m pytest -q -p no:cacheprovider $XDIST tests/gpu/test_quantized.py -k "batched or repacked or pdl or gguf_model"' \
+  'grep -E "[0-9]+ (passed|failed|error)" $L | tail -1'
 step tests_attn_x extra 240 'python3 -m pytest -q -p no:cacheprovider $XDIST tests/gpu/test_quantized.py::test_attention_codes_for_o_on_cuda tests/runtime/triton/kernels/test_paged.py' \
   'grep -E "[0-9]+ (passed|failed|error)" $L | tail -1'
 step decode quick 150 'python3 -m shapeplan bench --preset llama-1b --device cuda --config triton --json $W/decode.json' \
@@ -72,6 +75,8 @@ step serve_quant_mmq extra 480 "for q in Q4_K_M Q8_0; do for b in 8 16; do SHAPE
 # the integer tensor-core GEMM's tilings (mmq.MMQ) at the decode buckets it serves, ranked per type over the shapes
 step quant_mmq_sweep extra 420 'python3 -m bench.quant_gemv --no-gemv --mmq-sweep 8,16 --qtypes Q4_K_R,Q6_K_R,Q8_0_R --presets llama-8b,llama-1b --top 2' \
   'grep -A2 "^# M=" $L | grep -E "^# M|^    \(" | sed -E "s/: mmq tilings.*//; s/ +/ /g" | paste -d" " - - - | tr "\n" ";"'
+# the same at 8 requests only (a short call)
+step serve_quant_mmq8 extra 300 "for q in Q4_K_M Q8_0; do SHAPEPLAN_QUANT_MMQ_MAX_ROWS=0 $SERVE --preset llama-8b --quantize \$q --batch 8 --new-tokens 128 && $SERVE --preset llama-8b --quantize \$q --batch 8 --new-tokens 128; done" "$SERVE_SUM"
 step serve_8b extra 300 "$SERVE --preset llama-8b --batch 64 --json \$W/serve_8b.json" "$SERVE_SUM"
 step serve_sweep extra 300 "$SERVE --preset llama-1b --sweep 1,8,32,64,128 --json \$W/serve_sweep.json --plot \$O/serve_sweep.png" "$SERVE_SUM"
 # the OpenAI-compatible server in the background, then streaming HTTP clients (docs/serve.md); the plot comes back in $OUT
