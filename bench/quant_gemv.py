@@ -154,24 +154,61 @@ def _gemm_keys(tiles: tuple[int, ...]) -> dict:
     return dict(zip(("bm", "bn", "bk", "warps", "stages", "swap"), tiles))
 
 
-def _precompile_gemm(task: tuple) -> int:
-    """Child process of ``sweep_gemm``: compile one type's GEMM in each tiling, with and without the split
-    along K (their PARTIAL variants), on a small matrix."""
-    name, configs = task
+def _precompile(task: tuple) -> int:
+    """Child process of ``sweep_gemm`` / ``sweep_mmq`` (``kind`` "gemm" / "mmq"): compile one type's kernel in
+    each tiling, whole and split along K (their PARTIAL variants), on a small matrix."""
+    kind, name, configs = task
     from shapeplan.quant.formats import QTYPES
-    from shapeplan.runtime.backends.triton.kernels import gguf
-    q, n, k = QTYPES[name], 256, 2048
+    from shapeplan.runtime.backends.triton.kernels import gguf, mmq
+    n, k = 256, 2048
     w, x, done = packed(name, n, k), torch.randn(16, k, device="cuda", dtype=torch.bfloat16), 0
     for tiles in configs:
         for split in (1, 2):
             try:
-                with gguf.configured(gemm={**_gemm_keys(tiles), "split": split}):
-                    gguf.gemm(x, w, q, n, k)
+                if kind == "gemm":
+                    with gguf.configured(gemm={**_gemm_keys(tiles), "split": split}):
+                        gguf.gemm(x, w, QTYPES[name], n, k)
+                else:
+                    with mock.patch.dict(mmq.MMQ, {**_mmq_keys(tiles), "split": split}):
+                        mmq.mmq(x[:8], w, name, n, k)
                 done += 1
             except Exception:  # noqa: BLE001 - reported by the timing loop
                 pass
     torch.cuda.synchronize()
     return done
+
+
+def _precompile_all(kind: str, tasks: list[tuple], jobs: int) -> None:
+    import multiprocessing as mp
+    t0 = time.perf_counter()
+    with mp.get_context("spawn").Pool(jobs) as pool:
+        done = pool.map(_precompile, [(kind, *t) for t in tasks], chunksize=1)
+    print(f"# compiled {sum(done)} {kind} variants in {time.perf_counter() - t0:.0f} s ({jobs} processes)", flush=True)
+
+
+def _tally(sums: dict, m: int, name: str, results: list[tuple[float, tuple]]) -> None:
+    """Add one shape's timings (µs, tiling) at ``m`` rows to ``sums``, per type and over all types."""
+    for us, tiles in results:
+        for group in ("all types", name):
+            row = sums.setdefault((m, group, tiles), {"us": 0.0, "cases": 0})
+            row["us"] += us
+            row["cases"] += 1
+
+
+def _print_ranked(sums: dict, ms: list[int], qtypes: list[str], committed, what: str) -> None:
+    """Per row count and group, the tilings that ran on every shape, by their summed time (five, and the
+    committed one ``committed(m)`` if it is not among them)."""
+    for m in ms:
+        now = committed(m)
+        for group in ("all types", *qtypes):
+            rows = {t: v for (mm, g, t), v in sums.items() if mm == m and g == group}
+            if not rows:
+                continue
+            full = max(v["cases"] for v in rows.values())       # a tiling that failed somewhere is not ranked
+            ranked = sorted(((v["us"], t) for t, v in rows.items() if v["cases"] == full), key=lambda r: r[0])
+            print(f"\n# M={m}, {group}: {what} by their time summed over the shapes (committed {now}):")
+            for us, tiles in ranked[:5] + [r for r in ranked[5:] if r[1] == now][:1]:
+                print(f"    {tiles}  {us:9.1f} us" + ("  (committed)" if tiles == now else ""))
 
 
 def sweep_gemm(qtypes: list[str], presets: list[str], ms: list[int], jobs: int, labels: list[str] | None = None,
@@ -180,7 +217,6 @@ def sweep_gemm(qtypes: list[str], presets: list[str], ms: list[int], jobs: int, 
     shape at each of ``ms`` rows, beside the committed tiling, dequantize + cuBLAS and bf16 cuBLAS on the same
     shape (what the quantized path has to beat); then, per row count, the
     tilings ranked by their time summed over the shapes (the candidates for ``gguf.GEMM``)."""
-    import multiprocessing as mp
     from shapeplan.quant.formats import QTYPES
     from shapeplan.runtime.backends.triton.kernels import gguf
 
@@ -189,11 +225,8 @@ def sweep_gemm(qtypes: list[str], presets: list[str], ms: list[int], jobs: int, 
         return (bm, *(gguf.GEMM[key] for key in ("bn", "bk", "warps", "stages")), int(gguf.gemm_swap(bm)))
 
     if jobs > 1:
-        t0 = time.perf_counter()
-        tasks = [(name, [c]) for name in qtypes for c in sorted({c for m in ms for c in gemm_configs(m)})]
-        with mp.get_context("spawn").Pool(jobs) as pool:
-            done = pool.map(_precompile_gemm, tasks, chunksize=1)
-        print(f"# compiled {sum(done)} GEMM variants in {time.perf_counter() - t0:.0f} s ({jobs} processes)", flush=True)
+        _precompile_all("gemm", [(name, [c]) for name in qtypes for c in sorted({c for m in ms for c in gemm_configs(m)})],
+                        jobs)
     sums: dict[tuple, dict] = {}
     for preset in presets:
         for n, k, label in SHAPES[preset]:
@@ -222,25 +255,11 @@ def sweep_gemm(qtypes: list[str], presets: list[str], ms: list[int], jobs: int, 
                     for us, tiles in results[:top]:
                         print(f"    bm={tiles[0]:<3} bn={tiles[1]:<4} bk={tiles[2]:<4} warps={tiles[3]} stages={tiles[4]} "
                               f"swap={tiles[5]} {us:8.1f} us  x{deq / us:5.2f} vs dequant")
-                    for us, tiles in results:
-                        for group in ("all types", name):
-                            row = sums.setdefault((m, group, tiles), {"us": 0.0, "cases": 0})
-                            row["us"] += us
-                            row["cases"] += 1
+                    _tally(sums, m, name, results)
                 del p
             del wb
             torch.cuda.empty_cache()
-    for m in ms:
-        now = committed(m)
-        for group in ("all types", *qtypes):
-            rows = {t: v for (mm, g, t), v in sums.items() if mm == m and g == group}
-            if not rows:
-                continue
-            full = max(v["cases"] for v in rows.values())       # a tiling that failed somewhere is not ranked
-            ranked = sorted((v["us"], t) for t, v in rows.items() if v["cases"] == full)
-            print(f"\n# M={m}, {group}: tilings by their time summed over the shapes (committed {now}):")
-            for us, tiles in ranked[:5] + [r for r in ranked[5:] if r[1] == now][:1]:
-                print(f"    {tiles}  {us:9.1f} us" + ("  (committed)" if tiles == now else ""))
+    _print_ranked(sums, ms, qtypes, committed, "tilings")
 
 
 MMQ_CONFIGS = [(bn, warps, stages, split) for bn in (32, 64, 128) for warps in (4, 8) for stages in (2, 3, 4)
@@ -251,40 +270,19 @@ def _mmq_keys(tiles: tuple) -> dict:
     return dict(zip(("bn", "warps", "stages", "split"), tiles))
 
 
-def _precompile_mmq(task: tuple) -> int:
-    """Child process of ``sweep_mmq``: compile one type's integer GEMM in each tiling, whole and split along K."""
-    name, configs = task
-    from shapeplan.runtime.backends.triton.kernels import mmq
-    n, k = 256, 2048
-    w, x, done = packed(name, n, k), torch.randn(8, k, device="cuda", dtype=torch.bfloat16), 0
-    for tiles in configs:
-        for split in (1, 2):
-            try:
-                with mock.patch.dict(mmq.MMQ, {**_mmq_keys(tiles), "split": split}):
-                    mmq.mmq(x, w, name, n, k)
-                done += 1
-            except Exception:  # noqa: BLE001 - reported by the timing loop
-                pass
-    torch.cuda.synchronize()
-    return done
-
-
 def sweep_mmq(qtypes: list[str], presets: list[str], ms: list[int], jobs: int, labels: list[str] | None = None,
               top: int = 3) -> None:
     """Every tiling of ``MMQ_CONFIGS`` of the integer tensor-core GEMM (mmq.py: bn, warps, stages, split along K:
     None = its rule, 1 = never) on each shape at each of ``ms`` rows, beside the committed tiling, the one-row
-    kernels' per-row programs (up to 8 rows) or the fused GEMM (above) and bf16 cuBLAS; then, per row count and
-    type, the tilings ranked by their time summed over the shapes (the candidates for ``mmq.MMQ``)."""
-    import multiprocessing as mp
+    kernels' per-row programs (up to 8 rows) or the fused GEMM (above: ``gguf.matmul``) and bf16 cuBLAS; then,
+    per row count and type, the tilings ranked by their time summed over the shapes (the candidates for
+    ``mmq.MMQ``)."""
     from shapeplan.quant.formats import QTYPES
     from shapeplan.runtime.backends.triton.kernels import gguf, mmq
     now = tuple(mmq.MMQ[key] for key in ("bn", "warps", "stages", "split"))
     configs = MMQ_CONFIGS + ([] if now in MMQ_CONFIGS else [now])
     if jobs > 1:
-        t0 = time.perf_counter()
-        with mp.get_context("spawn").Pool(jobs) as pool:
-            done = pool.map(_precompile_mmq, [(name, [c]) for name in qtypes for c in configs], chunksize=1)
-        print(f"# compiled {sum(done)} mmq variants in {time.perf_counter() - t0:.0f} s ({jobs} processes)", flush=True)
+        _precompile_all("mmq", [(name, [c]) for name in qtypes for c in configs], jobs)
     sums: dict[tuple, dict] = {}
     for preset in presets:
         for n, k, label in SHAPES[preset]:
@@ -295,8 +293,7 @@ def sweep_mmq(qtypes: list[str], presets: list[str], ms: list[int], jobs: int, l
                 p = packed(name, n, k)
                 for m in ms:
                     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-                    with mock.patch.dict(os.environ, {"SHAPEPLAN_QUANT_MMQ_MAX_ROWS": "0"}):
-                        other = graph_time(lambda: gguf.matmul(x, p, QTYPES[name], n, k), reps=5, rounds=3)
+                    other = graph_time(lambda: gguf.matmul(x, p, QTYPES[name], n, k), reps=5, rounds=3)
                     bf16 = graph_time(lambda: x @ wb.t(), reps=5, rounds=3)
                     results = []
                     for tiles in configs:
@@ -312,24 +309,11 @@ def sweep_mmq(qtypes: list[str], presets: list[str], ms: list[int], jobs: int, l
                           f"committed {now} {cur:8.1f} us | bf16 cuBLAS {bf16:8.1f} us", flush=True)
                     for us, tiles in results[:top]:
                         print(f"    bn={tiles[0]:<4} warps={tiles[1]} stages={tiles[2]} split={tiles[3]} {us:8.1f} us")
-                    for us, tiles in results:
-                        for group in ("all types", name):
-                            row = sums.setdefault((m, group, tiles), {"us": 0.0, "cases": 0})
-                            row["us"] += us
-                            row["cases"] += 1
+                    _tally(sums, m, name, results)
                 del p
             del wb
             torch.cuda.empty_cache()
-    for m in ms:
-        for group in ("all types", *qtypes):
-            rows = {t: v for (mm, g, t), v in sums.items() if mm == m and g == group}
-            if not rows:
-                continue
-            full = max(v["cases"] for v in rows.values())
-            ranked = sorted(((v["us"], t) for t, v in rows.items() if v["cases"] == full), key=lambda r: r[0])
-            print(f"\n# M={m}, {group}: mmq tilings by their time summed over the shapes (committed {now}):")
-            for us, tiles in ranked[:5] + [r for r in ranked[5:] if r[1] == now][:1]:
-                print(f"    {tiles}  {us:9.1f} us" + ("  (committed)" if tiles == now else ""))
+    _print_ranked(sums, ms, qtypes, lambda m: now, "mmq tilings")
 
 
 #: how decode uses each shape: the one-row kernel's prologue / epilogue there (qgemv.py)
