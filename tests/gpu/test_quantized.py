@@ -149,6 +149,27 @@ def test_repacked_model_on_cuda(ftype, tmp_path, monkeypatch):
     _same_tokens_in_every_mode(path, want)
 
 
+def test_bench_quantize_lays_out_as_a_load(tmp_path, monkeypatch):
+    """``shapeplan bench --quantize``'s in-memory quantization on the GPU ends in the layouts and bytes a load of
+    the file that ``shapeplan quantize`` writes gives (our repacked layouts), so the bench times what users run."""
+    from shapeplan.importers.gguf import read_gguf
+    from shapeplan.llm.bench import load_model, quantized
+    from shapeplan.llm.demo import make_tiny_checkpoint
+    from shapeplan.quant.formats import QuantWeight
+    monkeypatch.delenv("SHAPEPLAN_QUANT_REPACK", raising=False)
+    ck = make_tiny_checkpoint(str(tmp_path / "hf"), "llama", hidden=256, intermediate_size=512, heads=4,
+                              kv_heads=2, num_layers=2)
+    cfg, weights = load_model(None, ck, DEV, "float32")
+    q = {n: w for n, w in quantized(cfg, weights, "Q4_K_M").items() if isinstance(w, QuantWeight)}
+    assert {w.qtype for w in q.values()} == {"Q4_K_R", "Q6_K_R"}
+    assert all(w.packed.is_cuda for w in q.values())
+    path = str(tmp_path / "m.gguf")
+    from shapeplan.cli import main
+    assert main(["quantize", ck, path, "--type", "Q4_K_M"]) == 0
+    _, loaded, _ = read_gguf(path, device=DEV)
+    assert {n: w.qtype for n, w in loaded.items() if isinstance(w, QuantWeight)} == {n: w.qtype for n, w in q.items()}
+
+
 @pytest.mark.parametrize("ftype", ["Q5_K_M", "Q4_0", "IQ4_XS"])
 def test_q5_k_m_q4_0_and_iq4_xs_models_on_cuda(ftype, tmp_path):
     """A Q5_K_M file (Q5_K matrices, some Q6_K), a Q4_0 and an IQ4_XS file (their matrices, the head in Q6_K):
