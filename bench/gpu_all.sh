@@ -40,7 +40,7 @@ step tests_quant_gpu default 330 'python3 -m pytest -q -p no:cacheprovider $XDIS
 # the twenty-first session's attention-written codes for o (SHAPEPLAN_QUANT_ATTN_X) alone: its GPU test, and the paged
 # kernels whose merges write them (a short first look before the whole quantized-weight step)
 # the quantized model tests that the integer tensor-core GEMM's routing touches (batched decode, every mode's tokens)
-step tests_mmq extra 240 'python3 -m pytest -q -p no:cacheprovider $XDIST tests/gpu/test_quantized.py -k "batched or repacked or pdl or gguf_model"' \
+step tests_mmq extra 240 'python3 -m pytest -q -p no:cacheprovider $XDIST tests/gpu/test_quantized.py -k "batched or repacked or pdl or gguf_model or bench_quantize"' \
   'grep -E "[0-9]+ (passed|failed|error)" $L | tail -1'
 step tests_attn_x extra 240 'python3 -m pytest -q -p no:cacheprovider $XDIST tests/gpu/test_quantized.py::test_attention_codes_for_o_on_cuda tests/runtime/triton/kernels/test_paged.py' \
   'grep -E "[0-9]+ (passed|failed|error)" $L | tail -1'
