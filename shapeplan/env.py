@@ -135,8 +135,9 @@ SWITCHES: tuple[Switch, ...] = (
            "the memory of the float model; llama-125m Q4_K_M bf16 2.5-3.2 -> 17-23 tok/s on the 2-CPU dev box); "
            "auto: unpack when the float weights take at most a quarter of the machine's memory"),
     Switch("SHAPEPLAN_QUANT_MMQ_MAX_ROWS", "int", None,
-           "Q4_K_R / Q6_K_R matmuls of 5 (Q8_0_R: 3) to this many rows of x run the integer tensor-core GEMM of "
-           "kernels/mmq.py (x as int8 codes, int8 tl.dot; default: mmq.MMQ's max_m, 16, where it measured fastest; "
+           "a decode step's 5 (Q8_0_R: 3) to this many rows of a Q4_K_R / Q6_K_R / Q8_0_R matrix whose one-row "
+           "kernel reads x as int8 codes run the integer tensor-core GEMM of kernels/mmq.py (int8 tl.dot; rows agree "
+           "with single-stream decode to float rounding; default: mmq.MMQ's max_m, 16, where it measured fastest; "
            "0 = never: then batched decode of up to 8 rows is bit for bit single-stream decode)"),
     Switch("SHAPEPLAN_QUANT_ONE_ROW", "bool", True,
            "one row of a Q4_K / Q5_K / Q6_K / Q8_0 / Q4_0 / IQ4_NL / IQ4_XS weight runs the one-row kernel of "

@@ -37,8 +37,9 @@ from shapeplan.runtime.backends.triton.kernels.gguf import AVAILABLE, triton, tl
 
 #: the types it reads -> their constexpr KIND
 TYPES = {"Q8_0_R": 0, "Q4_K_R": 1, "Q6_K_R": 2}
-#: ``gguf.matmul`` takes it from ``min_m`` (by type) to ``max_m`` rows; rows of x per program (None: ``block_m``'s
-#: rule), of W, warps, pipeline stages, SWAP, programs along K (None: gguf.py's rule for its GEMM)
+#: the quantized ops take it for a decode step's ``min_m`` (by type) to ``max_m`` rows (``wanted``); rows of x per
+#: program (None: ``block_m``'s rule), of W, warps, pipeline stages, SWAP, programs along K (None: gguf.py's rule
+#: for its GEMM)
 MMQ = {"min_m": {"Q8_0_R": 3, "Q4_K_R": 5, "Q6_K_R": 5}, "max_m": 16, "bm": None, "bn": 64, "warps": 4, "stages": 3,
        "swap": True, "split": None}
 
