@@ -262,8 +262,10 @@ def sweep_gemm(qtypes: list[str], presets: list[str], ms: list[int], jobs: int, 
     _print_ranked(sums, ms, qtypes, committed, "tilings")
 
 
-MMQ_CONFIGS = [(bn, warps, stages, split) for bn in (32, 64, 128) for warps in (4, 8) for stages in (2, 3, 4)
-               for split in (None, 1)]
+#: the integer GEMM's tilings swept: split None is gguf.py's rule (split only where the output tiles leave SMs idle:
+#: llama-8b gate/up's 448 tiles of 64 rows are not split, 3.4 programs an SM), 2-8 split every shape along K
+MMQ_CONFIGS = [(bn, warps, stages, split) for bn in (32, 64, 128) for warps in (4, 8) for stages in (2, 3)
+               for split in (None, 2, 4, 8)]
 
 
 def _mmq_keys(tiles: tuple) -> dict:
@@ -273,7 +275,7 @@ def _mmq_keys(tiles: tuple) -> dict:
 def sweep_mmq(qtypes: list[str], presets: list[str], ms: list[int], jobs: int, labels: list[str] | None = None,
               top: int = 3) -> None:
     """Every tiling of ``MMQ_CONFIGS`` of the integer tensor-core GEMM (mmq.py: bn, warps, stages, split along K:
-    None = its rule, 1 = never) on each shape at each of ``ms`` rows, beside the committed tiling, the one-row
+    None = its rule) on each shape at each of ``ms`` rows, beside the committed tiling, the one-row
     kernels' per-row programs (up to 8 rows) or the fused GEMM (above: ``gguf.matmul``) and bf16 cuBLAS; then,
     per row count and type, the tilings ranked by their time summed over the shapes (the candidates for
     ``mmq.MMQ``)."""
