@@ -85,7 +85,7 @@ def quantized(cfg: LlamaConfig, weights: dict, spec: str | None) -> dict:
     from shapeplan.importers.gguf import device_layout
     from shapeplan.quant.recipes import quantize_weights
     q = quantize_weights(cfg, dict(weights), spec)
-    dev = next(iter(weights.values())).device
+    dev = next((w.device for w in weights.values() if isinstance(w, torch.Tensor)), torch.device("cpu"))
     return device_layout(cfg, q, dev)                # the arena and layouts of a loaded GGUF file
 
 
