@@ -71,12 +71,15 @@ step serve_quant extra 300 "$SERVE --preset llama-8b --quantize Q4_K_M --batch 1
 # the same at 8 requests (decode buckets of up to 8 rows: the one-row kernels a program per row, twenty-fifth session)
 step serve_quant8 extra 300 "$SERVE --preset llama-8b --quantize Q4_K_M --batch 8 --new-tokens 128 && $SERVE --preset llama-8b --batch 8 --new-tokens 128" "$SERVE_SUM"
 # Q4_K_M and Q8_0 at 8 and 16 requests: the integer tensor-core GEMM (kernels/mmq.py) off (0), then as by default
-step serve_quant_mmq extra 480 "for q in Q4_K_M Q8_0; do for b in 8 16; do SHAPEPLAN_QUANT_MMQ_MAX_ROWS=0 $SERVE --preset llama-8b --quantize \$q --batch \$b --new-tokens 128 && $SERVE --preset llama-8b --quantize \$q --batch \$b --new-tokens 128; done; done" "$SERVE_SUM"
+mmq_ab() {                                 # mmq_ab "BATCHES": llama-8b Q4_K_M and Q8_0, the integer GEMM off then default
+  echo "for q in Q4_K_M Q8_0; do for b in $1; do SHAPEPLAN_QUANT_MMQ_MAX_ROWS=0 $SERVE --preset llama-8b --quantize \$q --batch \$b --new-tokens 128 && $SERVE --preset llama-8b --quantize \$q --batch \$b --new-tokens 128; done; done"
+}
+step serve_quant_mmq extra 480 "$(mmq_ab '8 16')" "$SERVE_SUM"
 # the integer tensor-core GEMM's tilings (mmq.MMQ) at the decode buckets it serves, ranked per type over the shapes
 step quant_mmq_sweep extra 420 'python3 -m bench.quant_gemv --no-gemv --mmq-sweep 8,16 --qtypes Q4_K_R,Q6_K_R,Q8_0_R --presets llama-8b,llama-1b --top 2' \
   'grep -A2 "^# M=" $L | grep -E "^# M|^    \(" | sed -E "s/: mmq tilings.*//; s/ +/ /g" | paste -d" " - - - | tr "\n" ";"'
 # the same at 8 requests only (a short call)
-step serve_quant_mmq8 extra 300 "for q in Q4_K_M Q8_0; do SHAPEPLAN_QUANT_MMQ_MAX_ROWS=0 $SERVE --preset llama-8b --quantize \$q --batch 8 --new-tokens 128 && $SERVE --preset llama-8b --quantize \$q --batch 8 --new-tokens 128; done" "$SERVE_SUM"
+step serve_quant_mmq8 extra 300 "$(mmq_ab 8)" "$SERVE_SUM"
 step serve_8b extra 300 "$SERVE --preset llama-8b --batch 64 --json \$W/serve_8b.json" "$SERVE_SUM"
 step serve_sweep extra 300 "$SERVE --preset llama-1b --sweep 1,8,32,64,128 --json \$W/serve_sweep.json --plot \$O/serve_sweep.png" "$SERVE_SUM"
 # the OpenAI-compatible server in the background, then streaming HTTP clients (docs/serve.md); the plot comes back in $OUT

@@ -260,7 +260,7 @@ def read_weights(f: GGUFFile, cfg: LlamaConfig, *, device: str | torch.device = 
     return device_layout(cfg, out, device)
 
 
-def device_layout(cfg, weights: dict, device: str | torch.device) -> dict:
+def device_layout(cfg: LlamaConfig, weights: dict, device: str | torch.device) -> dict:
     """``weights`` (float tensors and ``QuantWeight`` s) as a GGUF load leaves them on ``device``: off the CPU the
     packed matrices in one arena, in our layouts where ``SHAPEPLAN_QUANT_REPACK`` is on (module doc); on the CPU
     as they are. ``shapeplan bench --quantize`` passes its in-memory quantization through it, so that it times

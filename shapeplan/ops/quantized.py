@@ -158,11 +158,11 @@ def _mmq_kernel(x: torch.Tensor, packed: torch.Tensor, qtype: str, n: int, k: in
     decode step (x [B, 1, K], one token of each of B sequences; never a prefill's, so that a prompt's logits do not
     depend on the prompts packed into its call) where ``mmq.wanted``: 5-16 rows (Q8_0_R 3-16) of a matrix whose
     one-row kernel reads x as int8 codes (then each row agrees with its single stream to float rounding)."""
-    if x.dim() < 3 or x.shape[-2] != 1 or _triton(x) is None:
+    m = x.numel() // k
+    if x.dim() < 3 or x.shape[-2] != 1 or m < 2 or _triton(x) is None:       # (single streams stop here)
         return None
     from shapeplan.runtime.backends.triton.kernels import mmq
-    m = x.numel() // k
-    ok = m > 1 and mmq.wanted(m, qtype, n // 2 if glu else n, k) and mmq.supports(x.reshape(m, k), packed, qtype, k)
+    ok = mmq.wanted(m, qtype, n // 2 if glu else n, k) and mmq.supports(x.reshape(m, k), packed, qtype, k)
     return mmq if ok else None
 
 
@@ -195,7 +195,7 @@ def quant_rms_norm_matmul(x, scale, packed, *, qtype: str, n: int, k: int, epsil
     if mm is not None:
         try:                                     # the norm where mmq quantizes x; the gate after
             y = mm.mmq(x2, packed, qtype, n, k, norm_w=scale, eps=float(epsilon))
-            return _silu_mul(y, x2).reshape(*lead, n // 2) if glu else y.reshape(*lead, n)
+            return _silu_mul(y, _rows_kernels(x2)).reshape(*lead, n // 2) if glu else y.reshape(*lead, n)
         except Exception as e:  # noqa: BLE001
             _fallback(e, "QuantRMSNormMatMul")
     kern = _fused_kernel(x2, packed, qtype, k)
@@ -212,14 +212,12 @@ def quant_rms_norm_matmul(x, scale, packed, *, qtype: str, n: int, k: int, epsil
         xn = _rms_norm(x2, scale, -1, float(epsilon), 1, "QuantRMSNormMatMul")
     y = quant_matmul(xn, packed, qtype=qtype, n=n, k=k)                    # [M, N]
     if glu:
-        y = _silu_mul(y, x2)
+        y = _silu_mul(y, rows)
     return y.reshape(*lead, y.shape[-1])
 
 
-def _silu_mul(y: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
-    """SiLU(gate) * up of y's halves: the rows kernel where it runs on x2's device, else torch."""
-    from shapeplan.ops.fused_linear import _rows_kernels
-    rows = _rows_kernels(x2)
+def _silu_mul(y: torch.Tensor, rows) -> torch.Tensor:
+    """SiLU(gate) * up of y's halves: with ``rows`` (fused_linear's ``_rows_kernels``) its kernel, else torch."""
     gate, up = y.chunk(2, dim=-1)
     return rows.silu_mul(gate, up) if rows is not None else torch.nn.functional.silu(gate) * up
 
