@@ -143,7 +143,7 @@ def write_repository(model: str, root: str, args: argparse.Namespace) -> None:
 
 def start_server(root: str, args: argparse.Namespace) -> tuple[subprocess.Popen, str, str]:
     cmd = [sys.executable, "-m", "shapeplan", "serve", "--model-repository", root, "--port", "0", "--grpc-port", "0",
-           "--log-level", "warning", "--max-request-bytes", str(256 << 20)]
+           "--log-level", "warning", "--max-request-bytes", str(256 << 20), "--grpc-procs", str(args.grpc_procs)]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=sys.stderr, text=True)
     text = ""
     while "ready:" not in text:
@@ -205,12 +205,25 @@ def _client_proc(addr: str, requests: list[bytes], warmup: float, seconds: float
     q.put(([x for ls in lat for x in ls], errors[0], busy))
 
 
-def server_cpu_s(pid: int | None) -> float | None:
-    """CPU seconds (user + system) the server process has used so far (Linux), else None."""
+def _proc_cpu_s(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def server_cpu_s(pid: int | None) -> tuple[float, float] | None:
+    """CPU seconds (user + system) the server process has used so far, and with its children (the
+    ``--grpc-procs`` front ends) added (Linux), else None."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        own = _proc_cpu_s(pid)
+        kids = 0.0
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            for child in f.read().split():
+                try:
+                    kids += _proc_cpu_s(int(child))
+                except OSError:
+                    pass
+        return own, own + kids
     except (OSError, TypeError, ValueError, IndexError):
         return None
 
@@ -261,8 +274,9 @@ def load_test(addr: str, model: str, spec: list, args: argparse.Namespace, http_
     cpu1, n1 = server_cpu_s(server_pid), model_counters(http_addr, model)
     if n0 and n1 and n1[0] > n0[0]:
         res["rows_per_call"] = (n1[0] - n0[0]) / max(n1[1] - n0[1], 1)
-        if cpu0 is not None and cpu1 is not None:
-            res["server_cpu_ms"] = (cpu1 - cpu0) * 1e3 / (n1[0] - n0[0])
+        if cpu0 is not None and cpu1 is not None:         # front ends that exit mid-test would skew it: none do
+            res["server_cpu_ms"] = (cpu1[1] - cpu0[1]) * 1e3 / (n1[0] - n0[0])
+            res["model_proc_cpu_ms"] = (cpu1[0] - cpu0[0]) * 1e3 / (n1[0] - n0[0])
     return res
 
 
@@ -434,6 +448,8 @@ def main() -> int:
     ap.add_argument("--delay-us", type=int, default=100, help="batching window of the batched model (default 100)")
     ap.add_argument("--instances", type=int, default=1,
                     help="engines (worker threads) of the batched model (default 1)")
+    ap.add_argument("--grpc-procs", type=int, default=0, metavar="N",
+                    help="the server's gRPC front-end processes (shapeplan serve --grpc-procs; default 0: none)")
     ap.add_argument("--overhead-iters", type=int, default=2000, help="sequential requests per overhead row")
     ap.add_argument("--engine-iters", type=int, default=50, help="in-process engine.run calls at max batch")
     ap.add_argument("--grpc", default=None, metavar="HOST:PORT", help="a running server (with --http)")
@@ -459,6 +475,7 @@ def main() -> int:
         print(f"server ready in {time.perf_counter() - t0:.1f} s (gRPC {grpc_addr}, HTTP {http_addr})", flush=True)
     results: dict[str, Any] = {"model": os.path.basename(src), "device": args.device, "mode": args.mode,
                                "clients": args.clients, "instances": args.instances, "delay_us": args.delay_us,
+                               "grpc_procs": args.grpc_procs,
                                "dynamic_batch_rewrite": rewrote}
     try:
         if not args.skip_load:
@@ -486,17 +503,22 @@ def report(r: dict[str, Any], args: argparse.Namespace) -> None:
         print(f"\n{r['clients']} concurrent batch-1 gRPC clients, {args.seconds:g} s each")
         print(f"{'server':<34}{'req/s':>10}{'p50 ms':>10}{'p99 ms':>10}{'errors':>8}{'rows/call':>11}"
               f"{'server CPU ms/req':>19}{'client proc busy':>18}")
-        inst = f", {args.instances} inst." if args.instances > 1 else ""
+        inst = (f", {args.instances} inst." if args.instances > 1 else "") + \
+            (f", {args.grpc_procs} gRPC procs" if args.grpc_procs else "")
         for label, x in ((f"dynamic batching (<= {args.max_batch_size}, {args.delay_us} us{inst})", b),
                          ("batching off", u)):
             extra = (f"{x['rows_per_call']:>11.1f}" if "rows_per_call" in x else f"{'':>11}") + \
                 (f"{x['server_cpu_ms']:>19.3f}" if "server_cpu_ms" in x else f"{'':>19}") + f"{x['client_busy']:>17.0%}"
-            print(f"{label:<34}{x['req_s']:>10.1f}{x['p50_ms']:>10.2f}{x['p99_ms']:>10.2f}{x['errors']:>8}{extra}")
+            print(f"{label:<{max(34, len(label) + 1)}}{x['req_s']:>10.1f}{x['p50_ms']:>10.2f}{x['p99_ms']:>10.2f}{x['errors']:>8}{extra}")
         print(f"{f'in-process engine.run, batch {args.max_batch_size}':<34}{e:>10.1f}")
         print(f"batching on / off: {b['req_s'] / max(u['req_s'], 1e-9):.2f}x; "
               f"on / in-process: {100 * b['req_s'] / e:.0f} %")
         print("(client proc busy: the busiest client process's CPU time as a share of one core; near 100 % its GIL "
               "limits the load: use more --client-procs)")
+        if args.grpc_procs and "model_proc_cpu_ms" in b:
+            print(f"(server CPU: the model process and its {args.grpc_procs} gRPC front ends; the model process alone: "
+                  f"{b['model_proc_cpu_ms']:.3f} / {u.get('model_proc_cpu_ms', float('nan')):.3f} ms a request, "
+                  "batching on / off)")
     if "overhead" in r:
         o = r["overhead"]
         print("\none client, one request at a time, 1x768 float32 in and out (median)")

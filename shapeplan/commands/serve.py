@@ -29,6 +29,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0: every interface)")
     p.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000; 0: any free port)")
     p.add_argument("--grpc-port", type=int, default=8001, help="gRPC port, KServe only (default 8001; 0: any free port)")
+    p.add_argument("--grpc-procs", type=int, default=0, metavar="N",
+                   help="KServe only: serve gRPC in N front-end processes that share the port and hand each "
+                        "request to the model process (default 0: in the model process; docs/serve.md)")
     p.add_argument("--device", default="cpu", help="default device of the models (a config.json may override)")
     p.add_argument("--mode", default="auto", help="default execution mode (a config.json may override)")
     p.add_argument("--max-request-bytes", type=int, default=None,
@@ -69,7 +72,8 @@ def _serve_kserve(args: argparse.Namespace) -> int:
     sources = discover(args.model_repository) if args.model_repository else single(args.model_file)
     repo = ModelRepository(sources, device=args.device, mode=args.mode)
     server = KServeServer(repo, args.host, args.port, args.grpc_port,
-                          max_request_bytes=args.max_request_bytes or DEFAULT_MAX_REQUEST_BYTES, log_level="warning")
+                          max_request_bytes=args.max_request_bytes or DEFAULT_MAX_REQUEST_BYTES, log_level="warning",
+                          grpc_procs=args.grpc_procs)
     def start() -> None:
         server.start_listeners()
         print(f"KServe v2 HTTP on http://{args.host}:{server.http_port}, gRPC on {args.host}:{server.grpc_port}; "

@@ -52,12 +52,17 @@ class _SwitchInterval:
 class KServeServer:
     def __init__(self, repo: ModelRepository, host: str = "127.0.0.1", http_port: int | None = 8000,
                  grpc_port: int | None = 8001, *, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
-                 routers: Sequence[Any] = (), log_level: str = "warning") -> None:
-        """``None`` for a port: that transport is off. ``routers``: more FastAPI routers for the same app."""
+                 routers: Sequence[Any] = (), log_level: str = "warning", grpc_procs: int = 0) -> None:
+        """``None`` for a port: that transport is off. ``routers``: more FastAPI routers for the same app.
+        ``grpc_procs``: 0 serves gRPC in this process; N > 0 in N front-end processes that hand each
+        request to this one (``grpc_server.GrpcRelays``; for many clients with large requests)."""
+        if grpc_procs < 0:
+            raise ValueError(f"grpc_procs: expected 0 (gRPC in this process) or more front-end processes, got {grpc_procs}")
         self.repo, self.host = repo, host
         self._ports = (http_port, grpc_port)
         self.max_request_bytes = max_request_bytes
         self._routers, self._log_level = list(routers), log_level
+        self.grpc_procs = grpc_procs
         self.http: Any = None
         self.grpc: Any = None
         self._switch = False
@@ -95,8 +100,12 @@ class KServeServer:
             app = build_app([http.router(self.repo, self.max_request_bytes), *self._routers], registry=registry)
             self.http = HttpServer(app, self.host, http_port, log_level=self._log_level).start()
         if grpc_port is not None:
-            from shapeplan.serve.kserve.grpc_server import GrpcServer
-            self.grpc = GrpcServer(self.repo, self.host, grpc_port, max_request_bytes=self.max_request_bytes).start()
+            from shapeplan.serve.kserve.grpc_server import GrpcRelays, GrpcServer
+            if self.grpc_procs:
+                self.grpc = GrpcRelays(self.repo, self.host, grpc_port, max_request_bytes=self.max_request_bytes,
+                                       procs=self.grpc_procs)
+            else:
+                self.grpc = GrpcServer(self.repo, self.host, grpc_port, max_request_bytes=self.max_request_bytes).start()
 
     def stop(self) -> None:
         if self.grpc is not None:

@@ -91,7 +91,7 @@ def _fields(b: bytes, i: int, end: int) -> Any:
 
 
 def _str(b: bytes, span: tuple[int, int]) -> str:
-    return b[span[0]:span[1]].decode("utf-8")     # proto3 strings are UTF-8 (upb rejects the rest)
+    return str(b[span[0]:span[1]], "utf-8")       # proto3 strings are UTF-8 (upb rejects the rest); b: any buffer
 
 
 def _int64(v: int) -> int:
