@@ -242,7 +242,8 @@ class GrpcRelays:
 
     START_TIMEOUT_S = 60.0
 
-    def __init__(self, repo: Any, host: str, port: int, *, max_request_bytes: int, procs: int) -> None:
+    def __init__(self, repo: Any, host: str, port: int, *, max_request_bytes: int, procs: int,
+                 arena_bytes: int | None = None) -> None:
         from shapeplan.serve.kserve import relay
         self.host, self.procs = host, procs
         self._calls = calls(repo)
@@ -254,7 +255,7 @@ class GrpcRelays:
         self._conns: set[Any] = set()
         self._children: list[subprocess.Popen] = []
         self._maps: list[mmap.mmap] = []
-        arena = max(64 << 20, 4 * max_request_bytes)
+        arena = arena_bytes or max(64 << 20, 4 * max_request_bytes)
 
         async def listen() -> Any:
             self._hellos = asyncio.Queue()

@@ -52,17 +52,20 @@ class _SwitchInterval:
 class KServeServer:
     def __init__(self, repo: ModelRepository, host: str = "127.0.0.1", http_port: int | None = 8000,
                  grpc_port: int | None = 8001, *, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
-                 routers: Sequence[Any] = (), log_level: str = "warning", grpc_procs: int = 0) -> None:
+                 routers: Sequence[Any] = (), log_level: str = "warning", grpc_procs: int = 0,
+                 grpc_arena_bytes: int | None = None) -> None:
         """``None`` for a port: that transport is off. ``routers``: more FastAPI routers for the same app.
         ``grpc_procs``: 0 serves gRPC in this process; N > 0 in N front-end processes that hand each
-        request to this one (``grpc_server.GrpcRelays``; for many clients with large requests)."""
+        request to this one (``grpc_server.GrpcRelays``; for many clients with large requests), each with a
+        shared-memory arena of ``grpc_arena_bytes`` for the requests in flight (default: 64 MiB or four of
+        the largest request, whichever is more; a request that finds no room goes through the socket)."""
         if grpc_procs < 0:
             raise ValueError(f"grpc_procs: expected 0 (gRPC in this process) or more front-end processes, got {grpc_procs}")
         self.repo, self.host = repo, host
         self._ports = (http_port, grpc_port)
         self.max_request_bytes = max_request_bytes
         self._routers, self._log_level = list(routers), log_level
-        self.grpc_procs = grpc_procs
+        self.grpc_procs, self.grpc_arena_bytes = grpc_procs, grpc_arena_bytes
         self.http: Any = None
         self.grpc: Any = None
         self._switch = False
@@ -103,7 +106,7 @@ class KServeServer:
             from shapeplan.serve.kserve.grpc_server import GrpcRelays, GrpcServer
             if self.grpc_procs:
                 self.grpc = GrpcRelays(self.repo, self.host, grpc_port, max_request_bytes=self.max_request_bytes,
-                                       procs=self.grpc_procs)
+                                       procs=self.grpc_procs, arena_bytes=self.grpc_arena_bytes)
             else:
                 self.grpc = GrpcServer(self.repo, self.host, grpc_port, max_request_bytes=self.max_request_bytes).start()
 
