@@ -237,8 +237,9 @@ class GrpcRelays:
     """``--grpc-procs N``: N front-end processes (``relay.py``) listen on the gRPC port (the kernel spreads
     the connections over them) and hand each request to this process through a shared-memory arena and
     a Unix socket; this process serves it with the same ``calls`` as ``GrpcServer`` and sends the answer
-    back. This process then spends ~0.1 ms of its GIL on a request instead of grpcio's ~0.6 ms for a
-    ResNet-50-sized one (docs/serve.md, "Performance"). The port is bound with ``SO_REUSEPORT``."""
+    back. For a ResNet-50-sized request this process then spends 0.36-0.39 ms of CPU instead of 0.94-1.01
+    (2-vCPU box, staging copies included; docs/serve.md, "Performance"). The port is bound with
+    ``SO_REUSEPORT``."""
 
     START_TIMEOUT_S = 60.0
 
