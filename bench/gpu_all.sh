@@ -94,8 +94,11 @@ step serve_kserve default 240 'python3 -m bench.serve_kserve --model resnet50 --
 # the same with two engine instances per model (one copies its batch in and its results out while the other runs; docs/serve.md)
 step serve_kserve_i2 extra 240 'python3 -m bench.serve_kserve --model resnet50 --device cuda --clients 32 --client-procs 4 --seconds 20 --instances 2' \
   'tail -13 $L | paste -sd" " | cut -c1-420'
-# the same with the gRPC connections in 4 front-end processes (shapeplan serve --grpc-procs 4; docs/serve.md), load rows only
+# the same with the gRPC connections in 4 front-end processes (shapeplan serve --grpc-procs 4; docs/serve.md), load rows
+# only; then with two engine instances as well
 step serve_kserve_p4 extra 200 'python3 -m bench.serve_kserve --model resnet50 --device cuda --clients 32 --client-procs 4 --seconds 20 --grpc-procs 4 --skip-overhead' \
+  'tail -8 $L | paste -sd" " | cut -c1-520'
+step serve_kserve_p4i2 extra 200 'python3 -m bench.serve_kserve --model resnet50 --device cuda --clients 32 --client-procs 4 --seconds 20 --grpc-procs 4 --instances 2 --skip-overhead' \
   'tail -8 $L | paste -sd" " | cut -c1-520'
 step gemv default 120 'python3 -m bench.gemv --pdl --json $W/gemv.json' \
   'awk '\''$1 ~ /^llama/ && NF >= 9 {printf "%s %s fused %s us (cuBLAS %s); ", $1, $2, $6, $4}'\'' $L | cut -c1-400'
