@@ -61,6 +61,10 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _serve_kserve(args: argparse.Namespace) -> int:
+    if args.grpc_procs < 0:
+        print(f"error: --grpc-procs: expected 0 (gRPC in this process) or more front-end processes, got "
+              f"{args.grpc_procs}", file=sys.stderr)
+        return 2
     try:
         import fastapi, grpc, prometheus_client, uvicorn  # noqa: E401,F401 - the serve extra, checked up front
         from shapeplan.serve.kserve import DEFAULT_MAX_REQUEST_BYTES, KServeServer, ModelRepository, discover, single

@@ -28,15 +28,21 @@ def test_argument_errors(capsys, tmp_path) -> None:
     assert main(["serve", "--model-repository", str(tmp_path), "m.onnx"]) == 2
     assert main(["serve", "--model-repository", str(tmp_path / "nope"), "--port", "0", "--grpc-port", "0"]) == 1
     assert "is not a directory" in capsys.readouterr().err
+    assert main(["serve", "--model-repository", str(tmp_path), "--grpc-procs", "-1"]) == 2
+    assert "--grpc-procs: expected 0 (gRPC in this process) or more front-end processes, got -1" in capsys.readouterr().err
 
 
-def test_serve_process_end_to_end(tmp_path) -> None:
+@pytest.mark.parametrize("grpc_procs", [0, 2])
+def test_serve_process_end_to_end(tmp_path, grpc_procs) -> None:
+    """... with gRPC in the server process, and in two front-end processes that end with it."""
     model = str(tmp_path / "tiny.onnx")
     mlp_onnx(model)
     env = {**os.environ, "SHAPEPLAN_CACHE_DIR": str(tmp_path / "plans")}
     p = subprocess.Popen([sys.executable, "-m", "shapeplan", "serve", model, "--port", "0", "--grpc-port", "0",
-                          "--log-level", "warning"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                         env=env, cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+                          "--log-level", "warning", "--grpc-procs", str(grpc_procs)], stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, env=env,
+                         cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    children: list[int] = []
     try:
         lines = []
         deadline = time.monotonic() + 120
@@ -54,6 +60,9 @@ def test_serve_process_end_to_end(tmp_path) -> None:
         c = tg.InferenceServerClient(f"127.0.0.1:{grpc_port}")
         assert c.is_model_ready("tiny")
         c.close()
+        with open(f"/proc/{p.pid}/task/{p.pid}/children") as f:
+            children = [int(pid) for pid in f.read().split()]
+        assert len(children) == grpc_procs
     finally:
         p.send_signal(signal.SIGTERM)
         try:
@@ -62,3 +71,6 @@ def test_serve_process_end_to_end(tmp_path) -> None:
             p.kill()
             raise
     assert rc == 0
+    for child in children:                            # the front ends ended (and were reaped) with the server
+        with pytest.raises(ProcessLookupError):
+            os.kill(child, 0)
