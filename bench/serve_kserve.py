@@ -228,8 +228,12 @@ def server_cpu_s(pid: int | None) -> tuple[float, float] | None:
         return None
 
 
-def model_counters(http_addr: str | None, model: str) -> tuple[int, int] | None:
-    """(requests succeeded, engine calls) of ``model`` from the server's statistics endpoint."""
+PHASES = ("compute_input", "compute_infer", "compute_output")
+
+
+def model_counters(http_addr: str | None, model: str) -> tuple[int, int, list[int], float] | None:
+    """(requests succeeded, engine calls, ns in each of ``PHASES``) of ``model`` from the server's
+    statistics endpoint, and the monotonic time it was read."""
     if not http_addr:
         return None
     host, port = http_addr.rsplit(":", 1)
@@ -241,7 +245,8 @@ def model_counters(http_addr: str | None, model: str) -> tuple[int, int] | None:
         return None
     finally:
         conn.close()
-    return s["inference_stats"]["success"]["count"], s["execution_count"]
+    i = s["inference_stats"]
+    return i["success"]["count"], s["execution_count"], [int(i[k]["ns"]) for k in PHASES], time.monotonic()
 
 
 def load_test(addr: str, model: str, spec: list, args: argparse.Namespace, http_addr: str | None = None,
@@ -274,6 +279,9 @@ def load_test(addr: str, model: str, spec: list, args: argparse.Namespace, http_
     cpu1, n1 = server_cpu_s(server_pid), model_counters(http_addr, model)
     if n0 and n1 and n1[0] > n0[0]:
         res["rows_per_call"] = (n1[0] - n0[0]) / max(n1[1] - n0[1], 1)
+        # the model's workers' time in each phase of a call (staging in, the engine, results out), as a share
+        # of the test's wall time summed over the instances: near 1 per instance, the workers are the limit
+        res["worker_share"] = {k: (b - a) * 1e-9 / (n1[3] - n0[3]) for k, a, b in zip(PHASES, n0[2], n1[2])}
         if cpu0 is not None and cpu1 is not None:         # front ends that exit mid-test would skew it: none do
             res["server_cpu_ms"] = (cpu1[1] - cpu0[1]) * 1e3 / (n1[0] - n0[0])
             res["model_proc_cpu_ms"] = (cpu1[0] - cpu0[0]) * 1e3 / (n1[0] - n0[0])
@@ -515,6 +523,12 @@ def report(r: dict[str, Any], args: argparse.Namespace) -> None:
               f"on / in-process: {100 * b['req_s'] / e:.0f} %")
         print("(client proc busy: the busiest client process's CPU time as a share of one core; near 100 % its GIL "
               "limits the load: use more --client-procs)")
+        for label, x in (("batching on", b), ("batching off", u)):
+            if "worker_share" in x:
+                w = x["worker_share"]
+                print(f"({label}: the workers' time, share of the test: staging in {w['compute_input']:.0%}, engine "
+                      f"{w['compute_infer']:.0%}, results out {w['compute_output']:.0%}, over {args.instances if label == 'batching on' else 1} "
+                      "instance(s))")
         if args.grpc_procs and "model_proc_cpu_ms" in b:
             print(f"(server CPU: the model process and its {args.grpc_procs} gRPC front ends; the model process alone: "
                   f"{b['model_proc_cpu_ms']:.3f} / {u.get('model_proc_cpu_ms', float('nan')):.3f} ms a request, "
