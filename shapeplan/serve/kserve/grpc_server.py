@@ -35,7 +35,7 @@ from google.protobuf.message import DecodeError
 import shapeplan
 from shapeplan.serve.errors import BadRequestError, describe, status_of
 from shapeplan.serve.kserve import proto as pb
-from shapeplan.serve.kserve import protocol, wire
+from shapeplan.serve.kserve import protocol, relay, wire
 
 
 class Service:
@@ -245,7 +245,6 @@ class GrpcRelays:
 
     def __init__(self, repo: Any, host: str, port: int, *, max_request_bytes: int, procs: int,
                  arena_bytes: int | None = None) -> None:
-        from shapeplan.serve.kserve import relay
         self.host, self.procs = host, procs
         self._calls = calls(repo)
         self._stream = stream_call(repo)
@@ -280,13 +279,20 @@ class GrpcRelays:
             raise
 
     async def _hello(self) -> int:
-        try:
-            return await asyncio.wait_for(self._hellos.get(), self.START_TIMEOUT_S)
-        except asyncio.TimeoutError:
-            raise OSError(f"gRPC: a front-end process did not start in {self.START_TIMEOUT_S:.0f} s") from None
+        """The port the next front end to start listens on (0: it could not bind)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.START_TIMEOUT_S
+        while loop.time() < deadline:
+            try:
+                return await asyncio.wait_for(self._hellos.get(), 0.25)
+            except asyncio.TimeoutError:
+                for child in self._children:
+                    if child.poll() is not None:
+                        raise OSError(f"gRPC: a front-end process exited (status {child.returncode}) before it "
+                                      "was ready") from None
+        raise OSError(f"gRPC: a front-end process did not start in {self.START_TIMEOUT_S:.0f} s")
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        from shapeplan.serve.kserve import relay
         self._conns.add(writer)
         tasks: set[asyncio.Task] = set()
         try:
@@ -314,7 +320,6 @@ class GrpcRelays:
             writer.close()
 
     async def _answer(self, writer: asyncio.StreamWriter, rid: int, method: str, kind: int, raw: Any) -> None:
-        from shapeplan.serve.kserve import relay
         status = 0
         try:
             body = await (self._stream(raw) if kind == relay.STREAM else self._calls[method](raw))

@@ -33,6 +33,7 @@ import asyncio
 import json
 import mmap
 import os
+import signal
 import struct
 import sys
 import tempfile
@@ -222,7 +223,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--stream", required=True, help="its bidirectional-stream methods, comma-separated")
     p.add_argument("--max-request-bytes", type=int, required=True)
     p.add_argument("--arena-bytes", type=int, required=True)
-    relay = Relay(p.parse_args(argv))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C reaches the whole process group: the model
+    relay = Relay(p.parse_args(argv))               # process stops us (the hub closes), in its own order
     try:
         asyncio.run(relay.run())
     finally:
