@@ -237,7 +237,7 @@ class GrpcRelays:
     """``--grpc-procs N``: N front-end processes (``relay.py``) listen on the gRPC port (the kernel spreads
     the connections over them) and hand each request to this process through a shared-memory arena and
     a Unix socket; this process serves it with the same ``calls`` as ``GrpcServer`` and sends the answer
-    back. For a ResNet-50-sized request this process then spends 0.36-0.39 ms of CPU instead of 0.94-1.01
+    back. For a ResNet-50-sized request this process then spends 0.35-0.39 ms of CPU instead of 0.85-1.01
     (2-vCPU box, staging copies included; docs/serve.md, "Performance"). The port is bound with
     ``SO_REUSEPORT``."""
 
