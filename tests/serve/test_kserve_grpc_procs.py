@@ -40,14 +40,7 @@ def server(repo_dir, tmp_path_factory):
     children = list(s.grpc._children)
     s.stop()
     assert all(c.poll() is not None for c in children), "a front-end process outlived the server"
-
-
-@pytest.fixture
-def grpc_client(server):
-    tc = pytest.importorskip("tritonclient.grpc")
-    c = tc.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
-    yield c
-    c.close()
+# conftest's grpc_client (function-scoped) connects to this module's server
 
 
 def _infer(port: int, x: np.ndarray, model: str = "mlp") -> np.ndarray:

@@ -132,12 +132,6 @@ def _stream_error(message: str, model_name: str, model_version: str, id: str) ->
                                        ).SerializeToString()
 
 
-STREAM_MAX_IN_FLIGHT = 256
-"""Requests of one ``ModelStreamInfer`` stream being served at once; the stream's next request is read
-when one finishes (HTTP/2 flow control then holds the client back), so one stream cannot queue
-without bound."""
-
-
 def stream_call(repo: Any) -> Call:
     """One ``ModelStreamInfer`` request: its ``ModelStreamInferResponse``, an error in band (never raises)."""
     async def one(raw: bytes) -> bytes:
@@ -155,36 +149,13 @@ def _stream_infer_handler(repo: Any) -> grpc.RpcMethodHandler:
     """Triton's streaming extension: requests come on one bidirectional stream and are served
     concurrently (those of a batched model batch together, with each other and with unary calls); each
     gets one ``ModelStreamInferResponse``, in the order they finish (the response carries the
-    request's ``id``). A bad request gets a response with its ``error_message`` and the stream goes on."""
+    request's ``id``). A bad request gets a response with its ``error_message`` and the stream goes on.
+    The stream's loop is ``relay.stream_handler`` (shared with the front-end processes)."""
     one = stream_call(repo)
 
-    async def call(_requests: Any, context: Any) -> None:     # read with context.read()
-        slots = asyncio.Semaphore(STREAM_MAX_IN_FLIGHT)
-        writing = asyncio.Lock()                    # one write at a time on a call
-        tasks: set[asyncio.Task] = set()
-
-        async def serve(raw: bytes) -> None:
-            try:
-                response = await one(raw)
-                async with writing:
-                    await context.write(response)
-            except (grpc.aio.UsageError, grpc.aio.AbortError, asyncio.InvalidStateError):
-                pass                                # the call ended (client gone): nobody to answer
-            finally:
-                slots.release()
-
-        try:
-            while (raw := await context.read()) is not grpc.aio.EOF:
-                await slots.acquire()
-                task = asyncio.ensure_future(serve(raw))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
-            while tasks:                            # the client closed its side: finish what it sent
-                await asyncio.wait(set(tasks))
-        finally:
-            for task in tasks:
-                task.cancel()
-    return grpc.stream_stream_rpc_method_handler(call)
+    async def answer(raw: bytes, context: Any) -> bytes:
+        return await one(raw)
+    return relay.stream_handler(answer)
 
 
 class _Loop:

@@ -37,7 +37,7 @@ import signal
 import struct
 import sys
 import tempfile
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 import grpc
 
@@ -47,11 +47,45 @@ HELLO = struct.Struct("<I")
 UNARY, STREAM = 0, 1
 INLINE = (1 << 64) - 1
 ALIGN = 64
-STREAM_MAX_IN_FLIGHT = 256               # as grpc_server.STREAM_MAX_IN_FLIGHT
+STREAM_MAX_IN_FLIGHT = 256               # requests of one stream served at once (stream_handler)
 LAUNCH = "import sys, runpy; del sys.path[0]; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"
 """``python -c LAUNCH relay.py ARGS``"""
 _CODES = {c.value[0]: c for c in grpc.StatusCode}
 _UNAVAILABLE = grpc.StatusCode.UNAVAILABLE.value[0]
+
+
+def stream_handler(answer: Callable[[bytes, Any], Awaitable[bytes]]) -> grpc.RpcMethodHandler:
+    """A bidirectional stream whose messages are requests served concurrently, ``answer(request,
+    context)`` each, the responses written as they finish (one write at a time); at most
+    ``STREAM_MAX_IN_FLIGHT`` at once, so one stream cannot queue without bound (its next message is read
+    when one finishes; HTTP/2 flow control then holds the client back). Used by both gRPC servers."""
+    async def handle(_requests: Any, context: Any) -> None:      # read with context.read()
+        slots = asyncio.Semaphore(STREAM_MAX_IN_FLIGHT)
+        writing = asyncio.Lock()
+        tasks: set[asyncio.Task] = set()
+
+        async def serve(raw: bytes) -> None:
+            try:
+                response = await answer(raw, context)
+                async with writing:
+                    await context.write(response)
+            except (grpc.aio.UsageError, grpc.aio.AbortError, asyncio.InvalidStateError):
+                pass                                    # the call ended (client gone): nobody to answer
+            finally:
+                slots.release()
+
+        try:
+            while (raw := await context.read()) is not grpc.aio.EOF:
+                await slots.acquire()
+                task = asyncio.ensure_future(serve(raw))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            while tasks:                                # the client closed its side: finish what it sent
+                await asyncio.wait(set(tasks))
+        finally:
+            for task in tasks:
+                task.cancel()
+    return grpc.stream_stream_rpc_method_handler(handle)
 
 
 class Arena:
@@ -154,37 +188,12 @@ class Relay:
         return grpc.unary_unary_rpc_method_handler(handle)
 
     def streaming(self, method: str) -> Any:
-        """Triton's streaming extension, as grpc_server serves it: each message is a request served
-        concurrently (the model process answers errors in band), written back as it finishes."""
-        async def handle(_requests: Any, context: Any) -> None:
-            slots = asyncio.Semaphore(STREAM_MAX_IN_FLIGHT)
-            writing = asyncio.Lock()
-            tasks: set[asyncio.Task] = set()
-
-            async def serve(raw: bytes) -> None:
-                try:
-                    status, body = await self.call(method, STREAM, raw)
-                    if status:
-                        await context.abort(_CODES[status], body.decode("utf-8", "replace"))
-                    async with writing:
-                        await context.write(body)
-                except (grpc.aio.UsageError, grpc.aio.AbortError, asyncio.InvalidStateError):
-                    pass                                # the call ended: nobody to answer
-                finally:
-                    slots.release()
-
-            try:
-                while (raw := await context.read()) is not grpc.aio.EOF:
-                    await slots.acquire()
-                    task = asyncio.ensure_future(serve(raw))
-                    tasks.add(task)
-                    task.add_done_callback(tasks.discard)
-                while tasks:
-                    await asyncio.wait(set(tasks))
-            finally:
-                for task in tasks:
-                    task.cancel()
-        return grpc.stream_stream_rpc_method_handler(handle)
+        async def answer(raw: bytes, context: Any) -> bytes:
+            status, body = await self.call(method, STREAM, raw)
+            if status:                                  # the model process answers errors in band: it is gone
+                await context.abort(_CODES[status], body.decode("utf-8", "replace"))
+            return body
+        return stream_handler(answer)
 
     async def run(self) -> None:
         a = self.args
