@@ -303,7 +303,7 @@ class GrpcRelays:
             writer.writelines([relay.REPLY.pack(rid, status, len(body)), body])
 
     def start(self) -> "GrpcRelays":
-        return self
+        return self                                         # the front ends serve from their hello on
 
     def stop(self, grace: float | None = 1.0) -> None:
         async def close() -> None:

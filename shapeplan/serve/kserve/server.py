@@ -106,7 +106,7 @@ class KServeServer:
             from shapeplan.serve.kserve.grpc_server import GrpcRelays, GrpcServer
             if self.grpc_procs:
                 self.grpc = GrpcRelays(self.repo, self.host, grpc_port, max_request_bytes=self.max_request_bytes,
-                                       procs=self.grpc_procs, arena_bytes=self.grpc_arena_bytes)
+                                       procs=self.grpc_procs, arena_bytes=self.grpc_arena_bytes).start()
             else:
                 self.grpc = GrpcServer(self.repo, self.host, grpc_port, max_request_bytes=self.max_request_bytes).start()
 
