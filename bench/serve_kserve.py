@@ -38,7 +38,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -211,7 +211,12 @@ def _proc_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def server_cpu_s(pid: int | None) -> tuple[float, float] | None:
+class ServerCpu(NamedTuple):
+    model_proc: float       # CPU seconds of the server process
+    total: float            # and of its children (the --grpc-procs front ends) added
+
+
+def server_cpu_s(pid: int | None) -> ServerCpu | None:
     """CPU seconds (user + system) the server process has used so far, and with its children (the
     ``--grpc-procs`` front ends) added (Linux), else None."""
     try:
@@ -223,7 +228,7 @@ def server_cpu_s(pid: int | None) -> tuple[float, float] | None:
                     kids += _proc_cpu_s(int(child))
                 except OSError:
                     pass
-        return own, own + kids
+        return ServerCpu(own, own + kids)
     except (OSError, TypeError, ValueError, IndexError):
         return None
 
@@ -231,9 +236,15 @@ def server_cpu_s(pid: int | None) -> tuple[float, float] | None:
 PHASES = ("compute_input", "compute_infer", "compute_output")
 
 
-def model_counters(http_addr: str | None, model: str) -> tuple[int, int, list[int], float] | None:
-    """(requests succeeded, engine calls, ns in each of ``PHASES``) of ``model`` from the server's
-    statistics endpoint, and the monotonic time it was read."""
+class Counters(NamedTuple):
+    success: int            # requests succeeded
+    calls: int              # engine calls
+    phase_ns: list[int]     # ns in each of PHASES, summed over the calls
+    at: float               # time.monotonic() when read
+
+
+def model_counters(http_addr: str | None, model: str) -> Counters | None:
+    """``model``'s counters from the server's statistics endpoint."""
     if not http_addr:
         return None
     host, port = http_addr.rsplit(":", 1)
@@ -246,7 +257,7 @@ def model_counters(http_addr: str | None, model: str) -> tuple[int, int, list[in
     finally:
         conn.close()
     i = s["inference_stats"]
-    return i["success"]["count"], s["execution_count"], [int(i[k]["ns"]) for k in PHASES], time.monotonic()
+    return Counters(i["success"]["count"], s["execution_count"], [int(i[k]["ns"]) for k in PHASES], time.monotonic())
 
 
 def load_test(addr: str, model: str, spec: list, args: argparse.Namespace, http_addr: str | None = None,
@@ -277,14 +288,15 @@ def load_test(addr: str, model: str, spec: list, args: argparse.Namespace, http_
            "p99_ms": float(np.percentile(lat_ms, 99)) if len(lat) else 0.0, "errors": errors,
            "client_busy": max(busy)}
     cpu1, n1 = server_cpu_s(server_pid), model_counters(http_addr, model)
-    if n0 and n1 and n1[0] > n0[0]:
-        res["rows_per_call"] = (n1[0] - n0[0]) / max(n1[1] - n0[1], 1)
+    if n0 and n1 and n1.success > n0.success:
+        served = n1.success - n0.success
+        res["rows_per_call"] = served / max(n1.calls - n0.calls, 1)
         # the model's workers' time in each phase of a call (staging in, the engine, results out), as a share
         # of the test's wall time summed over the instances: near 1 per instance, the workers are the limit
-        res["worker_share"] = {k: (b - a) * 1e-9 / (n1[3] - n0[3]) for k, a, b in zip(PHASES, n0[2], n1[2])}
+        res["worker_share"] = {k: (b - a) * 1e-9 / (n1.at - n0.at) for k, a, b in zip(PHASES, n0.phase_ns, n1.phase_ns)}
         if cpu0 is not None and cpu1 is not None:         # front ends that exit mid-test would skew it: none do
-            res["server_cpu_ms"] = (cpu1[1] - cpu0[1]) * 1e3 / (n1[0] - n0[0])
-            res["model_proc_cpu_ms"] = (cpu1[0] - cpu0[0]) * 1e3 / (n1[0] - n0[0])
+            res["server_cpu_ms"] = (cpu1.total - cpu0.total) * 1e3 / served
+            res["model_proc_cpu_ms"] = (cpu1.model_proc - cpu0.model_proc) * 1e3 / served
     return res
 
 

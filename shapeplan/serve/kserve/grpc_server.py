@@ -297,9 +297,7 @@ class GrpcRelays:
         except Exception as e:  # noqa: BLE001 - every failure is this call's own status
             status = getattr(grpc.StatusCode, status_of(e).grpc).value[0]
             body = describe(e).encode()
-        finally:
-            del raw                                         # the front end reuses the region after the reply
-        if not writer.is_closing():
+        if not writer.is_closing():                         # after this reply the front end reuses raw's region
             writer.writelines([relay.REPLY.pack(rid, status, len(body)), body])
 
     def start(self) -> "GrpcRelays":
