@@ -286,6 +286,22 @@ def test_integer_mma_gemm_dispatch(triton_kernels, monkeypatch):
 
 # ------------------------------------------------------------------ the one-row kernels (qgemv.py)
 ONE_ROW = ["Q4_K", "Q4_K_R", "Q5_K", "Q6_K", "Q6_K_R", "Q8_0", "Q8_0_R", "Q4_0", "IQ4_NL", "IQ4_XS"]
+#: the types whose one-row kernel reads PF (Q4_K's kernel: Q4_K, Q4_K_R, Q5_K); the others ignore it
+PF_TYPES = ("Q4_K", "Q4_K_R", "Q5_K")
+
+
+def one_row_case(name: str, tiles: tuple | None, *rest) -> object:
+    """A one-row kernel case (``name``, ``tiles``, ...) for ``parametrize``, run on CUDA only where Triton's
+    interpreter would run another case's program again: the interpreter ignores ``tl.range``'s ``num_stages``
+    (STAGES > 1), and a type outside ``PF_TYPES`` ignores PF, so such tiles differ from the same tiles without
+    them only in compiled code (on CUDA; every variant's sm_90 PTX is checked on the CPU by
+    ``test_one_row_kernels_compile_for_sm90``). This keeps the CPU suite to the cases that differ there."""
+    tiles = tiles or ()                                                  # (BN, CH, warps, XQ[, STAGES[, PF]])
+    stages, pf = tiles[4] if len(tiles) > 4 else 1, tiles[5] if len(tiles) > 5 else 0
+    if stages > 1 or (pf and name not in PF_TYPES):
+        return pytest.param(name, tiles or None, *rest, marks=pytest.mark.skipif(
+            DEV != "cuda", reason="STAGES / PF: under Triton's interpreter the same run as these tiles without it"))
+    return pytest.param(name, tiles or None, *rest)
 
 
 def _unfused(x, w, s=None, r=None, glu=False, eps=1e-5):
@@ -299,13 +315,13 @@ def _unfused(x, w, s=None, r=None, glu=False, eps=1e-5):
     return y + r if r is not None else y
 
 
-@pytest.mark.parametrize("name", ONE_ROW)
-@pytest.mark.parametrize("nk,tiles,random_bytes", [((13, 1024), (4, 1, 4, 1), False), ((13, 1024), (4, 1, 4, 0), False),
-                                                   ((7, 1536), (2, 2, 1, 1), True), ((7, 1536), (2, 2, 1, 0), True),
-                                                   ((7, 1536), (2, 2, 1, 1, 3), True),
-                                                   ((7, 1536), (2, 2, 1, 1, 1, 1), True),
-                                                   ((5, 512), None, False)])
-def test_one_row_kernel_equals_dequantize_then_matmul(name, nk, tiles, random_bytes, triton_kernels):
+@pytest.mark.parametrize("name,tiles,nk,random_bytes", [
+    one_row_case(name, tiles, nk, random_bytes) for name in ONE_ROW
+    for nk, tiles, random_bytes in [((13, 1024), (4, 1, 4, 1), False), ((13, 1024), (4, 1, 4, 0), False),
+                                    ((7, 1536), (2, 2, 1, 1), True), ((7, 1536), (2, 2, 1, 0), True),
+                                    ((7, 1536), (2, 2, 1, 1, 3), True), ((7, 1536), (2, 2, 1, 1, 1, 1), True),
+                                    ((5, 512), None, False)]])
+def test_one_row_kernel_equals_dequantize_then_matmul(name, tiles, nk, random_bytes, triton_kernels):
     """N not a multiple of BN, K over several super-blocks / block pairs (a partial last iteration with
     CH = 2), quantized weights and random bytes (every code and scale bit pattern); x read as quads in
     the weights' layout (XQ = 1) and as a tile broadcast over the rows (XQ = 0); the K loop in 3 stages, and
@@ -349,8 +365,8 @@ INT8_X = ([(name, t) for name in ONE_ROW for t in [(4, 1, 4, 2), (2, 2, 1, 2), (
           + [(name, t) for name in ("Q4_K", "Q4_K_R") for t in [(4, 1, 4, 3), (2, 2, 1, 3), (2, 2, 1, 3, 3)]])
 
 
-@pytest.mark.parametrize("name,tiles", INT8_X)
-@pytest.mark.parametrize("n,random_bytes", [(13, False), (16, True)])
+@pytest.mark.parametrize("name,tiles,n,random_bytes", [one_row_case(name, tiles, n, random_bytes) for name, tiles in INT8_X
+                                                         for n, random_bytes in [(13, False), (16, True)]])
 def test_one_row_kernel_int8_x_exact(name, tiles, n, random_bytes, triton_kernels):
     """XQ = 2 / 3 (x as int8 codes, one dp4a per weight word) on an x that int8 codes hold exactly (each
     block a power-of-two scale times codes, one of them ±127): the dequantize-then-matmul result, to fp32
@@ -473,7 +489,7 @@ def test_one_row_kernel_rows_equal_one_row_calls(name, xq, case, triton_kernels)
     quantized in one launch, each row's codes those of a one-row quantization); x rows 2 bytes off 8-byte
     alignment are copied first."""
     from shapeplan.runtime.backends.triton.kernels import qgemv
-    n, k, m = 18, 1024, 3
+    n, k, m = 18, 512, 3
     g = torch.Generator().manual_seed(17)
     packed = packed_weight(name, n, k, seed=4).to(DEV)
     x = torch.randn(m, k + 1, generator=g).to(torch.bfloat16).to(DEV)[:, 1:]     # rows 2 bytes past alignment
@@ -584,7 +600,9 @@ def test_fused_quant_ops_rows_through_integer_gemm(name, triton_kernels, monkeyp
     """A decode step's 8 rows of QuantRMSNormMatMul (norm + GLU) / QuantMatMulAdd where the one-row kernel reads x as int8 codes
     (tiles with XQ = 2) run mmq.py (the norm where x is quantized, then the gate / the add), and each row agrees
     with that row's one-row call to float32 rounding: the same codes of x, only the order of the sums differs
-    (what batched decode on these buckets promises against single-stream decode)."""
+    (what batched decode on these buckets promises against single-stream decode). The first, a middle and
+    the last row are checked (each row is its own program of the one-row kernel, and the same tile of mmq's);
+    a prefill's 8 rows go to the one-row kernels, never to mmq."""
     from shapeplan.runtime.backends.triton.kernels import mmq, qgemv
     tiles = qgemv.DEFAULT_LARGE[qgemv.tiles_type(name)]
     assert tiles[3] == 2
@@ -592,7 +610,7 @@ def test_fused_quant_ops_rows_through_integer_gemm(name, triton_kernels, monkeyp
     rows = []
     real = mmq.mmq
     monkeypatch.setattr(mmq, "mmq", lambda x, *a, **kw: rows.append(x.shape[0]) or real(x, *a, **kw))
-    n, k = 32, 1024
+    n, k = 16, 512
     g = torch.Generator().manual_seed(9)
     packed = packed_weight(name, n, k).to(DEV)
     s = (torch.rand(k, generator=g) + 0.5).to(DEV)
@@ -601,16 +619,21 @@ def test_fused_quant_ops_rows_through_integer_gemm(name, triton_kernels, monkeyp
     norm = qops.quant_rms_norm_matmul(x, s, packed, qtype=name, n=n, k=k, activation="silu_mul")
     add = qops.quant_matmul_add(x, packed, r, qtype=name, n=n, k=k)
     assert rows == [8, 8]
-    qops.quant_matmul_add(x.reshape(1, 8, k), packed, r.reshape(1, 8, n), qtype=name, n=n, k=k)
-    assert rows == [8, 8]                                                # a prefill's 8 rows: the one-row kernels
-    for i in range(8):
+    for i in (0, 5, 7):
         _close(norm[i:i + 1], qops.quant_rms_norm_matmul(x[i:i + 1], s, packed, qtype=name, n=n, k=k,
                                                           activation="silu_mul"))
         _close(add[i:i + 1], qops.quant_matmul_add(x[i:i + 1], packed, r[i:i + 1], qtype=name, n=n, k=k))
     assert rows == [8, 8]                                                # the single rows: the one-row kernel
     monkeypatch.setenv("SHAPEPLAN_QUANT_MMQ_MAX_ROWS", "0")              # off: the one-row kernels, bit for bit
-    assert torch.equal(qops.quant_matmul_add(x, packed, r, qtype=name, n=n, k=k)[2:3],
-                       qops.quant_matmul_add(x[2:3], packed, r[2:3], qtype=name, n=n, k=k))
+    assert torch.equal(qops.quant_matmul_add(x[:5], packed, r[:5], qtype=name, n=n, k=k)[2:3],  # (5 rows: mmq's
+                       qops.quant_matmul_add(x[2:3], packed, r[2:3], qtype=name, n=n, k=k))    # when on)
+    assert rows == [8, 8]
+    monkeypatch.delenv("SHAPEPLAN_QUANT_MMQ_MAX_ROWS")
+    one_row = []                                                         # (the routing only: the one-row kernel's
+    monkeypatch.setattr(qgemv, "gemv1", lambda x, packed, q, n, *a, **kw:  # 8 rows are test_one_row_kernel_rows_*'s)
+                        one_row.append(x.shape[0]) or torch.zeros(x.shape[0], n, dtype=x.dtype, device=x.device))
+    qops.quant_matmul_add(x.reshape(1, 8, k), packed, r.reshape(1, 8, n), qtype=name, n=n, k=k)
+    assert rows == [8, 8] and one_row == [8]                             # a prefill's 8 rows: the one-row kernel
 
 
 #: the file layouts' kernels, compiled in every variant; the others (our layouts, Q5_K, Q4_0) share their code
