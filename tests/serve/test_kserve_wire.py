@@ -117,3 +117,74 @@ def test_response_bytes_are_upbs(outputs, ids) -> None:
         t.shape.extend(a.shape)
         ref.raw_output_contents.append(protocol.array_to_bytes(a))
     assert ours == ref.SerializeToString()
+
+
+# ------------------------------------------------------------------ any bytes: the reader agrees with upb or steps aside
+hypothesis = pytest.importorskip("hypothesis")
+from google.protobuf.message import DecodeError  # noqa: E402
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_DATATYPES = ["FP32", "FP16", "INT64", "INT8", "BOOL", "BYTES", "BF16", ""]
+
+
+@st.composite
+def _messages(draw, upb_only: bool | None = None) -> bytes:
+    """A valid ModelInferRequest in the subset the reader takes (names with any Unicode, shapes with any
+    int64, empty or absent fields), sometimes (``upb_only`` None) with an input parameter, which the reader
+    leaves to upb."""
+    text = st.text(max_size=12)
+    req = pb.ModelInferRequest(model_name=draw(text), model_version=draw(text), id=draw(text))
+    for _ in range(draw(st.integers(0, 3))):
+        req.inputs.add(name=draw(text), datatype=draw(st.sampled_from(_DATATYPES)),
+                       shape=draw(st.lists(st.integers(-(2**63), 2**63 - 1), max_size=4)))
+        req.raw_input_contents.append(draw(st.binary(max_size=24)))
+    for _ in range(draw(st.integers(0, 2))):
+        req.outputs.add(name=draw(text))
+    if req.inputs and (upb_only if upb_only is not None else draw(st.booleans())):
+        req.inputs[0].parameters["p"].int64_param = draw(st.integers(-5, 5))
+    return req.SerializeToString()
+
+
+@st.composite
+def _damaged(draw) -> bytes:
+    """A valid message cut short, with bytes changed, inserted or appended (what a broken client or a
+    hostile one sends)."""
+    raw = bytearray(draw(_messages()))
+    for _ in range(draw(st.integers(1, 3))):
+        what = draw(st.sampled_from(["cut", "flip", "insert", "append"]))
+        at = draw(st.integers(0, len(raw)))
+        if what == "cut":
+            del raw[at:]
+        elif what == "flip" and at < len(raw):
+            raw[at] ^= draw(st.integers(1, 255))
+        elif what == "insert":
+            raw[at:at] = draw(st.binary(min_size=1, max_size=4))
+        else:
+            raw += draw(st.binary(min_size=1, max_size=6))
+    return bytes(raw)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(_messages(), _damaged(), st.binary(max_size=64)))
+def test_any_bytes_read_as_upb_reads_them_or_left_to_upb(raw) -> None:
+    """Whatever arrives, the reader never raises, and when it returns a view, upb parses the same bytes and
+    reads the same fields: a malformed message is never read as a request, and none is read otherwise."""
+    view = wire.read_infer_request(raw)
+    try:
+        ref = pb.ModelInferRequest.FromString(raw)
+    except DecodeError:
+        assert view is None, "the reader took bytes that upb rejects"
+        return
+    if view is not None:
+        _same(view, ref)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_messages(upb_only=False))
+def test_every_request_of_the_subset_takes_the_zero_copy_path(raw) -> None:
+    """Every valid request of the reader's subset (any Unicode names, any int64 dimensions, fields empty
+    or absent) is read here, not left to upb: the zero-copy path is not lost to a parsing slip."""
+    view = wire.read_infer_request(raw)
+    assert view is not None
+    _same(view, pb.ModelInferRequest.FromString(raw))
