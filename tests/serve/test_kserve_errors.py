@@ -75,6 +75,10 @@ HTTP_CASES = [
     ("header length past the body", "/v2/models/mlp/infer", _json([X]),
      {"Inference-Header-Content-Length": "100000"}, 400, ["Inference-Header-Content-Length is 100000"]),
     ("malformed JSON", "/v2/models/mlp/infer", b'{"inputs": [', {}, 400, ["not valid JSON"]),
+    ("JSON nested past the recursion limit", "/v2/models/mlp/infer", b'{"inputs": ' + b"[" * 100_000, {}, 400,
+     ["not valid JSON", "recursion"]),
+    ("shape past what an array holds", "/v2/models/mlp/infer",
+     _json([{**X, "shape": [0, 2**62, 2**62], "data": []}]), {}, 400, ["input 'x'", "is not an array shape"]),
     ("no inputs", "/v2/models/mlp/infer", b'{"inputs": []}', {}, 400, ["'inputs' must be a non-empty list"]),
     ("inputs not a list", "/v2/models/mlp/infer", b'{"inputs": {"x": 1}}', {}, 400, ["'inputs' must be"]),
     ("unknown output", "/v2/models/mlp/infer", _json([X], outputs=[{"name": "q"}]), {}, 400,
@@ -165,6 +169,10 @@ GRPC_CASES = [
     ("negative dimension", _infer_msg(shape=(-1, 8), raw=b""), "INVALID_ARGUMENT",
      ["input 'x'", "non-negative integers"]),
     ("malformed protobuf", b"\xff\xff\xff\xff garbage", "INVALID_ARGUMENT", ["not a valid ModelInferRequest"]),
+    ("shape past what an array holds", _infer_msg(shape=(0, 2**62, 2**62), raw=b""), "INVALID_ARGUMENT",
+     ["input 'x'", "is not an array shape"]),
+    ("more dimensions than an array has", _infer_msg(shape=(1,) * 40, raw=bytes(4)), "INVALID_ARGUMENT",
+     ["input 'x'", "at most 32 dimensions"]),
 ]
 
 

@@ -87,3 +87,72 @@ def test_grpc_contents_and_raw() -> None:
     res = pb.ModelInferResponse.FromString(protocol.encode_grpc("m", "1", d, {"y": np.array([[1, 2]], np.int64)}))
     assert res.outputs[0].datatype == "INT64" and list(res.outputs[0].shape) == [1, 2]
     assert np.frombuffer(res.raw_output_contents[0], np.int64).tolist() == [1, 2]
+
+
+# ------------------------------------------------------------------ any request: decoded, or a BadRequestError
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=6),
+                     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
+                     max_leaves=12)
+_DIMS = st.integers(-2, 4) | st.sampled_from([2**31, 2**62, 2**63, 2**70]) | st.booleans()
+
+
+@st.composite
+def _tensor(draw) -> dict:
+    """An input as a client might send it: mostly plausible fields, any of them sometimes wrong."""
+    t = {"name": draw(st.text(max_size=3) | _JSON), "datatype": draw(st.sampled_from(list(protocol.DATATYPES)) | _JSON),
+         "shape": draw(st.lists(_DIMS, max_size=4) | _JSON)}
+    if draw(st.booleans()):
+        t["data"] = draw(st.lists(st.integers(-300, 300) | st.floats() | st.booleans() | st.text(max_size=2)
+                                  | st.lists(st.integers(-3, 3), max_size=3), max_size=6) | _JSON)
+    else:
+        t["parameters"] = {"binary_data_size": draw(st.integers(-2, 40) | _JSON)}
+    return t
+
+
+@st.composite
+def _http_body(draw) -> tuple[bytes, int | None]:
+    doc = {"inputs": draw(st.lists(_tensor(), max_size=3) | _JSON)}
+    for key in ("id", "outputs", "parameters"):
+        if draw(st.booleans()):
+            doc[key] = draw(st.lists(st.fixed_dictionaries({"name": st.text(max_size=3) | _JSON}), max_size=2) | _JSON)
+    head = json.dumps(doc).encode()
+    tail = draw(st.binary(max_size=48))
+    length = draw(st.sampled_from([len(head), None]) | st.integers(-3, len(head) + len(tail) + 3))
+    return head + tail, length
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_http_body() | st.tuples(st.binary(max_size=64) | st.just(b"[" * 5000), st.none() | st.integers(-2, 80)))
+def test_any_http_body_decodes_or_is_a_bad_request(body) -> None:
+    """Whatever a client sends, the HTTP infer body decodes or is refused with a BadRequestError (a 400 that names
+    what is wrong), never another exception (a 500): wrong types anywhere, shapes past what an array can hold,
+    lengths that disagree, JSON nested deeper than Python's recursion limit, bytes that are not JSON."""
+    raw, length = body
+    try:
+        req = protocol.decode_http(raw, length)
+    except BadRequestError as e:
+        assert str(e)
+        return
+    assert req.feeds and all(isinstance(a, np.ndarray) for a in req.feeds.values())
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.text(max_size=3), st.sampled_from(list(protocol.DATATYPES)) | st.text(max_size=5),
+                          st.lists(st.integers(-2, 4) | st.sampled_from([2**62, 2**63 - 1, -(2**63)]), max_size=40),
+                          st.binary(max_size=24)), max_size=3))
+def test_any_grpc_request_decodes_or_is_a_bad_request(inputs) -> None:
+    """The same for a gRPC request's raw contents: any names, datatypes, int64 dimensions (up to 40 of them)
+    and byte lengths."""
+    req = pb.ModelInferRequest(model_name="m")
+    for name, dt, shape, raw in inputs:
+        req.inputs.add(name=name, datatype=dt, shape=shape)
+        req.raw_input_contents.append(raw)
+    try:
+        d = protocol.decode_grpc(req)
+    except BadRequestError as e:
+        assert str(e)
+        return
+    assert all(isinstance(a, np.ndarray) for a in d.feeds.values())

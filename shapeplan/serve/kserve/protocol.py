@@ -76,10 +76,18 @@ def _numpy_dtype(name: str, datatype: Any) -> Any:
     return DATATYPES[datatype][0]
 
 
+#: the most elements (zero-length dimensions left out) and dimensions a request's array may have: every
+#: array numpy can make of any datatype (its size in bytes an int64), and numpy 1's MAXDIMS
+MAX_ELEMENTS, MAX_DIMS = (1 << 63) // 16, 32
+
+
 def _shape(name: str, shape: Any) -> tuple[int, ...]:
     if not isinstance(shape, (list, tuple)) or not all(isinstance(d, int) and not isinstance(d, bool)
                                                         and d >= 0 for d in shape):
         raise BadRequestError(f"input {name!r}: shape must be a list of non-negative integers, got {shape!r}")
+    if len(shape) > MAX_DIMS or math.prod(d for d in shape if d) > MAX_ELEMENTS:
+        raise BadRequestError(f"input {name!r}: shape {list(shape)} is not an array shape (at most {MAX_DIMS} "
+                              f"dimensions and 2**{MAX_ELEMENTS.bit_length() - 1} elements)")
     return tuple(shape)
 
 
@@ -214,7 +222,7 @@ def decode_http(body: bytes, header_length: int | None) -> InferRequest:
                               f"{len(body)} bytes")
     try:
         doc = json.loads(head)
-    except (ValueError, UnicodeDecodeError) as e:
+    except (ValueError, RecursionError) as e:      # bad JSON or UTF-8, an integer of 4,300+ digits, deep nesting
         raise BadRequestError(f"the request body is not valid JSON: {e}") from None
     doc = _dict(doc, "the request")
     inputs = doc.get("inputs")
