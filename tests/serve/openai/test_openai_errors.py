@@ -2,6 +2,7 @@
 serving; a full queue is a 503 with Retry-After; ``--api-key`` guards every endpoint but /health."""
 from __future__ import annotations
 
+import json
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -152,3 +153,77 @@ def test_the_api_key_guards_everything_but_health(small_server):
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=s.url + "/v1", api_key="wrong", max_retries=0).models.list()
     assert s.client().completions.create(model=MODEL, prompt="Hi", max_tokens=2).usage.completion_tokens >= 1
+
+
+# ------------------------------------------------------------------ any request: answered, or a 4xx in OpenAI's shape
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_JSON = st.recursive(st.none() | st.booleans() | st.integers(-(2**65), 2**65) | st.floats() | st.text(max_size=5),
+                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+                     max_leaves=8)
+_SCHEMA = st.recursive(st.sampled_from([{"type": t} for t in ("string", "integer", "number", "boolean", "null", "nope")])
+                       | st.builds(lambda e: {"enum": e}, st.lists(st.text(max_size=3) | st.integers(), max_size=3)),
+                       lambda inner: st.builds(lambda p, r: {"type": "object", "properties": p, "required": r},
+                                               st.dictionaries(st.text(max_size=3), inner, max_size=2),
+                                               st.lists(st.text(max_size=3), max_size=2))
+                       | st.builds(lambda i: {"type": "array", "items": i, "maxItems": 2}, inner),
+                       max_leaves=4)
+_FIELDS = {         # each drawn field: mostly a value the server takes, sometimes anything
+    "n": st.integers(-1, 3), "temperature": st.floats(-1, 3), "top_p": st.floats(-0.5, 1.5),
+    "top_k": st.integers(-3, 40), "seed": st.integers(-(2**64), 2**64), "stop": st.text(max_size=3)
+    | st.lists(st.text(max_size=3), max_size=3), "repetition_penalty": st.floats(-1, 3),
+    "logit_bias": st.dictionaries(st.sampled_from(["5", "-1", "abc", "99999999", "0"]), st.floats(-200, 200),
+                                  max_size=2),
+    "stream": st.booleans(), "stream_options": st.fixed_dictionaries({"include_usage": st.booleans()}),
+    "user": st.text(max_size=4), "ignore_eos": st.booleans(), "return_token_ids": st.booleans(),
+}
+_COMPLETION = {"prompt": st.text(max_size=20) | st.lists(st.text(max_size=8), max_size=3)
+               | st.lists(st.integers(-3, 300) | st.sampled_from([2**31, 2**63]), max_size=6)
+               | st.lists(st.lists(st.integers(0, 300), max_size=4), max_size=2),
+               "max_tokens": st.integers(-1, 3) | st.none(), "logprobs": st.integers(-1, 21), "echo": st.booleans(),
+               "suffix": st.text(max_size=3), "best_of": st.integers(0, 2)}
+_CHAT = {"messages": st.lists(st.fixed_dictionaries(
+             {"role": st.sampled_from(["system", "user", "assistant", "tool", "wizard"]),
+              "content": st.text(max_size=12) | st.lists(st.fixed_dictionaries(
+                  {"type": st.sampled_from(["text", "image_url"]), "text": st.text(max_size=6)}), max_size=2)}),
+             max_size=3),
+         "max_completion_tokens": st.integers(-1, 3), "logprobs": st.booleans(), "top_logprobs": st.integers(-1, 21),
+         "response_format": st.sampled_from([{"type": "text"}, {"type": "json_object"}, {"type": "yaml"}])
+         | st.builds(lambda s: {"type": "json_schema", "json_schema": {"name": "x", "schema": s}}, _SCHEMA),
+         "tools": st.lists(st.builds(lambda p: {"type": "function", "function": {"name": "f", "parameters": p}},
+                                     _SCHEMA), max_size=2),
+         "tool_choice": st.sampled_from(["auto", "none", "required", {"type": "function", "function": {"name": "g"}}])}
+
+
+@st.composite
+def _request(draw) -> tuple[str, dict]:
+    chat = draw(st.booleans())
+    fields = {**_FIELDS, **(_CHAT if chat else _COMPLETION)}
+    body = {"model": draw(st.sampled_from([MODEL, MODEL, "nope"]))}
+    for name in draw(st.lists(st.sampled_from(sorted(fields)), max_size=5, unique=True)):
+        body[name] = draw(fields[name] | _JSON) if draw(st.integers(0, 5)) == 0 else draw(fields[name])
+    body.setdefault("messages" if chat else "prompt", draw(_CHAT["messages"] if chat else _COMPLETION["prompt"]))
+    if body.get("max_tokens") is None and not chat:
+        body["max_tokens"] = 2                          # (a null max_tokens: the rest of the context, too long here)
+    body.setdefault("max_completion_tokens" if chat else "max_tokens", 2)
+    return ("/v1/chat/completions" if chat else "/v1/completions"), body
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                   HealthCheck.function_scoped_fixture])
+@given(_request())
+def test_any_request_is_answered_or_refused_in_openai_shape(server, request_):
+    """Any combination of fields and values (right, wrong, or of the wrong type; JSON schemas and tools of any
+    shape): the server answers it, or refuses it with a 4xx and OpenAI's error JSON; never a 500, and it keeps
+    serving."""
+    path, body = request_
+    r = _send(server, path, json.dumps(body).encode())            # (NaN and Infinity as Python writes them)
+    assert r.status_code < 500, (r.status_code, r.text[:400])
+    if r.status_code >= 400:
+        err = r.json()["error"]
+        assert set(err) == {"message", "type", "param", "code"} and err["message"], err
+    elif body.get("stream"):
+        assert r.text.rstrip().endswith("data: [DONE]") and '"error"' not in r.text, r.text[-400:]
+    else:
+        assert r.json()["choices"], r.text[:400]
