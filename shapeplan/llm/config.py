@@ -19,6 +19,29 @@ from shapeplan.ir.dtypes import dtype_name
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
 
+def read_json(path: str) -> dict[str, Any]:
+    """A checkpoint's JSON file (config.json, generation_config.json, tokenizer_config.json, an index) as a
+    dict, or a ModelError that names the file and what is wrong with it: not UTF-8, not JSON, not an object.
+    A missing file is the caller's FileNotFoundError."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            d = json.load(f)
+    except (ValueError, RecursionError) as e:          # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise ModelError(f"{path}: not valid JSON (UTF-8 text expected): {type(e).__name__}: {e}") from None
+    if not isinstance(d, dict):
+        raise ModelError(f"{path}: expected a JSON object, got {type(d).__name__}")
+    return d
+
+
+def eos_ids(eos: Any, source: str) -> list[int]:
+    """An ``eos_token_id`` field (an id or a list of ids) as a list, or a ModelError naming ``source``."""
+    if isinstance(eos, int) and not isinstance(eos, bool):
+        return [eos]
+    if isinstance(eos, list) and all(isinstance(e, int) and not isinstance(e, bool) for e in eos):
+        return list(eos)
+    raise ModelError(f"{source}: eos_token_id must be a token id or a list of token ids, got {eos!r:.80}")
+
+
 @dataclass(slots=True)
 class LlamaConfig:
     model_type: str
@@ -82,7 +105,7 @@ class LlamaConfig:
             if mt == "qwen3" and not d.get("use_sliding_window", False):
                 window = 0
             eos = d.get("eos_token_id")
-            eos_ids = [] if eos is None else ([int(eos)] if isinstance(eos, int) else [int(e) for e in eos])
+            eos_list = [] if eos is None else eos_ids(eos, source)
             dt = d.get("dtype") or d.get("torch_dtype") or "float32"
             return cls(
                 model_type=mt,
@@ -103,21 +126,21 @@ class LlamaConfig:
                 sliding_window=int(window),
                 dtype=dtype_name(dt),
                 bos_token_id=d.get("bos_token_id"),
-                eos_token_ids=eos_ids,
+                eos_token_ids=eos_list,
             )
         except KeyError as e:
             raise ModelError(f"{source}: required field {e.args[0]!r} is missing") from None
+        except (TypeError, ValueError, ZeroDivisionError) as e:     # a field of the wrong type, or 0 heads
+            raise ModelError(f"{source}: a field has a value this model cannot have: {type(e).__name__}: {e}") \
+                from None
 
     @classmethod
     def from_file(cls, path: str) -> "LlamaConfig":
         cfg = os.path.join(path, "config.json") if os.path.isdir(path) else path
         try:
-            with open(cfg, encoding="utf-8") as f:
-                d = json.load(f)
+            d = read_json(cfg)
         except FileNotFoundError:
             raise ModelError(f"{cfg}: not found (a Hugging Face checkpoint directory needs config.json)") from None
-        except json.JSONDecodeError as e:
-            raise ModelError(f"{cfg}: not valid JSON: {e}") from None
         return cls.from_dict(d, source=cfg)
 
 

@@ -32,7 +32,7 @@ from shapeplan import diagnostics, env
 from shapeplan.errors import InputError, LifecycleError
 from shapeplan.llm.batch import BatchEngine, BlockManager, ModelRunner, RequestHandle, Scheduler, decode_buckets
 from shapeplan.llm.batch.constrained import Structured
-from shapeplan.llm.config import LlamaConfig, preset_config
+from shapeplan.llm.config import LlamaConfig, eos_ids, preset_config, read_json
 from shapeplan.llm.metrics import Metrics
 from shapeplan.llm.model import PagedKV, build_graph, initial_state, layers_x_codes
 from shapeplan.llm.sampling import Sampling
@@ -344,10 +344,9 @@ class GenerationPipeline:
             if os.path.exists(os.path.join(path, "tokenizer.json")) else None
         gen_cfg = os.path.join(path, "generation_config.json")
         if "eos_token_ids" not in kw and os.path.exists(gen_cfg):
-            with open(gen_cfg, encoding="utf-8") as f:
-                eos = json.load(f).get("eos_token_id")
+            eos = read_json(gen_cfg).get("eos_token_id")
             if eos is not None:
-                kw["eos_token_ids"] = [eos] if isinstance(eos, int) else list(eos)
+                kw["eos_token_ids"] = eos_ids(eos, gen_cfg)
         lap("config + tokenizer")
         warm = None
         if streaming(dev) and not quantize and kw.get("tp") is None and kw.get("placement") is None \

@@ -10,6 +10,7 @@ from datetime import datetime
 from typing import Any
 
 from shapeplan.errors import ModelError
+from shapeplan.llm.config import read_json
 
 
 class Tokenizer:
@@ -38,8 +39,7 @@ class Tokenizer:
         cfg: dict[str, Any] = {}
         tc = os.path.join(path, "tokenizer_config.json")
         if os.path.exists(tc):
-            with open(tc, encoding="utf-8") as f:
-                cfg = json.load(f)
+            cfg = read_json(tc)
         jt = os.path.join(path, "chat_template.jinja")
         if cfg.get("chat_template") is None and os.path.exists(jt):
             with open(jt, encoding="utf-8") as f:

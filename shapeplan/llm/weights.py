@@ -22,7 +22,7 @@ import torch
 from shapeplan import env
 from shapeplan.errors import ModelError
 from shapeplan.llm import stream_load
-from shapeplan.llm.config import LlamaConfig
+from shapeplan.llm.config import LlamaConfig, read_json
 
 _ST_DTYPES = {
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
@@ -95,8 +95,9 @@ class CheckpointWeights:
         self._where: dict[str, str] = {}
         self._files: dict[str, SafetensorsFile] = {}
         if os.path.exists(index):
-            with open(index, encoding="utf-8") as f:
-                wm = json.load(f).get("weight_map", {})
+            wm = read_json(index).get("weight_map", {})
+            if not isinstance(wm, dict) or not all(isinstance(v, str) for v in wm.values()):
+                raise ModelError(f"{index}: 'weight_map' must map tensor names to file names")
             for name, fn in wm.items():
                 self._where[name] = os.path.join(path, fn)
         else:

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from shapeplan.errors import InputError, ModelError
-from shapeplan.llm.config import LlamaConfig, inv_freq
+from shapeplan.llm.config import LlamaConfig, inv_freq, read_json
 from shapeplan.llm.weights import CheckpointWeights, _progress, expected_shapes
 from shapeplan.quant.recipes import FILE_TYPES, tensor_types
 
@@ -92,8 +92,7 @@ def _tokenizer(w, hf_dir: str, cfg: LlamaConfig) -> None:
     if not os.path.exists(path):
         warnings.warn(f"{hf_dir}: no tokenizer.json; the GGUF file has no tokenizer", stacklevel=3)
         return
-    with open(path, encoding="utf-8") as f:
-        tj = json.load(f)
+    tj = read_json(path)
     model = tj.get("model") or {}
     if model.get("type") != "BPE" or "ByteLevel" not in json.dumps([tj.get("pre_tokenizer"), tj.get("decoder")]):
         warnings.warn(f"{hf_dir}: tokenizer is not byte-level BPE; the GGUF file has no tokenizer "
@@ -121,8 +120,7 @@ def _tokenizer(w, hf_dir: str, cfg: LlamaConfig) -> None:
     conf = {}
     tc = os.path.join(hf_dir, "tokenizer_config.json")
     if os.path.exists(tc):
-        with open(tc, encoding="utf-8") as f:
-            conf = json.load(f)
+        conf = read_json(tc)
     bos = cfg.bos_token_id if cfg.bos_token_id is not None else vocab.get(conf.get("bos_token") or "")
     eos = cfg.eos_token_ids[0] if cfg.eos_token_ids else vocab.get(conf.get("eos_token") or "")
     if bos is not None:

@@ -103,6 +103,36 @@ def test_corrupt_or_truncated_safetensors_is_a_clean_error(llama, tmp_path):
         GenerationPipeline.from_pretrained(d, progress=False)
 
 
+@pytest.mark.parametrize("name", ["config.json", "generation_config.json", "tokenizer_config.json"])
+@pytest.mark.parametrize("damage,words", [
+    (lambda b: b[: len(b) // 2], "not valid JSON"),                     # cut short
+    (lambda b: b"\xff\xfe" + b, "not valid JSON.*UnicodeDecodeError"),  # not UTF-8
+    (lambda b: b"[1, 2]", "expected a JSON object, got list"),
+], ids=["truncated", "not utf-8", "not an object"])
+def test_a_damaged_checkpoint_json_file_is_a_model_error_naming_it(llama, tmp_path, name, damage, words):
+    d = _copy(llama, tmp_path / "m")
+    f = os.path.join(d, name)
+    with open(f, "rb") as fh:
+        data = fh.read()
+    with open(f, "wb") as fh:
+        fh.write(damage(data))
+    with pytest.raises(sp.ModelError, match=f"{name}: {words}"):
+        GenerationPipeline.from_pretrained(d, progress=False)
+
+
+@pytest.mark.parametrize("field,value,words", [
+    ("hidden_size", "wide", "hidden_size|invalid literal"), ("num_attention_heads", 0, "ZeroDivisionError"),
+    ("rope_scaling", [1, 2], "TypeError|ValueError"), ("eos_token_id", "</s>", "eos_token_id must be a token id"),
+    ("num_hidden_layers", None, "TypeError"),
+])
+def test_a_config_field_of_the_wrong_type_is_a_model_error(field, value, words):
+    from shapeplan.llm.config import LlamaConfig
+    d = {"model_type": "llama", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+         "num_attention_heads": 2, field: value}
+    with pytest.raises(sp.ModelError, match=f"cfg.json: .*({words})"):
+        LlamaConfig.from_dict(d, source="cfg.json")
+
+
 def test_generation_past_kv_cache_stops_with_length(llama):
     p = GenerationPipeline.from_pretrained(llama, mode="slot_by_slot", max_prefill_length=24,
                                            max_kv_cache_length=48, progress=False, eos_token_ids=[])

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 from shapeplan.errors import ConstraintError, ModelError
+from shapeplan.llm.config import read_json
 from shapeplan.llm.batch import RequestHandle, TokenEvent, TokenLogprob
 from shapeplan.llm.constraint import Constraint, parse_tool_calls
 from shapeplan.llm.sampling import Sampling
@@ -47,8 +48,7 @@ class GenerationDefaults:
         f = os.path.join(path, "generation_config.json") if path and os.path.isdir(path) else None
         if f is None or not os.path.exists(f):
             return cls()
-        with open(f, encoding="utf-8") as fh:
-            cfg = json.load(fh)
+        cfg = read_json(f)
         num = (int, float)
         temp = cfg.get("temperature") if isinstance(cfg.get("temperature"), num) else None
         if cfg.get("do_sample") is False:
