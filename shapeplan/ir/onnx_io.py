@@ -61,12 +61,20 @@ def from_model_proto(model: onnx.ModelProto, base_dir: str | None = None) -> Gra
     return g
 
 
+def _dtype_of(code: int, what: str) -> Any:
+    """An ONNX element type code as a DType, or a ModelError naming ``what`` carries it."""
+    try:
+        return from_onnx(code)
+    except ValueError as e:
+        raise ModelError(f"{what}: {e} (a damaged file, or a type this ONNX reader does not know)") from None
+
+
 def _type_of(v: Value, tp: onnx.TypeProto) -> None:
     which = tp.WhichOneof("value")
     if which == "tensor_type":
         tt = tp.tensor_type
         if tt.elem_type:
-            v.dtype = from_onnx(tt.elem_type)
+            v.dtype = _dtype_of(tt.elem_type, f"value {v.name!r}")
         if tt.HasField("shape"):
             dims: list[Any] = []
             for d in tt.shape.dim:
@@ -89,6 +97,7 @@ def _type_of(v: Value, tp: onnx.TypeProto) -> None:
 
 
 def tensor_from_proto(t: onnx.TensorProto, base_dir: str | None) -> Any:
+    _dtype_of(t.data_type, f"initializer {t.name!r}")         # a code onnx's reader would meet as a bare KeyError
     if t.data_location == onnx.TensorProto.EXTERNAL:
         info = {e.key: e.value for e in t.external_data}
         loc = info.get("location", "")
@@ -177,14 +186,14 @@ def _import_graph(gp: onnx.GraphProto, opsets: dict[str, int], base_dir: str | N
     init_names = set()
     for t in gp.initializer:
         data = tensor_from_proto(t, base_dir)
-        v = Value(t.name, from_onnx(t.data_type), tuple(int(d) for d in t.dims), ValueKind.CONSTANT, data)
+        v = Value(t.name, _dtype_of(t.data_type, f"initializer {t.name!r}"), tuple(int(d) for d in t.dims), ValueKind.CONSTANT, data)
         g._add_value(v)
         init_names.add(t.name)
     for st in gp.sparse_initializer:
         name = st.values.name
         data = numpy_to_runtime(np.asarray(_densify(st), dtype=numpy_helper.to_array(st.values).dtype)
                                 .reshape(tuple(st.dims)))
-        g._add_value(Value(name, from_onnx(st.values.data_type), tuple(st.dims), ValueKind.CONSTANT, data))
+        g._add_value(Value(name, _dtype_of(st.values.data_type, f"sparse initializer {name!r}"), tuple(st.dims), ValueKind.CONSTANT, data))
         init_names.add(name)
     for vi in gp.input:
         if vi.name in init_names:

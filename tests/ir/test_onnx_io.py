@@ -88,6 +88,20 @@ def test_corrupt_bytes_raise_model_error(blob) -> None:
         sp.compile(g)
 
 
+@pytest.mark.parametrize("where", ["output", "initializer"])
+def test_an_unknown_element_type_names_the_value(where) -> None:
+    """A type code no ONNX version defines (a damaged file: one changed byte did it) is a ModelError naming
+    the value, not numpy's or our dtype table's ValueError."""
+    m = _mlp_model()
+    if where == "output":
+        m.graph.output[0].type.tensor_type.elem_type = 93
+    else:
+        m.graph.initializer[0].data_type = 93
+    with pytest.raises(sp.ModelError, match=("value 'y'" if where == "output" else "initializer 'w'")
+                       + ": unknown ONNX element type code 93"):
+        sp.compile(m.SerializeToString(), disk_cache=False)
+
+
 def test_dangling_value_names_the_node() -> None:
     nodes = [helper.make_node("Relu", ["nope"], ["y"], name="relu0")]
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
