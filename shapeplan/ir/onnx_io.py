@@ -186,14 +186,16 @@ def _import_graph(gp: onnx.GraphProto, opsets: dict[str, int], base_dir: str | N
     init_names = set()
     for t in gp.initializer:
         data = tensor_from_proto(t, base_dir)
-        v = Value(t.name, _dtype_of(t.data_type, f"initializer {t.name!r}"), tuple(int(d) for d in t.dims), ValueKind.CONSTANT, data)
+        v = Value(t.name, _dtype_of(t.data_type, f"initializer {t.name!r}"), tuple(int(d) for d in t.dims),
+                  ValueKind.CONSTANT, data)
         g._add_value(v)
         init_names.add(t.name)
     for st in gp.sparse_initializer:
         name = st.values.name
         data = numpy_to_runtime(np.asarray(_densify(st), dtype=numpy_helper.to_array(st.values).dtype)
                                 .reshape(tuple(st.dims)))
-        g._add_value(Value(name, _dtype_of(st.values.data_type, f"sparse initializer {name!r}"), tuple(st.dims), ValueKind.CONSTANT, data))
+        g._add_value(Value(name, _dtype_of(st.values.data_type, f"sparse initializer {name!r}"), tuple(st.dims),
+                           ValueKind.CONSTANT, data))
         init_names.add(name)
     for vi in gp.input:
         if vi.name in init_names:

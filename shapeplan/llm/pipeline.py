@@ -18,7 +18,6 @@ first request). Seeded sampling is reproducible: a row's noise depends only on i
 from __future__ import annotations
 
 import inspect
-import json
 import os
 import threading
 import time

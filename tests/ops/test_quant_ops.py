@@ -365,8 +365,8 @@ INT8_X = ([(name, t) for name in ONE_ROW for t in [(4, 1, 4, 2), (2, 2, 1, 2), (
           + [(name, t) for name in ("Q4_K", "Q4_K_R") for t in [(4, 1, 4, 3), (2, 2, 1, 3), (2, 2, 1, 3, 3)]])
 
 
-@pytest.mark.parametrize("name,tiles,n,random_bytes", [one_row_case(name, tiles, n, random_bytes) for name, tiles in INT8_X
-                                                         for n, random_bytes in [(13, False), (16, True)]])
+@pytest.mark.parametrize("name,tiles,n,random_bytes", [
+    one_row_case(name, tiles, n, random_bytes) for name, tiles in INT8_X for n, random_bytes in [(13, False), (16, True)]])
 def test_one_row_kernel_int8_x_exact(name, tiles, n, random_bytes, triton_kernels):
     """XQ = 2 / 3 (x as int8 codes, one dp4a per weight word) on an x that int8 codes hold exactly (each
     block a power-of-two scale times codes, one of them ±127): the dequantize-then-matmul result, to fp32

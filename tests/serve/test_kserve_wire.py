@@ -119,7 +119,7 @@ def test_response_bytes_are_upbs(outputs, ids) -> None:
     assert ours == ref.SerializeToString()
 
 
-# ------------------------------------------------------------------ any bytes: the reader agrees with upb or steps aside
+# ------------------------------------------------------------ any bytes: the reader agrees with upb or steps aside
 hypothesis = pytest.importorskip("hypothesis")
 from google.protobuf.message import DecodeError  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 from shapeplan.errors import ConstraintError, ModelError
-from shapeplan.llm.config import read_json
 from shapeplan.llm.batch import RequestHandle, TokenEvent, TokenLogprob
+from shapeplan.llm.config import read_json
 from shapeplan.llm.constraint import Constraint, parse_tool_calls
 from shapeplan.llm.sampling import Sampling
 from shapeplan.llm.session import StopText

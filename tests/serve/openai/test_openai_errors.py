@@ -160,9 +160,11 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 _JSON = st.recursive(st.none() | st.booleans() | st.integers(-(2**65), 2**65) | st.floats() | st.text(max_size=5),
-                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner,
+                                                                                 max_size=3),
                      max_leaves=8)
-_SCHEMA = st.recursive(st.sampled_from([{"type": t} for t in ("string", "integer", "number", "boolean", "null", "nope")])
+_TYPES = ("string", "integer", "number", "boolean", "null", "nope")
+_SCHEMA = st.recursive(st.sampled_from([{"type": t} for t in _TYPES])
                        | st.builds(lambda e: {"enum": e}, st.lists(st.text(max_size=3) | st.integers(), max_size=3)),
                        lambda inner: st.builds(lambda p, r: {"type": "object", "properties": p, "required": r},
                                                st.dictionaries(st.text(max_size=3), inner, max_size=2),
