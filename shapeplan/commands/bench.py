@@ -122,6 +122,9 @@ def _serving(args: argparse.Namespace, cfg, weights, name: str) -> int:  # noqa:
     pipe.batch.launch_ahead = args.launch_ahead
     cuda = pipe.device.type == "cuda"
     reserved = (lambda: torch.cuda.memory_reserved(pipe.device)) if cuda else (lambda: 0)
+    if cuda:      # free blocks the allocator still holds (--quantize's float weights) would be released while
+        torch.cuda.synchronize(pipe.device)     # the plans are captured and make their figure negative (-6 GiB)
+        torch.cuda.empty_cache()
     before = reserved()
     pipe.batch.call(lambda: [pipe.runner.settle("next_token", b, 1) for b in pipe.decode_buckets])
     decode_plans = reserved() - before
