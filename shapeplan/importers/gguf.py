@@ -328,8 +328,13 @@ def read_tokenizer(f: GGUFFile) -> Any:
     from shapeplan.llm.tokenizer import Tokenizer
     tokens: list[str] = f.require("tokenizer.ggml.tokens")
     types: list[int] = f.get("tokenizer.ggml.token_type") or [1] * len(tokens)
-    merges = [tuple(m.split(" ", 1)) for m in f.get("tokenizer.ggml.merges") or []]
-    tok = HFTokenizer(models.BPE({t: i for i, t in enumerate(tokens)}, merges))
+    merges = f.get("tokenizer.ggml.merges") or []
+    if not all(isinstance(x, str) for x in [*tokens, *merges]) or not all(isinstance(t, int) for t in types):
+        raise ModelError(f"{f.path}: tokenizer.ggml.tokens / merges must be strings and token_type integers")
+    try:
+        tok = HFTokenizer(models.BPE({t: i for i, t in enumerate(tokens)}, [tuple(m.split(" ", 1)) for m in merges]))
+    except Exception as e:  # noqa: BLE001 - tokenizers raises a bare Exception (e.g. a merge of an unknown token)
+        raise ModelError(f"{f.path}: its tokenizer (tokenizer.ggml.*) cannot be built: {e}") from None
     pre = f.get("tokenizer.ggml.pre", "default")
     if pre in ("llama3", "llama-bpe", "llama-v3"):     # Llama 3's split regex, then bytes -> unicode
         tok.pre_tokenizer = pre_tokenizers.Sequence([

@@ -228,3 +228,39 @@ def test_unsupported_quant_type(ckpt, tmp_path):
     path = write_gguf(ckpt, str(tmp_path / "q.gguf"), raw={"blk.0.ffn_up.weight": Q.Q8_1})
     with pytest.raises(ModelError, match=r"q\.gguf.*'blk\.0\.ffn_up\.weight'.*Q8_1.*supported: F32, F16"):
         sp.load(path)
+
+
+# ------------------------------------------------------------------ any damage: a ModelError naming the file
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                   HealthCheck.too_slow])
+@given(data=st.data())
+def test_a_damaged_file_reads_or_is_a_model_error(ckpt, tmp_path, data):
+    """A GGUF file cut short anywhere, or with bytes changed, inserted or dropped anywhere in its header,
+    metadata and tensor table: read, or a ModelError that names the file; never another exception."""
+    path = str(tmp_path / "good.gguf")
+    if not os.path.exists(path):
+        write_gguf(ckpt, path, Q.Q8_0)
+    raw = bytearray(open(path, "rb").read())
+    head = min(len(raw), 8192)                           # the header, metadata and tensor infos are in front
+    for _ in range(data.draw(st.integers(1, 3), label="damages")):
+        at = data.draw(st.integers(0, head), label="at")
+        what = data.draw(st.sampled_from(["cut", "flip", "insert", "drop"]), label="what")
+        if what == "cut":
+            del raw[data.draw(st.integers(0, max(0, len(raw) - 1)), label="cut at"):]
+        elif what == "flip" and at < len(raw):
+            raw[at] ^= data.draw(st.integers(1, 255), label="xor")
+        elif what == "insert":
+            raw[at:at] = data.draw(st.binary(min_size=1, max_size=8), label="bytes")
+        else:
+            del raw[at:at + data.draw(st.integers(1, 8), label="n")]
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(bytes(raw))
+    from shapeplan.importers.gguf import read_gguf
+    try:
+        read_gguf(str(bad))
+    except ModelError as e:
+        assert "bad.gguf" in str(e), str(e)
