@@ -31,6 +31,20 @@ _ST_DTYPES = {
 }
 
 
+def _check_entry(path: str, name: str, e: Any) -> None:
+    """A header entry is {"dtype": str, "shape": [int >= 0, ...], "data_offsets": [start, end]} with
+    0 <= start <= end: anything else (a damaged or hand-made file) is a ModelError naming the tensor."""
+    def count(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+    ok = (isinstance(e, dict) and isinstance(e.get("dtype"), str) and isinstance(e.get("shape"), list)
+          and all(count(d) for d in e["shape"]) and isinstance(e.get("data_offsets"), list)
+          and len(e["data_offsets"]) == 2 and all(count(o) for o in e["data_offsets"])
+          and e["data_offsets"][0] <= e["data_offsets"][1])
+    if not ok:
+        raise ModelError(f"{path}: tensor {name!r} has a malformed header entry {json.dumps(e)[:120]} (expected "
+                         '{"dtype": ..., "shape": [...], "data_offsets": [start, end]})')
+
+
 class SafetensorsFile:
     """One memory-mapped .safetensors file."""
 
@@ -46,10 +60,14 @@ class SafetensorsFile:
                     raise ModelError(f"{path}: implausible safetensors header length {n}")
                 header = json.loads(f.read(n))
                 self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY) if os.path.getsize(path) else None
-        except (OSError, ValueError) as e:
+        except (OSError, ValueError, RecursionError) as e:
             raise ModelError(f"{path}: cannot read safetensors file: {e}") from None
         self._base = 8 + n
+        if not isinstance(header, dict):
+            raise ModelError(f"{path}: the safetensors header must be a JSON object, got {type(header).__name__}")
         header.pop("__metadata__", None)
+        for name, e in header.items():
+            _check_entry(path, name, e)
         self.entries: dict[str, dict] = header
 
     def names(self) -> list[str]:
@@ -71,18 +89,13 @@ class SafetensorsFile:
         return dt, self._base + start, end - start
 
     def get(self, name: str) -> torch.Tensor:
-        e = self.entries[name]
-        dt = _ST_DTYPES.get(e["dtype"])
-        if dt is None:
-            raise ModelError(f"{self.path}: tensor {name!r} has unsupported dtype {e['dtype']}")
-        start, end = e["data_offsets"]
-        shape = tuple(e["shape"])
-        count = end - start
-        if self._mm is None or self._base + end > len(self._mm):
+        dt, offset, count = self.layout(name)
+        shape = self.shape(name)
+        if self._mm is None or offset + count > len(self._mm):
             raise ModelError(f"{self.path}: tensor {name!r} lies beyond the end of the file (truncated?)")
         if count == 0:
             return torch.empty(shape, dtype=dt)
-        t = torch.frombuffer(self._mm, dtype=torch.uint8, count=count, offset=self._base + start)
+        t = torch.frombuffer(self._mm, dtype=torch.uint8, count=count, offset=offset)
         return t.view(dt).reshape(shape)
 
 

@@ -6,6 +6,8 @@ import os
 import shutil
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
 
 import shapeplan as sp
@@ -131,6 +133,35 @@ def test_a_config_field_of_the_wrong_type_is_a_model_error(field, value, words):
          "num_attention_heads": 2, field: value}
     with pytest.raises(sp.ModelError, match=f"cfg.json: .*({words})"):
         LlamaConfig.from_dict(d, source="cfg.json")
+
+
+_ENTRY_VALUE = (st.none() | st.booleans() | st.integers(-3, 70) | st.text(max_size=4)
+                | st.lists(st.integers(-2, 9), max_size=3))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.dictionaries(st.text(max_size=4), st.fixed_dictionaries(
+    {}, optional={"dtype": st.sampled_from(["F32", "BF16", "I8", "F8_E4M3", "NOPE"]) | _ENTRY_VALUE,
+                  "shape": st.lists(st.integers(-1, 4), max_size=3) | _ENTRY_VALUE,
+                  "data_offsets": st.lists(st.integers(-4, 70), min_size=2, max_size=2) | _ENTRY_VALUE})
+    | _ENTRY_VALUE, max_size=3) | _ENTRY_VALUE, st.binary(max_size=64))
+def test_any_safetensors_header_reads_or_is_a_model_error(header, data):
+    """The hand-written safetensors reader (llm/weights.py) under any header that is valid JSON (entries of any
+    shape: missing fields, wrong types, negative or reversed offsets, sizes that disagree with the shape, data
+    past the end): every tensor reads with its declared shape, or a ModelError names the file."""
+    import tempfile
+    from shapeplan.llm.weights import SafetensorsFile
+    head = json.dumps(header).encode()
+    with tempfile.NamedTemporaryFile(suffix=".safetensors") as f:
+        f.write(len(head).to_bytes(8, "little") + head + data)
+        f.flush()
+        try:
+            st_file = SafetensorsFile(f.name)
+            for name in st_file.names():
+                t = st_file.get(name)
+                assert tuple(t.shape) == st_file.shape(name)
+        except sp.ModelError as e:
+            assert f.name in str(e)
 
 
 def test_generation_past_kv_cache_stops_with_length(llama):
