@@ -185,9 +185,8 @@ def _import_graph(gp: onnx.GraphProto, opsets: dict[str, int], base_dir: str | N
     types = {vi.name: vi.type for vi in list(gp.value_info) + list(gp.output)}
     init_names = set()
     for t in gp.initializer:
-        data = tensor_from_proto(t, base_dir)
-        v = Value(t.name, _dtype_of(t.data_type, f"initializer {t.name!r}"), tuple(int(d) for d in t.dims),
-                  ValueKind.CONSTANT, data)
+        data = tensor_from_proto(t, base_dir)                 # (which checked the type code)
+        v = Value(t.name, from_onnx(t.data_type), tuple(int(d) for d in t.dims), ValueKind.CONSTANT, data)
         g._add_value(v)
         init_names.add(t.name)
     for st in gp.sparse_initializer:
