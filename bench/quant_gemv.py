@@ -154,7 +154,7 @@ def _gemm_keys(tiles: tuple[int, ...]) -> dict:
     return dict(zip(("bm", "bn", "bk", "warps", "stages", "swap"), tiles))
 
 
-def _precompile(task: tuple) -> int:
+def _precompile_tilings(task: tuple) -> int:
     """Child process of ``sweep_gemm`` / ``sweep_mmq`` (``kind`` "gemm" / "mmq"): compile one type's kernel in
     each tiling, whole and split along K (their PARTIAL variants), on a small matrix."""
     kind, name, configs = task
@@ -182,7 +182,7 @@ def _precompile_all(kind: str, tasks: list[tuple], jobs: int) -> None:
     import multiprocessing as mp
     t0 = time.perf_counter()
     with mp.get_context("spawn").Pool(jobs) as pool:
-        done = pool.map(_precompile, [(kind, *t) for t in tasks], chunksize=1)
+        done = pool.map(_precompile_tilings, [(kind, *t) for t in tasks], chunksize=1)
     print(f"# compiled {sum(done)} {kind} variants in {time.perf_counter() - t0:.0f} s ({jobs} processes)", flush=True)
 
 
