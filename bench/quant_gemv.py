@@ -169,7 +169,7 @@ def _precompile_tilings(task: tuple) -> int:
                     with gguf.configured(gemm={**_gemm_keys(tiles), "split": split}):
                         gguf.gemm(x, w, QTYPES[name], n, k)
                 else:
-                    with mock.patch.dict(mmq.MMQ, {**_mmq_keys(tiles), "split": split}):
+                    with mock.patch.dict(mmq.MMQ, {**_mmq_keys(tiles), "split": split, "by_type": {}}):
                         mmq.mmq(x[:8], w, name, n, k)
                 done += 1
             except Exception:  # noqa: BLE001 - reported by the timing loop
@@ -197,10 +197,10 @@ def _tally(sums: dict, m: int, name: str, results: list[tuple[float, tuple]]) ->
 
 def _print_ranked(sums: dict, ms: list[int], qtypes: list[str], committed, what: str) -> None:
     """Per row count and group, the tilings that ran on every shape, by their summed time (five, and the
-    committed one ``committed(m)`` if it is not among them)."""
+    committed one ``committed(m, group)`` if it is not among them)."""
     for m in ms:
-        now = committed(m)
         for group in ("all types", *qtypes):
+            now = committed(m, group)
             rows = {t: v for (mm, g, t), v in sums.items() if mm == m and g == group}
             if not rows:
                 continue
@@ -220,7 +220,7 @@ def sweep_gemm(qtypes: list[str], presets: list[str], ms: list[int], jobs: int, 
     from shapeplan.quant.formats import QTYPES
     from shapeplan.runtime.backends.triton.kernels import gguf
 
-    def committed(m: int) -> tuple[int, ...]:
+    def committed(m: int, group: str = "") -> tuple[int, ...]:
         bm = gguf.gemm_bm(m)
         return (bm, *(gguf.GEMM[key] for key in ("bn", "bk", "warps", "stages")), int(gguf.gemm_swap(bm)))
 
@@ -264,7 +264,7 @@ def sweep_gemm(qtypes: list[str], presets: list[str], ms: list[int], jobs: int, 
 
 #: the integer GEMM's tilings swept: split None is gguf.py's rule (split only where the output tiles leave SMs idle:
 #: llama-8b gate/up's 448 tiles of 64 rows are not split, 3.4 programs an SM), 2-8 split every shape along K
-MMQ_CONFIGS = [(bn, warps, stages, split) for bn in (32, 64, 128) for warps in (4, 8) for stages in (2, 3)
+MMQ_CONFIGS = [(bn, warps, stages, split) for bn in (32, 64, 128) for warps in (4,) for stages in (2, 3)
                for split in (None, 2, 4, 8)]
 
 
@@ -281,8 +281,11 @@ def sweep_mmq(qtypes: list[str], presets: list[str], ms: list[int], jobs: int, l
     ``mmq.MMQ``)."""
     from shapeplan.quant.formats import QTYPES
     from shapeplan.runtime.backends.triton.kernels import gguf, mmq
-    now = tuple(mmq.MMQ[key] for key in ("bn", "warps", "stages", "split"))
-    configs = MMQ_CONFIGS + ([] if now in MMQ_CONFIGS else [now])
+
+    def committed(name: str) -> tuple:
+        return tuple(mmq.tiling(name)[key] for key in ("bn", "warps", "stages", "split"))
+
+    configs = MMQ_CONFIGS + sorted({committed(name) for name in qtypes} - set(MMQ_CONFIGS), key=str)
     if jobs > 1:
         _precompile_all("mmq", [(name, [c]) for name in qtypes for c in configs], jobs)
     sums: dict[tuple, dict] = {}
@@ -300,12 +303,13 @@ def sweep_mmq(qtypes: list[str], presets: list[str], ms: list[int], jobs: int, l
                     results = []
                     for tiles in configs:
                         try:
-                            with mock.patch.dict(mmq.MMQ, _mmq_keys(tiles)):
+                            with mock.patch.dict(mmq.MMQ, {**_mmq_keys(tiles), "by_type": {}}):
                                 us = graph_time(lambda: mmq.mmq(x, p, name, n, k), reps=5, rounds=3)
                             results.append((us, tiles))
                         except Exception as e:  # noqa: BLE001 - e.g. out of shared memory: skip the tiling
                             print(f"    {tiles}: {type(e).__name__}: {str(e)[:80]}")
                     results.sort(key=lambda r: r[0])
+                    now = committed(name)
                     cur = next((us for us, t in results if t == now), float("nan"))
                     print(f"{preset:<9} {label:<8} {f'{n}x{k}':>14} {name:<7} M={m:<4} without mmq {other:8.1f} us | "
                           f"committed {now} {cur:8.1f} us | bf16 cuBLAS {bf16:8.1f} us", flush=True)
@@ -315,7 +319,8 @@ def sweep_mmq(qtypes: list[str], presets: list[str], ms: list[int], jobs: int, l
                 del p
             del wb
             torch.cuda.empty_cache()
-    _print_ranked(sums, ms, qtypes, lambda m: now, "mmq tilings")
+    _print_ranked(sums, ms, qtypes, lambda m, group: committed(group) if group in mmq.TYPES else None,
+                  "mmq tilings")
 
 
 #: how decode uses each shape: the one-row kernel's prologue / epilogue there (qgemv.py)

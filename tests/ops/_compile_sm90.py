@@ -70,12 +70,13 @@ def compile_one(kernel: str, name: str, m: int):
     if kernel == "mmq":       # the integer tensor-core GEMM of kernels/mmq.py; m: bit 1 = split along K (float32
         # partial sums), bit 2 = the plain operand order (no SWAP), bit 4 = the tile for 64 rows (else for 8)
         from shapeplan.runtime.backends.triton.kernels import mmq
-        consts = dict(BM=mmq.block_m(64 if m & 4 else 8), BN=mmq.MMQ["bn"], KIND=mmq.TYPES[name],
+        t = mmq.tiling(name)
+        consts = dict(BM=mmq.block_m(64 if m & 4 else 8), BN=t["bn"], KIND=mmq.TYPES[name],
                       PARTIAL=bool(m & 1), SWAP=not m & 2)
         sig = {"XC": "*i8", "XD": "*fp32", "XS": "*fp32", "W": "*u8", "Y": "*fp32" if m & 1 else "*bf16",
                **{a: "i32" for a in ("M", "N", "K", "ROW_BYTES", "SX", "stride_ym", "PER")},
                **{c: "constexpr" for c in consts}}
-        return _sm90(mmq._mmq_kernel, sig, consts, {"num_warps": mmq.MMQ["warps"], "num_stages": mmq.MMQ["stages"]},
+        return _sm90(mmq._mmq_kernel, sig, consts, {"num_warps": t["warps"], "num_stages": t["stages"]},
                      ("XC", "W", "K", "ROW_BYTES", "SX"))
     if kernel == "dense":     # the bf16 decode GEMV of kernels/gemv.py; m: 0 plain, 1 norm + GLU, 2 residual, 3 = 1 + PDL
         from shapeplan.runtime.backends.triton.kernels import gemv as dense

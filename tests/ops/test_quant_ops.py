@@ -224,13 +224,14 @@ def test_integer_mma_gemm(name, triton_kernels):
     an int8 ``tl.dot``. Where int8 codes hold x exactly, dequantize-then-matmul to fp32 rounding; on random x
     the same arithmetic in torch (``_int8_x_linear``) to 1e-3. Both operand orders, 16- and 32-row tiles, split
     along K, 1-40 rows (17: 32-row tiles by default, 40: three 16-row tiles), N not a multiple of the tile's rows;
-    random bytes (every code and scale pattern)."""
+    random bytes (every code and scale pattern). Each type's own tiling (``mmq.tiling``: Q4_K_R 128 rows of W) too."""
     from shapeplan.runtime.backends.triton.kernels import mmq
     n, k = 20, 1024                                   # (x's quantizer: whole programs of 16 blocks)
     g = torch.Generator().manual_seed(21)
     packed = packed_weight(name, n, k, seed=6, random_bytes=True).to(DEV)
     w = dequantize(packed, name)
-    for m, tiling in ((1, {}), (3, {"swap": False}), (17, {"bn": 16}), (40, {"bm": 16, "split": 2})):
+    for m, tiling in ((1, {}), (3, {"swap": False, "by_type": {}}), (17, {"bn": 16, "by_type": {}}),
+                      (40, {"bm": 16, "split": 2, "by_type": {}})):                 # {}: each type's committed tiling
         codes = torch.randint(-127, 128, (m * k // 32, 32), generator=g).float()
         codes[:, 0] = 127 * torch.sign(torch.randn(m * k // 32, generator=g))
         scale = 2.0 ** -torch.randint(4, 9, (m * k // 32, 1), generator=g).float()

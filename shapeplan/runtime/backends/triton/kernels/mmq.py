@@ -39,9 +39,17 @@ from shapeplan.runtime.backends.triton.kernels.gguf import AVAILABLE, triton, tl
 TYPES = {"Q8_0_R": 0, "Q4_K_R": 1, "Q6_K_R": 2}
 #: the quantized ops take it for a decode step's ``min_m`` (by type) to ``max_m`` rows (``wanted``); rows of x per
 #: program (None: ``block_m``'s rule), of W, warps, pipeline stages, SWAP, programs along K (None: gguf.py's rule
-#: for its GEMM)
+#: for its GEMM); ``by_type``: the keys a type sets otherwise (``tiling``). Q4_K_R's 128 rows of W and 2 stages:
+#: H100, thirtieth session (``quant_mmq_sweep``), llama-8b at 8 rows gate/up 115.9 -> 92.9 µs, the head 433 -> 334,
+#: down 57.4 -> 47.6, o 23.7 -> 20.7 (its 16-element sub-blocks' scales are loaded once for twice the rows); Q6_K_R
+#: and Q8_0_R were best or within 2-6 % on the committed tiling
 MMQ = {"min_m": {"Q8_0_R": 3, "Q4_K_R": 5, "Q6_K_R": 5}, "max_m": 16, "bm": None, "bn": 64, "warps": 4, "stages": 3,
-       "swap": True, "split": None}
+       "swap": True, "split": None, "by_type": {"Q4_K_R": {"bn": 128, "stages": 2}}}
+
+
+def tiling(qtype: str) -> dict:
+    """``MMQ`` with ``qtype``'s own keys (``MMQ["by_type"]``) in place."""
+    return {**MMQ, **MMQ["by_type"].get(qtype, {})}
 
 if AVAILABLE:
     from shapeplan.runtime.backends.triton.kernels.gguf import _byte, _f16, _scale_min_k4, _signed8, _store_tile
@@ -167,14 +175,15 @@ def mmq(x: torch.Tensor, packed: torch.Tensor, qtype: str, n: int, k: int, *, no
     codes = qgemv.x_code_buffer(k, x.device, m)
     nw = None if norm_w is None else qgemv._aligned(norm_w.reshape(1, -1))
     _, xd, xs = qgemv.quantize_x(x, nw, eps, k, out=codes)
-    bm, bn = block_m(m), MMQ["bn"]
+    t = tiling(qtype)
+    bm, bn = block_m(m), t["bn"]
     blocks = triton.cdiv(m, bm) * triton.cdiv(n, bn)
-    split, per = gguf._tile_split(k // 256, blocks, x.device, MMQ["split"])
+    split, per = gguf._tile_split(k // 256, blocks, x.device, t["split"])
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     part = gguf._partials(y, split)
     _mmq_kernel[(triton.cdiv(m, bm), triton.cdiv(n, bn), split)](
         codes.view(torch.int8), xd, xs, packed, part, m, n, k, packed.stride(0), x_code_words(k), y.stride(0), per,
-        BM=bm, BN=bn, KIND=TYPES[qtype], PARTIAL=split > 1, SWAP=bool(MMQ["swap"]), num_warps=MMQ["warps"],
-        num_stages=MMQ["stages"])
+        BM=bm, BN=bn, KIND=TYPES[qtype], PARTIAL=split > 1, SWAP=bool(t["swap"]), num_warps=t["warps"],
+        num_stages=t["stages"])
     gguf._sum_partials(part, y, split)
     return y
