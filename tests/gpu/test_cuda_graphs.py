@@ -176,3 +176,23 @@ def test_a_collection_during_capture_does_not_destroy_graphs_mid_capture(mode):
     assert eng.inspect().phase == "REPLAYING"
     torch.testing.assert_close(out, _run(ref, x), atol=2e-2, rtol=2e-2)
     torch.cuda.synchronize()
+
+
+def test_graph_pools_reserved_counts_captured_plans_only():
+    """``graph_pools_reserved`` (the figure ``shapeplan bench`` prints for its captured plans): it grows when a plan
+    is captured, and a large tensor outside the graphs freed and released afterwards leaves it alone (a difference
+    of ``memory_reserved`` went negative there, thirtieth session)."""
+    from shapeplan.runtime.backends.cuda_graphs import graph_pools_reserved
+    dev = torch.device("cuda")
+    other = torch.empty(64 * 2**20, dtype=torch.uint8, device=dev)            # 64 MiB in the default pool
+    before = graph_pools_reserved(dev)
+    eng = sp.compile(_graph(), device="cuda", mode="cuda_graphs")
+    for _ in range(4):
+        _run(eng, torch.randn(4, 64, device="cuda", dtype=torch.float16))
+    assert eng.inspect().phase == "REPLAYING"
+    captured = graph_pools_reserved(dev)
+    assert captured > before
+    del other
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    assert graph_pools_reserved(dev) == captured

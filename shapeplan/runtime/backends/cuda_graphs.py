@@ -334,6 +334,16 @@ def pool_bytes(handles: list[Any]) -> dict[str, int]:
             "graph_output_bytes": sum(h.output_bytes for h in hs)}
 
 
+def graph_pools_reserved(device: torch.device) -> int:
+    """Device bytes the caching allocator holds on ``device`` in CUDA-graph memory pools: the segments of its
+    snapshot outside the default pool (id (0, 0)). Unlike a difference of ``memory_reserved`` around the
+    captures, no other tensor's free or cache release moves it."""
+    dev = device.index if device.index is not None else torch.cuda.current_device()
+    return sum(s["total_size"] for s in torch.cuda.memory_snapshot()
+               if s["device"] == dev and tuple(s["segment_pool_id"]) != (0, 0))
+
+
 register_backend("cuda_graphs", CudaGraphsBackend)
 
-__all__ = ["CudaGraphsBackend", "GraphHandle", "Step", "graph_pool", "pool_bytes", "run_steps", "slot_steps"]
+__all__ = ["CudaGraphsBackend", "GraphHandle", "Step", "graph_pool", "graph_pools_reserved", "pool_bytes", "run_steps",
+           "slot_steps"]
