@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import sys
 import time
@@ -122,34 +121,30 @@ def _serving(args: argparse.Namespace, cfg, weights, name: str) -> int:  # noqa:
                               prefix_cache=not args.no_prefix_cache, optimize=not args.no_optimize)
     pipe.batch.launch_ahead = args.launch_ahead
     cuda = pipe.device.type == "cuda"
-    reserved, pools = (lambda: 0), (lambda: 0)
-    if cuda:      # free blocks the allocator still holds (--quantize's float weights) would be released while
-        # the plans are captured (torch.cuda.graph empties the cache on entry) and make their figure negative
-        # (-6 GiB); so would blocks of garbage that only the cyclic collector frees (a GGUF load's file-layout
-        # tensors, repacked at load: -230 MiB on llama-1b Q4_K_M, H100, thirtieth session): collect, then empty
-        gc.collect()
-        torch.cuda.synchronize(pipe.device)
-        torch.cuda.empty_cache()
+    # the captured plans' memory: their CUDA graphs' memory pools, from the allocator's snapshot. A difference of
+    # memory_reserved around the captures is not it: blocks freed meanwhile (--quantize's float weights, a GGUF
+    # load's file layouts) are released when torch.cuda.graph empties the cache, and read -576 MiB for llama-8b
+    # Q4_K_M (H100, thirtieth session) where the pools held 22 MiB
+    pools = (lambda: 0)
+    if cuda:
         from shapeplan.runtime.backends.cuda_graphs import graph_pools_reserved
-        reserved = lambda: torch.cuda.memory_reserved(pipe.device)  # noqa: E731
         pools = lambda: graph_pools_reserved(pipe.device)  # noqa: E731
-    before = reserved()
+    before = pools()
     pipe.batch.call(lambda: [pipe.runner.settle("next_token", b, 1) for b in pipe.decode_buckets])
-    decode_plans, decode_pools = reserved() - before, pools()
+    decode_plans = pools() - before
     pipe.warmup(sampled=False)                                    # the packed prefill plans too
     warm = make_prompts(cfg.vocab_size, min(most, 8), args.prompt_len, seed=99)
     run_serving(pipe, warm, 8)                                     # every bucket has replayed once
     pipe.clear_prefix_cache()
-    plans, all_pools = reserved() - before, pools()
+    plans = pools() - before
     tensors = [t for v in weights.values() for t in _tensors(v)]
     weight_bytes = sum(t.numel() * t.element_size() for t in {id(t): t for t in tensors}.values())
     gib = 2 ** 30
     print(f"  ready in {time.perf_counter() - t0:.1f} s (load, compile, capture of {len(pipe.decode_buckets)} "
           f"decode buckets); KV pool {pipe.kv_cache_bytes / gib:.2f} GiB; weights {weight_bytes / gib:.2f} GiB; "
-          f"captured greedy decode plans of every bucket {decode_plans / 2**20:.0f} MiB "
-          f"({100 * decode_plans / max(1, weight_bytes):.2f} % of the weights; their graphs' memory pools "
-          f"{decode_pools / 2**20:.0f} MiB); with the prefill plans {plans / 2**20:.0f} MiB "
-          f"({100 * plans / max(1, weight_bytes):.1f} %; pools {all_pools / 2**20:.0f} MiB)", file=sys.stderr)
+          f"CUDA graph memory of the captured greedy decode plans of every bucket {decode_plans / 2**20:.0f} MiB "
+          f"({100 * decode_plans / max(1, weight_bytes):.2f} % of the weights); with the prefill plans "
+          f"{plans / 2**20:.0f} MiB ({100 * plans / max(1, weight_bytes):.1f} %)", file=sys.stderr)
     rows = []
     points = sweep or [n_req]
     for c in points:
