@@ -145,22 +145,39 @@ def _attr_value(a: onnx.AttributeProto, opsets: dict[str, int], base_dir: str | 
     if a.type == T.GRAPHS:
         return [_import_graph(x, opsets, base_dir, outer=scope, functions=functions) for x in a.graphs]
     if a.type == T.SPARSE_TENSOR:
-        return numpy_to_runtime(numpy_helper.to_array(onnx.helper.make_tensor(
-            "s", a.sparse_tensor.values.data_type, list(a.sparse_tensor.dims),
-            _densify(a.sparse_tensor))))
+        return numpy_to_runtime(_densify(a.sparse_tensor, f"attribute {a.name!r}"))
     if a.type == T.TYPE_PROTO:
         return a.tp
     raise ModelError(f"attribute {a.name!r} has unsupported type {a.type}")
 
 
-def _densify(sp: onnx.SparseTensorProto) -> list:
-    vals = numpy_helper.to_array(sp.values)
-    idx = numpy_helper.to_array(sp.indices)
-    dense = np.zeros(int(np.prod(sp.dims)), dtype=vals.dtype)
+def _densify(sp: onnx.SparseTensorProto, what: str) -> np.ndarray:
+    """A sparse tensor as its dense array: ``values`` [NNZ] at ``indices`` (int64, [NNZ] flat or [NNZ, rank]) in a
+    tensor of ``dims``, zeros elsewhere. A damaged one (unknown type code, indices of the wrong type, shape or
+    range) is a ModelError naming ``what``."""
+    _dtype_of(sp.values.data_type, what)
+    dims = tuple(int(d) for d in sp.dims)
+    try:
+        vals = numpy_helper.to_array(sp.values).reshape(-1)
+        idx = numpy_helper.to_array(sp.indices) if sp.HasField("indices") else np.zeros((0,), np.int64)
+    except Exception as e:
+        raise ModelError(f"{what}: malformed sparse tensor: {e}") from e
+    size = int(np.prod(dims, dtype=np.int64)) if all(d >= 0 for d in dims) else -1
+    if size < 0:
+        raise ModelError(f"{what}: sparse tensor dims must be >= 0, got {list(dims)}")
+    if idx.dtype != np.int64 or idx.ndim not in (1, 2) or idx.shape[0] != vals.size or \
+            (idx.ndim == 2 and idx.shape[1] != len(dims)):
+        raise ModelError(f"{what}: sparse tensor indices must be int64 [NNZ] or [NNZ, {len(dims)}] for "
+                         f"{vals.size} values, got {idx.dtype} {list(idx.shape)}")
     if idx.ndim == 2:
-        idx = np.ravel_multi_index(idx.T, tuple(sp.dims))
+        if idx.size and ((idx < 0).any() or (idx >= np.asarray(dims, np.int64)).any()):
+            raise ModelError(f"{what}: a sparse tensor index lies outside its dims {list(dims)}")
+        idx = np.ravel_multi_index(idx.T, dims) if idx.size else idx.reshape(-1)
+    if idx.size and (idx.min() < 0 or idx.max() >= size):
+        raise ModelError(f"{what}: a sparse tensor index lies outside its {size} elements (dims {list(dims)})")
+    dense = np.zeros(size, dtype=vals.dtype)
     dense[idx] = vals
-    return dense.tolist()
+    return dense.reshape(dims)
 
 
 class _Scope:
@@ -191,10 +208,9 @@ def _import_graph(gp: onnx.GraphProto, opsets: dict[str, int], base_dir: str | N
         init_names.add(t.name)
     for st in gp.sparse_initializer:
         name = st.values.name
-        data = numpy_to_runtime(np.asarray(_densify(st), dtype=numpy_helper.to_array(st.values).dtype)
-                                .reshape(tuple(st.dims)))
-        g._add_value(Value(name, _dtype_of(st.values.data_type, f"sparse initializer {name!r}"), tuple(st.dims),
-                           ValueKind.CONSTANT, data))
+        data = numpy_to_runtime(_densify(st, f"sparse initializer {name!r}"))      # (which checked the type code)
+        g._add_value(Value(name, from_onnx(st.values.data_type), tuple(int(d) for d in st.dims), ValueKind.CONSTANT,
+                           data))
         init_names.add(name)
     for vi in gp.input:
         if vi.name in init_names:

@@ -102,6 +102,59 @@ def test_an_unknown_element_type_names_the_value(where) -> None:
         sp.compile(m.SerializeToString(), disk_cache=False)
 
 
+def _sparse_model(values, indices, dims, as_attribute: bool = False) -> onnx.ModelProto:
+    """y = x + W where W [dims] comes as a sparse initializer or a Constant's ``sparse_value``."""
+    st = helper.make_sparse_tensor(numpy_helper.from_array(np.asarray(values, np.float32), "w"),
+                                   numpy_helper.from_array(np.asarray(indices, np.int64), "w_idx"), dims)
+    nodes = [helper.make_node("Add", ["x", "w"], ["y"])]
+    if as_attribute:
+        nodes.insert(0, helper.make_node("Constant", [], ["w"], sparse_value=st))
+    graph = helper.make_graph(nodes, "sparse", [helper.make_tensor_value_info("x", TensorProto.FLOAT, dims)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, dims)],
+                              sparse_initializer=[] if as_attribute else [st])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("as_attribute", [False, True])
+@pytest.mark.parametrize("indices", [[1, 5], [[0, 1], [1, 2]]], ids=["flat", "coordinates"])
+def test_sparse_tensors_are_densified(indices, as_attribute) -> None:
+    """A sparse initializer and a Constant's ``sparse_value``: the values at their indices, zeros elsewhere, as
+    onnxruntime computes the same model."""
+    ort = pytest.importorskip("onnxruntime")
+    m = _sparse_model([2.5, -1.0], indices, [2, 3], as_attribute)
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    want = x.copy()
+    want.reshape(-1)[[1, 5]] += [2.5, -1.0]
+    out = sp.compile(m, disk_cache=False).run({"x": x})["y"]
+    np.testing.assert_array_equal(np.asarray(out), want)
+    ref = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(ref, want)
+
+
+@pytest.mark.parametrize("as_attribute", [False, True])
+@pytest.mark.parametrize("damage, match", [
+    ("type", "unknown ONNX element type code 93"),
+    ("index range", "index lies outside"),
+    ("coordinate range", "index lies outside its dims"),
+    ("index count", r"indices must be int64 \[NNZ\] or \[NNZ, 2\] for 2 values, got int64 \[3\]"),
+    ("index type", "indices must be int64"),
+])
+def test_a_damaged_sparse_tensor_names_it(damage, match, as_attribute) -> None:
+    """A sparse tensor with an unknown value type, indices out of range, too many, or not int64 is a ModelError
+    naming the initializer or attribute (was numpy's IndexError / ValueError or onnx's KeyError)."""
+    indices = {"index range": [1, 6], "coordinate range": [[0, 1], [2, 0]], "index count": [0, 1, 2]}.get(damage,
+                                                                                                       [1, 5])
+    m = _sparse_model([2.5, -1.0], indices, [2, 3], as_attribute)
+    st = m.graph.node[0].attribute[0].sparse_tensor if as_attribute else m.graph.sparse_initializer[0]
+    if damage == "type":
+        st.values.data_type = 93
+    if damage == "index type":
+        st.indices.CopyFrom(numpy_helper.from_array(np.asarray([1, 5], np.int32), "w_idx"))
+    what = "attribute 'sparse_value'" if as_attribute else "sparse initializer 'w'"
+    with pytest.raises(sp.ModelError, match=f"{what}: (a )?(sparse tensor )?{match}"):
+        sp.compile(m.SerializeToString(), disk_cache=False)
+
+
 def test_dangling_value_names_the_node() -> None:
     nodes = [helper.make_node("Relu", ["nope"], ["y"], name="relu0")]
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
