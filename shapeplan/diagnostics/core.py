@@ -9,7 +9,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import enum
-import os
 import threading
 import time
 from dataclasses import dataclass, field

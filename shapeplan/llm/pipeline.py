@@ -23,16 +23,15 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
 from shapeplan import diagnostics, env
-from shapeplan.errors import InputError, LifecycleError
+from shapeplan.errors import InputError
 from shapeplan.llm.batch import BatchEngine, BlockManager, ModelRunner, RequestHandle, Scheduler, decode_buckets
 from shapeplan.llm.batch.constrained import Structured
 from shapeplan.llm.config import LlamaConfig, eos_ids, preset_config, read_json
-from shapeplan.llm.metrics import Metrics
 from shapeplan.llm.model import PagedKV, build_graph, initial_state, layers_x_codes
 from shapeplan.llm.sampling import Sampling
 from shapeplan.llm.session import GenerationResult, Session, TextStream, _until_stop  # noqa: F401

@@ -36,7 +36,6 @@ from typing import Callable
 import torch
 
 from shapeplan import diagnostics, env
-from shapeplan.ir.dtypes import dtype_name
 from shapeplan.llm.config import LlamaConfig
 
 #: (part name, start, end) in time.perf_counter seconds, of the last warm-up's parts (timelines)

@@ -54,7 +54,7 @@ def _activations(names: Sequence[str] | None, defaults: Sequence[str], n_dir: in
 def _run(cell: Callable[..., tuple], x: torch.Tensor, seq_lens: torch.Tensor | None, states: list[torch.Tensor],
          reverse: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """Drive ``cell(x_t, *states) -> new states`` over time; return Y [T, B, H] and final states."""
-    T, B = x.shape[0], x.shape[1]
+    T = x.shape[0]
     ys: list[torch.Tensor | None] = [None] * T
     if seq_lens is None:
         order = range(T - 1, -1, -1) if reverse else range(T)

@@ -590,7 +590,7 @@ def test_fused_quant_ops_through_the_kernels(name, triton_kernels):
             want = (qops.quant_rms_norm_matmul(x, s, packed, qtype=name, n=n, k=k, activation="silu_mul"),
                     qops.quant_matmul_add(x, packed, r, qtype=name, n=n, k=k))
         finally:
-            qops.set_quant_kernels("triton")
+            qops.set_quant_kernels(old)
         for a, b in zip(got, want):
             assert a.shape == b.shape
             _close(a, b)

@@ -3,7 +3,6 @@ are real tensor copies): greedy tokens identical to one device, strategies, the 
 from __future__ import annotations
 
 import pytest
-import torch
 
 from shapeplan import diagnostics
 from shapeplan.errors import ModelError
