@@ -25,6 +25,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--repetition-penalty", type=float, default=1.0)
+    p.add_argument("--presence-penalty", type=float, default=0.0, help="OpenAI's, -2 to 2 (0 = off)")
+    p.add_argument("--frequency-penalty", type=float, default=0.0, help="OpenAI's, -2 to 2 (0 = off)")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     p.add_argument("--tp", type=int, default=1, help="tensor parallel: N processes, one per device (gloo on CPU, "
@@ -58,7 +60,8 @@ def load_pipeline(args: argparse.Namespace):
 def sampling_from(args: argparse.Namespace):
     from shapeplan.llm import Sampling
     return Sampling(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                    repetition_penalty=args.repetition_penalty, seed=args.seed)
+                    repetition_penalty=args.repetition_penalty, seed=args.seed,
+                    presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty)
 
 
 def print_metrics(res, file=None) -> None:

@@ -18,7 +18,8 @@ prefill bucket and one for decode (seq = 1). Inputs and outputs::
 
 Variables (persist in the Engine): ``k_cache_{i}``, ``v_cache_{i}`` [B, Hkv, L, D] written in place by
 ``shapeplan::CacheWriteKV`` (both of a layer's writes) at ``position``; ``sampling_params`` float32 [B, 4], ``sampling_seed`` int64
-[B], ``seen_tokens`` bool [B, V] (repetition penalty).
+[B], ``seen_tokens`` bool [B, V] (repetition penalty), ``logit_adjust`` float32 [B, V] (added to the logits
+before sampling: presence / frequency penalties, logit bias).
 
 With ``paged=PagedKV(...)`` (the batched engine, shapeplan/llm/batch) every row has its own position
 and its own blocks of a shared pool; the inputs become::
@@ -314,9 +315,9 @@ class _StaticKV:
     def next_position(self) -> Value:
         return self.g.op.Add(self.position, self.length_in)
 
-    def sampling(self) -> tuple[Value, Value, Value]:
+    def sampling(self) -> tuple[Value, Value, Value, Value]:
         init = self.state if "sampling_params" in self.state else _sampling_state(self.cfg, self.batch, self.device)
-        return tuple(self.g.variable(n, init[n]) for n in ("sampling_params", "sampling_seed", "seen_tokens"))
+        return tuple(self.g.variable(n, init[n]) for n in SAMPLING_STATE)
 
 
 class _PagedKV:
@@ -362,10 +363,10 @@ class _PagedKV:
     def next_position(self) -> Value:
         return self.g.op.Add(self.positions, self.lengths)                                     # [B]
 
-    def sampling(self) -> tuple[Value, Value, Value]:
+    def sampling(self) -> tuple[Value, Value, Value, Value]:
         init = self.state if "sampling_params" in self.state else \
             _sampling_state(self.cfg, self.paged.state_slots, self.device)
-        rows = [self.g.variable(n, init[n]) for n in ("sampling_params", "sampling_seed", "seen_tokens")]
+        rows = [self.g.variable(n, init[n]) for n in SAMPLING_STATE]
         return tuple(self.g.op.Gather(r, self.state_slots, axis=0) for r in rows)        # this batch's rows
 
 
@@ -477,10 +478,10 @@ def build_graph(cfg: LlamaConfig, weights: dict[str, torch.Tensor], *, max_kv_ca
     if tp is not None:
         logits, all_logits = tp.gather_vocab(g, logits, vocab), tp.gather_vocab(g, all_logits, vocab)
 
-    params, seed, seen = kv.sampling()
+    params, seed, seen, adjust = kv.sampling()
     next_position = kv.next_position()
     greedy = op.ArgMax(logits, axis=-1, keepdims=1)                                    # [B, 1]
-    sampled = op.SampleToken(logits, params, seed, next_position, seen, _domain=SP)    # [B, 1]
+    sampled = op.SampleToken(logits, params, seed, next_position, seen, adjust, _domain=SP)   # [B, 1]
     # log-probabilities of the model's distribution (raw logits, before temperature / top-k / penalty):
     # only the plans of batches where a request asked for them compute these outputs
     logp = op.LogSoftmax(op.Cast(logits, to=1), axis=-1)                               # [B, V] float32
@@ -528,10 +529,16 @@ def layers_x_codes(cfg: LlamaConfig, weights: dict[str, Any], device: str | torc
             for i in range(cfg.num_layers)]
 
 
+#: the sampling variables, a row per batch row (a state slot when paged): settings, seed, the tokens in the
+#: context (repetition penalty), the additive terms on the logits (presence / frequency penalty, logit bias)
+SAMPLING_STATE = ("sampling_params", "sampling_seed", "seen_tokens", "logit_adjust")
+
+
 def _sampling_state(cfg: LlamaConfig, batch: int, device: str | torch.device) -> dict[str, torch.Tensor]:
     return {"sampling_params": torch.tensor([[0.0, 0.0, 1.0, 1.0]] * batch, device=device),
             "sampling_seed": torch.zeros(batch, dtype=torch.int64, device=device),
-            "seen_tokens": torch.zeros(batch, cfg.vocab_size, dtype=torch.bool, device=device)}
+            "seen_tokens": torch.zeros(batch, cfg.vocab_size, dtype=torch.bool, device=device),
+            "logit_adjust": torch.zeros(batch, cfg.vocab_size, dtype=torch.float32, device=device)}
 
 
 #: CPU buffers from this many bytes on are zeroed by the OS (``zeros``)

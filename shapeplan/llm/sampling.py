@@ -20,6 +20,12 @@ class Sampling:
     seed: int | None = None           # None = a fresh random seed per request
     stop: tuple[str, ...] = field(default=())   # stop strings (checked at host syncs)
     constraint: "Constraint | None" = None      # structured output (shapeplan/llm/constraint.py)
+    # OpenAI's additive terms, on the logits after the repetition penalty: token j's logit minus
+    # frequency_penalty * (times j was generated) minus presence_penalty * (j was generated at all), plus
+    # logit_bias[j]; ``logit_bias``: {token id: bias} (a mapping or (id, bias) pairs; kept as sorted pairs)
+    presence_penalty: float = 0.0     # 0 = off; -2 to 2
+    frequency_penalty: float = 0.0    # 0 = off; -2 to 2
+    logit_bias: tuple[tuple[int, float], ...] = field(default=())    # -100 to 100 each
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -30,6 +36,21 @@ class Sampling:
             raise InputError(f"sampling top_k must be >= 0, got {self.top_k}")
         if self.repetition_penalty <= 0:
             raise InputError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2 <= getattr(self, name) <= 2:
+                raise InputError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
+        bias = self.logit_bias.items() if isinstance(self.logit_bias, dict) else self.logit_bias
+        try:
+            pairs = tuple(sorted((int(t), float(b)) for t, b in bias))
+        except (TypeError, ValueError):
+            raise InputError("logit_bias must map token ids to numbers, got "
+                             f"{str(self.logit_bias)[:80]}") from None
+        for t, b in pairs:
+            if t < 0 or not -100 <= b <= 100:
+                raise InputError(f"logit_bias: token id {t} with bias {b}: ids are >= 0 and biases in [-100, 100]")
+        if len({t for t, _ in pairs}) != len(pairs):
+            raise InputError("logit_bias names a token id twice")
+        object.__setattr__(self, "logit_bias", pairs)
 
     @classmethod
     def greedy(cls, **kw) -> "Sampling":
@@ -41,9 +62,14 @@ class Sampling:
         return cls(temperature, top_k, top_p, repetition_penalty, seed, **kw)
 
     @property
+    def adjusts(self) -> bool:
+        """Whether the additive terms (presence / frequency penalty, logit bias) change any logit."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.logit_bias)
+
+    @property
     def is_plain_greedy(self) -> bool:
-        """Greedy without a penalty: the cheap ArgMax output serves it."""
-        return self.temperature == 0 and self.repetition_penalty == 1.0
+        """Greedy without a penalty or bias: the cheap ArgMax output serves it."""
+        return self.temperature == 0 and self.repetition_penalty == 1.0 and not self.adjusts
 
     def resolved_seed(self) -> int:
         return self.seed if self.seed is not None else secrets.randbits(31)

@@ -241,21 +241,25 @@ def _sample_shape(node):
 
 
 @register("SampleToken", domain="shapeplan", shape=_sample_shape)
-def sample_token(logits, params, seed, position, seen=None):
+def sample_token(logits, params, seed, position, seen=None, adjust=None):
     """Pick the next token on the device.
 
     logits: [B, V]; params: float32 [B, 4] = (temperature, top_k, top_p, repetition_penalty) with
     temperature 0 = greedy, top_k <= 0 = off, top_p >= 1 = off, penalty 1 = off; seed: int64 [B];
     position: int64 [1] or [B] (the sampling counter, per row in the batched engine); seen: optional [B, V] mask of tokens already in the
-    context (for the repetition penalty). Returns int64 [B, 1].
+    context (for the repetition penalty); adjust: optional float32 [B, V] added to the logits after the
+    repetition penalty (OpenAI's presence / frequency penalties and logit bias, kept per row by the serving
+    core). Returns int64 [B, 1].
 
-    Order as in transformers: repetition penalty, temperature, top-k, top-p, then a draw. The draw is
-    an exponential race (argmax of p / Exp(1)), which samples exactly from p."""
+    Order as in transformers: repetition penalty, (the additive terms,) temperature, top-k, top-p, then a
+    draw. The draw is an exponential race (argmax of p / Exp(1)), which samples exactly from p."""
     x = logits.to(torch.float32)
     params = params.to(device=x.device, dtype=torch.float32)
     if seen is not None:
         pen = params[:, 3:4]
         x = torch.where(seen.to(torch.bool), torch.where(x > 0, x / pen, x * pen), x)
+    if adjust is not None:
+        x = x + adjust.to(torch.float32)
     greedy = x.argmax(-1, keepdim=True)                                         # [B, 1]
     temp = params[:, 0:1]
     x = x / torch.where(temp > 0, temp, torch.ones_like(temp))

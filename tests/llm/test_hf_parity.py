@@ -59,3 +59,44 @@ def test_repetition_penalty_greedy_matches_transformers(checkpoints, hf_models):
     pipe = _pipe(path, "slot_by_slot")
     res = pipe.generate(PROMPT, max_new_tokens=24, sampling=sp.llm.Sampling(repetition_penalty=1.5))
     assert res.token_ids == hf_greedy(hf, res.prompt_token_ids, 24, repetition_penalty=1.5)
+
+
+class _OpenAIPenalties:
+    """OpenAI's documented presence / frequency penalties as a transformers logits processor: token j's logit
+    minus ``frequency`` x (times j was generated) minus ``presence`` x (j was generated at all), counting the
+    tokens after the prompt."""
+
+    def __init__(self, prompt_len: int, presence: float, frequency: float) -> None:
+        self.prompt_len, self.presence, self.frequency = prompt_len, presence, frequency
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        counts = torch.bincount(input_ids[0, self.prompt_len:], minlength=scores.shape[-1]).to(scores.dtype)
+        return scores - self.frequency * counts - self.presence * (counts > 0).to(scores.dtype)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_presence_frequency_penalties_and_logit_bias_greedy_match_transformers(mode, checkpoints, hf_models):
+    """Greedy tokens under OpenAI's presence / frequency penalties and a logit bias against transformers with
+    the same model: the penalties as OpenAI documents them (a logits processor here), the bias through
+    transformers' own ``sequence_bias`` (one-token sequences: a bias on that token at every step)."""
+    from transformers import LogitsProcessorList
+    path = checkpoints("llama")
+    hf = hf_models(path)
+    pipe = _pipe(path, mode)
+    plain = pipe.generate(PROMPT, max_new_tokens=24, sampling=sp.llm.Sampling.greedy())
+    ids = plain.prompt_token_ids
+    drawn = sp.llm.Sampling.random(temperature=0.8, repetition_penalty=1.2, seed=3)   # reads the terms' row
+    before = pipe.generate(ids, max_new_tokens=24, sampling=drawn).token_ids
+    bias = {plain.token_ids[0]: -100.0, 7: 4.0}               # never the plain first pick; token 7 favoured
+    for kw in ({"presence_penalty": 1.5, "frequency_penalty": 0.8}, {"frequency_penalty": -0.6},
+               {"presence_penalty": -2.0, "frequency_penalty": 0.4},      # repeats: presence counts once
+               {"logit_bias": bias}, {"presence_penalty": 0.9, "logit_bias": bias}):
+        res = pipe.generate(ids, max_new_tokens=24, sampling=sp.llm.Sampling(**kw))
+        procs = LogitsProcessorList([_OpenAIPenalties(len(ids), kw.get("presence_penalty", 0.0),
+                                                      kw.get("frequency_penalty", 0.0))])
+        extra = {"sequence_bias": {(t,): b for t, b in kw["logit_bias"].items()}} if "logit_bias" in kw else {}
+        want = hf_greedy(hf, ids, 24, logits_processor=procs, **extra)
+        assert res.token_ids == want, kw
+        assert res.token_ids != plain.token_ids, kw                      # (the terms changed the answer)
+    # the slot's row is cleared for the next request without the terms
+    assert pipe.generate(ids, max_new_tokens=24, sampling=drawn).token_ids == before

@@ -103,6 +103,12 @@ def test_sampling_follows_the_distribution():
     seen = torch.tensor([[True, False, False, False]])
     greedy = torch.tensor([[0.0, 0.0, 1.0, 3.0]])
     assert sample_token(logits, greedy, torch.tensor([0]), torch.tensor([0]), seen).item() == 1
+    # the additive terms come after the penalty: here they lift token 3 over token 1
+    adjust = torch.tensor([[0.0, -0.5, 0.0, 2.5]])
+    assert sample_token(logits, greedy, torch.tensor([0]), torch.tensor([0]), seen, adjust).item() == 3
+    draws = {sample_token(logits, params, torch.tensor([11]), torch.tensor([p]), None,
+                          torch.tensor([[-100.0, 0.0, 0.0, -100.0]])).item() for p in range(300)}
+    assert draws == {1, 2}                                     # a bias of -100 removes a token from the draw
 
 
 @pytest.mark.parametrize("model_type", MODEL_TYPES)

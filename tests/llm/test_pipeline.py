@@ -235,6 +235,23 @@ def test_bad_sampling_settings():
         Sampling(temperature=-1)
     with pytest.raises(sp.InputError):
         Sampling(top_p=0)
+    for kw, match in (({"presence_penalty": 2.5}, "presence_penalty must be in"),
+                      ({"frequency_penalty": -3}, "frequency_penalty must be in"),
+                      ({"logit_bias": {5: 101}}, "token id 5 with bias 101"),
+                      ({"logit_bias": {-1: 1}}, "token id -1"),
+                      ({"logit_bias": {"x": 1}}, "logit_bias must map token ids to numbers"),
+                      ({"logit_bias": [(3, 1.0), (3, 2.0)]}, "names a token id twice")):
+        with pytest.raises(sp.InputError, match=match):
+            Sampling(**kw)
+    s = Sampling(logit_bias={9: 1, "4": -2.5})                 # (OpenAI's JSON keys are strings)
+    assert s.logit_bias == ((4, -2.5), (9, 1.0)) and s.adjusts and not s.is_plain_greedy
+    assert hash(s) == hash(Sampling(logit_bias=[(4, -2.5), (9, 1.0)]))
+
+
+def test_a_logit_bias_outside_the_vocabulary_fails_alone(pipe):
+    with pytest.raises(sp.InputError, match=f"logit_bias token id {pipe.cfg.vocab_size} is outside the vocabulary"):
+        pipe.generate(PROMPT, max_new_tokens=4, sampling=Sampling(logit_bias={pipe.cfg.vocab_size: 1.0}))
+    assert pipe.generate(PROMPT, max_new_tokens=4).finish_reason in ("stop", "length")
 
 
 # ------------------------------------------------------------------ streaming, metrics, syncs

@@ -39,13 +39,13 @@ from shapeplan.llm.batch.runner import Readback, logprob_rows
 from shapeplan.llm.batch.sequence import Sequence, Status
 from shapeplan.llm.constraint import Constraint
 from shapeplan.llm.grammar import GrammarState, fill_rows, grammars_for
+from shapeplan.llm.model import SAMPLING_STATE
 
 if TYPE_CHECKING:
     from shapeplan.llm.batch.runner import ModelRunner
     from shapeplan.llm.tokenizer import Tokenizer
 
 SP = "shapeplan"
-SAMPLING_STATE = ("sampling_params", "sampling_seed", "seen_tokens")
 #: forced tokens that a request takes without decoding at the end of a round (one prefill call instead)
 JUMP_MIN = 2
 #: forced tokens that end a round early (the forward already queued for every row is wasted)
@@ -65,9 +65,9 @@ def sampler_graph(vocab: int, dtype: str, state: dict[str, torch.Tensor]) -> Gra
     slots = g.placeholder("state_slots", "int64", ("batch",))
     op = g.op
     masked = op.ApplyTokenBitmask(logits, bitmask, _domain=SP)                 # [B, V]
-    params, seed, seen = (op.Gather(g.variable(n, state[n]), slots, axis=0) for n in SAMPLING_STATE)
+    params, seed, seen, adjust = (op.Gather(g.variable(n, state[n]), slots, axis=0) for n in SAMPLING_STATE)
     greedy = op.ArgMax(masked, axis=-1, keepdims=1)                            # [B, 1]
-    sampled = op.SampleToken(masked, params, seed, positions, seen, _domain=SP)
+    sampled = op.SampleToken(masked, params, seed, positions, seen, adjust, _domain=SP)
     for v, name in ((greedy, "next_token"), (sampled, "next_token_sampled")):
         del g.values[v.name]
         v.name = name
@@ -217,7 +217,8 @@ class Structured:
         r.settle("logits", rows, 1)
         self._settle(out, rows)
         slots, lengths, table, ids, pos = r.decode_feeds(seqs, rows)
-        penalty = any(s.sampling.repetition_penalty != 1.0 for s in seqs)
+        pen = r._penalties(seqs)                   # the additive terms' update (None: no row has them)
+        penalty = pen is not None or any(s.sampling.repetition_penalty != 1.0 for s in seqs)
         host, dev_mask = self._host[:rows], self._dev[:rows]
         got: list[list[int]] = []
         packs: list[torch.Tensor] = []                 # per step, when a row wants logprobs
@@ -241,7 +242,7 @@ class Structured:
                 packs.append(logprob_rows(res["logits"], tok, r.top_k))
             ids, pos = tok, res["next_position"]
             if penalty:
-                r._mark_seen(seqs, tok, slots)
+                r._mark_seen(seqs, tok, slots, pen)
             self.stats.steps += 1
             self.stats.row_steps += sum(st is not None for st in states)
         else:

@@ -76,6 +76,9 @@ class BatchEngine:
             raise InputError(f"prompt token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})")
         if max_new_tokens < 1:
             raise InputError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        bad = [t for t, _ in sampling.logit_bias if t >= self.vocab_size]
+        if bad:
+            raise InputError(f"logit_bias token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})")
         if logprobs is not None and not 0 <= logprobs <= TOP_LOGPROBS:
             raise InputError(f"logprobs must be 0 to {TOP_LOGPROBS} (top tokens per position), got {logprobs}")
         if len(ids) >= self.max_model_len:
@@ -353,6 +356,7 @@ class BatchEngine:
         forced = self.structured.forced(seq)
         if forced and self.scheduler.grow(seq, len(forced)):
             forced = seq.constraint.take(forced)
+            self.runner.mark_tokens(seq, forced)                # (the penalties count them as generated)
             self.structured.stats.jumps += 1
             self.structured.stats.jump_tokens += len(forced)
             self._accept(seq, forced, now, jump=False)

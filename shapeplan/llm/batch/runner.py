@@ -9,6 +9,10 @@ Within a round of ``k`` decode steps the host does not wait: each step's ``next_
 is read back once, at the end of the round. Prefill runs one plan per prompt-length bucket (batch 1,
 padded tokens write nothing). Per-request sampling settings live in rows of the sampling variables
 (one row per state slot), so a row's temperature, top-k/p, penalty and seed never reach another row.
+The additive terms (presence / frequency penalty, logit bias) are a float row per slot on the logits
+(``logit_adjust``): set at admission from the bias and the request's generated tokens so far (a resumed
+request's included), then updated on the device after each step of a row that has them (the token's
+frequency penalty, and its presence penalty the first time: ``_generated`` remembers which it produced).
 
 Log-probabilities: a batch where some request asked for them runs the plans that also compute the
 graph's logprob outputs (the default plans do not), and each step's pick is packed with them into
@@ -60,6 +64,9 @@ class ModelRunner:
         self.kv_blocks = kv_blocks               # [layers, 2, NB, Hkv, BS, D]: the pools as one tensor
         var = engine.variables
         self.params, self.seed, self.seen = var["sampling_params"], var["sampling_seed"], var["seen_tokens"]
+        self.adjust = var["logit_adjust"]
+        self._generated: torch.Tensor | None = None   # bool [slots, V]: made at the first row with the terms
+        self._adjusted: set[int] = set()               # slots whose adjust row is not all zeros
         self.top_k = min(TOP_LOGPROBS, self.seen.shape[1])      # the width of the top_logprobs output
         slots = paged.state_slots
         self.pad_slot = slots - 1
@@ -141,6 +148,8 @@ class ModelRunner:
             ids = [t for t in seq.tokens if 0 <= t < row.shape[0]]
             if ids:
                 row[torch.tensor(ids, dtype=torch.int64, device=self.device)] = True
+        if sp.adjusts or slot in self._adjusted:
+            self._admit_adjust(seq)
         if seq.computed >= seq.prefill_target():                    # resumes decoding at once
             self.slot_tok[slot] = seq.tokens[-1]
             self.slot_pos[slot] = len(seq.tokens) - 1
@@ -254,12 +263,67 @@ class ModelRunner:
                               outputs=["all_logits"])
         return out["all_logits"][0, :n]
 
-    def _mark_seen(self, seqs: list[Sequence], tok: torch.Tensor, slots: torch.Tensor | None = None) -> None:
-        if any(s.sampling.repetition_penalty != 1.0 for s in seqs):
-            if slots is None:
-                slots = torch.tensor([s.slot for s in seqs], dtype=torch.int64, device=self.device)
-            self.seen.index_put_((slots, tok.reshape(-1)[:slots.shape[0]]), torch.ones((), dtype=torch.bool,
-                                                                                        device=self.device))
+    def _admit_adjust(self, seq: Sequence) -> None:
+        """``seq``'s row of the additive terms: its logit bias minus its penalties for the tokens it has
+        generated so far (none, unless it resumes); zeros for a request without them."""
+        sp, slot = seq.sampling, seq.slot
+        row = self.adjust[slot]
+        row.zero_()
+        self._adjusted.discard(slot)
+        if not sp.adjusts:
+            return
+        vocab = row.shape[0]
+        if sp.logit_bias:
+            ids = [t for t, _ in sp.logit_bias if t < vocab]
+            vals = [b for t, b in sp.logit_bias if t < vocab]
+            row[torch.tensor(ids, dtype=torch.int64, device=self.device)] = torch.tensor(vals, device=self.device)
+        out = [t for t in seq.tokens[seq.prompt_len:] if 0 <= t < vocab]
+        counts = torch.bincount(torch.tensor(out, dtype=torch.int64), minlength=vocab).to(self.device)
+        row -= sp.frequency_penalty * counts + sp.presence_penalty * (counts > 0)
+        self.generated_rows()[slot].copy_(counts > 0)
+        self._adjusted.add(slot)
+
+    def generated_rows(self) -> torch.Tensor:
+        if self._generated is None:
+            self._generated = torch.zeros(self.seen.shape, dtype=torch.bool, device=self.device)
+        return self._generated
+
+    def _penalties(self, seqs: list[Sequence]) -> torch.Tensor | None:
+        """[n, 2] (frequency, presence) penalties of ``seqs`` on the device, or None when no row has the
+        additive terms (made once per round: the per-step update reads it)."""
+        if not any(s.sampling.adjusts for s in seqs):
+            return None
+        return torch.tensor([[s.sampling.frequency_penalty, s.sampling.presence_penalty] for s in seqs],
+                            dtype=torch.float32).to(self.device, non_blocking=True)
+
+    def _mark_seen(self, seqs: list[Sequence], tok: torch.Tensor, slots: torch.Tensor | None = None,
+                   pen: torch.Tensor | None = None) -> None:
+        """After a step: each row's token joins its context (``seen``, for the repetition penalty) and its
+        generated tokens (the presence / frequency penalties; ``pen``: ``_penalties(seqs)``, made here when
+        not given). Only ``seqs``' rows: a padding row's token touches nothing."""
+        rep = any(s.sampling.repetition_penalty != 1.0 for s in seqs)
+        pen = self._penalties(seqs) if pen is None else pen
+        if not rep and pen is None:
+            return
+        n = len(seqs)
+        if slots is None:
+            slots = torch.tensor([s.slot for s in seqs], dtype=torch.int64, device=self.device)
+        idx = (slots[:n], tok.reshape(-1)[:n])
+        if rep:
+            self.seen.index_put_(idx, torch.ones((), dtype=torch.bool, device=self.device))
+        if pen is not None:
+            gen = self.generated_rows()
+            first = ~gen[idx]                                                   # [n]: the token's first time
+            self.adjust.index_put_(idx, self.adjust[idx] - pen[:, 0] - pen[:, 1] * first)
+            gen.index_put_(idx, torch.ones((), dtype=torch.bool, device=self.device))
+
+    def mark_tokens(self, seq: Sequence, tokens: list[int]) -> None:
+        """Tokens ``seq`` took without sampling them (a grammar's forced run): counted as sampled ones are."""
+        if tokens and (seq.sampling.repetition_penalty != 1.0 or seq.sampling.adjusts):
+            slots = torch.tensor([seq.slot], dtype=torch.int64, device=self.device)
+            pen = self._penalties([seq])
+            for t in tokens:
+                self._mark_seen([seq], torch.tensor([t], dtype=torch.int64, device=self.device), slots, pen)
 
     def decode_feeds(self, seqs: list[Sequence], rows: int) -> tuple[torch.Tensor, ...]:
         """A decode step's device inputs for ``seqs`` padded to ``rows``: state slots, lengths (1, 0 for
@@ -286,7 +350,8 @@ class ModelRunner:
         slots, lengths, table, ids, pos = self.decode_feeds(seqs, rows)
         toks = torch.empty(steps, rows, pack_width(self.top_k), dtype=torch.float64, device=dev) if lp \
             else torch.empty(steps, rows, dtype=torch.int64, device=dev)
-        penalty = any(s.sampling.repetition_penalty != 1.0 for s in seqs)
+        pen = self._penalties(seqs)                   # the additive terms' update (None: no row has them)
+        penalty = pen is not None or any(s.sampling.repetition_penalty != 1.0 for s in seqs)
         for k in range(steps):
             res = self.engine.run({"input_ids": ids, "positions": pos, "lengths": lengths,
                                    "block_tables": table, "state_slots": slots}, outputs=outputs)
@@ -296,7 +361,7 @@ class ModelRunner:
             else:
                 toks[k] = ids[:, 0]
             if penalty:
-                self._mark_seen(seqs, ids, slots)
+                self._mark_seen(seqs, ids, slots, pen)
         self.calls += steps
         self.slot_tok[slots] = ids[:, 0]
         self.slot_pos[slots] = pos

@@ -197,11 +197,12 @@ class OpenAIModel:
     def _check_common(self, req: Any) -> None:
         if req.model != self.name:
             raise ModelNotFound(f"the model '{req.model}' does not exist (this server serves '{self.name}')", "model")
-        for p in ("presence_penalty", "frequency_penalty"):
-            if getattr(req, p):
-                raise Unsupported(f"{p} is not supported (only 0): use repetition_penalty instead", p)
-        if req.logit_bias:
-            raise Unsupported("logit_bias is not supported", "logit_bias")
+        for key, bias in (req.logit_bias or {}).items():
+            if not (key.isascii() and key.isdigit()) or int(key) >= self.vocab:
+                raise BadRequest(f"logit_bias: {key!r} is not a token id of the vocabulary [0, {self.vocab})",
+                                 "logit_bias")
+            if not -100 <= bias <= 100:
+                raise BadRequest(f"logit_bias: token {key}'s bias {bias} is outside [-100, 100]", "logit_bias")
         if req.stream_options is not None and not req.stream:
             raise BadRequest("stream_options is only allowed with stream: true", "stream_options")
 
@@ -256,8 +257,10 @@ class OpenAIModel:
         top_k = max(0, _first(req.top_k, d.top_k, 0))
         penalty = _first(req.repetition_penalty, d.repetition_penalty, 1.0)
         seeds = [None] * req.n if req.seed is None else [(req.seed + j + _I64) % (2 * _I64) - _I64 for j in range(req.n)]
+        bias = {int(k): v for k, v in (req.logit_bias or {}).items()}
         samplings = [Sampling(temperature=temp, top_k=top_k, top_p=top_p, repetition_penalty=penalty, seed=seed,
-                              stop=stops, constraint=constraint) for seed in seeds]
+                              stop=stops, constraint=constraint, presence_penalty=req.presence_penalty or 0.0,
+                              frequency_penalty=req.frequency_penalty or 0.0, logit_bias=bias) for seed in seeds]
         include = bool(req.stream_options and req.stream_options.include_usage)
         return Job(chat, prompts, budgets, samplings, logprobs, req.ignore_eos, req.stream, include,
                    req.return_token_ids, f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time()),

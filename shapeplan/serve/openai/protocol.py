@@ -40,7 +40,7 @@ class _Common(_Strict):
     seed: int | None = Field(None, ge=-_INT64, lt=_INT64)
     stop: str | list[str] | None = None
     repetition_penalty: float | None = Field(None, gt=0)
-    presence_penalty: float | None = Field(None, ge=-2, le=2)  # only 0 is served (see Unsupported)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     logit_bias: dict[str, float] | None = None
     stream: bool = False

@@ -18,15 +18,21 @@ KW = dict(mode="emulated_replay", max_prefill_length=32, max_kv_cache_length=128
 
 def _requests(vocab: int, n: int = 16, seed: int = 0) -> list[tuple[list[int], int, Sampling]]:
     """``n`` (prompt, max_new_tokens, sampling): prompts of 3-45 tokens (some longer than one 32-token
-    prefill chunk), every third request sampled with its own seed, one with a repetition penalty."""
+    prefill chunk), every third request sampled with its own seed, one with a repetition penalty, three with
+presence / frequency penalties or a logit bias."""
     rng = random.Random(seed)
     out = []
     for i in range(n):
         prompt = [rng.randrange(3, vocab) for _ in range(rng.choice([3, 7, 12, 20, 33, 45]))]
         if i % 3 == 1:
-            s = Sampling.random(temperature=0.9, top_k=40, top_p=0.9, seed=100 + i)
+            s = Sampling.random(temperature=0.9, top_k=40, top_p=0.9, seed=100 + i,
+                                frequency_penalty=0.9 if i == 10 else 0.0)
         elif i == 5:
             s = Sampling(repetition_penalty=1.3)
+        elif i == 8:
+            s = Sampling(presence_penalty=1.5, frequency_penalty=0.7)
+        elif i == 12:
+            s = Sampling(frequency_penalty=-0.5, logit_bias={3: 2.0, 4: -100.0})
         else:
             s = Sampling.greedy()
         out.append((prompt, rng.randrange(6, 24), s))

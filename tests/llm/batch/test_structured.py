@@ -133,7 +133,7 @@ def test_tool_call_auto_allows_text_and_valid_calls(pipe):
 
 def test_unconstrained_rows_in_a_constrained_batch_get_their_tokens_alone(pipe):
     plain = [Sampling.greedy(), Sampling(temperature=1.0, seed=7), Sampling(temperature=0.8, top_k=20, seed=9),
-             Sampling(repetition_penalty=1.3)]
+             Sampling(repetition_penalty=1.3), Sampling(presence_penalty=1.0, logit_bias={5: 3.0})]
     prompts = [f"plain {i}" for i in range(len(plain))]
     alone = [pipe.generate(p, 20, s).token_ids for p, s in zip(prompts, plain)]
     c = Constraint.json_schema(BOUNDED)
@@ -157,10 +157,12 @@ def test_overlap_off_gives_the_same_tokens(pipe):
 
 def test_constrained_requests_get_the_same_tokens_alone_and_batched(pipe):
     """Alone, a request takes its forced runs at once (prefills); in a batch of more than JUMP_ROWS
-    constrained rows it decodes them in lockstep: the tokens are the same."""
+    constrained rows it decodes them in lockstep: the tokens are the same, with the presence / frequency
+    penalties too (a forced run's tokens count as generated either way)."""
     from shapeplan.llm.batch.constrained import JUMP_ROWS
     c = Constraint.json_schema(BOUNDED)
-    ss = [Sampling(temperature=1.0, seed=50 + i, constraint=c) for i in range(JUMP_ROWS + 2)]
+    ss = [Sampling(temperature=1.0, seed=50 + i, constraint=c, frequency_penalty=0.6 * (i % 2),
+                   presence_penalty=1.2 if i % 3 == 1 else 0.0) for i in range(JUMP_ROWS + 2)]
     before = pipe.structured.stats.jumps
     alone = [pipe.generate(f"r{i}", 64, s).token_ids for i, s in enumerate(ss)]
     mid = pipe.structured.stats.jumps - before - len(ss)            # beyond the free one before each prefill
@@ -173,7 +175,7 @@ def test_preempted_constrained_requests_lose_nothing(pipe, checkpoints):
     """A KV pool too small for everyone: constrained requests are preempted and recomputed, and still
     give the tokens they give alone."""
     c = Constraint.json_schema(BOUNDED)
-    ss = [Sampling(temperature=1.0, seed=70 + i, constraint=c) for i in range(8)]
+    ss = [Sampling(temperature=1.0, seed=70 + i, constraint=c, frequency_penalty=0.5 * (i % 2)) for i in range(8)]
     prompts = [[5 + i] * 20 for i in range(8)]
     alone = [pipe.generate(p, 60, s).token_ids for p, s in zip(prompts, ss)]
     per_block = pipe.kv_cache_bytes // pipe.paged.num_blocks

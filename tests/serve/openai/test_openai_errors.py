@@ -53,9 +53,13 @@ BAD = [
     ("/v1/completions", {**OK, "stream": True, "stream_options": {"include_usage": True, "x": 1}}, 400,
      "stream_options.x"),
     ("/v1/completions", {**OK, "stream_options": {"include_usage": True}}, 400, "stream_options"),
-    ("/v1/completions", {**OK, "presence_penalty": 0.5}, 400, "presence_penalty"),
-    ("/v1/completions", {**OK, "frequency_penalty": 0.5}, 400, "frequency_penalty"),
-    ("/v1/completions", {**OK, "logit_bias": {"5": 10}}, 400, "logit_bias"),
+    ("/v1/completions", {**OK, "presence_penalty": 2.5}, 400, "presence_penalty"),
+    ("/v1/completions", {**OK, "frequency_penalty": -2.1}, 400, "frequency_penalty"),
+    ("/v1/completions", {**OK, "logit_bias": {"5": 101}}, 400, "logit_bias"),
+    ("/v1/completions", {**OK, "logit_bias": {"abc": 1}}, 400, "logit_bias"),
+    ("/v1/completions", {**OK, "logit_bias": {"-1": 1}}, 400, "logit_bias"),
+    ("/v1/completions", {**OK, "logit_bias": {"100000": 1}}, 400, "logit_bias"),
+    ("/v1/completions", {**OK, "logit_bias": {"5": "x"}}, 400, "logit_bias.5"),
     ("/v1/completions", {**OK, "logprobs": 21}, 400, "logprobs"),
     ("/v1/completions", {**OK, "echo": True}, 400, "echo"),
     ("/v1/completions", {**OK, "best_of": 3}, 400, "best_of"),
@@ -94,8 +98,8 @@ def test_the_openai_client_raises_its_typed_errors(server):
     c = server.client()
     with pytest.raises(openai.NotFoundError):
         c.completions.create(model="nope", prompt="Hi", max_tokens=2)
-    with pytest.raises(openai.BadRequestError, match="presence_penalty"):
-        c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], presence_penalty=1.0)
+    with pytest.raises(openai.BadRequestError, match="logit_bias"):
+        c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], logit_bias={"x": 1})
     with pytest.raises(openai.BadRequestError, match="context"):
         c.completions.create(model=MODEL, prompt="Hello " * 2000, max_tokens=2)
 
@@ -173,7 +177,8 @@ _SCHEMA = st.recursive(st.sampled_from([{"type": t} for t in _TYPES])
                        max_leaves=4)
 _FIELDS = {         # each drawn field: mostly a value the server takes, sometimes anything
     "n": st.integers(-1, 3), "temperature": st.floats(-1, 3), "top_p": st.floats(-0.5, 1.5),
-    "top_k": st.integers(-3, 40), "seed": st.integers(-(2**64), 2**64), "stop": st.text(max_size=3)
+    "top_k": st.integers(-3, 40), "presence_penalty": st.floats(-3, 3), "frequency_penalty": st.floats(-3, 3),
+    "seed": st.integers(-(2**64), 2**64), "stop": st.text(max_size=3)
     | st.lists(st.text(max_size=3), max_size=3), "repetition_penalty": st.floats(-1, 3),
     "logit_bias": st.dictionaries(st.sampled_from(["5", "-1", "abc", "99999999", "0"]), st.floats(-200, 200),
                                   max_size=2),

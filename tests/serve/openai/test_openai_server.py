@@ -192,6 +192,24 @@ def test_chat_logprobs(server):
     assert streamed == [t.logprob for t in content]
 
 
+def test_presence_frequency_penalties_and_logit_bias_equal_pipe_generate(server):
+    """OpenAI's presence / frequency penalties and logit_bias (token ids as JSON string keys) through the official
+    client: the pipeline's tokens under the same Sampling, and not those without them."""
+    plain = _ref(server.pipe, PROMPTS[0], 16)
+    bias = {str(plain.token_ids[0]): -100, "7": 3}
+    ref = _ref(server.pipe, PROMPTS[0], 16, sampling=Sampling(presence_penalty=1.2, frequency_penalty=0.5,
+                                                             logit_bias={int(k): v for k, v in bias.items()}))
+    r = server.client().completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=16, temperature=0,
+                                           presence_penalty=1.2, frequency_penalty=0.5, logit_bias=bias,
+                                           extra_body={"return_token_ids": True})
+    assert r.choices[0].model_extra["token_ids"] == ref.token_ids != plain.token_ids
+    chat = server.client().chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}],
+                                                   max_tokens=8, temperature=0, frequency_penalty=1.0,
+                                                   logit_bias=bias)
+    assert chat.choices[0].message.content == _ref(server.pipe, "Hi", 8, chat=True, sampling=Sampling(
+        frequency_penalty=1.0, logit_bias={int(k): v for k, v in bias.items()})).text
+
+
 def test_defaults_come_from_generation_config(server, tmp_path):
     from shapeplan.serve.openai.generation import GenerationDefaults
     # the tiny checkpoint says do_sample: false, so a request without a temperature is greedy
