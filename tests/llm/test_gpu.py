@@ -168,6 +168,8 @@ def test_gpu_batched_equals_alone_and_slot_by_slot(mode, checkpoints):
     rng = random.Random(1)
     prompts = [[rng.randrange(3, 300) for _ in range(rng.choice([4, 17, 40, 70]))] for _ in range(8)]
     samp = [Sampling.greedy() if i % 2 else Sampling.random(temperature=0.8, seed=i) for i in range(8)]
+    samp[2] = Sampling(presence_penalty=1.0, frequency_penalty=0.5, logit_bias={5: 2.0})   # the additive terms,
+    samp[4] = Sampling.random(temperature=0.8, seed=4, frequency_penalty=0.7)             # greedy and drawn
     ref = GenerationPipeline.from_pretrained(path, mode="slot_by_slot", **kw)
     want = [ref.generate(p, 20, s).token_ids for p, s in zip(prompts, samp)]
     pipe = GenerationPipeline.from_pretrained(path, mode=mode, **kw)
