@@ -13,6 +13,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--top-p", type=float, default=0.9)
+    p.add_argument("--min-p", type=float, default=0.0, help="drop tokens less likely than MIN_P x the likeliest "
+                   "(0 = off; llama.cpp's --min-p)")
     p.add_argument("--repetition-penalty", type=float, default=1.0)
     p.add_argument("--presence-penalty", type=float, default=0.0, help="OpenAI's, -2 to 2 (0 = off)")
     p.add_argument("--frequency-penalty", type=float, default=0.0, help="OpenAI's, -2 to 2 (0 = off)")

@@ -24,6 +24,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--min-p", type=float, default=0.0, help="drop tokens less likely than MIN_P x the likeliest "
+                   "(0 = off; llama.cpp's --min-p)")
     p.add_argument("--repetition-penalty", type=float, default=1.0)
     p.add_argument("--presence-penalty", type=float, default=0.0, help="OpenAI's, -2 to 2 (0 = off)")
     p.add_argument("--frequency-penalty", type=float, default=0.0, help="OpenAI's, -2 to 2 (0 = off)")
@@ -61,7 +63,7 @@ def sampling_from(args: argparse.Namespace):
     from shapeplan.llm import Sampling
     return Sampling(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                     repetition_penalty=args.repetition_penalty, seed=args.seed,
-                    presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty)
+                    presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty, min_p=args.min_p)
 
 
 def print_metrics(res, file=None) -> None:

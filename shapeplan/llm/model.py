@@ -17,7 +17,7 @@ prefill bucket and one for decode (seq = 1). Inputs and outputs::
     top_token_ids      int64 [B, K]    ... and their token ids (requested only for requests that want logprobs)
 
 Variables (persist in the Engine): ``k_cache_{i}``, ``v_cache_{i}`` [B, Hkv, L, D] written in place by
-``shapeplan::CacheWriteKV`` (both of a layer's writes) at ``position``; ``sampling_params`` float32 [B, 4], ``sampling_seed`` int64
+``shapeplan::CacheWriteKV`` (both of a layer's writes) at ``position``; ``sampling_params`` float32 [B, 5], ``sampling_seed`` int64
 [B], ``seen_tokens`` bool [B, V] (repetition penalty), ``logit_adjust`` float32 [B, V] (added to the logits
 before sampling: presence / frequency penalties, logit bias).
 
@@ -535,7 +535,7 @@ SAMPLING_STATE = ("sampling_params", "sampling_seed", "seen_tokens", "logit_adju
 
 
 def _sampling_state(cfg: LlamaConfig, batch: int, device: str | torch.device) -> dict[str, torch.Tensor]:
-    return {"sampling_params": torch.tensor([[0.0, 0.0, 1.0, 1.0]] * batch, device=device),
+    return {"sampling_params": torch.tensor([[0.0, 0.0, 1.0, 1.0, 0.0]] * batch, device=device),
             "sampling_seed": torch.zeros(batch, dtype=torch.int64, device=device),
             "seen_tokens": torch.zeros(batch, cfg.vocab_size, dtype=torch.bool, device=device),
             "logit_adjust": torch.zeros(batch, cfg.vocab_size, dtype=torch.float32, device=device)}

@@ -26,6 +26,7 @@ class Sampling:
     presence_penalty: float = 0.0     # 0 = off; -2 to 2
     frequency_penalty: float = 0.0    # 0 = off; -2 to 2
     logit_bias: tuple[tuple[int, float], ...] = field(default=())    # -100 to 100 each
+    min_p: float = 0.0                # 0 = off: drop tokens less likely than min_p x the likeliest (after top-p)
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -36,6 +37,8 @@ class Sampling:
             raise InputError(f"sampling top_k must be >= 0, got {self.top_k}")
         if self.repetition_penalty <= 0:
             raise InputError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if not 0 <= self.min_p <= 1:
+            raise InputError(f"sampling min_p must be in [0, 1], got {self.min_p}")
         for name in ("presence_penalty", "frequency_penalty"):
             if not -2 <= getattr(self, name) <= 2:
                 raise InputError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
@@ -75,4 +78,5 @@ class Sampling:
         return self.seed if self.seed is not None else secrets.randbits(31)
 
     def as_row(self) -> list[float]:
-        return [float(self.temperature), float(self.top_k), float(self.top_p), float(self.repetition_penalty)]
+        return [float(self.temperature), float(self.top_k), float(self.top_p), float(self.repetition_penalty),
+                float(self.min_p)]

@@ -244,15 +244,15 @@ def _sample_shape(node):
 def sample_token(logits, params, seed, position, seen=None, adjust=None):
     """Pick the next token on the device.
 
-    logits: [B, V]; params: float32 [B, 4] = (temperature, top_k, top_p, repetition_penalty) with
-    temperature 0 = greedy, top_k <= 0 = off, top_p >= 1 = off, penalty 1 = off; seed: int64 [B];
+    logits: [B, V]; params: float32 [B, 4 or 5] = (temperature, top_k, top_p, repetition_penalty[, min_p]) with
+    temperature 0 = greedy, top_k <= 0 = off, top_p >= 1 = off, penalty 1 = off, min_p 0 = off; seed: int64 [B];
     position: int64 [1] or [B] (the sampling counter, per row in the batched engine); seen: optional [B, V] mask of tokens already in the
     context (for the repetition penalty); adjust: optional float32 [B, V] added to the logits after the
     repetition penalty (OpenAI's presence / frequency penalties and logit bias, kept per row by the serving
     core). Returns int64 [B, 1].
 
-    Order as in transformers: repetition penalty, (the additive terms,) temperature, top-k, top-p, then a
-    draw. The draw is an exponential race (argmax of p / Exp(1)), which samples exactly from p."""
+    Order as in transformers: repetition penalty, (the additive terms,) temperature, top-k, top-p, min-p (a
+    token less likely than min_p x the likeliest left is dropped), then a draw. The draw is an exponential race (argmax of p / Exp(1)), which samples exactly from p."""
     x = logits.to(torch.float32)
     params = params.to(device=x.device, dtype=torch.float32)
     if seen is not None:
@@ -271,6 +271,8 @@ def sample_token(logits, params, seed, position, seen=None, adjust=None):
     probs = torch.softmax(vals, -1)
     before = probs.cumsum(-1) - probs                                           # mass ranked above
     keep = keep & ((before < params[:, 2:3]) | (ranks == 0))
+    if params.shape[1] > 4:       # min-p: p_i < min_p * p_max, i.e. (sorted, so vals[:, :1] is the max) as logits
+        keep = keep & (vals - vals[:, :1] >= torch.log(params[:, 4:5]))                # log 0 = -inf: all kept
     probs = torch.softmax(vals.masked_fill(~keep, float("-inf")), -1)
     race = probs / -torch.log(uniform_noise(seed, position, x.shape[-1]))
     pick = order.gather(-1, race.argmax(-1, keepdim=True))                      # [B, 1]

@@ -25,11 +25,11 @@ def test_generate_takes_the_presence_and_frequency_penalties(checkpoints, capsys
     from shapeplan.llm import Sampling
     path = checkpoints("llama")
     assert main(["generate", "--model", path, "--prompt", "Hello world", "--max-new-tokens", "12",
-                 "--presence-penalty", "1.5", "--frequency-penalty", "0.5", *SMALL]) == 0
+                 "--presence-penalty", "1.5", "--frequency-penalty", "0.5", "--min-p", "0.1", *SMALL]) == 0
     pipe = GenerationPipeline.from_pretrained(path, mode="slot_by_slot", max_prefill_length=32,
                                               max_kv_cache_length=64, progress=False)
     want = pipe.generate("Hello world", max_new_tokens=12, sampling=Sampling(presence_penalty=1.5,
-                                                                            frequency_penalty=0.5))
+                                                                            frequency_penalty=0.5, min_p=0.1))
     assert capsys.readouterr().out == want.text + "\n"
     assert main(["generate", "--model", path, "--prompt", "Hi", "--presence-penalty", "3", *SMALL]) != 0
     assert "presence_penalty must be in [-2, 2], got 3.0" in capsys.readouterr().err
@@ -40,7 +40,7 @@ def test_chat_loop_keeps_the_conversation(checkpoints, capsys):
     path = checkpoints("llama")
     lines = iter(["hi", "tell me more", "/reset", "again", "/exit"])
     args = argparse.Namespace(model=path, max_new_tokens=4, temperature=0.0, top_k=0, top_p=1.0,
-                              repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0, seed=0,
+                              repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0, min_p=0.0, seed=0,
                               device="cpu", mode="slot_by_slot", dtype=None,
                               max_prefill_length=48, max_kv_cache_length=128, metrics=False)
     assert chat._chat(args, input_fn=lambda _: next(lines)) == 0

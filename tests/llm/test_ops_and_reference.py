@@ -111,6 +111,22 @@ def test_sampling_follows_the_distribution():
     assert draws == {1, 2}                                     # a bias of -100 removes a token from the draw
 
 
+@pytest.mark.parametrize("min_p", [0.0, 0.29, 0.31, 0.7])
+def test_min_p_keeps_the_tokens_transformers_keeps_and_draws_from_them(min_p):
+    """min-p after top-p: the tokens drawn are those transformers' MinPLogitsWarper keeps (p >= min_p x p_max),
+    in proportion to their probabilities; a 4-column params row (no min_p) keeps them all."""
+    from transformers.generation.logits_process import MinPLogitsWarper
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    kept = set(torch.nonzero(MinPLogitsWarper(min_p)(None, logits.clone())[0] > float("-inf")).reshape(-1).tolist()) \
+        if min_p > 0 else {0, 1, 2, 3}
+    params = torch.tensor([[1.0, 0.0, 1.0, 1.0, min_p]])
+    draws = [sample_token(logits, params, torch.tensor([13]), torch.tensor([p])).item() for p in range(3000)]
+    assert set(draws) == kept
+    want = torch.tensor([0.5, 0.3, 0.15, 0.05]) * torch.tensor([float(i in kept) for i in range(4)])
+    freq = torch.bincount(torch.tensor(draws), minlength=4).float() / len(draws)
+    torch.testing.assert_close(freq, want / want.sum(), atol=0.03, rtol=0)
+
+
 @pytest.mark.parametrize("model_type", MODEL_TYPES)
 def test_torch_baseline_agrees_with_pipeline(model_type, checkpoints):
     from shapeplan.llm import GenerationPipeline

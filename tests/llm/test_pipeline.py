@@ -235,7 +235,7 @@ def test_bad_sampling_settings():
         Sampling(temperature=-1)
     with pytest.raises(sp.InputError):
         Sampling(top_p=0)
-    for kw, match in (({"presence_penalty": 2.5}, "presence_penalty must be in"),
+    for kw, match in (({"min_p": 1.5}, "min_p must be in"), ({"presence_penalty": 2.5}, "presence_penalty must be in"),
                       ({"frequency_penalty": -3}, "frequency_penalty must be in"),
                       ({"logit_bias": {5: 101}}, "token id 5 with bias 101"),
                       ({"logit_bias": {-1: 1}}, "token id -1"),

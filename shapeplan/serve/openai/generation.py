@@ -42,6 +42,7 @@ class GenerationDefaults:
     top_k: int | None = None
     repetition_penalty: float | None = None
     max_new_tokens: int | None = None
+    min_p: float | None = None
 
     @classmethod
     def from_checkpoint(cls, path: str | None) -> "GenerationDefaults":
@@ -55,7 +56,7 @@ class GenerationDefaults:
             temp = 0.0
         return cls(temp, *(cfg.get(k) if isinstance(cfg.get(k), t) else None
                            for k, t in (("top_p", num), ("top_k", int), ("repetition_penalty", num),
-                                        ("max_new_tokens", int))))
+                                        ("max_new_tokens", int), ("min_p", num))))
 
 
 @dataclass(slots=True)
@@ -256,11 +257,13 @@ class OpenAIModel:
         top_p = _first(req.top_p, d.top_p, 1.0)
         top_k = max(0, _first(req.top_k, d.top_k, 0))
         penalty = _first(req.repetition_penalty, d.repetition_penalty, 1.0)
+        min_p = _first(req.min_p, d.min_p, 0.0)
         seeds = [None] * req.n if req.seed is None else [(req.seed + j + _I64) % (2 * _I64) - _I64 for j in range(req.n)]
         bias = {int(k): v for k, v in (req.logit_bias or {}).items()}
         samplings = [Sampling(temperature=temp, top_k=top_k, top_p=top_p, repetition_penalty=penalty, seed=seed,
                               stop=stops, constraint=constraint, presence_penalty=req.presence_penalty or 0.0,
-                              frequency_penalty=req.frequency_penalty or 0.0, logit_bias=bias) for seed in seeds]
+                              frequency_penalty=req.frequency_penalty or 0.0, logit_bias=bias, min_p=min_p)
+                     for seed in seeds]
         include = bool(req.stream_options and req.stream_options.include_usage)
         return Job(chat, prompts, budgets, samplings, logprobs, req.ignore_eos, req.stream, include,
                    req.return_token_ids, f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time()),

@@ -26,7 +26,7 @@ presence / frequency penalties or a logit bias."""
         prompt = [rng.randrange(3, vocab) for _ in range(rng.choice([3, 7, 12, 20, 33, 45]))]
         if i % 3 == 1:
             s = Sampling.random(temperature=0.9, top_k=40, top_p=0.9, seed=100 + i,
-                                frequency_penalty=0.9 if i == 10 else 0.0)
+                                frequency_penalty=0.9 if i == 10 else 0.0, min_p=0.15 if i == 13 else 0.0)
         elif i == 5:
             s = Sampling(repetition_penalty=1.3)
         elif i == 8:

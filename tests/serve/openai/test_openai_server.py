@@ -206,6 +206,10 @@ def test_presence_frequency_penalties_and_logit_bias_equal_pipe_generate(server)
     chat = server.client().chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}],
                                                    max_tokens=8, temperature=0, frequency_penalty=1.0,
                                                    logit_bias=bias)
+    drawn = Sampling(temperature=1.0, seed=5, min_p=0.2)
+    r = server.client().completions.create(model=MODEL, prompt=PROMPTS[1], max_tokens=12, temperature=1.0, seed=5,
+                                           extra_body={"min_p": 0.2, "return_token_ids": True})
+    assert r.choices[0].model_extra["token_ids"] == _ref(server.pipe, PROMPTS[1], 12, sampling=drawn).token_ids
     assert chat.choices[0].message.content == _ref(server.pipe, "Hi", 8, chat=True, sampling=Sampling(
         frequency_penalty=1.0, logit_bias={int(k): v for k, v in bias.items()})).text
 
@@ -217,9 +221,11 @@ def test_defaults_come_from_generation_config(server, tmp_path):
     r = server.client().completions.create(model=MODEL, prompt="Hello world", max_tokens=9)
     assert r.choices[0].text == ref.text
     (tmp_path / "generation_config.json").write_text('{"do_sample": true, "temperature": 0.6, "top_p": 0.9, '
-                                                     '"top_k": 20, "repetition_penalty": 1.05, "max_new_tokens": 77}')
+                                                     '"top_k": 20, "repetition_penalty": 1.05, "max_new_tokens": 77, '
+                                                     '"min_p": 0.05}')
     d = GenerationDefaults.from_checkpoint(str(tmp_path))
-    assert (d.temperature, d.top_p, d.top_k, d.repetition_penalty, d.max_new_tokens) == (0.6, 0.9, 20, 1.05, 77)
+    assert (d.temperature, d.top_p, d.top_k, d.repetition_penalty, d.max_new_tokens, d.min_p) == \
+        (0.6, 0.9, 20, 1.05, 77, 0.05)
     assert GenerationDefaults.from_checkpoint(None) == GenerationDefaults()
 
 
