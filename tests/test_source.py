@@ -36,6 +36,7 @@ def test_no_name_is_defined_twice():
     found = []
     for path in FILES:
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-        scopes = [("module", tree.body)] + [(f"class {c.name}", c.body) for c in ast.walk(tree) if isinstance(c, ast.ClassDef)]
+        scopes = [("module", tree.body)] + [(f"class {c.name}", c.body) for c in ast.walk(tree)
+                                            if isinstance(c, ast.ClassDef)]
         found += [f"{path.relative_to(ROOT)} ({where}): {twice}" for where, body in scopes if (twice := _twice(body))]
     assert not found, f"names defined twice (the second replaces the first): {found}"

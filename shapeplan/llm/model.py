@@ -17,9 +17,9 @@ prefill bucket and one for decode (seq = 1). Inputs and outputs::
     top_token_ids      int64 [B, K]    ... and their token ids (requested only for requests that want logprobs)
 
 Variables (persist in the Engine): ``k_cache_{i}``, ``v_cache_{i}`` [B, Hkv, L, D] written in place by
-``shapeplan::CacheWriteKV`` (both of a layer's writes) at ``position``; ``sampling_params`` float32 [B, 5], ``sampling_seed`` int64
-[B], ``seen_tokens`` bool [B, V] (repetition penalty), ``logit_adjust`` float32 [B, V] (added to the logits
-before sampling: presence / frequency penalties, logit bias).
+``shapeplan::CacheWriteKV`` (both of a layer's writes) at ``position``; ``sampling_params`` float32 [B, 5],
+``sampling_seed`` int64 [B], ``seen_tokens`` bool [B, V] (repetition penalty), ``logit_adjust`` float32 [B, V]
+(added to the logits before sampling: presence / frequency penalties, logit bias).
 
 With ``paged=PagedKV(...)`` (the batched engine, shapeplan/llm/batch) every row has its own position
 and its own blocks of a shared pool; the inputs become::

@@ -252,7 +252,8 @@ def sample_token(logits, params, seed, position, seen=None, adjust=None):
     core). Returns int64 [B, 1].
 
     Order as in transformers: repetition penalty, (the additive terms,) temperature, top-k, top-p, min-p (a
-    token less likely than min_p x the likeliest left is dropped), then a draw. The draw is an exponential race (argmax of p / Exp(1)), which samples exactly from p."""
+    token less likely than min_p x the likeliest left is dropped), then a draw. The draw is an exponential
+    race (argmax of p / Exp(1)), which samples exactly from p."""
     x = logits.to(torch.float32)
     params = params.to(device=x.device, dtype=torch.float32)
     if seen is not None:

@@ -178,7 +178,8 @@ _SCHEMA = st.recursive(st.sampled_from([{"type": t} for t in _TYPES])
                        max_leaves=4)
 _FIELDS = {         # each drawn field: mostly a value the server takes, sometimes anything
     "n": st.integers(-1, 3), "temperature": st.floats(-1, 3), "top_p": st.floats(-0.5, 1.5),
-    "top_k": st.integers(-3, 40), "min_p": st.floats(-0.5, 1.5), "presence_penalty": st.floats(-3, 3), "frequency_penalty": st.floats(-3, 3),
+    "top_k": st.integers(-3, 40), "min_p": st.floats(-0.5, 1.5), "presence_penalty": st.floats(-3, 3),
+    "frequency_penalty": st.floats(-3, 3),
     "seed": st.integers(-(2**64), 2**64), "stop": st.text(max_size=3)
     | st.lists(st.text(max_size=3), max_size=3), "repetition_penalty": st.floats(-1, 3),
     "logit_bias": st.dictionaries(st.sampled_from(["5", "-1", "abc", "99999999", "0"]), st.floats(-200, 200),
