@@ -40,9 +40,11 @@ TYPES = {"Q8_0_R": 0, "Q4_K_R": 1, "Q6_K_R": 2}
 #: the quantized ops take it for a decode step's ``min_m`` (by type) to ``max_m`` rows (``wanted``); rows of x per
 #: program (None: ``block_m``'s rule), of W, warps, pipeline stages, SWAP, programs along K (None: gguf.py's rule
 #: for its GEMM); ``by_type``: the keys a type sets otherwise (``tiling``). Q4_K_R's 128 rows of W and 2 stages:
-#: H100, thirtieth session (``quant_mmq_sweep``), llama-8b at 8 rows gate/up 115.9 -> 92.9 µs, the head 433 -> 334,
-#: down 57.4 -> 47.6, o 23.7 -> 20.7 (its 16-element sub-blocks' scales are loaded once for twice the rows); Q6_K_R
-#: and Q8_0_R were best or within 2-6 % on the committed tiling
+#: shared by every llama-8b shape's best tilings (H100, thirtieth session, ``quant_mmq_sweep``; at 8 rows the best
+#: against the committed, gate/up 115.9 -> 92.9 µs with split 4, the head 433 -> 334, o 23.7 -> 20.7), and end to
+#: end llama-8b Q4_K_M at 8 requests 802 -> 877 tok/s (docs/llm.md). Q6_K_R and Q8_0_R gained 5-14 % on some
+#: shapes, each from its own split along K (Q6_K_R gate/up 179.8 -> 158.2 µs with 2, Q8_0_R o 22.1 -> 19.9 with 4),
+#: not from one tiling: left to a rule
 MMQ = {"min_m": {"Q8_0_R": 3, "Q4_K_R": 5, "Q6_K_R": 5}, "max_m": 16, "bm": None, "bn": 64, "warps": 4, "stages": 3,
        "swap": True, "split": None, "by_type": {"Q4_K_R": {"bn": 128, "stages": 2}}}
 
@@ -50,6 +52,7 @@ MMQ = {"min_m": {"Q8_0_R": 3, "Q4_K_R": 5, "Q6_K_R": 5}, "max_m": 16, "bm": None
 def tiling(qtype: str) -> dict:
     """``MMQ`` with ``qtype``'s own keys (``MMQ["by_type"]``) in place."""
     return {**MMQ, **MMQ["by_type"].get(qtype, {})}
+
 
 if AVAILABLE:
     from shapeplan.runtime.backends.triton.kernels.gguf import _byte, _f16, _scale_min_k4, _signed8, _store_tile
