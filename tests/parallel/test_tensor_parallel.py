@@ -83,7 +83,8 @@ def test_generate_cli_tp2_prints_the_tp1_text(checkpoints, capfd):
     from shapeplan.cli import main
     path = checkpoints("llama")
     args = ["generate", "--model", path, "--prompt", "Hello world", "--max-new-tokens", "8",
-            "--max-prefill-length", "32", "--max-kv-cache-length", "64"]
+            "--max-prefill-length", "32", "--max-kv-cache-length", "64",
+            "--presence-penalty", "0.8", "--frequency-penalty", "0.4", "--min-p", "0.05"]   # (each rank's rows)
     assert main([*args, "--tp", "2"]) == 0
     tp2 = capfd.readouterr().out
     assert main(args) == 0
