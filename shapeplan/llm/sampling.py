@@ -27,6 +27,7 @@ class Sampling:
     frequency_penalty: float = 0.0    # 0 = off; -2 to 2
     logit_bias: tuple[tuple[int, float], ...] = field(default=())    # -100 to 100 each
     min_p: float = 0.0                # 0 = off: drop tokens less likely than min_p x the likeliest (after top-p)
+    stop_token_ids: tuple[int, ...] = field(default=())    # end the request after any of these (as EOS does)
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -54,6 +55,13 @@ class Sampling:
         if len({t for t, _ in pairs}) != len(pairs):
             raise InputError("logit_bias names a token id twice")
         object.__setattr__(self, "logit_bias", pairs)
+        try:
+            stops = tuple(int(t) for t in self.stop_token_ids)
+        except (TypeError, ValueError):
+            raise InputError(f"stop_token_ids must be token ids, got {str(self.stop_token_ids)[:80]}") from None
+        if any(t < 0 for t in stops):
+            raise InputError(f"stop_token_ids must be >= 0, got {list(stops)}")
+        object.__setattr__(self, "stop_token_ids", stops)
 
     @classmethod
     def greedy(cls, **kw) -> "Sampling":

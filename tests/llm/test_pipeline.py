@@ -248,6 +248,24 @@ def test_bad_sampling_settings():
     assert hash(s) == hash(Sampling(logit_bias=[(4, -2.5), (9, 1.0)]))
 
 
+def test_stop_token_ids_end_the_request_after_the_token(pipe):
+    """``Sampling(stop_token_ids=...)`` (vLLM's): the request ends with "stop" right after the first of them it
+    generates, the token kept (as EOS is), also with ``ignore_eos``; batched rows stop each at their own."""
+    plain = pipe.generate_batch([PROMPT], 16, Sampling.greedy(), ignore_eos=True)[0].token_ids
+    t = plain[5]
+    cut = plain[:plain.index(t) + 1]
+    for ignore_eos in (False, True):
+        res = pipe.generate_batch([PROMPT], 16, Sampling(stop_token_ids=[t]), ignore_eos=ignore_eos)[0]
+        assert res.token_ids == cut and res.finish_reason == "stop"
+    batch = pipe.generate_batch([PROMPT] * 2, max_new_tokens=16, ignore_eos=True,
+                                sampling=[Sampling(stop_token_ids=[t]), Sampling.greedy()])
+    assert [r.token_ids for r in batch] == [cut, plain]
+    with pytest.raises(sp.InputError, match="stop_token_ids token id"):
+        pipe.generate(PROMPT, max_new_tokens=4, sampling=Sampling(stop_token_ids=[pipe.cfg.vocab_size]))
+    with pytest.raises(sp.InputError, match="stop_token_ids must be >= 0"):
+        Sampling(stop_token_ids=[-1])
+
+
 def test_a_logit_bias_outside_the_vocabulary_fails_alone(pipe):
     with pytest.raises(sp.InputError, match=f"logit_bias token id {pipe.cfg.vocab_size} is outside the vocabulary"):
         pipe.generate(PROMPT, max_new_tokens=4, sampling=Sampling(logit_bias={pipe.cfg.vocab_size: 1.0}))

@@ -76,9 +76,11 @@ class BatchEngine:
             raise InputError(f"prompt token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})")
         if max_new_tokens < 1:
             raise InputError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        bad = [t for t, _ in sampling.logit_bias if t >= self.vocab_size]
-        if bad:
-            raise InputError(f"logit_bias token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})")
+        for what, named in (("logit_bias", [t for t, _ in sampling.logit_bias]),
+                            ("stop_token_ids", sampling.stop_token_ids)):
+            bad = [t for t in named if t >= self.vocab_size]
+            if bad:
+                raise InputError(f"{what} token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})")
         if logprobs is not None and not 0 <= logprobs <= TOP_LOGPROBS:
             raise InputError(f"logprobs must be 0 to {TOP_LOGPROBS} (top tokens per position), got {logprobs}")
         if len(ids) >= self.max_model_len:
@@ -101,9 +103,9 @@ class BatchEngine:
         rid = next(self._ids)
         handle = RequestHandle(rid, ids, self.abort)
         seed = sampling.resolved_seed()
-        seq = Sequence(rid, list(ids), len(ids), max_new_tokens, sampling, seed,
-                       frozenset() if ignore_eos else self.eos, handle, keep_blocks=keep_blocks, constraint=grammar,
-                       logprobs=logprobs)
+        ends = (frozenset() if ignore_eos else self.eos) | frozenset(sampling.stop_token_ids)
+        seq = Sequence(rid, list(ids), len(ids), max_new_tokens, sampling, seed, ends, handle, keep_blocks=keep_blocks,
+                       constraint=grammar, logprobs=logprobs)
         if reuse is not None and reuse.blocks:
             seq.blocks, seq.computed = reuse.blocks, min(reuse_tokens, reuse.computed)
             seq.registered, seq.chain = min(reuse.registered, seq.computed // self.blocks.block_size), reuse.chain

@@ -204,6 +204,10 @@ class OpenAIModel:
                                  "logit_bias")
             if not -100 <= bias <= 100:
                 raise BadRequest(f"logit_bias: token {key}'s bias {bias} is outside [-100, 100]", "logit_bias")
+        bad = next((t for t in req.stop_token_ids or () if not 0 <= t < self.vocab), None)
+        if bad is not None:
+            raise BadRequest(f"stop_token_ids: {bad} is not a token id of the vocabulary [0, {self.vocab})",
+                             "stop_token_ids")
         if req.stream_options is not None and not req.stream:
             raise BadRequest("stream_options is only allowed with stream: true", "stream_options")
 
@@ -262,7 +266,8 @@ class OpenAIModel:
         bias = {int(k): v for k, v in (req.logit_bias or {}).items()}
         samplings = [Sampling(temperature=temp, top_k=top_k, top_p=top_p, repetition_penalty=penalty, seed=seed,
                               stop=stops, constraint=constraint, presence_penalty=req.presence_penalty or 0.0,
-                              frequency_penalty=req.frequency_penalty or 0.0, logit_bias=bias, min_p=min_p)
+                              frequency_penalty=req.frequency_penalty or 0.0, logit_bias=bias, min_p=min_p,
+                              stop_token_ids=tuple(req.stop_token_ids or ()))
                      for seed in seeds]
         include = bool(req.stream_options and req.stream_options.include_usage)
         return Job(chat, prompts, budgets, samplings, logprobs, req.ignore_eos, req.stream, include,

@@ -4,10 +4,10 @@ Requests are pydantic models in strict mode with unknown fields forbidden, so a 
 "2"``), an out-of-range value (``max_tokens: 0``) or a misspelt field is a 400 that names the field
 (``parse``). Answers are plain dicts: a stream builds one per chunk, so they are kept cheap.
 
-Beyond OpenAI's fields, four of vLLM's extensions: ``top_k``, ``min_p``, ``repetition_penalty`` (sampling),
-``ignore_eos`` (run to ``max_tokens``: benchmarks) and ``return_token_ids`` (every choice and chunk
-also carries its token ids: how ``shapeplan bench --serve`` counts tokens, even on a checkpoint-less
-preset that has no tokenizer).
+Beyond OpenAI's fields, six of vLLM's extensions: ``top_k``, ``min_p``, ``repetition_penalty`` (sampling),
+``stop_token_ids`` (end after any of these tokens, even with ``ignore_eos``), ``ignore_eos`` (run to
+``max_tokens``: benchmarks) and ``return_token_ids`` (every choice and chunk also carries its token ids: how
+``shapeplan bench --serve`` counts tokens, even on a checkpoint-less preset that has no tokenizer).
 """
 from __future__ import annotations
 
@@ -38,6 +38,7 @@ class _Common(_Strict):
     top_p: float | None = Field(None, gt=0, le=1)
     top_k: int | None = Field(None, ge=-1)                     # -1 or 0: off (vLLM)
     min_p: float | None = Field(None, ge=0, le=1)             # 0: off (vLLM)
+    stop_token_ids: list[int] | None = None                   # (vLLM) end after any of these tokens
     seed: int | None = Field(None, ge=-_INT64, lt=_INT64)
     stop: str | list[str] | None = None
     repetition_penalty: float | None = Field(None, gt=0)

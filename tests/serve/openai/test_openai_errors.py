@@ -55,6 +55,9 @@ BAD = [
     ("/v1/completions", {**OK, "stream_options": {"include_usage": True}}, 400, "stream_options"),
     ("/v1/completions", {**OK, "presence_penalty": 2.5}, 400, "presence_penalty"),
     ("/v1/completions", {**OK, "min_p": 1.5}, 400, "min_p"),
+    ("/v1/completions", {**OK, "stop_token_ids": [100000]}, 400, "stop_token_ids"),
+    ("/v1/completions", {**OK, "stop_token_ids": [-1]}, 400, "stop_token_ids"),
+    ("/v1/completions", {**OK, "stop_token_ids": ["5"]}, 400, "stop_token_ids.0"),
     ("/v1/completions", {**OK, "frequency_penalty": -2.1}, 400, "frequency_penalty"),
     ("/v1/completions", {**OK, "logit_bias": {"5": 101}}, 400, "logit_bias"),
     ("/v1/completions", {**OK, "logit_bias": {"abc": 1}}, 400, "logit_bias"),
@@ -179,6 +182,7 @@ _SCHEMA = st.recursive(st.sampled_from([{"type": t} for t in _TYPES])
 _FIELDS = {         # each drawn field: mostly a value the server takes, sometimes anything
     "n": st.integers(-1, 3), "temperature": st.floats(-1, 3), "top_p": st.floats(-0.5, 1.5),
     "top_k": st.integers(-3, 40), "min_p": st.floats(-0.5, 1.5), "presence_penalty": st.floats(-3, 3),
+    "stop_token_ids": st.lists(st.integers(-2, 400), max_size=3),
     "frequency_penalty": st.floats(-3, 3),
     "seed": st.integers(-(2**64), 2**64), "stop": st.text(max_size=3)
     | st.lists(st.text(max_size=3), max_size=3), "repetition_penalty": st.floats(-1, 3),

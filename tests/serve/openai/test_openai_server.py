@@ -214,6 +214,15 @@ def test_presence_frequency_penalties_and_logit_bias_equal_pipe_generate(server)
         frequency_penalty=1.0, logit_bias={int(k): v for k, v in bias.items()})).text
 
 
+def test_stop_token_ids_end_the_choice_with_stop(server):
+    plain = _ref(server.pipe, PROMPTS[2], 16).token_ids
+    t = plain[4]
+    r = server.client().completions.create(model=MODEL, prompt=PROMPTS[2], max_tokens=16, temperature=0,
+                                           extra_body={"stop_token_ids": [t], "return_token_ids": True})
+    assert r.choices[0].model_extra["token_ids"] == plain[:plain.index(t) + 1]
+    assert r.choices[0].finish_reason == "stop"
+
+
 def test_defaults_come_from_generation_config(server, tmp_path):
     from shapeplan.serve.openai.generation import GenerationDefaults
     # the tiny checkpoint says do_sample: false, so a request without a temperature is greedy
