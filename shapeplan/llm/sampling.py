@@ -1,6 +1,8 @@
 """Sampling settings. The draw itself runs on the device inside the plan (ops/llm.py SampleToken)."""
 from __future__ import annotations
 
+import math
+import numbers
 import secrets
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -30,6 +32,20 @@ class Sampling:
     stop_token_ids: tuple[int, ...] = field(default=())    # end the request after any of these (as EOS does)
 
     def __post_init__(self) -> None:
+        for name in ("temperature", "top_p", "repetition_penalty", "min_p", "presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v):
+                raise InputError(f"sampling {name} must be a finite number, got {v!r}")
+        for name, v in (("top_k", self.top_k), ("seed", self.seed)):
+            if (isinstance(v, bool) or not isinstance(v, numbers.Integral)) and not (name == "seed" and v is None):
+                raise InputError(f"sampling {name} must be an integer, got {v!r}")
+        for name in ("stop", "logit_bias", "stop_token_ids"):           # None: none
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, ())
+        stops = (self.stop,) if isinstance(self.stop, str) else self.stop    # one string: one stop, not its letters
+        if not isinstance(stops, (tuple, list)) or not all(isinstance(x, str) for x in stops):
+            raise InputError(f"sampling stop must be a string or a list of strings, got {self.stop!r}")
+        object.__setattr__(self, "stop", tuple(stops))
         if self.temperature < 0:
             raise InputError(f"sampling temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:

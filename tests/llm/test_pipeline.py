@@ -413,3 +413,27 @@ def test_weights_loaded_stacked_are_not_copied_at_construction(llama):
     k, v = (loaded[f"model.layers.0.self_attn.{n}_proj.weight"] for n in "kv")          # stacked slots
     assert k.untyped_storage().data_ptr() == v.untyped_storage().data_ptr()
     assert v.storage_offset() == k.storage_offset() + k.numel()
+
+
+def test_sampling_settings_of_the_wrong_type_are_input_errors_naming_them():
+    """Any value of any field: a Sampling, or an InputError naming the field (never a bare TypeError from a
+    comparison later); one stop string is one stop (not its letters)."""
+    from hypothesis import given, settings, strategies as st
+    values = st.none() | st.booleans() | st.integers(-3, 3) | st.floats(allow_nan=True) | st.text(max_size=3) \
+        | st.lists(st.text(max_size=2), max_size=2)
+    fields = ("temperature", "top_k", "top_p", "repetition_penalty", "seed", "stop", "presence_penalty",
+              "frequency_penalty", "min_p", "logit_bias", "stop_token_ids")
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.dictionaries(st.sampled_from(fields), values, max_size=3))
+    def check(kw):
+        try:
+            s = Sampling(**kw)
+        except sp.InputError as e:
+            assert any(f in str(e) for f in kw), (kw, e)
+            return
+        assert all(isinstance(x, float) and x == x for x in s.as_row())
+        assert isinstance(s.stop, tuple) and all(isinstance(x, str) for x in s.stop)
+
+    check()
+    assert Sampling(stop="###").stop == ("###",)
