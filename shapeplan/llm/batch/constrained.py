@@ -217,8 +217,7 @@ class Structured:
         r.settle("logits", rows, 1)
         self._settle(out, rows)
         slots, lengths, table, ids, pos = r.decode_feeds(seqs, rows)
-        pen = r._penalties(seqs)                   # the additive terms' update (None: no row has them)
-        penalty = pen is not None or any(s.sampling.repetition_penalty != 1.0 for s in seqs)
+        marks = r._marks(seqs)
         host, dev_mask = self._host[:rows], self._dev[:rows]
         got: list[list[int]] = []
         packs: list[torch.Tensor] = []                 # per step, when a row wants logprobs
@@ -241,8 +240,7 @@ class Structured:
             if lp:
                 packs.append(logprob_rows(res["logits"], tok, r.top_k))
             ids, pos = tok, res["next_position"]
-            if penalty:
-                r._mark_seen(seqs, tok, slots, pen)
+            r._mark_seen(seqs, tok, slots, marks)
             self.stats.steps += 1
             self.stats.row_steps += sum(st is not None for st in states)
         else:

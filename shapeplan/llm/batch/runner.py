@@ -13,6 +13,7 @@ The additive terms (presence / frequency penalty, logit bias) are a float row pe
 (``logit_adjust``): set at admission from the bias and the request's generated tokens so far (a resumed
 request's included), then updated on the device after each step of a row that has them (the token's
 frequency penalty, and its presence penalty the first time: ``_generated`` remembers which it produced).
+What a round's tokens update is worked out once per round (``_marks``), not per step.
 
 Log-probabilities: a batch where some request asked for them runs the plans that also compute the
 graph's logprob outputs (the default plans do not), and each step's pick is packed with them into
@@ -67,6 +68,7 @@ class ModelRunner:
         self.adjust = var["logit_adjust"]
         self._generated: torch.Tensor | None = None   # bool [slots, V]: made at the first row with the terms
         self._adjusted: set[int] = set()               # slots whose adjust row is not all zeros
+        self._true = torch.ones((), dtype=torch.bool, device=device)    # what a step's marks write
         self.top_k = min(TOP_LOGPROBS, self.seen.shape[1])      # the width of the top_logprobs output
         slots = paged.state_slots
         self.pad_slot = slots - 1
@@ -237,7 +239,8 @@ class ModelRunner:
             slots = torch.tensor([chunks[i].seq.slot for i in fresh], dtype=torch.int64, device=dev)
             self.slot_tok[slots] = tok[idx, 0]
             self.slot_pos[slots] = nxt[idx]
-            self._mark_seen([chunks[i].seq for i in fresh], tok[idx], slots)
+            firsts = [chunks[i].seq for i in fresh]
+            self._mark_seen(firsts, tok[idx], slots, self._marks(firsts))
         for i in known:                           # a recompute: the next input is a known token
             seq = chunks[i].seq
             self.slot_tok[seq.slot] = seq.tokens[-1]
@@ -280,50 +283,50 @@ class ModelRunner:
         out = [t for t in seq.tokens[seq.prompt_len:] if 0 <= t < vocab]
         counts = torch.bincount(torch.tensor(out, dtype=torch.int64), minlength=vocab).to(self.device)
         row -= sp.frequency_penalty * counts + sp.presence_penalty * (counts > 0)
-        self.generated_rows()[slot].copy_(counts > 0)
+        self._generated_rows()[slot].copy_(counts > 0)
         self._adjusted.add(slot)
 
-    def generated_rows(self) -> torch.Tensor:
+    def _generated_rows(self) -> torch.Tensor:
         if self._generated is None:
             self._generated = torch.zeros(self.seen.shape, dtype=torch.bool, device=self.device)
         return self._generated
 
-    def _penalties(self, seqs: list[Sequence]) -> torch.Tensor | None:
-        """[n, 2] (frequency, presence) penalties of ``seqs`` on the device, or None when no row has the
-        additive terms (made once per round: the per-step update reads it)."""
-        if not any(s.sampling.adjusts for s in seqs):
-            return None
-        return torch.tensor([[s.sampling.frequency_penalty, s.sampling.presence_penalty] for s in seqs],
-                            dtype=torch.float32).to(self.device, non_blocking=True)
-
-    def _mark_seen(self, seqs: list[Sequence], tok: torch.Tensor, slots: torch.Tensor | None = None,
-                   pen: torch.Tensor | None = None) -> None:
-        """After a step: each row's token joins its context (``seen``, for the repetition penalty) and its
-        generated tokens (the presence / frequency penalties; ``pen``: ``_penalties(seqs)``, made here when
-        not given). Only ``seqs``' rows: a padding row's token touches nothing."""
+    def _marks(self, seqs: list[Sequence]) -> tuple[bool, torch.Tensor | None] | None:
+        """What each step's tokens of ``seqs`` update, made once per round: whether a row has a repetition
+        penalty (``seen``), and the rows' [n, 2] (frequency, presence) penalties on the device when a row has
+        the additive terms (else None); None when a step updates nothing."""
         rep = any(s.sampling.repetition_penalty != 1.0 for s in seqs)
-        pen = self._penalties(seqs) if pen is None else pen
-        if not rep and pen is None:
+        pen = None
+        if any(s.sampling.adjusts for s in seqs):
+            pen = torch.tensor([[s.sampling.frequency_penalty, s.sampling.presence_penalty] for s in seqs],
+                               dtype=torch.float32).to(self.device, non_blocking=True)
+        return (rep, pen) if rep or pen is not None else None
+
+    def _mark_seen(self, seqs: list[Sequence], tok: torch.Tensor, slots: torch.Tensor,
+                   marks: tuple[bool, torch.Tensor | None] | None) -> None:
+        """After a step: each row's token joins its context (``seen``, for the repetition penalty) and its
+        generated tokens (the presence / frequency penalties); ``marks``: ``_marks(seqs)``. Only ``seqs``'
+        rows: a padding row's token touches nothing."""
+        if marks is None:
             return
+        rep, pen = marks
         n = len(seqs)
-        if slots is None:
-            slots = torch.tensor([s.slot for s in seqs], dtype=torch.int64, device=self.device)
         idx = (slots[:n], tok.reshape(-1)[:n])
         if rep:
-            self.seen.index_put_(idx, torch.ones((), dtype=torch.bool, device=self.device))
+            self.seen.index_put_(idx, self._true)
         if pen is not None:
-            gen = self.generated_rows()
+            gen = self._generated_rows()
             first = ~gen[idx]                                                   # [n]: the token's first time
             self.adjust.index_put_(idx, self.adjust[idx] - pen[:, 0] - pen[:, 1] * first)
-            gen.index_put_(idx, torch.ones((), dtype=torch.bool, device=self.device))
+            gen.index_put_(idx, self._true)
 
     def mark_tokens(self, seq: Sequence, tokens: list[int]) -> None:
         """Tokens ``seq`` took without sampling them (a grammar's forced run): counted as sampled ones are."""
-        if tokens and (seq.sampling.repetition_penalty != 1.0 or seq.sampling.adjusts):
+        marks = self._marks([seq]) if tokens else None
+        if marks is not None:
             slots = torch.tensor([seq.slot], dtype=torch.int64, device=self.device)
-            pen = self._penalties([seq])
-            for t in tokens:
-                self._mark_seen([seq], torch.tensor([t], dtype=torch.int64, device=self.device), slots, pen)
+            for t in tokens:                      # one at a time: a repeated token counts again
+                self._mark_seen([seq], torch.tensor([t], dtype=torch.int64, device=self.device), slots, marks)
 
     def decode_feeds(self, seqs: list[Sequence], rows: int) -> tuple[torch.Tensor, ...]:
         """A decode step's device inputs for ``seqs`` padded to ``rows``: state slots, lengths (1, 0 for
@@ -350,8 +353,7 @@ class ModelRunner:
         slots, lengths, table, ids, pos = self.decode_feeds(seqs, rows)
         toks = torch.empty(steps, rows, pack_width(self.top_k), dtype=torch.float64, device=dev) if lp \
             else torch.empty(steps, rows, dtype=torch.int64, device=dev)
-        pen = self._penalties(seqs)                   # the additive terms' update (None: no row has them)
-        penalty = pen is not None or any(s.sampling.repetition_penalty != 1.0 for s in seqs)
+        marks = self._marks(seqs)
         for k in range(steps):
             res = self.engine.run({"input_ids": ids, "positions": pos, "lengths": lengths,
                                    "block_tables": table, "state_slots": slots}, outputs=outputs)
@@ -360,8 +362,7 @@ class ModelRunner:
                 pack(toks[k], res, out)
             else:
                 toks[k] = ids[:, 0]
-            if penalty:
-                self._mark_seen(seqs, ids, slots, pen)
+            self._mark_seen(seqs, ids, slots, marks)
         self.calls += steps
         self.slot_tok[slots] = ids[:, 0]
         self.slot_pos[slots] = pos
