@@ -31,9 +31,17 @@ Two things differ from a Hugging Face checkpoint:
 - Llama 3 rope scaling is stored as a ``rope_freqs.weight`` tensor of per-frequency divisors; it
   becomes ``rope_scaling={"rope_type": "freq_factors", "factors": [...]}`` (see config.inv_freq).
 
-The tokenizer, when the file holds one (``tokenizer.ggml.model == "gpt2"``: byte-level BPE), is
-rebuilt as a ``tokenizers`` BPE from ``tokenizer.ggml.tokens`` / ``merges``; SentencePiece vocabularies
-(``"llama"``) are not converted: pass ``tokenizer=<Hugging Face directory>`` instead.
+Architectures: ``llama`` (Llama 1-3, Mistral, TinyLlama, ...), ``qwen2`` (Qwen2 / Qwen2.5: q/k/v biases,
+``blk.N.attn_q.bias``) and ``qwen3`` (an RMSNorm on each head's q and k, ``blk.N.attn_q_norm.weight``). llama.cpp
+permutes q/k rows for the ``llama`` architecture only (its Qwen models use the rotate-half ("NEOX") rotary
+layout, Hugging Face's own), so only those rows are un-permuted.
+
+The tokenizer, when the file holds one, is rebuilt as a ``tokenizers`` BPE (``read_tokenizer``):
+``tokenizer.ggml.model == "gpt2"`` (byte-level BPE: Llama 3, Qwen) from ``tokenizer.ggml.tokens`` / ``merges``
+with the split rules ``tokenizer.ggml.pre`` names; ``"llama"`` (SentencePiece: Llama 1/2, Mistral, TinyLlama)
+as a byte-fallback BPE whose merges are the file's, or, where it has none (files converted from a
+``tokenizer.model``), made from ``tokenizer.ggml.scores`` (a piece's score orders the merges that make it).
+Other kinds (``t5``, ``bert``, ...) are not converted: pass ``tokenizer=<Hugging Face directory>``.
 """
 from __future__ import annotations
 
@@ -51,7 +59,7 @@ from shapeplan.llm.config import LlamaConfig
 from shapeplan.llm.weights import expected_shapes, fused_groups
 from shapeplan.quant.formats import QTYPES, REPACK_OF, QuantTypeError, QuantWeight, repack
 
-SUPPORTED_ARCHITECTURES = ("llama",)
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
 
 # GGUF name (per layer: without the "blk.N." prefix) -> Hugging Face name
 _GLOBAL = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
@@ -60,7 +68,11 @@ _LAYER = {"attn_norm.weight": "input_layernorm.weight", "ffn_norm.weight": "post
           "attn_q.weight": "self_attn.q_proj.weight", "attn_k.weight": "self_attn.k_proj.weight",
           "attn_v.weight": "self_attn.v_proj.weight", "attn_output.weight": "self_attn.o_proj.weight",
           "ffn_gate.weight": "mlp.gate_proj.weight", "ffn_up.weight": "mlp.up_proj.weight",
-          "ffn_down.weight": "mlp.down_proj.weight"}
+          "ffn_down.weight": "mlp.down_proj.weight",
+          # qwen2's q/k/v biases, qwen3's q/k norms (expected_shapes asks for them where the config has them)
+          "attn_q.bias": "self_attn.q_proj.bias", "attn_k.bias": "self_attn.k_proj.bias",
+          "attn_v.bias": "self_attn.v_proj.bias",
+          "attn_q_norm.weight": "self_attn.q_norm.weight", "attn_k_norm.weight": "self_attn.k_norm.weight"}
 _FLOAT_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
 
 
@@ -215,13 +227,15 @@ def read_config(f: GGUFFile) -> LlamaConfig:
     eos = [int(e) for e in (f.get("tokenizer.ggml.eos_token_id"), f.get("tokenizer.ggml.eot_token_id"))
            if e is not None]
     return LlamaConfig(
-        model_type="llama", vocab_size=vocab, hidden_size=hidden,
+        model_type=arch, vocab_size=vocab, hidden_size=hidden,
         intermediate_size=int(f.require(a + "feed_forward_length")),
         num_layers=int(f.require(a + "block_count")), num_heads=heads, num_kv_heads=int(kv_heads),
         head_dim=head_dim, rms_norm_eps=float(f.get(a + "attention.layer_norm_rms_epsilon", 1e-5)),
         rope_theta=float(f.get(a + "rope.freq_base", 10000.0)), rope_scaling=rope_scaling,
         max_position_embeddings=int(f.get(a + "context_length", 4096)),
         tie_word_embeddings="output.weight" not in f.tensors,
+        # qwen2 always has q/k/v biases (a file without them fails validation, naming the tensor); llama may
+        attention_bias=arch == "qwen2" or "blk.0.attn_q.bias" in f.tensors, qk_norm=arch == "qwen3",
         # a quantized file computes in float16, as llama.cpp does; override with dtype=
         dtype=_FLOAT_DTYPES.get(common, "float16"),
         bos_token_id=f.get("tokenizer.ggml.bos_token_id"), eos_token_ids=list(dict.fromkeys(eos)))
@@ -237,7 +251,8 @@ def gguf_names(cfg: LlamaConfig) -> dict[str, str]:
 
 def read_weights(f: GGUFFile, cfg: LlamaConfig, *, device: str | torch.device = "cpu",
                  dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
-    """Hugging Face name -> tensor (Q/K un-permuted), all validated by name and shape first."""
+    """Hugging Face name -> tensor (the llama architecture's Q/K rows un-permuted), all validated by name and
+    shape first."""
     dtype = dtype or cfg.torch_dtype
     names, shapes = gguf_names(cfg), expected_shapes(cfg)
     for hf, shape in shapes.items():
@@ -248,9 +263,10 @@ def read_weights(f: GGUFFile, cfg: LlamaConfig, *, device: str | torch.device = 
             raise ModelError(f"{f.path}: tensor {g!r} has shape {list(f.shape(g))}, expected {list(shape)} "
                              "from the file's metadata")
     out: dict[str, torch.Tensor | QuantWeight] = {}
+    permuted = cfg.model_type == "llama"               # llama.cpp interleaves q/k rows of this architecture only
     for hf in shapes:
         t = f.weight(names[hf], dtype)
-        heads = cfg.num_heads if hf.endswith("q_proj.weight") else cfg.num_kv_heads \
+        heads = 0 if not permuted else cfg.num_heads if hf.endswith("q_proj.weight") else cfg.num_kv_heads \
             if hf.endswith("k_proj.weight") else 0
         if isinstance(t, QuantWeight):          # rows are independent: un-permute the packed rows
             packed = _unpermute(t.packed, heads).contiguous() if heads else t.packed
@@ -313,37 +329,32 @@ def _arena(quant: dict[str, QuantWeight], groups: list[list[str]], device: str |
 
 def read_tokenizer(f: GGUFFile) -> Any:
     """A ``shapeplan.llm.tokenizer.Tokenizer`` from ``tokenizer.ggml.*``, or None (with a warning)
-    when the file has none or holds a kind we do not convert."""
+    when the file has none or holds a kind we do not convert (module doc)."""
     model = f.get("tokenizer.ggml.model")
     if model is None:
         return None
-    if model != "gpt2":
-        warnings.warn(f"{f.path}: tokenizer model {model!r} is not converted (only byte-level BPE, 'gpt2'); "
-                      "pass tokenizer=<Hugging Face directory>", stacklevel=3)
+    if model not in ("gpt2", "llama"):
+        warnings.warn(f"{f.path}: tokenizer model {model!r} is not converted (only byte-level BPE, 'gpt2', and "
+                      "SentencePiece, 'llama'); pass tokenizer=<Hugging Face directory>", stacklevel=3)
         return None
-    from tokenizers import AddedToken, Regex
-    from tokenizers import Tokenizer as HFTokenizer
-    from tokenizers import decoders, models, pre_tokenizers
+    from tokenizers import AddedToken
 
     from shapeplan.llm.tokenizer import Tokenizer
-    tokens: list[str] = f.require("tokenizer.ggml.tokens")
-    types: list[int] = f.get("tokenizer.ggml.token_type") or [1] * len(tokens)
-    merges = f.get("tokenizer.ggml.merges") or []
+    tokens = f.require("tokenizer.ggml.tokens")
+    types = f.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+    merges = f.get("tokenizer.ggml.merges")
+    if not (isinstance(tokens, list) and all(isinstance(t, str) for t in tokens)) or len(types) != len(tokens):
+        raise ModelError(f"{f.path}: tokenizer.ggml.tokens is not a list of strings with one "
+                         "tokenizer.ggml.token_type each")
     try:                # (tokens or merges that are not strings fail here too)
-        tok = HFTokenizer(models.BPE({t: i for i, t in enumerate(tokens)}, [tuple(m.split(" ", 1)) for m in merges]))
+        if model == "gpt2":
+            tok = _byte_level_bpe(f, tokens, merges or [])
+        else:
+            tok = _sentencepiece_bpe(f, tokens, types, merges)
+    except ModelError:
+        raise
     except Exception as e:  # noqa: BLE001 - tokenizers raises a bare Exception (e.g. a merge of an unknown token)
         raise ModelError(f"{f.path}: its tokenizer (tokenizer.ggml.*) cannot be built: {e}") from None
-    pre = f.get("tokenizer.ggml.pre", "default")
-    if pre in ("llama3", "llama-bpe", "llama-v3"):     # Llama 3's split regex, then bytes -> unicode
-        tok.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(_LLAMA3_SPLIT), behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    else:
-        if pre not in ("default", "gpt2", "gpt-2"):
-            warnings.warn(f"{f.path}: tokenizer.ggml.pre {pre!r} is not known; using GPT-2's split rules",
-                          stacklevel=3)
-        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
     # control (3) and user-defined (4) tokens match whole and are special when decoding
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
                             for t, ty in zip(tokens, types) if ty in (3, 4)])
@@ -358,8 +369,83 @@ def read_tokenizer(f: GGUFFile) -> Any:
     return Tokenizer.from_tokenizer(tok, config)
 
 
+def _byte_level_bpe(f: GGUFFile, tokens: list[str], merges: list[str]) -> Any:
+    """``tokenizer.ggml.model == "gpt2"``: a byte-level BPE, text split by the rules ``tokenizer.ggml.pre``
+    names (``_SPLITS``; GPT-2's for ``default`` and for a name we do not know, with a warning)."""
+    from tokenizers import Regex
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, models, pre_tokenizers
+    tok = HFTokenizer(models.BPE({t: i for i, t in enumerate(tokens)}, [tuple(m.split(" ", 1)) for m in merges]))
+    pre = f.get("tokenizer.ggml.pre", "default")
+    split = _SPLITS.get(pre)
+    if split is not None:                          # the split regex, then bytes -> unicode
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(split), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    else:
+        if pre not in ("default", "gpt2", "gpt-2"):
+            warnings.warn(f"{f.path}: tokenizer.ggml.pre {pre!r} is not known; using GPT-2's split rules",
+                          stacklevel=4)
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    return tok
+
+
+def _sentencepiece_bpe(f: GGUFFile, tokens: list[str], types: list[int], merges: list[str] | None) -> Any:
+    """``tokenizer.ggml.model == "llama"``: a SentencePiece BPE vocabulary as a ``tokenizers`` BPE with byte
+    fallback (a character outside the vocabulary becomes its UTF-8 bytes' ``<0xNN>`` tokens). Spaces are ``▁``,
+    and one is put before the text when ``tokenizer.ggml.add_space_prefix`` (default true) says so; as
+    transformers' Llama tokenizer does, only before the first piece of text, where llama.cpp also puts one after
+    each special token the text spells out. The merges are the file's, or where it has none (a file converted
+    from a ``tokenizer.model``) every split of a piece into two pieces of the vocabulary, ordered by the piece's
+    score (``tokenizer.ggml.scores``: SentencePiece merges the pair whose piece scores highest), then by the longer
+    left part, then the longer right part, then vocabulary order; ``transformers`` orders them the same way."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, models, pre_tokenizers
+    vocab = {t: i for i, t in enumerate(tokens)}
+    if merges:
+        pairs = [tuple(m.split(" ", 1)) for m in merges]
+    else:
+        scores = f.get("tokenizer.ggml.scores")
+        if not isinstance(scores, list) or len(scores) != len(tokens):
+            raise ModelError(f"{f.path}: a SentencePiece vocabulary without tokenizer.ggml.merges needs "
+                             f"tokenizer.ggml.scores, one per token ({len(tokens)}); got "
+                             f"{len(scores) if isinstance(scores, list) else type(scores).__name__}")
+        pairs = _merges_from_scores(tokens, [float(x) for x in scores], set(
+            t for t, ty in zip(tokens, types) if ty != 1))
+    unk = next((t for t, ty in zip(tokens, types) if ty == 2), None)
+    tok = HFTokenizer(models.BPE(vocab, pairs, unk_token=unk, fuse_unk=True, byte_fallback=True))
+    prefix = bool(f.get("tokenizer.ggml.add_space_prefix", True))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", split=False,
+                                                 prepend_scheme="first" if prefix else "never")
+    steps = [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
+    tok.decoder = decoders.Sequence(steps + ([decoders.Strip(" ", 1, 0)] if prefix else []))
+    return tok
+
+
+def _merges_from_scores(tokens: list[str], scores: list[float], skip: set[str]) -> list[tuple[str, str]]:
+    """BPE merges equivalent to SentencePiece's scores (``_sentencepiece_bpe``): for each piece, every split into
+    two pieces of the vocabulary; pieces in ``skip`` (control, byte, unknown, unused tokens) take no part."""
+    ids = {t: i for i, t in enumerate(tokens)}
+    found = []                                     # (sort key, left, right)
+    for t, score in zip(tokens, scores):
+        if t in skip or len(t) < 2:
+            continue
+        for i in range(1, len(t)):
+            left, right = t[:i], t[i:]
+            if left in ids and right in ids and left not in skip and right not in skip:
+                found.append(((-score, -len(left), -len(right), ids[t], ids[left], ids[right]), left, right))
+    found.sort(key=lambda x: x[0])
+    return [(left, right) for _, left, right in found]
+
+
 _LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                  r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+# Qwen2's: Llama 3's with one digit per piece
+_QWEN2_SPLIT = _LLAMA3_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}")
+#: tokenizer.ggml.pre -> the regex that splits text before byte-level BPE (llama.cpp's names)
+_SPLITS = {"llama3": _LLAMA3_SPLIT, "llama-bpe": _LLAMA3_SPLIT, "llama-v3": _LLAMA3_SPLIT,
+           "qwen2": _QWEN2_SPLIT, "deepseek-r1-qwen": _QWEN2_SPLIT}
 
 
 def read_gguf(path: str, *, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,

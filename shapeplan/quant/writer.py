@@ -1,13 +1,16 @@
-"""``shapeplan quantize HF_DIR OUT.gguf --type Q4_K_M``: a Hugging Face Llama checkpoint written as a
+"""``shapeplan quantize HF_DIR OUT.gguf --type Q4_K_M``: a Hugging Face Llama-family checkpoint written as a
 GGUF file that llama.cpp's reader (gguf-py) accepts, with gguf's ``GGUFWriter``.
 
-What it writes matches ``convert_hf_to_gguf`` + ``llama-quantize`` for the llama architecture: the
-``llama.*`` hyper-parameters, Q/K rows interleaved for llama.cpp's rotary layout (``_permute``), Llama 3
-rope scaling as a ``rope_freqs.weight`` tensor, norms in F32, the matrices in the types
-``recipes.tensor_types`` gives (quantized on ``device`` by shapeplan/quant/quantize.py and kquants.py),
-and a byte-level BPE tokenizer (``tokenizer.ggml.model = gpt2``) when the directory has a
-``tokenizer.json`` of that kind (a SentencePiece vocabulary is not converted: a warning says so).
-Tensors are quantized and written one at a time (the header first), so memory holds one tensor.
+What it writes matches ``convert_hf_to_gguf`` + ``llama-quantize``: the architecture ``llama`` (model types
+llama and mistral without a sliding window), ``qwen2`` or ``qwen3``, its hyper-parameters, for ``llama`` the
+Q/K rows interleaved for llama.cpp's rotary layout (``_permute``; its Qwen architectures keep Hugging Face's
+rotate-half rows), Llama 3 rope scaling as a ``rope_freqs.weight`` tensor, norms and biases in F32, the
+matrices in the types ``recipes.tensor_types`` gives (quantized on ``device`` by shapeplan/quant/quantize.py
+and kquants.py), and the tokenizer of the directory's ``tokenizer.json`` (``_tokenizer``): a byte-level BPE as
+``tokenizer.ggml.model = gpt2`` with the ``pre`` name of its split rules (Llama 3's, Qwen2's or GPT-2's), a
+SentencePiece-style BPE (byte fallback, ``▁`` for spaces: Llama 2, Mistral) as ``llama`` with scores that order
+its merges. Any other kind is left out with a warning. Tensors are quantized and written one at a time (the
+header first), so memory holds one tensor.
 """
 from __future__ import annotations
 
@@ -25,7 +28,6 @@ from shapeplan.llm.config import LlamaConfig, inv_freq, read_json
 from shapeplan.llm.weights import CheckpointWeights, _progress, expected_shapes
 from shapeplan.quant.recipes import FILE_TYPES, tensor_types
 
-_LLAMA3_SPLIT_START = "(?i:'s|'t|'re|'ve|'m|'ll|'d)"
 
 
 @dataclass(slots=True)
@@ -46,12 +48,22 @@ def _hf_to_gguf(cfg: LlamaConfig) -> dict[str, str]:
     return gguf_names(cfg)
 
 
+#: model_type -> the GGUF architecture it is written as
+ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+
+
+def _arch(cfg: LlamaConfig) -> str:
+    return ARCHITECTURES[cfg.model_type]
+
+
 def _check(cfg: LlamaConfig, path: str) -> None:
-    if cfg.model_type not in ("llama", "mistral") or cfg.attention_bias or cfg.qk_norm:
-        raise ModelError(f"{path}: shapeplan quantize writes the GGUF llama architecture only (model_type llama "
-                         f"or mistral, no qkv bias, no q/k norm); got model_type {cfg.model_type!r}")
+    if cfg.model_type not in ARCHITECTURES:
+        raise ModelError(f"{path}: shapeplan quantize writes model types {', '.join(ARCHITECTURES)}; got "
+                         f"{cfg.model_type!r}")
     if cfg.sliding_window:
-        raise ModelError(f"{path}: a sliding window does not exist in GGUF's llama architecture")
+        raise ModelError(f"{path}: a sliding window does not exist in GGUF's {_arch(cfg)} architecture")
+    if _arch(cfg) == "llama" and cfg.qk_norm:
+        raise ModelError(f"{path}: a q/k norm does not exist in GGUF's llama architecture")
 
 
 def _metadata(w, cfg: LlamaConfig, name: str, file_type: str) -> None:
@@ -67,7 +79,7 @@ def _metadata(w, cfg: LlamaConfig, name: str, file_type: str) -> None:
     w.add_head_count_kv(cfg.num_kv_heads)
     w.add_rope_freq_base(cfg.rope_theta)
     w.add_rope_dimension_count(cfg.head_dim)
-    if cfg.head_dim != cfg.hidden_size // cfg.num_heads:
+    if cfg.head_dim != cfg.hidden_size // cfg.num_heads or cfg.qk_norm:      # (qwen3's readers ask for it)
         w.add_key_length(cfg.head_dim)
         w.add_value_length(cfg.head_dim)
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
@@ -94,26 +106,34 @@ def _tokenizer(w, hf_dir: str, cfg: LlamaConfig) -> None:
         return
     tj = read_json(path)
     model = tj.get("model") or {}
-    if model.get("type") != "BPE" or "ByteLevel" not in json.dumps([tj.get("pre_tokenizer"), tj.get("decoder")]):
-        warnings.warn(f"{hf_dir}: tokenizer is not byte-level BPE; the GGUF file has no tokenizer "
-                      "(pass tokenizer=<directory> when loading it)", stacklevel=3)
+    text = json.dumps([tj.get("normalizer"), tj.get("pre_tokenizer"), tj.get("decoder")])
+    byte_level = model.get("type") == "BPE" and "ByteLevel" in text
+    spm = model.get("type") == "BPE" and bool(model.get("byte_fallback")) and "\\u2581" in text.lower()
+    if not (byte_level or spm):
+        warnings.warn(f"{hf_dir}: tokenizer is neither a byte-level BPE nor a SentencePiece-style BPE (byte "
+                      "fallback); the GGUF file has no tokenizer (pass tokenizer=<directory> when loading it)",
+                      stacklevel=3)
         return
     vocab = dict(model["vocab"])
-    special = set()
+    special, added = set(), set()
     for a in tj.get("added_tokens", []):
         vocab[a["content"]] = a["id"]
-        if a.get("special"):
-            special.add(a["content"])
+        (special if a.get("special") else added).add(a["content"])
     tokens = [""] * max(cfg.vocab_size, max(vocab.values()) + 1)
     types = [5] * len(tokens)                                      # unused padding slots
     for t, i in vocab.items():
-        tokens[i], types[i] = t, 3 if t in special else 1
+        tokens[i], types[i] = t, _token_type(t, special, added, model.get("unk_token"), spm)
     for i, t in enumerate(tokens):
         if not t:
             tokens[i] = f"[PAD{i}]"
     merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("llama-bpe" if _LLAMA3_SPLIT_START in json.dumps(tj.get("pre_tokenizer")) else "default")
+    if byte_level:
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre(_pre_name(tj.get("pre_tokenizer"), hf_dir))
+    else:
+        w.add_tokenizer_model("llama")
+        w.add_token_scores(_scores(tokens, types, merges))
+        w.add_add_space_prefix(_space_prefix(text))
     w.add_token_list(tokens)
     w.add_token_types(types)
     w.add_token_merges(merges)
@@ -130,6 +150,60 @@ def _tokenizer(w, hf_dir: str, cfg: LlamaConfig) -> None:
     w.add_add_bos_token(bool(conf.get("add_bos_token", True)))
     if conf.get("chat_template"):
         w.add_chat_template(conf["chat_template"])
+
+
+def _token_type(t: str, special: set[str], added: set[str], unk: str | None, spm: bool) -> int:
+    """llama.cpp's token type: 1 normal, 2 unknown, 3 control, 4 user-defined (an added token that is not
+    special), 6 byte (a SentencePiece vocabulary's ``<0xNN>``)."""
+    if t == unk:
+        return 2
+    if t in special:
+        return 3
+    if t in added:
+        return 4
+    if spm and len(t) == 6 and t.startswith("<0x") and t.endswith(">"):
+        return 6
+    return 1
+
+
+def _scores(tokens: list[str], types: list[int], merges: list[str]) -> list[float]:
+    """SentencePiece scores consistent with the BPE merges (llama.cpp merges the pair whose piece scores
+    highest): the piece the merge of rank r makes scores -r, a normal piece no merge makes scores below every
+    merge's, the others 0."""
+    made: dict[str, int] = {}
+    for r, m in enumerate(merges):
+        made.setdefault(m.replace(" ", "", 1), r)
+    return [float(-made[t]) if t in made else float(-len(merges) - i) if ty == 1 else 0.0
+            for i, (t, ty) in enumerate(zip(tokens, types))]
+
+
+def _space_prefix(text: str) -> bool:
+    """Whether a SentencePiece-style tokenizer.json (its normalizer, pre-tokenizer and decoder as JSON text)
+    puts a ``▁`` before the text: a Prepend normalizer, or a Metaspace that does not say never."""
+    if '"prepend_scheme": "never"' in text or '"add_prefix_space": false' in text:
+        return False
+    return '"type": "Prepend"' in text or '"prepend_scheme"' in text or '"add_prefix_space": true' in text
+
+
+def _pre_name(pre: object, hf_dir: str) -> str:
+    """``tokenizer.ggml.pre`` for a byte-level BPE's pre-tokenizer: the name llama.cpp gives its split regex."""
+    from shapeplan.importers.gguf import _SPLITS
+    regexes = [p.get("pattern", {}).get("Regex") for p in _walk(pre) if p.get("type") == "Split"]
+    if not regexes:
+        return "default"                                            # GPT-2's rules (ByteLevel's own regex)
+    for name in ("llama-bpe", "qwen2"):
+        if regexes[0] == _SPLITS[name]:
+            return name
+    warnings.warn(f"{hf_dir}: the tokenizer's split regex is not one GGUF names (Llama 3's, Qwen2's, GPT-2's); "
+                  "the file says 'default' (GPT-2's rules), so a reader may split text differently", stacklevel=4)
+    return "default"
+
+
+def _walk(node: object) -> list[dict]:
+    """Every dict of a pre-tokenizer's JSON, a Sequence's members included."""
+    if not isinstance(node, dict):
+        return []
+    return [node] + [d for p in node.get("pretokenizers") or [] for d in _walk(p)]
 
 
 def write_gguf(hf_dir: str, out: str, file_type: str = "Q4_K_M", *, device: str = "cpu",
@@ -162,7 +236,7 @@ def _write(cfg: LlamaConfig, get, out: str, file_type: str, *, device: str, prog
     if file_type not in FILE_TYPES:
         raise InputError(f"unknown GGUF file type {file_type!r}; choose one of {', '.join(FILE_TYPES)}")
     shapes, names, types = expected_shapes(cfg), _hf_to_gguf(cfg), tensor_types(cfg, file_type)
-    w = gguf.GGUFWriter(out, "llama")
+    w = gguf.GGUFWriter(out, _arch(cfg))
     _metadata(w, cfg, name, file_type)
     if tokenizer_dir is not None:
         _tokenizer(w, tokenizer_dir, cfg)
@@ -211,12 +285,12 @@ def _layout(t: str, shape: tuple[int, ...]):
 
 
 def _encode(t: torch.Tensor, kind: str, hf: str, g: str, cfg: LlamaConfig, device: str) -> np.ndarray:
-    """One tensor's bytes in the file: permuted (Q/K), quantized or cast."""
+    """One tensor's bytes in the file: permuted (the llama architecture's Q/K), quantized or cast."""
     from shapeplan.quant.quantize import quantize
     x = t.to(device=device, dtype=torch.float32)
-    if hf.endswith("q_proj.weight"):
+    if _arch(cfg) == "llama" and hf.endswith("q_proj.weight"):
         x = _permute(x, cfg.num_heads)
-    elif hf.endswith("k_proj.weight"):
+    elif _arch(cfg) == "llama" and hf.endswith("k_proj.weight"):
         x = _permute(x, cfg.num_kv_heads)
     if kind == "F32":
         return x.cpu().numpy()

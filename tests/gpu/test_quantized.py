@@ -100,13 +100,14 @@ PROMPT = "Explain KV caching"
 KW = dict(dtype="float32", max_prefill_length=32, max_kv_cache_length=96)
 
 
-def _tiny_gguf(tmp_path, ftype: str) -> tuple[str, list[int]]:
-    """A tiny random Llama written by ``shapeplan quantize`` as ``ftype``, and its 16 greedy tokens on the
-    CPU (the torch reference, the file's layout)."""
+def _tiny_gguf(tmp_path, ftype: str, model_type: str = "llama") -> tuple[str, list[int]]:
+    """A tiny random ``model_type`` model written by ``shapeplan quantize`` as ``ftype``, and its 16 greedy
+    tokens on the CPU (the torch reference, the file's layout)."""
     from shapeplan.cli import main
     from shapeplan.llm.demo import make_tiny_checkpoint
-    ck = make_tiny_checkpoint(str(tmp_path / "hf"), "llama", hidden=256, intermediate_size=512, heads=4,
-                              kv_heads=2, num_layers=2)
+    extra = {"head_dim": 128} if model_type == "qwen3" else {}
+    ck = make_tiny_checkpoint(str(tmp_path / "hf"), model_type, hidden=256, intermediate_size=512, heads=4,
+                              kv_heads=2, num_layers=2, **extra)
     path = str(tmp_path / "m.gguf")
     assert main(["quantize", ck, path, "--type", ftype]) == 0
     want = sp.llm.GenerationPipeline.from_pretrained(path, mode="slot_by_slot", **KW).generate(
@@ -147,6 +148,19 @@ def test_repacked_model_on_cuda(ftype, tmp_path, monkeypatch):
     assert {w.qtype for w in weights.values() if isinstance(w, QuantWeight)} == \
         ({"Q4_K_R", "Q6_K_R"} if ftype == "Q4_K_M" else {"Q8_0_R"})
     _same_tokens_in_every_mode(path, want)
+
+
+@pytest.mark.parametrize("model_type", ["qwen2", "qwen3"])
+def test_qwen_gguf_models_on_cuda(model_type, tmp_path):
+    """qwen2 (q/k/v biases after the stacked quantized projection) and qwen3 (q/k norms, q wider than the
+    hidden size) files: every mode's tokens on the device are the CPU reference's, and a batch of three
+    prompts gives each prompt's single-stream tokens."""
+    path, want = _tiny_gguf(tmp_path, "Q4_K_M", model_type)
+    _same_tokens_in_every_mode(path, want)
+    pipe = sp.llm.GenerationPipeline.from_pretrained(path, device=DEV, mode="triton", max_num_seqs=4, **KW)
+    prompts = [PROMPT, "A second prompt", PROMPT + " again"]
+    alone = [pipe.generate(p, max_new_tokens=12).token_ids for p in prompts]
+    assert [r.token_ids for r in pipe.generate_batch(prompts, max_new_tokens=12)] == alone
 
 
 def test_bench_quantize_lays_out_as_a_load(tmp_path, monkeypatch):

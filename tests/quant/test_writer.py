@@ -89,9 +89,9 @@ def test_preset_file_and_errors(tmp_path):
     assert main(["quantize", "--preset", "llama-tiny", "a", "b"]) == 1                  # one path with --preset
 
 
-def test_refuses_what_gguf_llama_cannot_hold(tmp_path):
+def test_refuses_what_gguf_cannot_hold(tmp_path):
     from shapeplan.llm.demo import make_tiny_checkpoint
     from shapeplan.quant.writer import write_gguf
-    q2 = make_tiny_checkpoint(str(tmp_path / "q2"), "qwen2")
-    with pytest.raises(ModelError, match="llama architecture only"):
-        write_gguf(q2, str(tmp_path / "x.gguf"))
+    m = make_tiny_checkpoint(str(tmp_path / "m"), "mistral", sliding_window=24)
+    with pytest.raises(ModelError, match="sliding window does not exist in GGUF's llama architecture"):
+        write_gguf(m, str(tmp_path / "x.gguf"))
