@@ -180,20 +180,24 @@ class OpenAIModel:
         if constraint is not None and req.logprobs:
             raise Unsupported("logprobs are not available with response_format or tools (structured output)",
                               "logprobs")
-        messages = [m.for_template() for m in req.messages]
-        try:
-            ids = self.tok.encode(self.tok.apply_chat_template(messages, tools=req.tools or None),
-                                  add_special_tokens=False)
-        except ModelError as e:
-            raise BadRequest(str(e), "messages") from None
-        except Exception as e:  # noqa: BLE001 - a jinja2 error of the checkpoint's template on these messages
-            raise BadRequest(f"the chat template failed on these messages: {type(e).__name__}: {e}", "messages") from None
+        ids = self.render([m.for_template() for m in req.messages], req.tools, "messages")
         most = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
         lp = (req.top_logprobs or 0) if req.logprobs else None
         job = self._job(req, True, [ids], most, most is not None, lp, "messages", param, constraint)
         job.tools = constraint is not None and constraint.kind == "tool_call"
         return job
+
+    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, param: str) -> list[int]:
+        """The token ids of ``messages`` (and ``tools``) through the checkpoint's chat template; a template
+        that fails on them is a BadRequest naming ``param``."""
+        try:
+            text = self.tok.apply_chat_template(messages, tools=tools or None)
+            return self.tok.encode(text, add_special_tokens=False)
+        except ModelError as e:
+            raise BadRequest(str(e), param) from None
+        except Exception as e:  # noqa: BLE001 - a jinja2 error of the checkpoint's template on these messages
+            raise BadRequest(f"the chat template failed on these messages: {type(e).__name__}: {e}", param) from None
 
     def _check_common(self, req: Any) -> None:
         if req.model != self.name:

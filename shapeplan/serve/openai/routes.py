@@ -1,5 +1,6 @@
 """The OpenAI-compatible HTTP routes: ``POST /v1/completions``, ``POST /v1/chat/completions``,
-``GET /v1/models``, ``GET /health`` (``/metrics`` is the app's: see server.py).
+``POST /v1/responses`` (responses.py), ``GET /v1/models``, ``GET /health`` (``/metrics`` is the app's: see
+server.py).
 
 Every route reads its body itself (counting bytes against ``max_request_bytes``) and validates it with
 the strict models of protocol.py, so every bad request gets OpenAI's error JSON with a 4xx status;
@@ -18,7 +19,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from shapeplan.errors import ShapeplanError
 from shapeplan.serve.app import read_bounded
-from shapeplan.serve.openai import DEFAULT_MAX_REQUEST_BYTES, errors
+from shapeplan.serve.openai import DEFAULT_MAX_REQUEST_BYTES, errors, responses
 from shapeplan.serve.openai.errors import BodyTooLarge, ModelNotFound, Unauthorized
 from shapeplan.serve.openai.generation import Job, OpenAIModel
 from shapeplan.serve.openai.protocol import ChatRequest, CompletionRequest, parse
@@ -76,14 +77,17 @@ def openai_router(model: OpenAIModel, *, api_key: str | None = None,
     auth = bearer(api_key)
     r = APIRouter()
 
-    async def answer(job: Job, request: Request) -> Response:
+    async def answer(job: Job, request: Request, rj: responses.ResponseJob | None = None) -> Response:
+        """``job``'s answer: a JSON object or an event stream (``rj``: in the Responses API's shapes)."""
         if job.constraint is not None:       # compile the schema / grammar off the event loop (cached)
             await asyncio.to_thread(model.pipe.compile_constraint, job.constraint)
         choices = model.submit(job)
         if job.stream:
-            return StreamingResponse(model.stream(job, choices, request.receive), media_type="text/event-stream",
-                                     headers=SSE_HEADERS)
-        out = await model.complete(job, choices, request.receive)
+            events = responses.stream(model, rj, choices, request.receive) if rj else \
+                model.stream(job, choices, request.receive)
+            return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
+        out = await (responses.complete(model, rj, choices, request.receive) if rj else
+                     model.complete(job, choices, request.receive))
         return json_response(out) if out is not None else Response(status_code=499)   # nobody is listening
 
     @r.get("/health")
@@ -112,5 +116,12 @@ def openai_router(model: OpenAIModel, *, api_key: str | None = None,
     async def chat(request: Request) -> Response:
         req = parse(ChatRequest, await read_body(request, max_request_bytes))
         return await answer(model.chat_job(req), request)
+
+    @r.post("/v1/responses", dependencies=auth)
+    @_answers_errors
+    async def create_response(request: Request) -> Response:
+        req = parse(responses.ResponsesRequest, await read_body(request, max_request_bytes))
+        rj = responses.responses_job(model, req)
+        return await answer(rj.job, request, rj)
 
     return r
