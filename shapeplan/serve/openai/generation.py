@@ -26,8 +26,8 @@ from shapeplan.llm.session import StopText
 from shapeplan.serve.openai import errors
 from shapeplan.serve.openai.errors import BadRequest, ModelNotFound, Unsupported
 from shapeplan.serve.openai.metrics import Latency
-from shapeplan.serve.openai.protocol import (ChatRequest, CompletionRequest, chat_logprobs, completion_logprobs,
-                                             usage)
+from shapeplan.serve.openai.protocol import (ChatRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest,
+                                             chat_logprobs, completion_logprobs, usage)
 
 Receive = Callable[[], Awaitable[dict]]
 _I64 = 1 << 63
@@ -199,9 +199,45 @@ class OpenAIModel:
         except Exception as e:  # noqa: BLE001 - a jinja2 error of the checkpoint's template on these messages
             raise BadRequest(f"the chat template failed on these messages: {type(e).__name__}: {e}", param) from None
 
+    def tokenize(self, req: TokenizeRequest) -> dict:
+        """vLLM's ``/tokenize`` answer: the ids a completion (``prompt``) or chat (``messages``) request would
+        send to the engine, their count and the context length."""
+        self._named(req.model)
+        if (req.prompt is None) == (req.messages is None):
+            raise BadRequest("send either 'prompt' or 'messages'", "prompt" if req.prompt is None else "messages")
+        if self.tok is None:
+            raise BadRequest(f"the model '{self.name}' has no tokenizer", "prompt")
+        if req.prompt is not None:
+            ids = self.tok.encode(req.prompt, add_special_tokens=req.add_special_tokens)
+        else:
+            try:
+                text = self.tok.apply_chat_template([m.for_template() for m in req.messages],
+                                                    add_generation_prompt=req.add_generation_prompt,
+                                                    tools=req.tools or None)
+            except Exception as e:  # noqa: BLE001 - a jinja2 error of the checkpoint's template on these messages
+                raise BadRequest(f"the chat template failed on these messages: {type(e).__name__}: {e}",
+                                 "messages") from None
+            ids = self.tok.encode(text, add_special_tokens=False)
+        out: dict[str, Any] = {"count": len(ids), "max_model_len": self.context, "tokens": ids}
+        out["token_strs"] = [self._token(t) for t in ids] if req.return_token_strs else None
+        return out
+
+    def detokenize(self, req: DetokenizeRequest) -> dict:
+        """vLLM's ``/detokenize`` answer: the text of some token ids (special tokens kept)."""
+        self._named(req.model)
+        if self.tok is None:
+            raise BadRequest(f"the model '{self.name}' has no tokenizer", "tokens")
+        bad = next((t for t in req.tokens if not 0 <= t < self.vocab), None)
+        if bad is not None:
+            raise BadRequest(f"token id {bad} is outside the vocabulary [0, {self.vocab})", "tokens")
+        return {"prompt": self.tok.decode(req.tokens, skip_special_tokens=False)}
+
+    def _named(self, name: str | None) -> None:
+        if name is not None and name != self.name:
+            raise ModelNotFound(f"the model '{name}' does not exist (this server serves '{self.name}')", "model")
+
     def _check_common(self, req: Any) -> None:
-        if req.model != self.name:
-            raise ModelNotFound(f"the model '{req.model}' does not exist (this server serves '{self.name}')", "model")
+        self._named(req.model)
         for key, bias in (req.logit_bias or {}).items():
             if not (key.isascii() and key.isdigit()) or int(key) >= self.vocab:
                 raise BadRequest(f"logit_bias: {key!r} is not a token id of the vocabulary [0, {self.vocab})",

@@ -98,6 +98,23 @@ class ChatRequest(_Common):
     parallel_tool_calls: bool | None = None
 
 
+class TokenizeRequest(_Strict):
+    """vLLM's ``POST /tokenize``: a prompt, or chat messages rendered with the chat template."""
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[Message] | None = None
+    add_special_tokens: bool = True                       # (prompt) the tokenizer's BOS
+    add_generation_prompt: bool = True                    # (messages) the template's assistant prefix
+    tools: list[dict[str, Any]] | None = None
+    return_token_strs: bool = False
+
+
+class DetokenizeRequest(_Strict):
+    """vLLM's ``POST /detokenize``."""
+    model: str | None = None
+    tokens: list[int]
+
+
 _EXPECTED = {"prompt": "a string, an array of strings, an array of token ids or an array of arrays of token ids",
              "stop": "a string or an array of strings", "content": "a string or an array of text parts"}
 

@@ -1,6 +1,6 @@
 """The OpenAI-compatible HTTP routes: ``POST /v1/completions``, ``POST /v1/chat/completions``,
-``POST /v1/responses`` (responses.py), ``GET /v1/models``, ``GET /health`` (``/metrics`` is the app's: see
-server.py).
+``POST /v1/responses`` (responses.py), ``GET /v1/models``, ``GET /health``, and vLLM's ``POST /tokenize`` /
+``POST /detokenize`` (``/metrics`` is the app's: see server.py).
 
 Every route reads its body itself (counting bytes against ``max_request_bytes``) and validates it with
 the strict models of protocol.py, so every bad request gets OpenAI's error JSON with a 4xx status;
@@ -22,7 +22,7 @@ from shapeplan.serve.app import read_bounded
 from shapeplan.serve.openai import DEFAULT_MAX_REQUEST_BYTES, errors, responses
 from shapeplan.serve.openai.errors import BodyTooLarge, ModelNotFound, Unauthorized
 from shapeplan.serve.openai.generation import Job, OpenAIModel
-from shapeplan.serve.openai.protocol import ChatRequest, CompletionRequest, parse
+from shapeplan.serve.openai.protocol import ChatRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest, parse
 
 log = logging.getLogger("shapeplan.serve.openai")
 _DRAIN_FACTOR = 16          # read (and drop) up to 16x the limit of an oversized body, so the client gets the 413
@@ -116,6 +116,16 @@ def openai_router(model: OpenAIModel, *, api_key: str | None = None,
     async def chat(request: Request) -> Response:
         req = parse(ChatRequest, await read_body(request, max_request_bytes))
         return await answer(model.chat_job(req), request)
+
+    @r.post("/tokenize", dependencies=auth)
+    @_answers_errors
+    async def tokenize(request: Request) -> Response:
+        return json_response(model.tokenize(parse(TokenizeRequest, await read_body(request, max_request_bytes))))
+
+    @r.post("/detokenize", dependencies=auth)
+    @_answers_errors
+    async def detokenize(request: Request) -> Response:
+        return json_response(model.detokenize(parse(DetokenizeRequest, await read_body(request, max_request_bytes))))
 
     @r.post("/v1/responses", dependencies=auth)
     @_answers_errors
