@@ -14,8 +14,10 @@ import json
 import os
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable
+
+import torch
 
 from shapeplan.errors import ConstraintError, ModelError
 from shapeplan.llm.batch import RequestHandle, TokenEvent, TokenLogprob
@@ -60,6 +62,14 @@ class GenerationDefaults:
 
 
 @dataclass(slots=True)
+class Echo:
+    """A prompt as an echoing completion answers it: its text, and with logprobs the legacy ``logprobs`` object
+    of its tokens (the first token has none, as OpenAI's)."""
+    text: str
+    logprobs: dict | None
+
+
+@dataclass(slots=True)
 class Job:
     chat: bool
     prompts: list[list[int]]
@@ -74,6 +84,8 @@ class Job:
     created: int = 0
     constraint: Constraint | None = None     # response_format / tools (structured output)
     tools: bool = False                      # answers are parsed for tool calls
+    echo: bool = False                       # completions: each choice starts with its prompt
+    echoes: list[Echo] = field(default_factory=list)       # per prompt (prepare_echo)
 
     @property
     def n(self) -> int:
@@ -155,15 +167,23 @@ class OpenAIModel:
     # ------------------------------------------------------------------ requests -> jobs
     def completion_job(self, req: CompletionRequest) -> Job:
         self._check_common(req)
-        if req.echo:
-            raise Unsupported("echo is not supported", "echo")
+        if req.max_tokens == 0 and not req.echo:
+            raise BadRequest("max_tokens 0 needs echo: true (a request that only scores its prompt)", "max_tokens")
         if req.suffix:
             raise Unsupported("suffix is not supported", "suffix")
         if req.best_of is not None and req.best_of != req.n:
             raise Unsupported("best_of other than n is not supported", "best_of")
         prompts = self._prompts(req.prompt)
         explicit = "max_tokens" in req.model_fields_set
-        return self._job(req, False, prompts, req.max_tokens, explicit, req.logprobs, "prompt")
+        job = self._job(req, False, prompts, req.max_tokens, explicit, req.logprobs, "prompt")
+        job.echo = req.echo
+        if req.echo and req.logprobs is not None:
+            most = self.pipe.max_prefill_length
+            long = next((len(p) for p in prompts if len(p) > most), None)
+            if long is not None:
+                raise BadRequest(f"echo with logprobs scores the prompt in one prefill of at most {most} tokens "
+                                 f"(--max-prefill-length); this prompt has {long}", "prompt")
+        return job
 
     def chat_job(self, req: ChatRequest) -> Job:
         self._check_common(req)
@@ -314,6 +334,50 @@ class OpenAIModel:
                    req.return_token_ids, f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time()),
                    constraint)
 
+    def prepare_echo(self, job: Job) -> None:
+        """``job.echoes``: each prompt's text and, when logprobs are asked for, its tokens' log-probabilities
+        (one prefill of the prompt through the engine thread, ``pipe.score``: the log-softmax of the raw
+        logits, as for generated tokens) with their top alternatives and text offsets. Blocks: call it off the
+        event loop."""
+        for ids in job.prompts:
+            text = self.decode(ids)
+            if job.logprobs is None:
+                job.echoes.append(Echo(text, None))
+                continue
+            logp = torch.log_softmax(self.pipe.score(ids).float(), dim=-1)       # [n, V]: row i predicts i + 1
+            k = job.logprobs
+            top_v, top_i = logp[:-1].topk(k, dim=-1) if k else (None, None)
+            lps: list[float | None] = [None]
+            tops: list[dict[str, float] | None] = [None]
+            for i in range(1, len(ids)):
+                lps.append(float(logp[i - 1, ids[i]]))
+                top: dict[str, float] = {}
+                for t, v in zip(top_i[i - 1].tolist() if k else (), top_v[i - 1].tolist() if k else ()):
+                    top.setdefault(self._token(t), v)    # keyed by text: of two tokens with one text, the likelier
+                tops.append(top)
+            offsets = [len(self.decode(ids[:i])) for i in range(len(ids))]
+            job.echoes.append(Echo(text, {"tokens": [self._token(t) for t in ids], "token_logprobs": lps,
+                                          "top_logprobs": tops, "text_offset": offsets}))
+
+    def echo_only(self, job: Job) -> dict:
+        """The answer of an echoing request with ``max_tokens`` 0: each choice its prompt, nothing generated."""
+        items = [{"index": p * job.n + j, "text": e.text, "logprobs": e.logprobs, "finish_reason": "length",
+                  **({"token_ids": []} if job.token_ids else {})}
+                 for p, e in enumerate(job.echoes) for j in range(job.n)]
+        return {"id": job.id, "object": "text_completion", "created": job.created, "model": self.name,
+                "choices": items, "usage": usage(sum(map(len, job.prompts)), 0)}
+
+    async def echo_stream(self, job: Job) -> AsyncIterator[bytes]:
+        """``echo_only`` as a stream: a chunk per choice, the usage chunk when asked for, ``[DONE]``."""
+        whole = self.echo_only(job)
+        head = {k: whole[k] for k in ("id", "object", "created", "model")}
+        extra = {"usage": None} if job.include_usage else {}
+        for item in whole["choices"]:
+            yield _sse({**head, "choices": [item], **extra})
+        if job.include_usage:
+            yield _sse({**head, "choices": [], "usage": whole["usage"]})
+        yield b"data: [DONE]\n\n"
+
     # ------------------------------------------------------------------ jobs -> engine requests
     def submit(self, job: Job) -> list[Choice]:
         """One engine request per (prompt, choice); all or none (a refusal aborts those already in)."""
@@ -361,6 +425,8 @@ class OpenAIModel:
                     item["message"], item["finish_reason"] = _tool_message(c.text.sent, c.finish)
             else:
                 item["text"] = c.text.sent
+                if job.echo:
+                    self._echoed(job, c, item)
             if job.token_ids:
                 item["token_ids"] = c.ids
             out.append(item)
@@ -379,6 +445,12 @@ class OpenAIModel:
                 first = [{"index": c.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                           "finish_reason": None} for c in choices]
                 yield _sse({**head, "choices": first, **extra})
+            if job.echo:                                     # each choice's prompt first
+                for c in choices:
+                    e = job.echoes[c.index // job.n]
+                    c.offset = len(e.text)
+                    yield _sse({**head, "choices": [{"index": c.index, "text": e.text, "logprobs": e.logprobs,
+                                                     "finish_reason": None}], **extra})
             async for c, ev in _merged(choices):
                 delta, ids, lps = c.take(ev, self.decode)
                 if c.finish == "abort":
@@ -412,6 +484,15 @@ class OpenAIModel:
             watcher.cancel()
             for c in choices:
                 c.abort()
+
+    def _echoed(self, job: Job, c: Choice, item: dict) -> None:
+        """A non-streamed completion choice with its prompt in front: the text, and the prompt's logprobs
+        before the generated tokens' (their offsets after the prompt's text)."""
+        e = job.echoes[c.index // job.n]
+        item["text"] = e.text + item["text"]
+        if e.logprobs is not None:
+            gen = self._logprobs(job, c, c.ids, c.lps, len(e.text))
+            item["logprobs"] = {k: e.logprobs[k] + gen[k] for k in e.logprobs}
 
     def _usage(self, job: Job, choices: list[Choice]) -> dict:
         cached = sum(getattr(c.handle.metrics, "cached_tokens", 0) for c in choices[::job.n])

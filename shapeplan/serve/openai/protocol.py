@@ -54,7 +54,8 @@ class _Common(_Strict):
 
 class CompletionRequest(_Common):
     prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = Field(16, ge=1)                    # OpenAI's default; null: the rest of the context
+    max_tokens: int | None = Field(16, ge=0)                    # OpenAI's default; null: the rest of the context
+    # (0: only with echo, to score a prompt)
     logprobs: int | None = Field(None, ge=0, le=TOP_LOGPROBS)
     echo: bool = False
     suffix: str | None = None

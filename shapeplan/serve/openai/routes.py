@@ -81,6 +81,13 @@ def openai_router(model: OpenAIModel, *, api_key: str | None = None,
         """``job``'s answer: a JSON object or an event stream (``rj``: in the Responses API's shapes)."""
         if job.constraint is not None:       # compile the schema / grammar off the event loop (cached)
             await asyncio.to_thread(model.pipe.compile_constraint, job.constraint)
+        if job.echo:                         # the prompts' text and logprobs (a prefill on the engine thread)
+            await asyncio.to_thread(model.prepare_echo, job)
+            if not any(job.max_tokens):      # max_tokens 0: the prompts are the answer
+                if job.stream:
+                    return StreamingResponse(model.echo_stream(job), media_type="text/event-stream",
+                                             headers=SSE_HEADERS)
+                return json_response(model.echo_only(job))
         choices = model.submit(job)
         if job.stream:
             events = responses.stream(model, rj, choices, request.receive) if rj else \

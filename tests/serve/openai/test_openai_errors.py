@@ -65,7 +65,7 @@ BAD = [
     ("/v1/completions", {**OK, "logit_bias": {"100000": 1}}, 400, "logit_bias"),
     ("/v1/completions", {**OK, "logit_bias": {"5": "x"}}, 400, "logit_bias.5"),
     ("/v1/completions", {**OK, "logprobs": 21}, 400, "logprobs"),
-    ("/v1/completions", {**OK, "echo": True}, 400, "echo"),
+    ("/v1/completions", {**OK, "echo": True, "logprobs": 1, "prompt": "Hello " * 80}, 400, "prompt"),
     ("/v1/completions", {**OK, "best_of": 3}, 400, "best_of"),
     ("/v1/chat/completions", {**CHAT, "messages": []}, 400, "messages"),
     ("/v1/chat/completions", {**CHAT, "messages": "Hi"}, 400, "messages"),
