@@ -191,11 +191,12 @@ def _pre_name(pre: object, hf_dir: str) -> str:
     regexes = [p.get("pattern", {}).get("Regex") for p in _walk(pre) if p.get("type") == "Split"]
     if not regexes:
         return "default"                                            # GPT-2's rules (ByteLevel's own regex)
-    for name in ("llama-bpe", "qwen2"):
+    for name in ("llama-bpe", "qwen2", "tekken"):
         if regexes[0] == _SPLITS[name]:
             return name
-    warnings.warn(f"{hf_dir}: the tokenizer's split regex is not one GGUF names (Llama 3's, Qwen2's, GPT-2's); "
-                  "the file says 'default' (GPT-2's rules), so a reader may split text differently", stacklevel=4)
+    warnings.warn(f"{hf_dir}: the tokenizer's split regex is not one GGUF names (Llama 3's, Qwen2's, Tekken's, "
+                  "GPT-2's); the file says 'default' (GPT-2's rules), so a reader may split text differently",
+                  stacklevel=4)
     return "default"
 
 

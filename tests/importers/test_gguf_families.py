@@ -104,31 +104,34 @@ def test_qwen_rows_are_not_permuted(tmp_path):
         assert torch.equal(got, ref[f"model.layers.0.self_attn.{hf}.weight"])
 
 
-def _qwen2_split(ckpt: str) -> None:
-    """Give the checkpoint's byte-level tokenizer Qwen2's split rules (one digit per piece)."""
-    from shapeplan.importers.gguf import _QWEN2_SPLIT
+def _split_rules(ckpt: str, regex: str) -> None:
+    """Give the checkpoint's byte-level tokenizer these split rules (a Split, then bytes -> unicode)."""
     p = os.path.join(ckpt, "tokenizer.json")
     with open(p, encoding="utf-8") as fh:
         tj = json.load(fh)
     tj["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
-        {"type": "Split", "pattern": {"Regex": _QWEN2_SPLIT}, "behavior": "Isolated", "invert": False},
+        {"type": "Split", "pattern": {"Regex": regex}, "behavior": "Isolated", "invert": False},
         {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}]}
     with open(p, "w", encoding="utf-8") as fh:
         json.dump(tj, fh)
 
 
-def test_qwen2_split_rules_travel_with_the_file(tmp_path):
+@pytest.mark.parametrize("pre,model_type", [("qwen2", "qwen2"), ("tekken", "llama"), ("llama-bpe", "llama")])
+def test_split_rules_travel_with_the_file(pre, model_type, tmp_path):
+    """The file names its split rules (``tokenizer.ggml.pre``) and the tokenizer read back splits by them, as
+    the checkpoint's own and transformers' reading of the file do."""
+    from shapeplan.importers.gguf import _SPLITS
     from shapeplan.llm.tokenizer import Tokenizer
-    ckpt = _checkpoint(str(tmp_path / "hf"), "qwen2")
-    _qwen2_split(ckpt)
+    ckpt = _checkpoint(str(tmp_path / "hf"), model_type)
+    _split_rules(ckpt, _SPLITS[pre])
     path = _quantize(ckpt, str(tmp_path / "q.gguf"), "Q8_0")
-    assert _fields(path)["tokenizer.ggml.pre"] == "qwen2"
+    assert _fields(path)["tokenizer.ggml.pre"] == pre
     ours, hf_dir, ref = _pipe(path).tokenizer, Tokenizer(ckpt), _hf_tokenizer(path)
-    for text in TEXTS:
+    for text in TEXTS + ["HelloWorld CamelCaseWords and ALLCAPS", "x=1234567/2"]:
         ids = ours.encode(text, add_special_tokens=False)
         assert ids == hf_dir.encode(text, add_special_tokens=False) == ref(text, add_special_tokens=False).input_ids
-    digits = ours.encode("1234567", add_special_tokens=False)
-    assert len(digits) == 7                                        # one piece per digit: Qwen2's rule, not Llama 3's
+    pieces = ours.backend().pre_tokenizer.pre_tokenize_str("1234567")
+    assert len(pieces) == (3 if pre == "llama-bpe" else 7)          # Llama 3: up to 3 digits a piece
 
 
 # ------------------------------------------------------------------ SentencePiece vocabularies
