@@ -11,7 +11,10 @@ then ``response.completed``, or ``response.incomplete`` when ``max_output_tokens
 (``response.failed`` if the engine failed it). A tool-call answer is parsed once complete, so its items come
 at the end, each with one ``response.function_call_arguments.delta``.
 
-Nothing is stored (``store: false`` in every answer): ``previous_response_id`` and ``background`` are 400s
+Answers are kept in memory (``ResponseStore``: the last ``STORED`` of them, the oldest dropped first) unless a
+request says ``store: false``: ``GET /v1/responses/{id}`` returns one, ``DELETE`` drops it, and a request with
+``previous_response_id`` continues that conversation (its input and output items come before the new input;
+as OpenAI's, its ``instructions`` are not carried over). An unknown id is a 404. ``background`` is a 400
 (``unsupported_parameter``), as are input images and files, tools other than functions, reasoning settings,
 ``include`` and ``top_logprobs``. Sampling takes ``temperature`` and ``top_p`` and vLLM's extensions of the
 other endpoints (``top_k``, ``min_p``, ``repetition_penalty``, ``seed``, ``stop``, ``stop_token_ids``,
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Literal
 
@@ -29,7 +33,7 @@ from pydantic import BaseModel, Field, ValidationError
 from shapeplan.errors import ConstraintError
 from shapeplan.llm.constraint import Constraint, parse_tool_calls
 from shapeplan.serve.openai import errors
-from shapeplan.serve.openai.errors import BadRequest, Unsupported
+from shapeplan.serve.openai.errors import BadRequest, NotFound, Unsupported
 from shapeplan.serve.openai.generation import Choice, Job, OpenAIModel, Receive, _merged, _watch
 from shapeplan.serve.openai.protocol import _INT64, _bad, _Strict
 
@@ -47,13 +51,13 @@ class ResponsesRequest(_Strict):
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
     metadata: dict[str, str] | None = None
-    store: bool | None = None                                  # accepted; nothing is stored
+    store: bool | None = None                                  # (default true: kept in the ResponseStore)
     user: str | None = None
     service_tier: str | None = None
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
     truncation: Literal["auto", "disabled"] | None = None
-    previous_response_id: str | None = None                  # (refused: nothing is stored)
+    previous_response_id: str | None = None
     background: bool | None = None
     reasoning: dict[str, Any] | None = None
     include: list[str] | None = None
@@ -121,14 +125,62 @@ class _Sampling:
         return getattr(self.req, name)
 
 
+#: answers the ResponseStore keeps (the oldest dropped first)
+STORED = 1024
+
+
+@dataclass(slots=True)
+class _Stored:
+    response: dict
+    history: list[dict[str, Any]]          # the conversation's chat messages up to this answer's input (no instructions)
+
+
+class ResponseStore:
+    """Finished answers by id, with the chat messages that led to them, the newest ``size`` of them. Used on the
+    event loop's thread only."""
+
+    def __init__(self, size: int = STORED) -> None:
+        self.size = size
+        self._items: OrderedDict[str, _Stored] = OrderedDict()
+
+    def put(self, response: dict, history: list[dict[str, Any]]) -> None:
+        self._items[response["id"]] = _Stored(response, history)
+        while len(self._items) > self.size:
+            self._items.popitem(last=False)
+
+    def get(self, rid: str, param: str | None = None) -> _Stored:
+        if rid not in self._items:
+            raise NotFound(f"no response with id '{rid}' (this server keeps the last {self.size} stored responses)",
+                           param)
+        return self._items[rid]
+
+    def delete(self, rid: str) -> dict:
+        self.get(rid)
+        del self._items[rid]
+        return {"id": rid, "object": "response", "deleted": True}
+
+    def conversation(self, rid: str) -> list[dict[str, Any]]:
+        """The chat messages of a stored answer's conversation, its own output included."""
+        st = self.get(rid, "previous_response_id")
+        return st.history + _items_to_messages(st.response["output"], "previous_response_id")
+
+
 @dataclass(slots=True)
 class ResponseJob:
     req: ResponsesRequest
     job: Job
+    history: list[dict[str, Any]]          # the conversation before this answer (no instructions): what is stored
+    store: ResponseStore
     message_id: str = field(default_factory=lambda: "msg_" + uuid.uuid4().hex)
 
+    def keep(self, response: dict) -> dict:
+        """``response``, kept in the store unless the request said ``store: false``."""
+        if self.req.store is not False:
+            self.store.put(response, self.history)
+        return response
 
-def responses_job(model: OpenAIModel, req: ResponsesRequest) -> ResponseJob:
+
+def responses_job(model: OpenAIModel, req: ResponsesRequest, store: ResponseStore) -> ResponseJob:
     """A validated request as a chat job (one choice); BadRequest / Unsupported name what is wrong."""
     _refuse_unsupported(req)
     shim = _Sampling(req)
@@ -142,18 +194,17 @@ def responses_job(model: OpenAIModel, req: ResponsesRequest) -> ResponseJob:
                                             _chat_tool_choice(req.tool_choice), req.parallel_tool_calls is not False)
     except ConstraintError as e:
         raise BadRequest(str(e), "tools" if req.tools or req.tool_choice else "text.format") from None
-    ids = model.render(_messages(req), tools, "input")
+    history = (store.conversation(req.previous_response_id) if req.previous_response_id else []) + _input(req)
+    system = [{"role": "system", "content": req.instructions}] if req.instructions else []
+    ids = model.render(system + history, tools, "input")
     job = model._job(shim, True, [ids], req.max_output_tokens, req.max_output_tokens is not None, None, "input",
                      "max_output_tokens", constraint)
     job.tools = constraint is not None and constraint.kind == "tool_call"
     job.id = "resp_" + uuid.uuid4().hex
-    return ResponseJob(req, job)
+    return ResponseJob(req, job, history, store)
 
 
 def _refuse_unsupported(req: ResponsesRequest) -> None:
-    if req.previous_response_id is not None:
-        raise Unsupported("previous_response_id is not supported: this server stores no responses (send the "
-                          "conversation as input items)", "previous_response_id")
     if req.background:
         raise Unsupported("background responses are not supported", "background")
     if req.truncation == "auto":
@@ -170,17 +221,17 @@ def _refuse_unsupported(req: ResponsesRequest) -> None:
         raise Unsupported("max_tool_calls is not supported", "max_tool_calls")
 
 
-def _item(raw: dict[str, Any], i: int) -> BaseModel:
+def _item(raw: dict[str, Any], i: int, param: str) -> BaseModel:
     kind = raw.get("type", "message")
     cls = _ITEMS.get(kind) if isinstance(kind, str) else None
     if cls is None:
         raise Unsupported(f"input item type {kind!r} is not supported (supported: {', '.join(_ITEMS)})",
-                          f"input.{i}.type")
+                          f"{param}.{i}.type")
     try:
         return cls.model_validate(raw)
     except ValidationError as e:
         err = e.errors()[0]
-        raise _bad({**err, "loc": ("input", i, *err["loc"])}) from None
+        raise _bad({**err, "loc": (param, i, *err["loc"])}) from None
 
 
 def _text(content: str | list[dict[str, Any]], param: str) -> str:
@@ -200,22 +251,25 @@ def _text(content: str | list[dict[str, Any]], param: str) -> str:
     return "\n".join(texts)
 
 
-def _messages(req: ResponsesRequest) -> list[dict[str, Any]]:
-    """The chat messages of ``instructions`` + ``input``: consecutive function calls join one assistant
-    message's ``tool_calls``, each output is a ``tool`` message, as the chat endpoint takes them."""
-    out: list[dict[str, Any]] = []
-    if req.instructions:
-        out.append({"role": "system", "content": req.instructions})
+def _input(req: ResponsesRequest) -> list[dict[str, Any]]:
+    """The chat messages of the request's ``input`` (``instructions`` not included)."""
     if isinstance(req.input, str):
-        return out + [{"role": "user", "content": req.input}]
+        return [{"role": "user", "content": req.input}]
     if not req.input:
         raise BadRequest("the input is empty", "input")
-    for i, raw in enumerate(req.input):
+    return _items_to_messages(req.input, "input")
+
+
+def _items_to_messages(items: list[Any], param: str) -> list[dict[str, Any]]:
+    """Items (input items, or a stored answer's output items) as chat messages: consecutive function calls join
+    one assistant message's ``tool_calls``, each output is a ``tool`` message, as the chat endpoint takes them."""
+    out: list[dict[str, Any]] = []
+    for i, raw in enumerate(items):
         if not isinstance(raw, dict):
-            raise BadRequest(f"invalid type for 'input.{i}': expected an object", f"input.{i}", "invalid_type")
-        item = _item(raw, i)
+            raise BadRequest(f"invalid type for '{param}.{i}': expected an object", f"{param}.{i}", "invalid_type")
+        item = _item(raw, i, param)
         if isinstance(item, _Message):
-            out.append({"role": item.role, "content": _text(item.content, f"input.{i}.content")})
+            out.append({"role": item.role, "content": _text(item.content, f"{param}.{i}.content")})
         elif isinstance(item, _FunctionCall):
             call = {"id": item.call_id, "type": "function",
                     "function": {"name": item.name, "arguments": item.arguments}}
@@ -225,7 +279,7 @@ def _messages(req: ResponsesRequest) -> list[dict[str, Any]]:
                 out.append({"role": "assistant", "content": "", "tool_calls": [call]})
         else:
             out.append({"role": "tool", "tool_call_id": item.call_id,
-                        "content": _text(item.output, f"input.{i}.output")})
+                        "content": _text(item.output, f"{param}.{i}.output")})
     return out
 
 
@@ -278,7 +332,8 @@ def _response(model: OpenAIModel, rj: ResponseJob, status: str, output: list[dic
             "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
             "instructions": req.instructions, "max_output_tokens": req.max_output_tokens, "model": model.name,
             "output": output, "parallel_tool_calls": req.parallel_tool_calls is not False,
-            "previous_response_id": None, "reasoning": None, "store": False, "temperature": s.temperature,
+            "previous_response_id": req.previous_response_id, "reasoning": None, "store": req.store is not False,
+            "temperature": s.temperature,
             "top_p": s.top_p, "text": {"format": (req.text or {}).get("format") or {"type": "text"}},
             "tool_choice": req.tool_choice or "auto", "tools": req.tools or [], "truncation": "disabled",
             "usage": usage, "user": req.user, "metadata": req.metadata or {}}
@@ -324,7 +379,7 @@ async def complete(model: OpenAIModel, rj: ResponseJob, choices: list[Choice], r
         return None
     if c.finish == "error":
         raise c.error or RuntimeError("the engine failed this request")
-    return _response(model, rj, _status(c.finish), _output(rj, c), _usage(model, rj.job, choices))
+    return rj.keep(_response(model, rj, _status(c.finish), _output(rj, c), _usage(model, rj.job, choices)))
 
 
 def _event(kind: str, seq: int, **body: Any) -> bytes:
@@ -395,7 +450,8 @@ async def stream(model: OpenAIModel, rj: ResponseJob, choices: list[Choice], rec
                 yield ev("response.function_call_arguments.done", item_id=item["id"], output_index=i,
                          name=item["name"], arguments=item["arguments"])
                 yield ev("response.output_item.done", output_index=i, item=item)
-        yield ev(f"response.{status}", response=_response(model, rj, status, output, _usage(model, rj.job, choices)))
+        final = rj.keep(_response(model, rj, status, output, _usage(model, rj.job, choices)))
+        yield ev(f"response.{status}", response=final)
     finally:
         watcher.cancel()
         c.abort()

@@ -134,11 +134,23 @@ def openai_router(model: OpenAIModel, *, api_key: str | None = None,
     async def detokenize(request: Request) -> Response:
         return json_response(model.detokenize(parse(DetokenizeRequest, await read_body(request, max_request_bytes))))
 
+    store = responses.ResponseStore()
+
     @r.post("/v1/responses", dependencies=auth)
     @_answers_errors
     async def create_response(request: Request) -> Response:
         req = parse(responses.ResponsesRequest, await read_body(request, max_request_bytes))
-        rj = responses.responses_job(model, req)
+        rj = responses.responses_job(model, req, store)
         return await answer(rj.job, request, rj)
+
+    @r.get("/v1/responses/{rid}", dependencies=auth)
+    @_answers_errors
+    async def get_response(rid: str) -> Response:
+        return json_response(store.get(rid).response)
+
+    @r.delete("/v1/responses/{rid}", dependencies=auth)
+    @_answers_errors
+    async def delete_response(rid: str) -> Response:
+        return json_response(store.delete(rid))
 
     return r

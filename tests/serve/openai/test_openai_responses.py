@@ -114,7 +114,7 @@ OK = {"model": MODEL, "input": "Hi", "max_output_tokens": 2}
 
 
 @pytest.mark.parametrize("body,status,param", [
-    ({**OK, "previous_response_id": "resp_1"}, 400, "previous_response_id"),
+    ({**OK, "previous_response_id": "resp_1"}, 404, "previous_response_id"),
     ({**OK, "background": True}, 400, "background"),
     ({**OK, "truncation": "auto"}, 400, "truncation"),
     ({**OK, "reasoning": {"effort": "high"}}, 400, "reasoning"),
@@ -151,19 +151,66 @@ def test_bad_requests_are_400s_naming_the_parameter(server, body, status, param)
 
 
 def test_items_become_chat_messages():
-    """What the chat template receives: instructions first, parts joined, consecutive calls in one assistant
-    message's tool_calls, each output a tool message."""
-    from shapeplan.serve.openai.responses import ResponsesRequest, _messages
+    """What the chat template receives of the input: parts joined, consecutive calls in one assistant
+    message's tool_calls, each output a tool message (instructions go first, apart: not stored)."""
+    from shapeplan.serve.openai.responses import ResponsesRequest, _input
     req = ResponsesRequest.model_validate({"model": MODEL, "instructions": "Be brief.", "input": [
         {"role": "user", "content": [{"type": "input_text", "text": "a"}, {"type": "input_text", "text": "b"}]},
         {"type": "function_call", "call_id": "call_1", "name": "f", "arguments": "{}"},
         {"type": "function_call", "call_id": "call_2", "name": "g", "arguments": '{"x": 1}', "status": "completed"},
         {"type": "function_call_output", "call_id": "call_1", "output": "one"},
         {"type": "function_call_output", "call_id": "call_2", "output": [{"type": "input_text", "text": "two"}]}]})
-    assert _messages(req) == [
-        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "a\nb"},
+    assert _input(req) == [
+        {"role": "user", "content": "a\nb"},
         {"role": "assistant", "content": "", "tool_calls": [
             {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}},
             {"id": "call_2", "type": "function", "function": {"name": "g", "arguments": '{"x": 1}'}}]},
         {"role": "tool", "tool_call_id": "call_1", "content": "one"},
         {"role": "tool", "tool_call_id": "call_2", "content": "two"}]
+
+
+def test_stored_responses_continue_a_conversation(server):
+    """An answer is kept: retrieved as it was given, continued by previous_response_id (its input and output
+    before the new input; its instructions not carried over), deleted; store: false keeps nothing."""
+    import openai
+    c = server.client()
+    first = c.responses.create(model=MODEL, instructions=SYSTEM, input=ASK, max_output_tokens=6, temperature=0)
+    assert first.store is True
+    assert c.responses.retrieve(first.id).model_dump() == first.model_dump()
+    second = c.responses.create(model=MODEL, input="More?", previous_response_id=first.id, max_output_tokens=6,
+                                temperature=0)
+    assert second.previous_response_id == first.id
+    chat = _chat(server, [{"role": "user", "content": ASK}, {"role": "assistant", "content": first.output_text},
+                          {"role": "user", "content": "More?"}], 6)
+    assert second.output_text == chat.choices[0].message.content
+    # a chain of three, the middle one streamed
+    events = list(c.responses.create(model=MODEL, input="And?", previous_response_id=second.id, max_output_tokens=6,
+                                     temperature=0, stream=True))
+    third = events[-1].response
+    assert c.responses.retrieve(third.id).output_text == third.output_text
+    chat = _chat(server, [{"role": "user", "content": ASK}, {"role": "assistant", "content": first.output_text},
+                          {"role": "user", "content": "More?"}, {"role": "assistant", "content": second.output_text},
+                          {"role": "user", "content": "And?"}], 6)
+    assert third.output_text == chat.choices[0].message.content
+    deleted = c.responses.delete(first.id)
+    assert deleted is None or getattr(deleted, "deleted", True)
+    with pytest.raises(openai.NotFoundError):
+        c.responses.retrieve(first.id)
+    with pytest.raises(openai.NotFoundError):
+        c.responses.create(model=MODEL, input="x", previous_response_id=first.id, max_output_tokens=2)
+    assert c.responses.retrieve(second.id).output_text == second.output_text      # the rest stays
+    kept_out = c.responses.create(model=MODEL, input=ASK, max_output_tokens=2, store=False)
+    assert kept_out.store is False
+    with pytest.raises(openai.NotFoundError):
+        c.responses.retrieve(kept_out.id)
+
+
+def test_the_store_keeps_the_newest():
+    from shapeplan.serve.openai.errors import NotFound
+    from shapeplan.serve.openai.responses import ResponseStore
+    store = ResponseStore(size=2)
+    for i in range(3):
+        store.put({"id": f"resp_{i}", "output": []}, [])
+    with pytest.raises(NotFound, match="resp_0"):
+        store.get("resp_0")
+    assert store.get("resp_2").response["id"] == "resp_2" and store.delete("resp_1")["deleted"] is True
