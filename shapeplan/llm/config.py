@@ -1,7 +1,8 @@
 """Model configuration for the Llama family, read from a Hugging Face ``config.json``.
 
-One dataclass covers Llama 2/3, Mistral, Qwen2/2.5 and Qwen3: they differ only in a few switches
-(qkv bias, q/k norm, rope scaling, sliding window, tied embeddings).
+One dataclass covers Llama 2/3, Mistral, Qwen2/2.5, Qwen3 and Phi-3: they differ only in a few switches
+(qkv bias, q/k norm, rope scaling, sliding window, tied embeddings; Phi-3 stores q/k/v and gate/up fused,
+which the weight reader splits: weights.FUSED).
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import torch
 from shapeplan.errors import ModelError
 from shapeplan.ir.dtypes import dtype_name
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3")
 
 
 def read_json(path: str) -> dict[str, Any]:
@@ -95,6 +96,10 @@ class LlamaConfig:
             hidden, heads = int(d["hidden_size"]), int(d["num_attention_heads"])
             rope = dict(d.get("rope_parameters") or d.get("rope_scaling") or {})
             theta = float(rope.pop("rope_theta", d.get("rope_theta", 10000.0)))
+            partial = float(rope.pop("partial_rotary_factor", d.get("partial_rotary_factor", 1.0)) or 1.0)
+            if partial != 1.0:
+                raise ModelError(f"{source}: partial rotary embeddings (partial_rotary_factor={partial}) are not "
+                                 "supported")
             rope_type = rope.get("rope_type", rope.get("type", "default"))
             if rope_type not in ("default", "llama3", "linear"):
                 raise ModelError(f"{source}: rope type {rope_type!r} is not supported "

@@ -20,7 +20,7 @@ CHAT_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>{{ m[
                  "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}")
 
 _ARCH = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-         "qwen3": "Qwen3ForCausalLM"}
+         "qwen3": "Qwen3ForCausalLM", "phi3": "Phi3ForCausalLM"}
 
 
 def write_tokenizer(path: str, vocab_size: int = 320) -> int:
@@ -56,6 +56,8 @@ def make_tiny_checkpoint(path: str, model_type: str = "llama", *, seed: int = 0,
                               tie_word_embeddings=model_type in ("qwen2", "qwen3"))
     if model_type == "qwen3":
         kw["head_dim"] = hidden // heads
+    if model_type == "phi3":
+        kw["pad_token_id"] = None                      # (Phi-3's default, 32000, is past this vocabulary)
     kw.update(overrides)
     cfg = cfg_cls(**kw)
     torch.manual_seed(seed)

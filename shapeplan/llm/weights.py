@@ -7,6 +7,7 @@ view the mapping (copy-on-write), so nothing is read until a tensor is used.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import mmap
@@ -99,10 +100,22 @@ class SafetensorsFile:
         return t.view(dt).reshape(shape)
 
 
-class CheckpointWeights:
-    """All tensors of a checkpoint directory: ``model.safetensors`` or ``*.safetensors.index.json``."""
+#: checkpoints whose layers store some projections stacked in one tensor (Phi-3's ``qkv_proj`` and
+#: ``gate_up_proj``): model_type -> {fused tensor (within a layer) -> its parts, each (name, LlamaConfig field of its
+#: row count)}
+FUSED: dict[str, dict[str, tuple[tuple[str, str], ...]]] = {
+    "phi3": {"self_attn.qkv_proj.weight": (("self_attn.q_proj.weight", "q_size"), ("self_attn.k_proj.weight", "kv_size"),
+                                           ("self_attn.v_proj.weight", "kv_size")),
+             "mlp.gate_up_proj.weight": (("mlp.gate_proj.weight", "intermediate_size"),
+                                         ("mlp.up_proj.weight", "intermediate_size"))}}
 
-    def __init__(self, path: str) -> None:
+
+class CheckpointWeights:
+    """All tensors of a checkpoint directory: ``model.safetensors`` or ``*.safetensors.index.json``. With the
+    model's ``cfg``, the parts of a fused tensor (``FUSED``) are tensors of their own: row blocks of it, so byte
+    ranges of its file (the memory map and the streamed load read them as any other tensor)."""
+
+    def __init__(self, path: str, cfg: LlamaConfig | None = None) -> None:
         self.path = path
         index = os.path.join(path, "model.safetensors.index.json")
         self._where: dict[str, str] = {}
@@ -122,6 +135,32 @@ class CheckpointWeights:
                 sf = self._file(os.path.join(path, fn))
                 for name in sf.names():
                     self._where[name] = sf.path
+        if cfg is not None:
+            self._split(cfg)
+
+    def _split(self, cfg: LlamaConfig) -> None:
+        """Entries for the parts of every fused tensor of ``cfg``'s checkpoint layout (``FUSED``)."""
+        for i in range(cfg.num_layers):
+            for fused, parts in FUSED.get(cfg.model_type, {}).items():
+                name = f"model.layers.{i}.{fused}"
+                if name not in self._where:
+                    continue                              # (missing: the parts' own check names them)
+                sf = self._file(self._where[name])
+                if name not in sf.entries:
+                    raise ModelError(f"tensor {name!r} is missing from {sf.path} (the index says it is there)")
+                e = sf.entries[name]
+                rows = [getattr(cfg, attr) for _, attr in parts]
+                shape = tuple(e["shape"])
+                if len(shape) != 2 or shape[0] != sum(rows):
+                    raise ModelError(f"tensor {name!r} in {sf.path} has shape {list(shape)}, expected [{sum(rows)}, "
+                                     f"{cfg.hidden_size}] from config.json ({' + '.join(map(str, rows))} rows)")
+                start, end = e["data_offsets"]
+                row_bytes = (end - start) // shape[0]
+                for (part, _), r0, n in zip(parts, [0, *itertools.accumulate(rows)], rows):
+                    pname = f"model.layers.{i}.{part}"
+                    sf.entries[pname] = {"dtype": e["dtype"], "shape": [n, shape[1]],
+                                         "data_offsets": [start + r0 * row_bytes, start + (r0 + n) * row_bytes]}
+                    self._where[pname] = sf.path
 
     def _file(self, path: str) -> SafetensorsFile:
         sf = self._files.get(path)
@@ -269,7 +308,7 @@ def load_weights(path: str, cfg: LlamaConfig, *, device: str | torch.device = "c
     dev = torch.device(device)
     if stream if stream is not None else streaming(dev):
         return StreamedLoad(path, cfg, dev, dtype, progress).run()
-    ckpt = CheckpointWeights(path)
+    ckpt = CheckpointWeights(path, cfg)
     shapes = expected_shapes(cfg)
     for name, shape in shapes.items():                # validate everything before moving anything
         ckpt.get(name, shape)
@@ -298,7 +337,7 @@ class StreamedLoad:
 
     def __init__(self, path: str, cfg: LlamaConfig, device: torch.device, dtype: torch.dtype | None,
                  progress: bool | None = None) -> None:
-        ckpt = CheckpointWeights(path)
+        ckpt = CheckpointWeights(path, cfg)
         self.shapes = shapes = expected_shapes(cfg)
         for name, shape in shapes.items():                # validate everything before moving anything
             ckpt.get(name, shape)

@@ -212,7 +212,7 @@ def write_gguf(hf_dir: str, out: str, file_type: str = "Q4_K_M", *, device: str 
     """Write the checkpoint ``hf_dir`` as ``out`` in ``file_type`` (``recipes.FILE_TYPES``)."""
     cfg = LlamaConfig.from_file(hf_dir)
     _check(cfg, hf_dir)
-    ckpt = CheckpointWeights(hf_dir)
+    ckpt = CheckpointWeights(hf_dir, cfg)
     shapes = expected_shapes(cfg)
     for hf, shape in shapes.items():
         ckpt.get(hf, shape)                                             # validate everything first

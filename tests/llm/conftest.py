@@ -1,11 +1,11 @@
-"""Fixtures: tiny random Llama / Mistral / Qwen2 / Qwen3 checkpoints written once per test session with
+"""Fixtures: tiny random Llama / Mistral / Qwen2 / Qwen3 / Phi-3 checkpoints written once per test session with
 transformers' save_pretrained, plus a BPE tokenizer trained with `tokenizers` (nothing downloads)."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-MODEL_TYPES = ["llama", "mistral", "qwen2", "qwen3"]
+MODEL_TYPES = ["llama", "mistral", "qwen2", "qwen3", "phi3"]
 
 # each fixture exercises a different switch of the family
 _OVERRIDES = {
@@ -15,6 +15,7 @@ _OVERRIDES = {
     "mistral": dict(sliding_window=24, shard=True),   # sliding window + a sharded index
     "qwen2": dict(),                                   # qkv bias, tied embeddings
     "qwen3": dict(),                                   # q/k norm, tied embeddings
+    "phi3": dict(sliding_window=24, shard=True),       # fused qkv / gate_up tensors, split across shards
 }
 
 

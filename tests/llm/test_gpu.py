@@ -86,15 +86,16 @@ def test_gpu_cuda_warmup_thread_changes_nothing(monkeypatch, tmp_path):
     assert events_warm == events_plain            # the warm-up's own plans were not recorded
 
 
+@pytest.mark.parametrize("model_type", ["mistral", "phi3"])
 @pytest.mark.parametrize("dtype", [None, torch.bfloat16])
-def test_gpu_streamed_weights_equal_memory_map(checkpoints, monkeypatch, dtype):
+def test_gpu_streamed_weights_equal_memory_map(checkpoints, monkeypatch, dtype, model_type):
     """Weights read straight into device memory (pinned staging, per-thread streams; llm/stream_load.py),
-    pieces smaller than the tensors, a sharded checkpoint, a dtype converted on the device: the tensors
-    the memory-mapped path copies."""
+    pieces smaller than the tensors, a sharded checkpoint, a dtype converted on the device, Phi-3's fused
+    q/k/v and gate/up read as their parts: the tensors the memory-mapped path copies."""
     from shapeplan.llm import LlamaConfig, stream_load
     from shapeplan.llm.weights import load_weights
     monkeypatch.setattr(stream_load, "CHUNK", 8192)
-    path = checkpoints("mistral")
+    path = checkpoints(model_type)
     cfg = LlamaConfig.from_file(path)
     want = load_weights(path, cfg, device="cuda", dtype=dtype or cfg.torch_dtype, stream=False, progress=False)
     got = load_weights(path, cfg, device="cuda", dtype=dtype or cfg.torch_dtype, stream=True, progress=False)

@@ -86,6 +86,36 @@ def test_misshaped_tensor_names_tensor_file_and_shapes(llama, tmp_path):
         GenerationPipeline.from_pretrained(d, progress=False)
 
 
+def test_phi3_fused_tensors_are_checked(tmp_path):
+    """Phi-3's fused q/k/v of the wrong row count names the fused tensor, its file and the rows expected; a
+    missing one names a part; partial rotary embeddings (Phi-4-mini) are refused by name."""
+    import json
+
+    from shapeplan.llm.demo import make_tiny_checkpoint
+    d = make_tiny_checkpoint(str(tmp_path / "phi"), "phi3")
+    f = os.path.join(d, "model.safetensors")
+    w = load_file(f)
+    name = "model.layers.0.self_attn.qkv_proj.weight"
+    w[name] = w[name][:-2].clone()
+    save_file(w, f)
+    with pytest.raises(sp.ModelError, match=r"qkv_proj\.weight.*model\.safetensors has shape \[126, 64\], "
+                                            r"expected \[128, 64\].*64 \+ 32 \+ 32 rows"):
+        GenerationPipeline.from_pretrained(d, progress=False)
+    del w[name]
+    save_file(w, f)
+    with pytest.raises(sp.ModelError, match=r"model\.layers\.0\.self_attn\.q_proj\.weight.*missing"):
+        GenerationPipeline.from_pretrained(d, progress=False)
+    cfg = os.path.join(d, "config.json")
+    with open(cfg) as fh:
+        c = json.load(fh)
+    c["partial_rotary_factor"] = 0.75
+    c.pop("rope_parameters", None)
+    with open(cfg, "w") as fh:
+        json.dump(c, fh)
+    with pytest.raises(sp.ModelError, match="partial_rotary_factor=0.75"):
+        GenerationPipeline.from_pretrained(d, progress=False)
+
+
 def test_no_safetensors_is_a_clean_error(llama, tmp_path):
     d = _copy(llama, tmp_path / "m")
     os.remove(os.path.join(d, "model.safetensors"))
