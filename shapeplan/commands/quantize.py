@@ -1,5 +1,5 @@
-"""``shapeplan quantize HF_DIR OUT.gguf --type Q4_K_M``: write a Hugging Face Llama, Mistral, Qwen2 or Qwen3
-checkpoint (or a preset's random weights, ``--preset llama-1b``) as a GGUF file llama.cpp reads
+"""``shapeplan quantize HF_DIR OUT.gguf --type Q4_K_M``: write a Hugging Face Llama, Mistral, Qwen2, Qwen3 or
+Phi-3 checkpoint (or a preset's random weights, ``--preset llama-1b``) as a GGUF file llama.cpp reads
 (shapeplan/quant/writer.py).
 
     shapeplan quantize ./Llama-3.2-1B llama-1b-Q4_K_M.gguf --type Q4_K_M

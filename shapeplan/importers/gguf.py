@@ -32,8 +32,9 @@ Two things differ from a Hugging Face checkpoint:
   becomes ``rope_scaling={"rope_type": "freq_factors", "factors": [...]}`` (see config.inv_freq).
 
 Architectures: ``llama`` (Llama 1-3, Mistral, TinyLlama, ...), ``qwen2`` (Qwen2 / Qwen2.5: q/k/v biases,
-``blk.N.attn_q.bias``) and ``qwen3`` (an RMSNorm on each head's q and k, ``blk.N.attn_q_norm.weight``). llama.cpp
-permutes q/k rows for the ``llama`` architecture only (its Qwen models use the rotate-half ("NEOX") rotary
+``blk.N.attn_q.bias``), ``qwen3`` (an RMSNorm on each head's q and k, ``blk.N.attn_q_norm.weight``) and ``phi3``
+(q/k/v stacked in ``attn_qkv``, gate/up in ``ffn_up``: ``gguf_tensors``; the parts are row views). llama.cpp
+permutes q/k rows for the ``llama`` architecture only (its others use the rotate-half ("NEOX") rotary
 layout, Hugging Face's own), so only those rows are un-permuted.
 
 The tokenizer, when the file holds one, is rebuilt as a ``tokenizers`` BPE (``read_tokenizer``):
@@ -59,7 +60,7 @@ from shapeplan.llm.config import LlamaConfig
 from shapeplan.llm.weights import expected_shapes, fused_groups
 from shapeplan.quant.formats import QTYPES, REPACK_OF, QuantTypeError, QuantWeight, repack
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "phi3")
 
 # GGUF name (per layer: without the "blk.N." prefix) -> Hugging Face name
 _GLOBAL = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
@@ -74,6 +75,9 @@ _LAYER = {"attn_norm.weight": "input_layernorm.weight", "ffn_norm.weight": "post
           "attn_v.bias": "self_attn.v_proj.bias",
           "attn_q_norm.weight": "self_attn.q_norm.weight", "attn_k_norm.weight": "self_attn.k_norm.weight"}
 _FLOAT_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+#: per architecture, the layer tensors a GGUF file holds stacked by rows: GGUF name -> its Hugging Face parts
+_FUSED = {"phi3": {"attn_qkv.weight": ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"),
+                   "ffn_up.weight": ("mlp.gate_proj.weight", "mlp.up_proj.weight")}}
 
 
 def _reader_class() -> type:
@@ -211,6 +215,9 @@ def read_config(f: GGUFFile) -> LlamaConfig:
     vocab = int(f.get(a + "vocab_size") or f.shape("token_embd.weight")[0])
     rope_scaling = None
     kind = f.get(a + "rope.scaling.type")
+    if "rope_factors_long.weight" in f.tensors:
+        raise ModelError(f"{f.path}: rope scaling 'longrope' (rope_factors_long / rope_factors_short: Phi-3.5, "
+                         "Phi-4-mini) is not supported")
     if "rope_freqs.weight" in f.tensors:           # Llama 3: per-frequency divisors
         rope_scaling = {"rope_type": "freq_factors",
                         "factors": f.tensor("rope_freqs.weight", torch.float32).tolist()}
@@ -236,6 +243,7 @@ def read_config(f: GGUFFile) -> LlamaConfig:
         tie_word_embeddings="output.weight" not in f.tensors,
         # qwen2 always has q/k/v biases (a file without them fails validation, naming the tensor); llama may
         attention_bias=arch == "qwen2" or "blk.0.attn_q.bias" in f.tensors, qk_norm=arch == "qwen3",
+        sliding_window=int(f.get(a + "attention.sliding_window") or 0) if arch == "phi3" else 0,
         # a quantized file computes in float16, as llama.cpp does; override with dtype=
         dtype=_FLOAT_DTYPES.get(common, "float16"),
         bos_token_id=f.get("tokenizer.ggml.bos_token_id"), eos_token_ids=list(dict.fromkeys(eos)))
@@ -249,30 +257,56 @@ def gguf_names(cfg: LlamaConfig) -> dict[str, str]:
     return out
 
 
+def gguf_tensors(cfg: LlamaConfig) -> list[tuple[str, tuple[str, ...]]]:
+    """(GGUF name, the Hugging Face tensors it holds stacked by rows) for every tensor ``cfg`` needs, in
+    ``expected_shapes`` order (a stacked one where its first part is): one part each, but Phi-3's ``attn_qkv``
+    (q, k, v) and ``ffn_up`` (gate, up)."""
+    names = gguf_names(cfg)
+    stacked: dict[str, tuple[str, tuple[str, ...]]] = {}
+    for i in range(cfg.num_layers):
+        for g, parts in _FUSED.get(cfg.model_type, {}).items():
+            full = tuple(f"model.layers.{i}.{p}" for p in parts)
+            stacked.update({p: (f"blk.{i}.{g}", full) for p in full})
+    out, seen = [], set()
+    for hf in expected_shapes(cfg):
+        g, parts = stacked.get(hf, (names[hf], (hf,)))
+        if g not in seen:
+            seen.add(g)
+            out.append((g, parts))
+    return out
+
+
 def read_weights(f: GGUFFile, cfg: LlamaConfig, *, device: str | torch.device = "cpu",
                  dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
-    """Hugging Face name -> tensor (the llama architecture's Q/K rows un-permuted), all validated by name and
-    shape first."""
+    """Hugging Face name -> tensor (the llama architecture's Q/K rows un-permuted, a stacked tensor's parts
+    views of its rows), all validated by name and shape first."""
     dtype = dtype or cfg.torch_dtype
-    names, shapes = gguf_names(cfg), expected_shapes(cfg)
-    for hf, shape in shapes.items():
-        g = names[hf]
+    layout, shapes = gguf_tensors(cfg), expected_shapes(cfg)
+    for g, parts in layout:
+        shape = (sum(shapes[p][0] for p in parts), *shapes[parts[0]][1:]) if len(parts) > 1 else shapes[parts[0]]
+        what = parts[0] if len(parts) == 1 else " + ".join(p.rsplit(".", 2)[-2] for p in parts)
         if g not in f.tensors:
-            raise ModelError(f"{f.path}: tensor {g!r} (for {hf}) is missing from the GGUF file")
+            raise ModelError(f"{f.path}: tensor {g!r} (for {what}) is missing from the GGUF file")
         if f.shape(g) != shape:
             raise ModelError(f"{f.path}: tensor {g!r} has shape {list(f.shape(g))}, expected {list(shape)} "
                              "from the file's metadata")
     out: dict[str, torch.Tensor | QuantWeight] = {}
     permuted = cfg.model_type == "llama"               # llama.cpp interleaves q/k rows of this architecture only
-    for hf in shapes:
-        t = f.weight(names[hf], dtype)
-        heads = 0 if not permuted else cfg.num_heads if hf.endswith("q_proj.weight") else cfg.num_kv_heads \
-            if hf.endswith("k_proj.weight") else 0
-        if isinstance(t, QuantWeight):          # rows are independent: un-permute the packed rows
-            packed = _unpermute(t.packed, heads).contiguous() if heads else t.packed
-            out[hf] = QuantWeight(packed, t.qtype, t.shape)
-        else:
-            out[hf] = (_unpermute(t, heads) if heads else t).to(device)
+    for g, parts in layout:
+        t = f.weight(g, dtype)
+        r0 = 0
+        for hf in parts:
+            n = shapes[hf][0]
+            heads = 0 if not permuted else cfg.num_heads if hf.endswith("q_proj.weight") else cfg.num_kv_heads \
+                if hf.endswith("k_proj.weight") else 0
+            if isinstance(t, QuantWeight):          # rows are independent: un-permute / split the packed rows
+                rows = t.packed[r0:r0 + n] if len(parts) > 1 else t.packed
+                out[hf] = QuantWeight(_unpermute(rows, heads).contiguous() if heads else rows, t.qtype,
+                                      (n, t.shape[1]))
+            else:
+                rows = t[r0:r0 + n] if len(parts) > 1 else t
+                out[hf] = (_unpermute(rows, heads) if heads else rows).to(device)
+            r0 += n
     return device_layout(cfg, out, device)
 
 
@@ -350,7 +384,7 @@ def read_tokenizer(f: GGUFFile) -> Any:
         if model == "gpt2":
             tok = _byte_level_bpe(f, tokens, merges or [])
         else:
-            tok = _sentencepiece_bpe(f, tokens, types, merges)
+            tok = _sentencepiece_bpe(f, tokens, types, merges, f.get("general.architecture") == "phi3")
     except ModelError:
         raise
     except Exception as e:  # noqa: BLE001 - tokenizers raises a bare Exception (e.g. a merge of an unknown token)
@@ -391,17 +425,19 @@ def _byte_level_bpe(f: GGUFFile, tokens: list[str], merges: list[str]) -> Any:
     return tok
 
 
-def _sentencepiece_bpe(f: GGUFFile, tokens: list[str], types: list[int], merges: list[str] | None) -> Any:
+def _sentencepiece_bpe(f: GGUFFile, tokens: list[str], types: list[int], merges: list[str] | None,
+                       every_piece: bool = False) -> Any:
     """``tokenizer.ggml.model == "llama"``: a SentencePiece BPE vocabulary as a ``tokenizers`` BPE with byte
     fallback (a character outside the vocabulary becomes its UTF-8 bytes' ``<0xNN>`` tokens). Spaces are ``▁``,
     and one is put before the text when ``tokenizer.ggml.add_space_prefix`` (default true) says so; as
     transformers' Llama tokenizer does, only before the first piece of text, where llama.cpp also puts one after
-    each special token the text spells out. The merges are the file's, or where it has none (a file converted
+    each special token the text spells out; ``every_piece`` (Phi-3, as its own tokenizer and transformers do)
+    puts it before every piece of text, also one that starts with a space. The merges are the file's, or where it has none (a file converted
     from a ``tokenizer.model``) every split of a piece into two pieces of the vocabulary, ordered by the piece's
     score (``tokenizer.ggml.scores``: SentencePiece merges the pair whose piece scores highest), then by the longer
     left part, then the longer right part, then vocabulary order; ``transformers`` orders them the same way."""
     from tokenizers import Tokenizer as HFTokenizer
-    from tokenizers import decoders, models, pre_tokenizers
+    from tokenizers import decoders, models, normalizers, pre_tokenizers
     vocab = {t: i for i, t in enumerate(tokens)}
     if merges:
         pairs = [tuple(m.split(" ", 1)) for m in merges]
@@ -416,8 +452,12 @@ def _sentencepiece_bpe(f: GGUFFile, tokens: list[str], types: list[int], merges:
     unk = next((t for t, ty in zip(tokens, types) if ty == 2), None)
     tok = HFTokenizer(models.BPE(vocab, pairs, unk_token=unk, fuse_unk=True, byte_fallback=True))
     prefix = bool(f.get("tokenizer.ggml.add_space_prefix", True))
-    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", split=False,
-                                                 prepend_scheme="first" if prefix else "never")
+    if every_piece:
+        tok.normalizer = normalizers.Sequence(([normalizers.Prepend("\u2581")] if prefix else []) +
+                                              [normalizers.Replace(" ", "\u2581")])
+    else:
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", split=False,
+                                                     prepend_scheme="first" if prefix else "never")
     steps = [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
     tok.decoder = decoders.Sequence(steps + ([decoders.Strip(" ", 1, 0)] if prefix else []))
     return tok

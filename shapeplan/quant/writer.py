@@ -2,12 +2,13 @@
 GGUF file that llama.cpp's reader (gguf-py) accepts, with gguf's ``GGUFWriter``.
 
 What it writes matches ``convert_hf_to_gguf`` + ``llama-quantize``: the architecture ``llama`` (model types
-llama and mistral without a sliding window), ``qwen2`` or ``qwen3``, its hyper-parameters, for ``llama`` the
-Q/K rows interleaved for llama.cpp's rotary layout (``_permute``; its Qwen architectures keep Hugging Face's
-rotate-half rows), Llama 3 rope scaling as a ``rope_freqs.weight`` tensor, norms and biases in F32, the
+llama and mistral without a sliding window), ``qwen2``, ``qwen3`` or ``phi3``, its hyper-parameters, for
+``llama`` the Q/K rows interleaved for llama.cpp's rotary layout (``_permute``; its other architectures keep
+Hugging Face's rotate-half rows), for ``phi3`` q/k/v and gate/up stacked (``importers.gguf.gguf_tensors``; each
+stack in the most precise type of its parts) and the sliding window, Llama 3 rope scaling as a ``rope_freqs.weight`` tensor, norms and biases in F32, the
 matrices in the types ``recipes.tensor_types`` gives (quantized on ``device`` by shapeplan/quant/quantize.py
 and kquants.py), and the tokenizer of the directory's ``tokenizer.json`` (``_tokenizer``): a byte-level BPE as
-``tokenizer.ggml.model = gpt2`` with the ``pre`` name of its split rules (Llama 3's, Qwen2's or GPT-2's), a
+``tokenizer.ggml.model = gpt2`` with the ``pre`` name of its split rules (Llama 3's, Qwen2's, Tekken's or GPT-2's), a
 SentencePiece-style BPE (byte fallback, ``▁`` for spaces: Llama 2, Mistral) as ``llama`` with scores that order
 its merges. Any other kind is left out with a warning. Tensors are quantized and written one at a time (the
 header first), so memory holds one tensor.
@@ -43,13 +44,8 @@ def _permute(w: torch.Tensor, n_head: int) -> torch.Tensor:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
 
-def _hf_to_gguf(cfg: LlamaConfig) -> dict[str, str]:
-    from shapeplan.importers.gguf import gguf_names
-    return gguf_names(cfg)
-
-
 #: model_type -> the GGUF architecture it is written as
-ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3"}
 
 
 def _arch(cfg: LlamaConfig) -> str:
@@ -60,7 +56,7 @@ def _check(cfg: LlamaConfig, path: str) -> None:
     if cfg.model_type not in ARCHITECTURES:
         raise ModelError(f"{path}: shapeplan quantize writes model types {', '.join(ARCHITECTURES)}; got "
                          f"{cfg.model_type!r}")
-    if cfg.sliding_window:
+    if cfg.sliding_window and _arch(cfg) != "phi3":
         raise ModelError(f"{path}: a sliding window does not exist in GGUF's {_arch(cfg)} architecture")
     if _arch(cfg) == "llama" and cfg.qk_norm:
         raise ModelError(f"{path}: a q/k norm does not exist in GGUF's llama architecture")
@@ -83,6 +79,8 @@ def _metadata(w, cfg: LlamaConfig, name: str, file_type: str) -> None:
         w.add_key_length(cfg.head_dim)
         w.add_value_length(cfg.head_dim)
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    if cfg.sliding_window:
+        w.add_sliding_window(cfg.sliding_window)
     w.add_vocab_size(cfg.vocab_size)
     sc = cfg.rope_scaling or {}
     if sc.get("rope_type", sc.get("type")) == "linear":
@@ -147,6 +145,10 @@ def _tokenizer(w, hf_dir: str, cfg: LlamaConfig) -> None:
         w.add_bos_token_id(int(bos))
     if eos is not None:
         w.add_eos_token_id(int(eos))
+    pad = conf.get("pad_token")
+    pad = vocab.get(pad.get("content") if isinstance(pad, dict) else pad or "")
+    if pad is not None:                                             # (as convert_hf_to_gguf writes it)
+        w.add_pad_token_id(int(pad))
     w.add_add_bos_token(bool(conf.get("add_bos_token", True)))
     if conf.get("chat_template"):
         w.add_chat_template(conf["chat_template"])
@@ -236,34 +238,36 @@ def _write(cfg: LlamaConfig, get, out: str, file_type: str, *, device: str, prog
     import gguf
     if file_type not in FILE_TYPES:
         raise InputError(f"unknown GGUF file type {file_type!r}; choose one of {', '.join(FILE_TYPES)}")
-    shapes, names, types = expected_shapes(cfg), _hf_to_gguf(cfg), tensor_types(cfg, file_type)
+    from shapeplan.importers.gguf import gguf_tensors
+    from shapeplan.quant.recipes import _RANK
+    shapes, types = expected_shapes(cfg), tensor_types(cfg, file_type)
     w = gguf.GGUFWriter(out, _arch(cfg))
     _metadata(w, cfg, name, file_type)
     if tokenizer_dir is not None:
         _tokenizer(w, tokenizer_dir, cfg)
     rope = _rope_factors(cfg)
-    order = [n for n in shapes if n == "model.embed_tokens.weight"] + \
-        [n for n in shapes if n.startswith("model.layers.")] + ["model.norm.weight"] + \
-        [n for n in shapes if n == "lm_head.weight"]
+    layout = gguf_tensors(cfg)                 # (gguf name, its Hugging Face parts): Phi-3's stacked q/k/v, gate/up
+    first = {"model.embed_tokens.weight": 0, "model.norm.weight": 2, "lm_head.weight": 3}
+    order = sorted(layout, key=lambda e: first.get(e[1][0], 1))          # (stable: the layers keep their order)
     summary = WriteSummary(out, file_type)
-    infos = []                                                          # (hf name, gguf name, type)
+    infos = []                                                          # (hf parts, gguf name, type)
     if rope is not None:
         w.add_tensor_info("rope_freqs.weight", rope.shape, np.dtype(np.float32), rope.nbytes)
-    for hf in order:
-        t = types.get(hf, "F32")
-        shape = shapes[hf]
+    for g, parts in order:
+        # a stacked tensor takes the most precise type of its parts (Q4_K_M's Q6_K v makes attn_qkv Q6_K)
+        t = max((types.get(p, "F32") for p in parts), key=lambda x: _RANK.index(x) if x in _RANK else len(_RANK))
+        shape = (sum(shapes[p][0] for p in parts), *shapes[parts[0]][1:])
         nbytes, dt, raw = _layout(t, shape)
-        w.add_tensor_info(names[hf], shape if raw is None else (shape[0], nbytes // shape[0]), dt, nbytes,
-                          raw_dtype=raw)
-        infos.append((hf, names[hf], t))
+        w.add_tensor_info(g, shape if raw is None else (shape[0], nbytes // shape[0]), dt, nbytes, raw_dtype=raw)
+        infos.append((parts, g, t))
         summary.types[t] = summary.types.get(t, 0) + 1
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
     if rope is not None:
         w.write_tensor_data(rope)
-    for hf, g, t in _progress(infos, progress, f"quantizing to {file_type}"):
-        arr = _encode(get(hf), t, hf, g, cfg, device)
+    for parts, g, t in _progress(infos, progress, f"quantizing to {file_type}"):
+        arr = _encode(torch.cat([_rows(get(hf), hf, cfg, device) for hf in parts]), t, g)
         w.write_tensor_data(arr)
         summary.bytes += arr.nbytes
     w.close()
@@ -285,14 +289,19 @@ def _layout(t: str, shape: tuple[int, ...]):
     return shape[0] * q.row_bytes(shape[1]), np.dtype(np.uint8), gguf.GGMLQuantizationType(q.ggml_id)
 
 
-def _encode(t: torch.Tensor, kind: str, hf: str, g: str, cfg: LlamaConfig, device: str) -> np.ndarray:
-    """One tensor's bytes in the file: permuted (the llama architecture's Q/K), quantized or cast."""
-    from shapeplan.quant.quantize import quantize
+def _rows(t: torch.Tensor, hf: str, cfg: LlamaConfig, device: str) -> torch.Tensor:
+    """One Hugging Face tensor as float32 rows of the file: the llama architecture's Q/K permuted."""
     x = t.to(device=device, dtype=torch.float32)
     if _arch(cfg) == "llama" and hf.endswith("q_proj.weight"):
-        x = _permute(x, cfg.num_heads)
-    elif _arch(cfg) == "llama" and hf.endswith("k_proj.weight"):
-        x = _permute(x, cfg.num_kv_heads)
+        return _permute(x, cfg.num_heads)
+    if _arch(cfg) == "llama" and hf.endswith("k_proj.weight"):
+        return _permute(x, cfg.num_kv_heads)
+    return x
+
+
+def _encode(x: torch.Tensor, kind: str, g: str) -> np.ndarray:
+    """A tensor's bytes in the file: cast, or quantized."""
+    from shapeplan.quant.quantize import quantize
     if kind == "F32":
         return x.cpu().numpy()
     if kind == "F16":

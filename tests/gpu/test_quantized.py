@@ -150,11 +150,11 @@ def test_repacked_model_on_cuda(ftype, tmp_path, monkeypatch):
     _same_tokens_in_every_mode(path, want)
 
 
-@pytest.mark.parametrize("model_type", ["qwen2", "qwen3"])
+@pytest.mark.parametrize("model_type", ["qwen2", "qwen3", "phi3"])
 def test_qwen_gguf_models_on_cuda(model_type, tmp_path):
-    """qwen2 (q/k/v biases after the stacked quantized projection) and qwen3 (q/k norms, q wider than the
-    hidden size) files: every mode's tokens on the device are the CPU reference's, and a batch of three
-    prompts gives each prompt's single-stream tokens."""
+    """qwen2 (q/k/v biases after the stacked quantized projection), qwen3 (q/k norms, q wider than the
+    hidden size) and phi3 (q/k/v and gate/up stacked in the file, split by rows) files: every mode's tokens on
+    the device are the CPU reference's, and a batch of three prompts gives each prompt's single-stream tokens."""
     path, want = _tiny_gguf(tmp_path, "Q4_K_M", model_type)
     _same_tokens_in_every_mode(path, want)
     pipe = sp.llm.GenerationPipeline.from_pretrained(path, device=DEV, mode="triton", max_num_seqs=4, **KW)

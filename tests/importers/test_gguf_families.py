@@ -32,10 +32,22 @@ def _one_thread(one_thread):
     """One intra-op thread (the shared ``one_thread`` fixture)."""
 
 
-def _checkpoint(path: str, model_type: str) -> str:
+def _checkpoint(path: str, model_type: str, **kw) -> str:
     from shapeplan.llm.demo import make_tiny_checkpoint
     extra = {"head_dim": 128} if model_type == "qwen3" else {}
-    return make_tiny_checkpoint(path, model_type, **DIMS, **extra)
+    out = make_tiny_checkpoint(path, model_type, **DIMS, **extra, **kw)
+    if model_type == "phi3":                   # a pad token in the vocabulary (transformers' Phi-3 wants one)
+        _pad(out)
+    return out
+
+
+def _pad(ckpt: str) -> None:
+    p = os.path.join(ckpt, "tokenizer_config.json")
+    with open(p) as fh:
+        conf = json.load(fh)
+    conf["pad_token"] = "<unk>"
+    with open(p, "w") as fh:
+        json.dump(conf, fh)
 
 
 def _quantize(ckpt: str, out: str, ftype: str) -> str:
@@ -77,8 +89,8 @@ def _same_model(path: str) -> None:
 
 
 @pytest.mark.parametrize("ftype", ["Q8_0", "Q4_K_M"])
-@pytest.mark.parametrize("model_type", ["qwen2", "qwen3"])
-def test_qwen_files_match_transformers(model_type, ftype, tmp_path):
+@pytest.mark.parametrize("model_type", ["qwen2", "qwen3", "phi3"])
+def test_qwen_and_phi3_files_match_transformers(model_type, ftype, tmp_path):
     ckpt = _checkpoint(str(tmp_path / "hf"), model_type)
     path = _quantize(ckpt, str(tmp_path / f"{model_type}.gguf"), ftype)
     f = _fields(path)
@@ -86,6 +98,9 @@ def test_qwen_files_match_transformers(model_type, ftype, tmp_path):
     names = {t.name for t in gguf.GGUFReader(path).tensors}
     if model_type == "qwen2":
         assert {"blk.0.attn_q.bias", "blk.1.attn_v.bias"} <= names
+    elif model_type == "phi3":                                      # q/k/v and gate/up stacked, as llama.cpp's
+        assert {"blk.0.attn_qkv.weight", "blk.1.ffn_up.weight"} <= names
+        assert not names & {"blk.0.attn_q.weight", "blk.0.ffn_gate.weight"}
     else:
         assert {"blk.0.attn_q_norm.weight", "blk.1.attn_k_norm.weight"} <= names
         assert f["qwen3.attention.key_length"] == 128
@@ -249,3 +264,26 @@ def test_merges_from_scores_order_as_transformers():
         scores = [float(rng.randint(-6, 0)) for _ in tokens]            # few values: many ties
         want = generate_merges({t: i for i, t in enumerate(tokens)}, dict(zip(tokens, scores)))
         assert _merges_from_scores(tokens, scores, set()) == want
+
+
+def test_phi3_sliding_window_and_sentencepiece(tmp_path):
+    """A Phi-3 file keeps its sliding window (``phi3.attention.sliding_window``, as llama.cpp writes it) and its
+    SentencePiece vocabulary puts the space before every piece of text, as transformers reads Phi-3 files;
+    without the window (transformers' GGUF reader drops it) logits and tokens equal transformers'."""
+    from shapeplan.llm.demo import make_tiny_checkpoint
+    d = tmp_path / "phi"
+    os.makedirs(d / "probe")
+    vocab = _sentencepiece_tokenizer(str(d / "probe"))
+    windowed = make_tiny_checkpoint(str(d / "w"), "phi3", vocab_size=vocab, sliding_window=24, **DIMS)
+    _pad(windowed)
+    path = _quantize(windowed, str(d / "w.gguf"), "Q8_0")
+    assert _fields(path)["phi3.attention.sliding_window"] == 24
+    assert _pipe(path).cfg.sliding_window == 24
+    plain = make_tiny_checkpoint(str(d / "p"), "phi3", vocab_size=vocab, **DIMS)
+    _sentencepiece_tokenizer(plain)
+    _pad(plain)
+    path = _quantize(plain, str(d / "p.gguf"), "Q8_0")
+    ours, ref = _pipe(path).tokenizer, _hf_tokenizer(path)
+    for text in TEXTS + ["  two leading spaces", "<s> after a special token"]:
+        assert ours.encode(text, add_special_tokens=False) == ref(text, add_special_tokens=False).input_ids, text
+    _same_model(path)
