@@ -46,6 +46,29 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-prefill-length", type=int, default=512)
     p.add_argument("--max-kv-cache-length", type=int, default=2048)
     p.add_argument("--metrics", action="store_true", help="print metrics to stderr when done")
+    add_chat_template_arg(p)
+
+
+def add_chat_template_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--chat-template", default=None, metavar="FILE_OR_TEMPLATE",
+                   help="a jinja2 chat template (a file, or the template itself) instead of the checkpoint's")
+
+
+def chat_template_arg(args: argparse.Namespace) -> str | None:
+    """``--chat-template``'s text, read and parsed before anything loads (an InputError names the flag)."""
+    from shapeplan.llm.tokenizer import read_chat_template
+    value = getattr(args, "chat_template", None)
+    return read_chat_template(value) if value else None
+
+
+def use_chat_template(pipe, template: str | None) -> None:
+    """Put ``--chat-template``'s text in place of the checkpoint's."""
+    if template is None:
+        return
+    if pipe.tokenizer is None:
+        from shapeplan.errors import InputError
+        raise InputError("--chat-template: this model has no tokenizer")
+    pipe.tokenizer.chat_template = template
 
 
 def load_pipeline(args: argparse.Namespace):
@@ -53,10 +76,13 @@ def load_pipeline(args: argparse.Namespace):
     (``SHAPEPLAN_GC_PAUSE``, shapeplan/_gc.py: it lives until the command ends)."""
     from shapeplan import _gc
     from shapeplan.llm import GenerationPipeline
+    template = chat_template_arg(args)
     with _gc.startup():
-        return GenerationPipeline.from_pretrained(args.model, device=args.device, mode=args.mode, dtype=args.dtype,
+        pipe = GenerationPipeline.from_pretrained(args.model, device=args.device, mode=args.mode, dtype=args.dtype,
                                                   max_prefill_length=args.max_prefill_length,
                                                   max_kv_cache_length=args.max_kv_cache_length)
+    use_chat_template(pipe, template)
+    return pipe
 
 
 def sampling_from(args: argparse.Namespace):
@@ -77,7 +103,7 @@ def print_metrics(res, file=None) -> None:
 def _generate(args: argparse.Namespace) -> int:
     if args.tp > 1:
         from shapeplan.parallel.cli import generate
-        return generate(args)
+        return generate(args, chat_template_arg(args))
     t0 = time.perf_counter()
     before = since_process_start()
     start_tokenizer_process(args.model)

@@ -9,7 +9,7 @@ import weakref
 from datetime import datetime
 from typing import Any
 
-from shapeplan.errors import ModelError
+from shapeplan.errors import InputError, ModelError
 from shapeplan.llm.config import read_json
 
 
@@ -124,7 +124,7 @@ class Tokenizer:
         """The special tokens and chat template of a tokenizer_config-like dict; their ids are looked up at
         first use (a background parse may still run)."""
         self.config = cfg
-        self.chat_template: str | None = cfg.get("chat_template")
+        self.chat_template: str | None = _default_template(cfg.get("chat_template"))
         self.bos_token = _token_str(cfg.get("bos_token"))
         self.eos_token = _token_str(cfg.get("eos_token"))
         self._add_bos = bool(cfg.get("add_bos_token", False))
@@ -175,6 +175,37 @@ class Tokenizer:
         return env.from_string(self.chat_template).render(
             messages=messages, add_generation_prompt=add_generation_prompt, tools=tools,
             bos_token=self.bos_token or "", eos_token=self.eos_token or "")
+
+
+def _default_template(t: Any) -> str | None:
+    """A tokenizer_config's ``chat_template``: a string, or a list of named ones (``[{"name", "template"}]``,
+    as some checkpoints ship their tool-use variant beside it): the one named ``default``."""
+    if isinstance(t, list):
+        named = {d.get("name"): d.get("template") for d in t if isinstance(d, dict)}
+        t = named.get("default")
+    return t if isinstance(t, str) else None
+
+
+def read_chat_template(value: str, flag: str = "--chat-template") -> str:
+    """A chat template given on the command line: a file's text (a path that exists), else the text itself when
+    it is jinja2 (``{{`` or ``{%`` in it). Checked to parse; an InputError names ``flag`` otherwise."""
+    from jinja2 import TemplateSyntaxError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+    if os.path.isfile(value):
+        try:
+            with open(value, encoding="utf-8") as f:
+                text = f.read()
+        except (OSError, UnicodeDecodeError) as e:
+            raise InputError(f"{flag} {value}: cannot read it: {e}") from None
+    elif "{{" in value or "{%" in value:
+        text = value
+    else:
+        raise InputError(f"{flag}: {value!r} is neither a file nor a jinja2 template (no '{{{{' or '{{%' in it)")
+    try:
+        ImmutableSandboxedEnvironment(extensions=["jinja2.ext.loopcontrols"]).parse(text)
+    except TemplateSyntaxError as e:
+        raise InputError(f"{flag}: the template does not parse: line {e.lineno}: {e.message}") from None
+    return text
 
 
 def _token_str(tok: Any) -> str | None:

@@ -9,12 +9,13 @@ import sys
 from shapeplan.parallel.launch import spawn
 
 
-def generate(args: argparse.Namespace) -> int:
+def generate(args: argparse.Namespace, chat_template: str | None = None) -> int:
     from shapeplan.parallel.run import generate_worker
     sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                     repetition_penalty=args.repetition_penalty, seed=args.seed,
                     presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty, min_p=args.min_p)
-    opts = {"chat": args.chat, "max_new_tokens": args.max_new_tokens, "sampling": sampling}
+    opts = {"chat": args.chat, "max_new_tokens": args.max_new_tokens, "sampling": sampling,
+            "chat_template": chat_template}
     pipe_kw = {"mode": args.mode, "dtype": args.dtype, "max_prefill_length": args.max_prefill_length,
                "max_kv_cache_length": args.max_kv_cache_length}
     out = spawn(generate_worker, args.tp, args.model, args.prompt, opts, pipe_kw, device=args.device,

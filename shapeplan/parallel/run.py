@@ -36,6 +36,8 @@ def generate_worker(rank: int, world_size: int, device: str, path: str, prompt: 
     """``shapeplan generate --tp N``: rank 0 tokenizes, streams the text to stdout and returns the result."""
     from shapeplan.llm import Sampling
     pipe = tp_pipeline(path, rank, world_size, device, **pipe_kw)
+    if rank == 0 and opts.get("chat_template"):
+        pipe.tokenizer.chat_template = opts["chat_template"]           # (--chat-template: checked by the command)
     ids = _broadcast(pipe.encode(prompt, chat=opts.get("chat", False)) if rank == 0 else None)
     sampling = Sampling(**opts.get("sampling", {}))
     n = int(opts.get("max_new_tokens", 128))

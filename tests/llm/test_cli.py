@@ -93,3 +93,35 @@ def test_demo_generates_with_a_tiny_model():
     lines: list[str] = []
     res = run_demo(max_new_tokens=6, mode="slot_by_slot", print_fn=lines.append)
     assert len(res.token_ids) == 6 and any("tok/s" in s for s in lines)
+
+
+TEMPLATE = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}[assistant]"
+
+
+def test_a_chat_template_from_the_command_line(checkpoints, capsys, tmp_path):
+    """--chat-template (the text, or a file) replaces the checkpoint's template: the command's answer is the
+    pipeline's on the prompt rendered with it; a template that does not parse, or a value that is neither a file
+    nor a template, is an error naming the flag before anything loads."""
+    from shapeplan.llm import Sampling
+    path = checkpoints("llama")
+    pipe = GenerationPipeline.from_pretrained(path, mode="slot_by_slot", max_prefill_length=32,
+                                              max_kv_cache_length=64, progress=False)
+    rendered = "[user] Hello world\n[assistant]"
+    want = pipe.generate(pipe.tokenizer.encode(rendered, add_special_tokens=False), max_new_tokens=6,
+                         sampling=Sampling.greedy()).text
+    f = tmp_path / "t.jinja"
+    f.write_text(TEMPLATE)
+    for value in (TEMPLATE, str(f)):
+        assert main(["generate", "--model", path, "--prompt", "Hello world", "--chat", "--chat-template", value,
+                     "--max-new-tokens", "6", *SMALL]) == 0
+        assert capsys.readouterr().out == want + "\n"
+    assert main(["generate", "--model", path, "--prompt", "Hi", "--chat-template", "{% for %}", *SMALL]) != 0
+    assert "--chat-template: the template does not parse: line 1" in capsys.readouterr().err
+    assert main(["generate", "--model", path, "--prompt", "Hi", "--chat-template", "no-such-file", *SMALL]) != 0
+    assert "--chat-template: 'no-such-file' is neither a file nor a jinja2 template" in capsys.readouterr().err
+
+
+def test_a_list_of_named_templates_takes_the_default():
+    from shapeplan.llm.tokenizer import _default_template
+    assert _default_template([{"name": "tool_use", "template": "T"}, {"name": "default", "template": "D"}]) == "D"
+    assert _default_template("S") == "S" and _default_template(None) is None and _default_template([{"x": 1}]) is None

@@ -80,17 +80,24 @@ def add_llm_arguments(p: argparse.ArgumentParser | Any) -> None:
                    "checkpoint directory's name, or the preset's)")
     p.add_argument("--api-key", default=None,
                    help="require Authorization: Bearer KEY on every endpoint but /health")
+    from shapeplan.commands.generate import add_chat_template_arg
+    add_chat_template_arg(p)
 
 
 def load_pipeline(args: argparse.Namespace) -> Any:
+    from shapeplan.commands.generate import chat_template_arg, use_chat_template
     from shapeplan.llm import GenerationPipeline
+    template = chat_template_arg(args)
     kw = dict(device=args.device, mode=args.mode, max_num_seqs=args.max_num_seqs, kv_cache_bytes=args.kv_cache_bytes,
               max_kv_cache_length=args.max_kv_cache_length,
               max_prefill_length=args.max_prefill_length or min(2048, args.max_kv_cache_length // 2),
               max_waiting=args.max_waiting, prefix_cache=not args.no_prefix_cache)
     if args.preset:
-        return GenerationPipeline.from_preset(args.preset, dtype=args.dtype or "bfloat16", **kw)
-    return GenerationPipeline.from_pretrained(args.model, dtype=args.dtype, **kw)
+        pipe = GenerationPipeline.from_preset(args.preset, dtype=args.dtype or "bfloat16", **kw)
+    else:
+        pipe = GenerationPipeline.from_pretrained(args.model, dtype=args.dtype, **kw)
+    use_chat_template(pipe, template)
+    return pipe
 
 
 def serve_openai(args: argparse.Namespace) -> int:
