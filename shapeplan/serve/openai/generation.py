@@ -33,6 +33,7 @@ from shapeplan.serve.openai.protocol import (ChatRequest, CompletionRequest, Det
 
 Receive = Callable[[], Awaitable[dict]]
 _I64 = 1 << 63
+_ECHO_ROWS = 256             # prompt rows whose log-softmax an echo computes at once
 
 
 @dataclass(slots=True, frozen=True)
@@ -208,11 +209,13 @@ class OpenAIModel:
         job.tools = constraint is not None and constraint.kind == "tool_call"
         return job
 
-    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, param: str) -> list[int]:
+    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, param: str, *,
+               add_generation_prompt: bool = True) -> list[int]:
         """The token ids of ``messages`` (and ``tools``) through the checkpoint's chat template; a template
         that fails on them is a BadRequest naming ``param``."""
         try:
-            text = self.tok.apply_chat_template(messages, tools=tools or None)
+            text = self.tok.apply_chat_template(messages, tools=tools or None,
+                                                add_generation_prompt=add_generation_prompt)
             return self.tok.encode(text, add_special_tokens=False)
         except ModelError as e:
             raise BadRequest(str(e), param) from None
@@ -230,14 +233,8 @@ class OpenAIModel:
         if req.prompt is not None:
             ids = self.tok.encode(req.prompt, add_special_tokens=req.add_special_tokens)
         else:
-            try:
-                text = self.tok.apply_chat_template([m.for_template() for m in req.messages],
-                                                    add_generation_prompt=req.add_generation_prompt,
-                                                    tools=req.tools or None)
-            except Exception as e:  # noqa: BLE001 - a jinja2 error of the checkpoint's template on these messages
-                raise BadRequest(f"the chat template failed on these messages: {type(e).__name__}: {e}",
-                                 "messages") from None
-            ids = self.tok.encode(text, add_special_tokens=False)
+            ids = self.render([m.for_template() for m in req.messages], req.tools, "messages",
+                              add_generation_prompt=req.add_generation_prompt)
         out: dict[str, Any] = {"count": len(ids), "max_model_len": self.context, "tokens": ids}
         out["token_strs"] = [self._token(t) for t in ids] if req.return_token_strs else None
         return out
@@ -339,22 +336,24 @@ class OpenAIModel:
         (one prefill of the prompt through the engine thread, ``pipe.score``: the log-softmax of the raw
         logits, as for generated tokens) with their top alternatives and text offsets. Blocks: call it off the
         event loop."""
+        k = job.logprobs
         for ids in job.prompts:
             text = self.decode(ids)
-            if job.logprobs is None:
+            if k is None:
                 job.echoes.append(Echo(text, None))
                 continue
-            logp = torch.log_softmax(self.pipe.score(ids).float(), dim=-1)       # [n, V]: row i predicts i + 1
-            k = job.logprobs
-            top_v, top_i = logp[:-1].topk(k, dim=-1) if k else (None, None)
+            logits = self.pipe.score(ids)                                  # [n, V] float: row i predicts i + 1
             lps: list[float | None] = [None]
             tops: list[dict[str, float] | None] = [None]
-            for i in range(1, len(ids)):
-                lps.append(float(logp[i - 1, ids[i]]))
-                top: dict[str, float] = {}
-                for t, v in zip(top_i[i - 1].tolist() if k else (), top_v[i - 1].tolist() if k else ()):
-                    top.setdefault(self._token(t), v)    # keyed by text: of two tokens with one text, the likelier
-                tops.append(top)
+            for c in range(0, len(ids) - 1, _ECHO_ROWS):                   # a chunk of rows at a time (memory)
+                logp = torch.log_softmax(logits[c:c + _ECHO_ROWS][:len(ids) - 1 - c].float(), dim=-1)
+                lps += logp.gather(1, torch.tensor(ids[c + 1:c + 1 + len(logp)]).unsqueeze(1)).squeeze(1).tolist()
+                top_v, top_i = logp.topk(k, dim=-1)
+                for vs, ts in zip(top_v.tolist(), top_i.tolist()):
+                    top: dict[str, float] = {}
+                    for t, v in zip(ts, vs):
+                        top.setdefault(self._token(t), v)  # keyed by text: of two tokens with one text, the likelier
+                    tops.append(top)
             offsets = [len(self.decode(ids[:i])) for i in range(len(ids))]
             job.echoes.append(Echo(text, {"tokens": [self._token(t) for t in ids], "token_logprobs": lps,
                                           "top_logprobs": tops, "text_offset": offsets}))

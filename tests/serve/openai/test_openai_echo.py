@@ -25,8 +25,14 @@ def test_echo_puts_the_prompt_before_the_answer(server):
     assert echo["text"] == PROMPT + plain["text"] and echo["finish_reason"] == plain["finish_reason"]
 
 
-def test_prompt_logprobs_are_transformers_log_softmax(server, tiny_checkpoint):
+@pytest.mark.parametrize("rows", [None, 3])
+def test_prompt_logprobs_are_transformers_log_softmax(server, tiny_checkpoint, monkeypatch, rows):
+    """(rows: the log-softmax taken 3 prompt rows at a time, as a long prompt takes 256.)"""
     from transformers import AutoModelForCausalLM
+
+    from shapeplan.serve.openai import generation
+    if rows:
+        monkeypatch.setattr(generation, "_ECHO_ROWS", rows)
     ids = server.pipe.tokenizer.encode(PROMPT)
     out = _post(server, prompt=ids, max_tokens=0, echo=True, logprobs=2)
     c = out["choices"][0]
