@@ -214,3 +214,61 @@ def test_the_store_keeps_the_newest():
     with pytest.raises(NotFound, match="resp_0"):
         store.get("resp_0")
     assert store.get("resp_2").response["id"] == "resp_2" and store.delete("resp_1")["deleted"] is True
+
+
+# ------------------------------------------------------------------ any request: answered or refused, never a 500
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from tests.serve.openai.test_openai_errors import _JSON, _SCHEMA  # noqa: E402
+
+_PART = st.fixed_dictionaries({"type": st.sampled_from(["input_text", "output_text", "input_image"]),
+                               "text": st.text(max_size=6)})
+_ITEM = st.one_of(
+    st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "developer", "assistant", "wizard"]),
+                           "content": st.text(max_size=10) | st.lists(_PART, max_size=2)}),
+    st.fixed_dictionaries({"type": st.just("function_call"), "call_id": st.text(max_size=4),
+                           "name": st.text(max_size=4), "arguments": st.text(max_size=6)}),
+    st.fixed_dictionaries({"type": st.just("function_call_output"), "call_id": st.text(max_size=4),
+                           "output": st.text(max_size=6)}),
+    _JSON)
+_RESPONSES = {
+    "input": st.text(max_size=16) | st.lists(_ITEM, max_size=3), "instructions": st.text(max_size=8) | st.none(),
+    "max_output_tokens": st.integers(-1, 3), "temperature": st.floats(-1, 3), "top_p": st.floats(-0.5, 1.5),
+    "stream": st.booleans(), "store": st.booleans(), "metadata": st.dictionaries(st.text(max_size=3),
+                                                                                 st.text(max_size=3), max_size=2),
+    "previous_response_id": st.text(max_size=6), "truncation": st.sampled_from(["auto", "disabled", "x"]),
+    "text": st.builds(lambda s: {"format": {"type": "json_schema", "name": "x", "schema": s}}, _SCHEMA)
+    | st.sampled_from([{"format": {"type": "text"}}, {"format": {"type": "json_object"}}, {"format": "x"}]),
+    "tools": st.lists(st.builds(lambda p: {"type": "function", "name": "f", "parameters": p}, _SCHEMA)
+                      | st.just({"type": "web_search"}), max_size=2),
+    "tool_choice": st.sampled_from(["auto", "none", "required", {"type": "function", "name": "g"}, {"type": "x"}]),
+    "seed": st.integers(-(2**64), 2**64), "top_k": st.integers(-3, 40), "stop": st.text(max_size=3),
+}
+
+
+@st.composite
+def _responses_request(draw) -> dict:
+    body = {"model": draw(st.sampled_from([MODEL, MODEL, "nope"])), "input": draw(_RESPONSES["input"]),
+            "max_output_tokens": 2}
+    for name in draw(st.lists(st.sampled_from(sorted(_RESPONSES)), max_size=5, unique=True)):
+        body[name] = draw(_RESPONSES[name] | _JSON) if draw(st.integers(0, 5)) == 0 else draw(_RESPONSES[name])
+    return body
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                  HealthCheck.function_scoped_fixture])
+@given(_responses_request())
+def test_any_responses_request_is_answered_or_refused(server, body):
+    """Any combination of the Responses API's fields, right or wrong: a response (or its event stream, ending
+    in response.completed / incomplete), or a 4xx with OpenAI's error JSON; never a 500."""
+    r = server.post("/v1/responses", content=json.dumps(body).encode(), headers={"content-type": "application/json"})
+    assert r.status_code < 500, (r.status_code, r.text[:400])
+    if r.status_code >= 400:
+        err = r.json()["error"]
+        assert set(err) == {"message", "type", "param", "code"} and err["message"], err
+    elif body.get("stream") is True:
+        last = [line for line in r.text.splitlines() if line.startswith("event: ")][-1]
+        assert last in ("event: response.completed", "event: response.incomplete"), r.text[-400:]
+    else:
+        assert r.json()["object"] == "response" and r.json()["status"] in ("completed", "incomplete")
