@@ -29,7 +29,7 @@ from shapeplan.serve.openai import errors
 from shapeplan.serve.openai.errors import BadRequest, ModelNotFound, Unsupported
 from shapeplan.serve.openai.metrics import Latency
 from shapeplan.serve.openai.protocol import (ChatRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest,
-                                             chat_logprobs, completion_logprobs, usage)
+                                             chat_logprobs, completion_logprobs, usage, vllm_constraint)
 
 Receive = Callable[[], Awaitable[dict]]
 _I64 = 1 << 63
@@ -176,7 +176,10 @@ class OpenAIModel:
             raise Unsupported("best_of other than n is not supported", "best_of")
         prompts = self._prompts(req.prompt)
         explicit = "max_tokens" in req.model_fields_set
-        job = self._job(req, False, prompts, req.max_tokens, explicit, req.logprobs, "prompt")
+        constraint, param = vllm_constraint(req)
+        if constraint is not None and req.logprobs is not None:
+            raise Unsupported(f"logprobs are not available with {param} (structured output)", "logprobs")
+        job = self._job(req, False, prompts, req.max_tokens, explicit, req.logprobs, "prompt", constraint=constraint)
         job.echo = req.echo
         if req.echo and req.logprobs is not None:
             most = self.pipe.max_prefill_length
@@ -198,6 +201,11 @@ class OpenAIModel:
                                                 req.parallel_tool_calls is not False)
         except ConstraintError as e:
             raise BadRequest(str(e), "tools" if req.tools or req.tool_choice else "response_format") from None
+        guided, param = vllm_constraint(req)
+        if guided is not None and constraint is not None:
+            raise BadRequest(f"{param} and {'tools' if req.tools else 'response_format'} both constrain the answer: "
+                             "give one", param)
+        constraint = constraint or guided
         if constraint is not None and req.logprobs:
             raise Unsupported("logprobs are not available with response_format or tools (structured output)",
                               "logprobs")

@@ -4,7 +4,8 @@ Requests are pydantic models in strict mode with unknown fields forbidden, so a 
 "2"``), an out-of-range value (``max_tokens: 0``) or a misspelt field is a 400 that names the field
 (``parse``). Answers are plain dicts: a stream builds one per chunk, so they are kept cheap.
 
-Beyond OpenAI's fields, six of vLLM's extensions: ``top_k``, ``min_p``, ``repetition_penalty`` (sampling),
+Beyond OpenAI's fields, vLLM's structured-output extensions (``structured_outputs``, ``guided_json`` /
+``_regex`` / ``_choice`` / ``_grammar``: ``vllm_constraint``) and six more of its extensions: ``top_k``, ``min_p``, ``repetition_penalty`` (sampling),
 ``stop_token_ids`` (end after any of these tokens, even with ``ignore_eos``), ``ignore_eos`` (run to
 ``max_tokens``: benchmarks) and ``return_token_ids`` (every choice and chunk also carries its token ids: how
 ``shapeplan bench --serve`` counts tokens, even on a checkpoint-less preset that has no tokenizer).
@@ -50,6 +51,12 @@ class _Common(_Strict):
     user: str | None = None
     ignore_eos: bool = False
     return_token_ids: bool = False
+    # vLLM's structured-output extensions (one of them at most; chat's response_format / tools not beside them)
+    structured_outputs: dict[str, Any] | None = None          # {"json" | "regex" | "choice" | "grammar" | "json_object"}
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
 
 class CompletionRequest(_Common):
@@ -114,6 +121,38 @@ class DetokenizeRequest(_Strict):
     """vLLM's ``POST /detokenize``."""
     model: str | None = None
     tokens: list[int]
+
+
+_VLLM_KINDS = {"json": "json_schema", "regex": "regex", "choice": "choice", "grammar": "grammar",
+               "json_object": "json_object"}
+
+
+def vllm_constraint(req: Any) -> tuple[Any, str] | tuple[None, None]:
+    """(the Constraint of vLLM's structured-output fields, the field that gave it), or (None, None). More than
+    one of them, or a value the constraint cannot take, is a BadRequest naming the field."""
+    from shapeplan.errors import ConstraintError
+    from shapeplan.llm.constraint import Constraint
+    given = [(f"guided_{k}", k, getattr(req, f"guided_{k}")) for k in ("json", "regex", "choice", "grammar")
+             if getattr(req, f"guided_{k}") is not None]
+    so = req.structured_outputs or {}
+    given += [(f"structured_outputs.{k}", k, v) for k, v in so.items() if v is not None and v is not False]
+    if not given:
+        return None, None
+    if len(given) > 1:
+        raise BadRequest(f"give one structured-output constraint, not {len(given)} ({', '.join(g[0] for g in given)})",
+                         given[1][0])
+    param, kind, value = given[0]
+    if kind not in _VLLM_KINDS:
+        raise BadRequest(f"unknown field '{param}' (structured_outputs takes {', '.join(_VLLM_KINDS)})", param,
+                         "unknown_parameter")
+    try:
+        if kind == "json_object":
+            return Constraint.json_object(), param
+        if kind == "json":
+            return Constraint.json_schema(value), param
+        return getattr(Constraint, _VLLM_KINDS[kind])(value), param
+    except ConstraintError as e:
+        raise BadRequest(str(e), param) from None
 
 
 _EXPECTED = {"prompt": "a string, an array of strings, an array of token ids or an array of arrays of token ids",

@@ -190,6 +190,10 @@ _FIELDS = {         # each drawn field: mostly a value the server takes, sometim
                                   max_size=2),
     "stream": st.booleans(), "stream_options": st.fixed_dictionaries({"include_usage": st.booleans()}),
     "user": st.text(max_size=4), "ignore_eos": st.booleans(), "return_token_ids": st.booleans(),
+    "guided_choice": st.lists(st.text(max_size=4), max_size=3), "guided_regex": st.text(max_size=6),
+    "guided_grammar": st.sampled_from(['root ::= "a"+', "root ::= ", "nope"]) | st.text(max_size=8),
+    "structured_outputs": st.dictionaries(st.sampled_from(["json", "regex", "choice", "grammar", "json_object", "x"]),
+                                          st.text(max_size=4) | st.booleans() | _SCHEMA, max_size=2),
 }
 _COMPLETION = {"prompt": st.text(max_size=20) | st.lists(st.text(max_size=8), max_size=3)
                | st.lists(st.integers(-3, 300) | st.sampled_from([2**31, 2**63]), max_size=6)

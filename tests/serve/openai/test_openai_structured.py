@@ -57,3 +57,45 @@ def test_bad_structured_requests_are_400(server, body, param):
     r = server.post("/v1/chat/completions", json={"model": MODEL, "messages": ASK, "max_tokens": 4, **body})
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param
+
+
+# ------------------------------------------------------------------ vLLM's structured-output extensions
+CHOICES = ["yes", "no", "maybe later"]
+
+
+@pytest.mark.parametrize("body", [{"guided_choice": CHOICES}, {"structured_outputs": {"choice": CHOICES}}])
+def test_a_guided_choice_answers_one_of_them(server, body):
+    for seed in range(3):
+        r = server.post("/v1/chat/completions", json={"model": MODEL, "messages": ASK, "max_tokens": 16,
+                                                      "temperature": 1.0, "seed": seed, **body})
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["message"]["content"] in CHOICES
+
+
+def test_guided_regex_json_and_grammar_on_completions(server):
+    import re
+    r = server.client().completions.create(model=MODEL, prompt="Code:", max_tokens=16, temperature=1.0, seed=2,
+                                           extra_body={"guided_regex": "[0-9]{3}-[a-z]{2}"})
+    assert re.fullmatch("[0-9]{3}-[a-z]{2}", r.choices[0].text), r.choices[0].text
+    r = server.client().completions.create(model=MODEL, prompt="JSON:", max_tokens=64, temperature=1.0, seed=3,
+                                           extra_body={"structured_outputs": {"json": WEATHER}})
+    jsonschema.validate(json.loads(r.choices[0].text), WEATHER)
+    r = server.client().completions.create(model=MODEL, prompt="Say:", max_tokens=16, temperature=1.0, seed=4,
+                                           extra_body={"guided_grammar": 'root ::= "a" ("b" | "c")+ "."'})
+    assert re.fullmatch("a[bc]+\\.", r.choices[0].text), r.choices[0].text
+
+
+@pytest.mark.parametrize("path,body,param", [
+    ("/v1/chat/completions", {"guided_choice": ["a"], "guided_regex": "b"}, "guided_choice"),
+    ("/v1/chat/completions", {"guided_choice": ["a"], "response_format": {"type": "json_object"}}, "guided_choice"),
+    ("/v1/chat/completions", {"guided_choice": []}, "guided_choice"),
+    ("/v1/chat/completions", {"structured_outputs": {"yaml": "x"}}, "structured_outputs.yaml"),
+    ("/v1/completions", {"guided_regex": ""}, "guided_regex"),
+    ("/v1/completions", {"guided_choice": ["a"], "logprobs": 1}, "logprobs"),
+    ("/v1/completions", {"guided_json": "{not json"}, "guided_json"),
+])
+def test_bad_guided_requests_are_400(server, path, body, param):
+    base = {"model": MODEL, "max_tokens": 4, **({"messages": ASK} if "chat" in path else {"prompt": "Hi"})}
+    r = server.post(path, json={**base, **body})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param
