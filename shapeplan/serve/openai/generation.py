@@ -28,6 +28,7 @@ from shapeplan.llm.session import StopText
 from shapeplan.serve.openai import errors
 from shapeplan.serve.openai.errors import BadRequest, ModelNotFound, Unsupported
 from shapeplan.serve.openai.metrics import Latency
+from shapeplan.serve.openai.reasoning import ReasoningStream, opens_reasoning, split
 from shapeplan.serve.openai.protocol import (ChatRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest,
                                              chat_logprobs, completion_logprobs, usage, vllm_constraint)
 
@@ -87,6 +88,8 @@ class Job:
     tools: bool = False                      # answers are parsed for tool calls
     echo: bool = False                       # completions: each choice starts with its prompt
     echoes: list[Echo] = field(default_factory=list)       # per prompt (prepare_echo)
+    reasoning: bool = False                  # chat: <think> ... </think> apart (--reasoning-parser)
+    thinking: bool = False                   # the prompt opened <think>
 
     @property
     def n(self) -> int:
@@ -164,6 +167,7 @@ class OpenAIModel:
         self.context = pipe.max_kv_cache_length
         self.vocab = pipe.cfg.vocab_size
         self.created = int(time.time())
+        self.reasoning = False                  # --reasoning-parser: chat answers' <think> ... </think> apart
 
     # ------------------------------------------------------------------ requests -> jobs
     def completion_job(self, req: CompletionRequest) -> Job:
@@ -215,6 +219,8 @@ class OpenAIModel:
         lp = (req.top_logprobs or 0) if req.logprobs else None
         job = self._job(req, True, [ids], most, most is not None, lp, "messages", param, constraint)
         job.tools = constraint is not None and constraint.kind == "tool_call"
+        if self.reasoning:
+            job.reasoning, job.thinking = True, opens_reasoning(self.decode(ids[-16:]))
         return job
 
     def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, param: str, *,
@@ -427,9 +433,12 @@ class OpenAIModel:
             item: dict[str, Any] = {"index": c.index, "finish_reason": c.finish,
                                     "logprobs": self._logprobs(job, c, c.ids, c.lps, 0)}
             if job.chat:
-                item["message"] = {"role": "assistant", "content": c.text.sent}
+                thought, text = split(c.text.sent, job.thinking) if job.reasoning else (None, c.text.sent)
+                item["message"] = {"role": "assistant", "content": text}
                 if job.tools:
-                    item["message"], item["finish_reason"] = _tool_message(c.text.sent, c.finish)
+                    item["message"], item["finish_reason"] = _tool_message(text, c.finish)
+                if thought is not None:
+                    item["message"]["reasoning_content"] = thought
             else:
                 item["text"] = c.text.sent
                 if job.echo:
@@ -444,6 +453,7 @@ class OpenAIModel:
         """Server-sent events: a chunk per engine event of each choice (the chat's first one names the
         role), the usage chunk when asked for (``choices: []``), then ``[DONE]``."""
         watcher = _watch(receive, choices)
+        think = {c.index: ReasoningStream(job.thinking) for c in choices} if job.reasoning else {}
         head = {"id": job.id, "object": "chat.completion.chunk" if job.chat else "text_completion",
                 "created": job.created, "model": self.name}
         extra = {"usage": None} if job.include_usage else {}
@@ -467,15 +477,25 @@ class OpenAIModel:
                     break
                 if job.tools:                                # tool calls: the answer is parsed at its end
                     delta = ""
+                parts: dict[str, str] = {}
+                if job.reasoning and not job.tools:          # reasoning_content apart from content
+                    thought, said = think[c.index].push(delta, final=c.finish is not None)
+                    parts = {k: v for k, v in (("reasoning_content", thought), ("content", said)) if v}
+                    delta = said or thought
                 if not (delta or c.finish or (ids and (job.token_ids or job.logprobs is not None))):
                     continue
                 item: dict[str, Any] = {"index": c.index, "logprobs": self._logprobs(job, c, ids, lps, c.offset),
                                         "finish_reason": c.finish}
                 if job.tools and c.finish:
-                    message, item["finish_reason"] = _tool_message(c.text.sent, c.finish)
+                    thought, text = split(c.text.sent, job.thinking) if job.reasoning else (None, c.text.sent)
+                    message, item["finish_reason"] = _tool_message(text, c.finish)
                     item["delta"] = {k: v for k, v in message.items() if k != "role" and v is not None}
                     for i, call in enumerate(item["delta"].get("tool_calls", ())):
                         call["index"] = i
+                    if thought is not None:
+                        item["delta"]["reasoning_content"] = thought
+                elif job.reasoning:
+                    item["delta"] = parts
                 elif job.chat:
                     item["delta"] = {"content": delta} if delta or not c.finish else {}
                 else:

@@ -14,10 +14,14 @@ from typing import Any
 from shapeplan.serve.openai import DEFAULT_MAX_REQUEST_BYTES
 
 
+#: --reasoning-parser's names: one parser (reasoning.py) under vLLM's names too
+REASONING_PARSERS = ("think", "deepseek_r1", "qwen3")
+
+
 def build_openai_app(pipe: Any, *, model_name: str, api_key: str | None = None, checkpoint: str | None = None,
-                     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> Any:
+                     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, reasoning_parser: str | None = None) -> Any:
     """One FastAPI app serving ``pipe`` as ``model_name``; ``checkpoint``: the directory whose
-    generation_config.json supplies sampling defaults."""
+    generation_config.json supplies sampling defaults; ``reasoning_parser``: ``think`` (reasoning.py) or None."""
     from fastapi import Request
     from fastapi.exceptions import RequestValidationError
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -32,6 +36,7 @@ def build_openai_app(pipe: Any, *, model_name: str, api_key: str | None = None, 
 
     registry, latency = registry_for(pipe, model_name)
     model = OpenAIModel(pipe, model_name, latency, GenerationDefaults.from_checkpoint(checkpoint))
+    model.reasoning = reasoning_parser is not None
     app = build_app([openai_router(model, api_key=api_key, max_request_bytes=max_request_bytes)])
     app.state.model, app.state.registry = model, registry
 
@@ -82,6 +87,9 @@ def add_llm_arguments(p: argparse.ArgumentParser | Any) -> None:
                    help="require Authorization: Bearer KEY on every endpoint but /health")
     from shapeplan.commands.generate import add_chat_template_arg
     add_chat_template_arg(p)
+    p.add_argument("--reasoning-parser", default=None, choices=REASONING_PARSERS,
+                   help="return a thinking model's <think> ... </think> as reasoning_content beside the answer "
+                        "(think; vLLM's names deepseek_r1 and qwen3 are the same parser)")
 
 
 def load_pipeline(args: argparse.Namespace) -> Any:
@@ -131,7 +139,8 @@ def serve_openai(args: argparse.Namespace) -> int:
           f"{time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
     app = build_openai_app(pipe, model_name=name, api_key=args.api_key,
                            checkpoint=args.model if args.model and os.path.isdir(args.model) else None,
-                           max_request_bytes=args.max_request_bytes or DEFAULT_MAX_REQUEST_BYTES)
+                           max_request_bytes=args.max_request_bytes or DEFAULT_MAX_REQUEST_BYTES,
+                           reasoning_parser=args.reasoning_parser)
     from shapeplan.serve.app import HttpServer, serve_until_stopped
     server = HttpServer(app, args.host, args.port, log_level=args.log_level)
 

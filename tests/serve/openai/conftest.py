@@ -81,9 +81,11 @@ def _start(path: str, **kw: Any) -> Running:
     from shapeplan.serve.app import HttpServer
     from shapeplan.serve.openai.server import build_openai_app
     api_key = kw.pop("api_key", None)
+    reasoning = kw.pop("reasoning_parser", None)
     pipe = GenerationPipeline.from_pretrained(path, **{**KW, **kw})
     pipe.warmup()
-    app = build_openai_app(pipe, model_name=MODEL, api_key=api_key, checkpoint=path, max_request_bytes=1 << 20)
+    app = build_openai_app(pipe, model_name=MODEL, api_key=api_key, checkpoint=path, max_request_bytes=1 << 20,
+                           reasoning_parser=reasoning)
     srv = HttpServer(app, "127.0.0.1", 0).start()
     return Running(f"http://127.0.0.1:{srv.port}", pipe, srv, api_key)
 
