@@ -427,12 +427,12 @@ def _byte_level_bpe(f: GGUFFile, tokens: list[str], merges: list[str]) -> Any:
 
 def _sentencepiece_bpe(f: GGUFFile, tokens: list[str], types: list[int], merges: list[str] | None,
                        every_piece: bool = False) -> Any:
-    """``tokenizer.ggml.model == "llama"``: a SentencePiece BPE vocabulary as a ``tokenizers`` BPE with byte
-    fallback (a character outside the vocabulary becomes its UTF-8 bytes' ``<0xNN>`` tokens). Spaces are ``▁``,
-    and one is put before the text when ``tokenizer.ggml.add_space_prefix`` (default true) says so; as
-    transformers' Llama tokenizer does, only before the first piece of text, where llama.cpp also puts one after
-    each special token the text spells out; ``every_piece`` (Phi-3, as its own tokenizer and transformers do)
-    puts it before every piece of text, also one that starts with a space. The merges are the file's, or where it has none (a file converted
+    """``tokenizer.ggml.model == "llama"``: a SentencePiece BPE vocabulary as a ``tokenizers`` BPE with byte fallback
+    (a character outside the vocabulary becomes its UTF-8 bytes' ``<0xNN>`` tokens). Spaces are ``▁``, and one is
+    put before the text when ``tokenizer.ggml.add_space_prefix`` (default true) says so; as transformers' Llama
+    tokenizer does, only before the first piece of text, where llama.cpp also puts one after each special token the
+    text spells out; ``every_piece`` (Phi-3, as its own tokenizer and transformers do) puts it before every piece
+    of text, also one that starts with a space. The merges are the file's, or where it has none (a file converted
     from a ``tokenizer.model``) every split of a piece into two pieces of the vocabulary, ordered by the piece's
     score (``tokenizer.ggml.scores``: SentencePiece merges the pair whose piece scores highest), then by the longer
     left part, then the longer right part, then vocabulary order; ``transformers`` orders them the same way."""

@@ -104,7 +104,8 @@ class SafetensorsFile:
 #: ``gate_up_proj``): model_type -> {fused tensor (within a layer) -> its parts, each (name, LlamaConfig field of its
 #: row count)}
 FUSED: dict[str, dict[str, tuple[tuple[str, str], ...]]] = {
-    "phi3": {"self_attn.qkv_proj.weight": (("self_attn.q_proj.weight", "q_size"), ("self_attn.k_proj.weight", "kv_size"),
+    "phi3": {"self_attn.qkv_proj.weight": (("self_attn.q_proj.weight", "q_size"),
+                                           ("self_attn.k_proj.weight", "kv_size"),
                                            ("self_attn.v_proj.weight", "kv_size")),
              "mlp.gate_up_proj.weight": (("mlp.gate_proj.weight", "intermediate_size"),
                                          ("mlp.up_proj.weight", "intermediate_size"))}}

@@ -4,11 +4,12 @@ Requests are pydantic models in strict mode with unknown fields forbidden, so a 
 "2"``), an out-of-range value (``max_tokens: 0``) or a misspelt field is a 400 that names the field
 (``parse``). Answers are plain dicts: a stream builds one per chunk, so they are kept cheap.
 
-Beyond OpenAI's fields, vLLM's structured-output extensions (``structured_outputs``, ``guided_json`` /
-``_regex`` / ``_choice`` / ``_grammar``: ``vllm_constraint``) and six more of its extensions: ``top_k``, ``min_p``, ``repetition_penalty`` (sampling),
-``stop_token_ids`` (end after any of these tokens, even with ``ignore_eos``), ``ignore_eos`` (run to
-``max_tokens``: benchmarks) and ``return_token_ids`` (every choice and chunk also carries its token ids: how
-``shapeplan bench --serve`` counts tokens, even on a checkpoint-less preset that has no tokenizer).
+Beyond OpenAI's fields, vLLM's structured-output extensions (``structured_outputs``, ``guided_json`` / ``_regex`` /
+``_choice`` / ``_grammar``: ``vllm_constraint``) and six more of its extensions: ``top_k``, ``min_p``,
+``repetition_penalty`` (sampling), ``stop_token_ids`` (end after any of these tokens, even with ``ignore_eos``),
+``ignore_eos`` (run to ``max_tokens``: benchmarks) and ``return_token_ids`` (every choice and chunk also carries
+its token ids: how ``shapeplan bench --serve`` counts tokens, even on a checkpoint-less preset that has no
+tokenizer).
 """
 from __future__ import annotations
 
@@ -52,7 +53,7 @@ class _Common(_Strict):
     ignore_eos: bool = False
     return_token_ids: bool = False
     # vLLM's structured-output extensions (one of them at most; chat's response_format / tools not beside them)
-    structured_outputs: dict[str, Any] | None = None          # {"json" | "regex" | "choice" | "grammar" | "json_object"}
+    structured_outputs: dict[str, Any] | None = None          # {json | regex | choice | grammar | json_object: ...}
     guided_json: dict[str, Any] | str | None = None
     guided_regex: str | None = None
     guided_choice: list[str] | None = None

@@ -132,7 +132,7 @@ STORED = 1024
 @dataclass(slots=True)
 class _Stored:
     response: dict
-    history: list[dict[str, Any]]          # the conversation's chat messages up to this answer's input (no instructions)
+    history: list[dict[str, Any]]          # the chat messages up to this answer's input (no instructions)
 
 
 class ResponseStore:
