@@ -13,12 +13,15 @@ at the end, each with one ``response.function_call_arguments.delta``.
 
 Answers are kept in memory (``ResponseStore``: the last ``STORED`` of them, the oldest dropped first) unless a
 request says ``store: false``: ``GET /v1/responses/{id}`` returns one, ``DELETE`` drops it, and a request with
-``previous_response_id`` continues that conversation (its input and output items come before the new input;
-as OpenAI's, its ``instructions`` are not carried over). An unknown id is a 404. ``background`` is a 400
+``previous_response_id`` continues that conversation (its input and output items come before the new input; as
+OpenAI's, its ``instructions`` are not carried over). An unknown id is a 404. ``background`` is a 400
 (``unsupported_parameter``), as are input images and files, tools other than functions, reasoning settings,
-``include`` and ``top_logprobs``. Sampling takes ``temperature`` and ``top_p`` and vLLM's extensions of the
-other endpoints (``top_k``, ``min_p``, ``repetition_penalty``, ``seed``, ``stop``, ``stop_token_ids``,
-``ignore_eos``); ``metadata`` comes back as sent.
+``include`` and ``top_logprobs``. With ``shapeplan serve --reasoning-parser`` (reasoning.py) an answer's ``<think>
+... </think>`` is a ``reasoning`` item (a ``reasoning_text`` part) before the message, streamed as
+``response.reasoning_text.delta`` events; a reasoning item sent back as input is accepted and left out of the
+prompt. vLLM's structured-output fields (``structured_outputs``, ``guided_*``) are taken as on the chat endpoint.
+Sampling takes ``temperature`` and ``top_p`` and vLLM's extensions of the other endpoints (``top_k``, ``min_p``,
+``repetition_penalty``, ``seed``, ``stop``, ``stop_token_ids``, ``ignore_eos``); ``metadata`` comes back as sent.
 """
 from __future__ import annotations
 
@@ -35,7 +38,8 @@ from shapeplan.llm.constraint import Constraint, parse_tool_calls
 from shapeplan.serve.openai import errors
 from shapeplan.serve.openai.errors import BadRequest, NotFound, Unsupported
 from shapeplan.serve.openai.generation import Choice, Job, OpenAIModel, Receive, _merged, _watch
-from shapeplan.serve.openai.protocol import _INT64, _bad, _Strict
+from shapeplan.serve.openai.protocol import _INT64, _bad, _Strict, vllm_constraint
+from shapeplan.serve.openai.reasoning import CLOSE, ReasoningStream, opens_reasoning, split
 
 
 class ResponsesRequest(_Strict):
@@ -71,6 +75,11 @@ class ResponsesRequest(_Strict):
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
 
 class _Part(_Strict):
@@ -106,8 +115,19 @@ class _FunctionCallOutput(_Strict):
     status: str | None = None
 
 
+class _Reasoning(_Strict):
+    """An earlier answer's reasoning item, sent back: accepted and left out of the prompt (as chat templates
+    leave out earlier turns' reasoning)."""
+    type: Literal["reasoning"]
+    id: str | None = None
+    summary: list[Any] | None = None
+    content: list[Any] | None = None
+    encrypted_content: str | None = None
+    status: str | None = None
+
+
 _ITEMS: dict[str, type[BaseModel]] = {"message": _Message, "function_call": _FunctionCall,
-                                      "function_call_output": _FunctionCallOutput}
+                                      "function_call_output": _FunctionCallOutput, "reasoning": _Reasoning}
 
 
 @dataclass(slots=True)
@@ -172,6 +192,7 @@ class ResponseJob:
     history: list[dict[str, Any]]          # the conversation before this answer (no instructions): what is stored
     store: ResponseStore
     message_id: str = field(default_factory=lambda: "msg_" + uuid.uuid4().hex)
+    reasoning_id: str = field(default_factory=lambda: "rs_" + uuid.uuid4().hex)
 
     def keep(self, response: dict) -> dict:
         """``response``, kept in the store unless the request said ``store: false``."""
@@ -194,12 +215,19 @@ def responses_job(model: OpenAIModel, req: ResponsesRequest, store: ResponseStor
                                             _chat_tool_choice(req.tool_choice), req.parallel_tool_calls is not False)
     except ConstraintError as e:
         raise BadRequest(str(e), "tools" if req.tools or req.tool_choice else "text.format") from None
+    guided, param = vllm_constraint(req)
+    if guided is not None and constraint is not None:
+        raise BadRequest(f"{param} and {'tools' if req.tools else 'text.format'} both constrain the answer: give one",
+                         param)
+    constraint = constraint or guided
     history = (store.conversation(req.previous_response_id) if req.previous_response_id else []) + _input(req)
     system = [{"role": "system", "content": req.instructions}] if req.instructions else []
     ids = model.render(system + history, tools, "input")
     job = model._job(shim, True, [ids], req.max_output_tokens, req.max_output_tokens is not None, None, "input",
                      "max_output_tokens", constraint)
     job.tools = constraint is not None and constraint.kind == "tool_call"
+    if model.reasoning:                        # --reasoning-parser: <think> ... </think> as a reasoning item
+        job.reasoning, job.thinking = True, opens_reasoning(model.decode(ids[-16:]))
     job.id = "resp_" + uuid.uuid4().hex
     return ResponseJob(req, job, history, store)
 
@@ -270,6 +298,8 @@ def _items_to_messages(items: list[Any], param: str) -> list[dict[str, Any]]:
         item = _item(raw, i, param)
         if isinstance(item, _Message):
             out.append({"role": item.role, "content": _text(item.content, f"{param}.{i}.content")})
+        elif isinstance(item, _Reasoning):
+            continue
         elif isinstance(item, _FunctionCall):
             call = {"id": item.call_id, "type": "function",
                     "function": {"name": item.name, "arguments": item.arguments}}
@@ -355,14 +385,27 @@ def _status(finish: str | None) -> str:
     return "incomplete" if finish == "length" else "completed"
 
 
+def _reasoning(rj: ResponseJob, text: str, status: str) -> dict:
+    return {"type": "reasoning", "id": rj.reasoning_id, "summary": [], "status": status,
+            "content": [{"type": "reasoning_text", "text": text}]}
+
+
+def _reasoning_status(c: Choice) -> str:
+    """A reasoning item is complete once ``</think>`` came; else it is as the answer is."""
+    return "completed" if CLOSE in c.text.sent else _status(c.finish)
+
+
 def _output(rj: ResponseJob, c: Choice) -> list[dict]:
-    """The answer's output items: the function calls of a tool answer that made any, else one message."""
+    """The answer's output items: its reasoning (``--reasoning-parser``, when it has any), then the function
+    calls of a tool answer that made any, else one message."""
     status = _status(c.finish)
+    thought, text = split(c.text.sent, rj.job.thinking) if rj.job.reasoning else (None, c.text.sent)
+    out = [_reasoning(rj, thought, _reasoning_status(c))] if thought else []
     if rj.job.tools:
-        rest, calls = _function_calls(c.text.sent)
+        rest, calls = _function_calls(text)
         if calls:
-            return ([_message(rj, rest, status)] if rest else []) + calls
-    return [_message(rj, c.text.sent, status)]
+            return out + ([_message(rj, rest, status)] if rest else []) + calls
+    return out + [_message(rj, text, status)]
 
 
 async def complete(model: OpenAIModel, rj: ResponseJob, choices: list[Choice], receive: Receive) -> dict | None:
@@ -388,41 +431,68 @@ def _event(kind: str, seq: int, **body: Any) -> bytes:
 
 
 async def stream(model: OpenAIModel, rj: ResponseJob, choices: list[Choice], receive: Receive) -> AsyncIterator[bytes]:
-    """The answer as OpenAI's Responses stream events (module doc)."""
+    """The answer as OpenAI's Responses stream events (module doc). A message (or reasoning) item opens with its
+    first text; with ``--reasoning-parser`` the reasoning item streams first and closes when the answer begins."""
     watcher = _watch(receive, choices)
-    c, seq = choices[0], 0
+    c, seq, job = choices[0], 0, rj.job
+    think = ReasoningStream(job.thinking) if job.reasoning else None
+    items: list[str] = []                  # the streamed items' kinds, by output index
+    thought: list[str] = []                # the reasoning streamed so far
 
     def ev(kind: str, **body: Any) -> bytes:
         nonlocal seq
         seq += 1
         return _event(kind, seq - 1, **body)
 
-    def text_events(text: str, status: str, streamed: bool, index: int = 0) -> list[bytes]:
-        """A message item's events: opened (unless ``streamed`` did), one delta of ``text`` unless streamed,
-        closed."""
-        ref = {"item_id": rj.message_id, "output_index": index, "content_index": 0}
-        part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-        out = [] if streamed else opened(index) + ([ev("response.output_text.delta", **ref, delta=text, logprobs=[])]
-                                                   if text else [])
-        return out + [ev("response.output_text.done", **ref, text=text, logprobs=[]),
-                      ev("response.content_part.done", **ref, part=part),
-                      ev("response.output_item.done", output_index=index, item=_message(rj, text, status))]
+    def ref(kind: str) -> dict:
+        return {"item_id": rj.reasoning_id if kind == "reasoning" else rj.message_id,
+                "output_index": items.index(kind), "content_index": 0}
 
-    def opened(index: int = 0) -> list[bytes]:
-        empty = {**_message(rj, "", "in_progress"), "content": []}
-        return [ev("response.output_item.added", output_index=index, item=empty),
-                ev("response.content_part.added", item_id=rj.message_id, output_index=index, content_index=0,
-                   part={"type": "output_text", "text": "", "annotations": [], "logprobs": []})]
+    def opened(kind: str) -> list[bytes]:
+        items.append(kind)
+        if kind == "reasoning":
+            empty, part = {**_reasoning(rj, "", "in_progress"), "content": []}, {"type": "reasoning_text", "text": ""}
+        else:
+            empty = {**_message(rj, "", "in_progress"), "content": []}
+            part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+        return [ev("response.output_item.added", output_index=len(items) - 1, item=empty),
+                ev("response.content_part.added", **ref(kind), part=part)]
+
+    def delta(kind: str, text: str) -> bytes:
+        if kind == "reasoning":
+            return ev("response.reasoning_text.delta", **ref(kind), delta=text)
+        return ev("response.output_text.delta", **ref(kind), delta=text, logprobs=[])
+
+    def closed(kind: str, text: str, status: str) -> list[bytes]:
+        if kind == "reasoning":
+            return [ev("response.reasoning_text.done", **ref(kind), text=text),
+                    ev("response.content_part.done", **ref(kind), part={"type": "reasoning_text", "text": text}),
+                    ev("response.output_item.done", output_index=items.index(kind), item=_reasoning(rj, text, status))]
+        part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+        return [ev("response.output_text.done", **ref(kind), text=text, logprobs=[]),
+                ev("response.content_part.done", **ref(kind), part=part),
+                ev("response.output_item.done", output_index=items.index(kind), item=_message(rj, text, status))]
+
+    def text_deltas(r: str, t: str) -> list[bytes]:
+        """Events for new reasoning ``r`` and new answer text ``t`` (items opened and closed as they begin)."""
+        out = []
+        if r:
+            out += (opened("reasoning") if "reasoning" not in items else []) + [delta("reasoning", r)]
+            thought.append(r)
+        if t:
+            if "message" not in items:
+                if "reasoning" in items:
+                    out += closed("reasoning", "".join(thought), "completed")
+                out += opened("message")
+            out.append(delta("message", t))
+        return out
 
     try:
         head = _response(model, rj, "in_progress", [], None)
         yield ev("response.created", response=head)
         yield ev("response.in_progress", response=head)
-        if not rj.job.tools:
-            for b in opened():
-                yield b
         async for _, e in _merged(choices):
-            delta, _, _ = c.take(e, model.decode)
+            new, _, _ = c.take(e, model.decode)
             if c.finish == "abort":
                 return                                       # the client is gone: nobody reads on
             if c.finish == "error":
@@ -430,17 +500,27 @@ async def stream(model: OpenAIModel, rj: ResponseJob, choices: list[Choice], rec
                 yield ev("response.failed", response=_response(model, rj, "failed", [], None,
                                                                {"code": "server_error", "message": err["message"]}))
                 return
-            if delta and not rj.job.tools:
-                yield ev("response.output_text.delta", item_id=rj.message_id, output_index=0, content_index=0,
-                         delta=delta, logprobs=[])
+            if job.tools:                                    # a tool answer is parsed once complete
+                continue
+            r, t = think.push(new, final=c.finish is not None) if think else ("", new)
+            for b in text_deltas(r, t):
+                yield b
         status, output = _status(c.finish), _output(rj, c)
-        if not rj.job.tools:
-            for b in text_events(c.text.sent, status, True):
+        if not job.tools:
+            if "message" not in items:                       # an empty answer, or one cut while reasoning
+                if "reasoning" in items:
+                    for b in closed("reasoning", "".join(thought), _reasoning_status(c)):
+                        yield b
+                for b in opened("message"):
+                    yield b
+            for b in closed("message", output[-1]["content"][0]["text"], status):
                 yield b
         else:
             for i, item in enumerate(output):
-                if item["type"] == "message":
-                    for b in text_events(item["content"][0]["text"], status, False, i):
+                if item["type"] in ("message", "reasoning"):
+                    kind = item["type"]
+                    text = item["content"][0]["text"]
+                    for b in opened(kind) + ([delta(kind, text)] if text else []) + closed(kind, text, item["status"]):
                         yield b
                     continue
                 yield ev("response.output_item.added", output_index=i,
@@ -450,9 +530,9 @@ async def stream(model: OpenAIModel, rj: ResponseJob, choices: list[Choice], rec
                 yield ev("response.function_call_arguments.done", item_id=item["id"], output_index=i,
                          name=item["name"], arguments=item["arguments"])
                 yield ev("response.output_item.done", output_index=i, item=item)
+                items.append("function_call")
         final = rj.keep(_response(model, rj, status, output, _usage(model, rj.job, choices)))
         yield ev(f"response.{status}", response=final)
     finally:
         watcher.cancel()
         c.abort()
-

@@ -79,3 +79,28 @@ def test_a_prompt_that_opens_think(think_server):
     finally:
         tok.chat_template = old
     assert m.reasoning_content and m.content and "</think>" not in m.content + m.reasoning_content
+
+
+def test_responses_reasoning_item_whole_and_streamed(think_server):
+    """/v1/responses: the reasoning is an item of its own before the message, whole or streamed (its
+    reasoning_text deltas join to it); sent back as input, it is accepted and left out of the prompt."""
+    c = think_server.client()
+    kw = dict(model=MODEL, input="Think first.", max_output_tokens=48, temperature=1.0,
+              extra_body={"seed": 3, "guided_regex": THINK})
+    r = c.responses.create(**kw)
+    assert [o.type for o in r.output] == ["reasoning", "message"]
+    thought, answer = r.output[0].content[0].text, r.output_text
+    assert thought and answer and "<think>" not in thought + answer
+    events = list(c.responses.create(stream=True, **kw))
+    kinds = [e.type for e in events]
+    assert kinds.index("response.reasoning_text.delta") < kinds.index("response.output_text.delta")
+    assert "".join(e.delta for e in events if e.type == "response.reasoning_text.delta") == thought
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == answer
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    final = events[-1].response
+    assert final.output[0].content[0].text == thought and final.output_text == answer
+    again = c.responses.create(model=MODEL, input=[{"role": "user", "content": "Think first."},
+                                                   *[o.model_dump(exclude_none=True) for o in r.output],
+                                                   {"role": "user", "content": "More?"}],
+                               max_output_tokens=4, temperature=0)
+    assert again.status in ("completed", "incomplete")
