@@ -300,11 +300,11 @@ def read_weights(f: GGUFFile, cfg: LlamaConfig, *, device: str | torch.device = 
             heads = 0 if not permuted else cfg.num_heads if hf.endswith("q_proj.weight") else cfg.num_kv_heads \
                 if hf.endswith("k_proj.weight") else 0
             if isinstance(t, QuantWeight):          # rows are independent: un-permute / split the packed rows
-                rows = t.packed[r0:r0 + n] if len(parts) > 1 else t.packed
+                rows = t.packed[r0:r0 + n]
                 out[hf] = QuantWeight(_unpermute(rows, heads).contiguous() if heads else rows, t.qtype,
                                       (n, t.shape[1]))
             else:
-                rows = t[r0:r0 + n] if len(parts) > 1 else t
+                rows = t[r0:r0 + n]
                 out[hf] = (_unpermute(rows, heads) if heads else rows).to(device)
             r0 += n
     return device_layout(cfg, out, device)

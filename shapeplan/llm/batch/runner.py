@@ -281,9 +281,13 @@ class ModelRunner:
             vals = [b for t, b in sp.logit_bias if t < vocab]
             row[torch.tensor(ids, dtype=torch.int64, device=self.device)] = torch.tensor(vals, device=self.device)
         out = [t for t in seq.tokens[seq.prompt_len:] if 0 <= t < vocab]
-        counts = torch.bincount(torch.tensor(out, dtype=torch.int64), minlength=vocab).to(self.device)
-        row -= sp.frequency_penalty * counts + sp.presence_penalty * (counts > 0)
-        self._generated_rows()[slot].copy_(counts > 0)
+        gen = self._generated_rows()[slot]
+        if out:                                   # a resumed request: its generated tokens so far
+            counts = torch.bincount(torch.tensor(out, dtype=torch.int64), minlength=vocab).to(self.device)
+            row -= sp.frequency_penalty * counts + sp.presence_penalty * (counts > 0)
+            gen.copy_(counts > 0)
+        else:
+            gen.zero_()
         self._adjusted.add(slot)
 
     def _generated_rows(self) -> torch.Tensor:

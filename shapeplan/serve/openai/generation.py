@@ -433,12 +433,7 @@ class OpenAIModel:
             item: dict[str, Any] = {"index": c.index, "finish_reason": c.finish,
                                     "logprobs": self._logprobs(job, c, c.ids, c.lps, 0)}
             if job.chat:
-                thought, text = split(c.text.sent, job.thinking) if job.reasoning else (None, c.text.sent)
-                item["message"] = {"role": "assistant", "content": text}
-                if job.tools:
-                    item["message"], item["finish_reason"] = _tool_message(text, c.finish)
-                if thought is not None:
-                    item["message"]["reasoning_content"] = thought
+                item["message"], item["finish_reason"] = _final_message(job, c)
             else:
                 item["text"] = c.text.sent
                 if job.echo:
@@ -487,13 +482,10 @@ class OpenAIModel:
                 item: dict[str, Any] = {"index": c.index, "logprobs": self._logprobs(job, c, ids, lps, c.offset),
                                         "finish_reason": c.finish}
                 if job.tools and c.finish:
-                    thought, text = split(c.text.sent, job.thinking) if job.reasoning else (None, c.text.sent)
-                    message, item["finish_reason"] = _tool_message(text, c.finish)
+                    message, item["finish_reason"] = _final_message(job, c)
                     item["delta"] = {k: v for k, v in message.items() if k != "role" and v is not None}
                     for i, call in enumerate(item["delta"].get("tool_calls", ())):
                         call["index"] = i
-                    if thought is not None:
-                        item["delta"]["reasoning_content"] = thought
                 elif job.reasoning:
                     item["delta"] = parts
                 elif job.chat:
@@ -541,6 +533,17 @@ class OpenAIModel:
     def model_card(self) -> dict:
         return {"id": self.name, "object": "model", "created": self.created, "owned_by": "shapeplan",
                 "max_model_len": self.context}
+
+
+def _final_message(job: Job, c: Choice) -> tuple[dict, str | None]:
+    """A finished chat choice's assistant message and finish reason: its reasoning apart (``--reasoning-parser``),
+    the rest parsed for tool calls when the job has tools."""
+    thought, text = split(c.text.sent, job.thinking) if job.reasoning else (None, c.text.sent)
+    message, finish = _tool_message(text, c.finish) if job.tools else ({"role": "assistant", "content": text},
+                                                                       c.finish)
+    if thought is not None:
+        message["reasoning_content"] = thought
+    return message, finish
 
 
 def _tool_message(text: str, finish: str | None) -> tuple[dict, str | None]:

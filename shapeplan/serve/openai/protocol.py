@@ -19,6 +19,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from shapeplan.llm.batch import TokenLogprob
+from shapeplan.llm.constraint import Constraint
 from shapeplan.llm.model import TOP_LOGPROBS
 from shapeplan.serve.openai.errors import BadRequest
 
@@ -124,15 +125,15 @@ class DetokenizeRequest(_Strict):
     tokens: list[int]
 
 
-_VLLM_KINDS = {"json": "json_schema", "regex": "regex", "choice": "choice", "grammar": "grammar",
-               "json_object": "json_object"}
+#: vLLM's structured-output kinds -> the Constraint each makes of its value
+_VLLM_KINDS = {"json": Constraint.json_schema, "regex": Constraint.regex, "choice": Constraint.choice,
+               "grammar": Constraint.grammar, "json_object": lambda _: Constraint.json_object()}
 
 
 def vllm_constraint(req: Any) -> tuple[Any, str] | tuple[None, None]:
     """(the Constraint of vLLM's structured-output fields, the field that gave it), or (None, None). More than
     one of them, or a value the constraint cannot take, is a BadRequest naming the field."""
     from shapeplan.errors import ConstraintError
-    from shapeplan.llm.constraint import Constraint
     given = [(f"guided_{k}", k, getattr(req, f"guided_{k}")) for k in ("json", "regex", "choice", "grammar")
              if getattr(req, f"guided_{k}") is not None]
     so = req.structured_outputs or {}
@@ -147,11 +148,7 @@ def vllm_constraint(req: Any) -> tuple[Any, str] | tuple[None, None]:
         raise BadRequest(f"unknown field '{param}' (structured_outputs takes {', '.join(_VLLM_KINDS)})", param,
                          "unknown_parameter")
     try:
-        if kind == "json_object":
-            return Constraint.json_object(), param
-        if kind == "json":
-            return Constraint.json_schema(value), param
-        return getattr(Constraint, _VLLM_KINDS[kind])(value), param
+        return _VLLM_KINDS[kind](value), param
     except ConstraintError as e:
         raise BadRequest(str(e), param) from None
 
