@@ -116,8 +116,14 @@ def test_stop_ends_the_front_ends_and_frees_the_port(repo_dir, tmp_path_factory)
     s.stop()
     assert all(c.poll() is not None for c in children)
     assert not os.path.exists(folder)
-    with socket.socket() as again:                   # the port is free: nothing listens there any more
+    # The port is free: nothing listens there any more. SO_REUSEADDR lets the bind pass a connection
+    # the killed front end left in TIME_WAIT (as any server's bind does), but never a live listener.
+    with socket.socket() as again:
+        again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         again.bind(("127.0.0.1", port))
+        again.listen()
+    with pytest.raises(ConnectionRefusedError), socket.create_connection(("127.0.0.1", port), timeout=5):
+        pass
 
 
 def test_arena_first_fit_and_merging() -> None:
