@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from typing import Any
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -22,6 +23,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="serve this one model over KServe v2 (named after the file)")
     p.add_argument("--model-repository", metavar="DIR",
                    help="serve every .onnx / .pt2 model in DIR over KServe v2 (a model DIR/NAME/ may have a config.json)")
+    p.add_argument("--model-control-mode", choices=["none", "explicit"], default="none",
+                   help="KServe only: 'explicit' lets clients load, reload and unload the repository's models "
+                        "while the server runs (Triton's repository API); default none")
+    p.add_argument("--load-model", action="append", default=[], metavar="NAME",
+                   help="with --model-control-mode explicit: load this model at start (repeat it; '*': every "
+                        "model); without it none is loaded")
     llm = p.add_argument_group("LLM (OpenAI-compatible server)")
     llm.add_argument("--model", metavar="DIR|FILE.gguf", help="a Hugging Face checkpoint directory or a GGUF file")
     llm.add_argument("--preset", metavar="NAME", help="random weights with a public model's shapes (benchmarks)")
@@ -57,6 +64,14 @@ def _run(args: argparse.Namespace) -> int:
     if args.model_repository is not None and args.model_file is not None:
         print("error: give --model-repository DIR or one model file, not both", file=sys.stderr)
         return 2
+    explicit = args.model_control_mode == "explicit"
+    if explicit and args.model_repository is None:
+        print("error: --model-control-mode explicit needs --model-repository DIR", file=sys.stderr)
+        return 2
+    if args.load_model and not explicit:
+        print("error: --load-model needs --model-control-mode explicit (otherwise every model is loaded)",
+              file=sys.stderr)
+        return 2
     return _serve_kserve(args)
 
 
@@ -73,18 +88,33 @@ def _serve_kserve(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 1
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    sources = discover(args.model_repository) if args.model_repository else single(args.model_file)
-    repo = ModelRepository(sources, device=args.device, mode=args.mode)
+    sources = _sources(args, discover, single)          # a ShapeplanError: main prints it, exit status 1
+    repo = ModelRepository(sources, device=args.device, mode=args.mode, root=args.model_repository,
+                           control=args.model_control_mode)
     server = KServeServer(repo, args.host, args.port, args.grpc_port,
                           max_request_bytes=args.max_request_bytes or DEFAULT_MAX_REQUEST_BYTES, log_level="warning",
                           grpc_procs=args.grpc_procs)
     def start() -> None:
         server.start_listeners()
+        loading = ", ".join(s.name for s in sources) or "no model (load them through the repository API)"
         print(f"KServe v2 HTTP on http://{args.host}:{server.http_port}, gRPC on {args.host}:{server.grpc_port}; "
-              f"loading {', '.join(s.name for s in sources)}", flush=True)
+              f"loading {loading}", flush=True)
         repo.start()
-        print(f"ready: {', '.join(s.name for s in sources)}", flush=True)
+        print(f"ready: {loading}", flush=True)
 
     from shapeplan.serve.app import serve_until_stopped
     serve_until_stopped(start, server.stop)
     return 0
+
+
+def _sources(args: argparse.Namespace, discover: Any, single: Any) -> list:
+    """The models to load at start: every one, or (explicit model control) those ``--load-model`` names."""
+    if args.model_repository is None:
+        return single(args.model_file)
+    if args.model_control_mode != "explicit":
+        return discover(args.model_repository)
+    if "*" in args.load_model:
+        return discover(args.model_repository, empty_ok=True)
+    from shapeplan.serve.kserve.repository import find, names
+    names(args.model_repository, check=True)
+    return [find(args.model_repository, n) for n in dict.fromkeys(args.load_model)]

@@ -20,6 +20,10 @@ class UnavailableError(ServeError):
     """The server is shutting down or the model is not ready."""
 
 
+class ModelLoadError(ServeError):
+    """A model could not be loaded at a client's request (its file, its config, its compilation)."""
+
+
 class BadRequestError(InputError):
     """The request itself is malformed: not JSON / protobuf, a missing field, contents that do not
     match the declared datatype or shape, a byte length that does not add up."""
@@ -36,6 +40,7 @@ class Status(NamedTuple):
 
 STATUS: tuple[tuple[type[BaseException], Status], ...] = (
     (ModelNotFoundError, Status(404, "NOT_FOUND")),
+    (ModelLoadError, Status(400, "INVALID_ARGUMENT")),    # as Triton answers a load that fails
     (RequestTooLargeError, Status(413, "RESOURCE_EXHAUSTED")),
     (InputError, Status(400, "INVALID_ARGUMENT")),        # wrong name / dtype / shape, malformed request
     (UnavailableError, Status(503, "UNAVAILABLE")),

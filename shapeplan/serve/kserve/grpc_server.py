@@ -59,6 +59,32 @@ class Service:
     def ModelMetadata(self, req: Any) -> Any:
         return json_format.ParseDict(self.repo.get(req.name, req.version).metadata(), pb.ModelMetadataResponse())
 
+    def RepositoryIndex(self, req: Any) -> Any:
+        return json_format.ParseDict({"models": self.repo.index(req.ready)}, pb.RepositoryIndexResponse())
+
+    def RepositoryModelLoad(self, req: Any) -> Any:
+        params = {k: getattr(v, v.WhichOneof("parameter_choice")) if v.WhichOneof("parameter_choice") else None
+                  for k, v in req.parameters.items()}
+        self.repo.load(req.model_name, *protocol.load_parameters(req.model_name, params))
+        return pb.RepositoryModelLoadResponse()
+
+    def RepositoryModelUnload(self, req: Any) -> Any:
+        self.repo.unload(req.model_name)
+        return pb.RepositoryModelUnloadResponse()
+
+    def SystemSharedMemoryStatus(self, req: Any) -> Any:
+        regions = self.repo.shared_memory.status(req.name)
+        return json_format.ParseDict({"regions": {r["name"]: r for r in regions}},
+                                     pb.SystemSharedMemoryStatusResponse())
+
+    def SystemSharedMemoryRegister(self, req: Any) -> Any:
+        self.repo.shared_memory.register(req.name, req.key, req.offset, req.byte_size)
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    def SystemSharedMemoryUnregister(self, req: Any) -> Any:
+        self.repo.shared_memory.unregister(req.name)
+        return pb.SystemSharedMemoryUnregisterResponse()
+
     def ModelStatistics(self, req: Any) -> Any:
         models = [self.repo.get(req.name, req.version)] if req.name else list(self.repo)
         return json_format.ParseDict({"model_stats": [m.statistics() for m in models]},
@@ -78,6 +104,8 @@ async def _abort(context: Any, e: Exception) -> None:
 
 
 Call = Callable[[bytes], Awaitable[bytes]]
+#: rpcs that wait (a model compiling, a model's queue draining): run on a thread, not on the event loop
+BLOCKING = ("RepositoryModelLoad", "RepositoryModelUnload")
 
 
 def calls(repo: Any) -> dict[str, Call]:
@@ -91,7 +119,12 @@ def calls(repo: Any) -> dict[str, Call]:
 
         async def call(raw: bytes, name: str = name, fn: Any = getattr(service, name), cls: Any = request_cls) -> bytes:
             return fn(_parse(name, cls, raw)).SerializeToString()
-        table[name] = call
+
+        async def blocking(raw: bytes, name: str = name, fn: Any = getattr(service, name), cls: Any = request_cls
+                           ) -> bytes:
+            req = _parse(name, cls, raw)
+            return (await asyncio.get_running_loop().run_in_executor(None, fn, req)).SerializeToString()
+        table[name] = blocking if name in BLOCKING else call
 
     async def infer(raw: bytes) -> bytes:
         return await _infer(repo, _read_infer("ModelInfer", raw))
@@ -118,9 +151,10 @@ async def _infer(repo: Any, req: Any, *, stream: bool = False) -> bytes:
     """Run a read infer request on its model; the serialized response (``stream``: wrapped for
     ModelStreamInfer)."""
     model = repo.get(req.model_name, req.model_version)
-    decoded = protocol.decode_grpc(req)
+    decoded = protocol.decode_grpc(req, repo.shared_memory)
     outputs = await model.infer(decoded)
-    return protocol.encode_grpc(req.model_name, model.version, decoded, outputs, stream=stream)
+    placed = protocol.place_outputs(decoded, outputs, repo.shared_memory)
+    return protocol.encode_grpc(req.model_name, model.version, decoded, outputs, stream=stream, placed=placed)
 
 
 def _stream_error(message: str, model_name: str, model_version: str, id: str) -> bytes:

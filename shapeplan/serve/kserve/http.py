@@ -5,6 +5,7 @@ exception's class (400 bad input, 404 unknown model, 413 over the size limit, 50
 """
 from __future__ import annotations
 
+import json
 import zlib
 from typing import Any
 
@@ -103,6 +104,75 @@ def router(repo: Any, max_request_bytes: int) -> APIRouter:
     async def model_stats(name: str, version: str = "") -> Any:
         return answer(lambda: {"model_stats": [repo.get(name, version).statistics()]})
 
+    async def json_body(request: Request) -> dict:
+        body = await read_body(request, max_request_bytes)
+        if not body.strip():
+            return {}
+        try:
+            doc = json.loads(body)
+        except (ValueError, RecursionError) as e:
+            raise BadRequestError(f"the request body is not valid JSON: {e}") from None
+        if not isinstance(doc, dict):
+            raise BadRequestError(f"the request body must be a JSON object, got {type(doc).__name__}")
+        return doc
+
+    @r.post("/v2/repository/index")
+    async def repository_index(request: Request) -> Any:
+        try:
+            ready = (await json_body(request)).get("ready", False)
+            if not isinstance(ready, bool):
+                raise BadRequestError(f"'ready' must be true or false, got {ready!r}")
+            return repo.index(ready)
+        except Exception as e:  # noqa: BLE001
+            return error_response(e)
+
+    @r.post("/v2/repository/models/{name}/load")
+    async def repository_load(name: str, request: Request) -> Any:
+        try:
+            params = (await json_body(request)).get("parameters") or {}
+            if not isinstance(params, dict):
+                raise BadRequestError(f"'parameters' must be a JSON object, got {type(params).__name__}")
+            config, files = protocol.load_parameters(name, params)
+            await run_in_threadpool(repo.load, name, config, files)
+        except Exception as e:  # noqa: BLE001
+            return error_response(e)
+        return Response(status_code=200)
+
+    @r.post("/v2/repository/models/{name}/unload")
+    async def repository_unload(name: str, request: Request) -> Any:
+        try:
+            await json_body(request)           # parameters: unload_dependents (no model here has dependents)
+            await run_in_threadpool(repo.unload, name)
+        except Exception as e:  # noqa: BLE001
+            return error_response(e)
+        return Response(status_code=200)
+
+    shm = repo.shared_memory
+
+    @r.get("/v2/systemsharedmemory/status")
+    @r.get("/v2/systemsharedmemory/region/{region}/status")
+    async def shm_status(region: str = "") -> Any:
+        return answer(lambda: shm.status(region))
+
+    @r.post("/v2/systemsharedmemory/region/{region}/register")
+    async def shm_register(region: str, request: Request) -> Any:
+        try:
+            doc = await json_body(request)
+            unknown = sorted(set(doc) - {"key", "offset", "byte_size"})
+            if unknown or not isinstance(doc.get("key"), str):
+                raise BadRequestError(f"register {region!r}: expected {{\"key\": str, \"offset\": int, "
+                                      f"\"byte_size\": int}}, got {json.dumps(doc)[:200]}")
+            shm.register(region, doc["key"], doc.get("offset", 0), doc.get("byte_size"))
+        except Exception as e:  # noqa: BLE001
+            return error_response(e)
+        return Response(status_code=200)
+
+    @r.post("/v2/systemsharedmemory/unregister")
+    @r.post("/v2/systemsharedmemory/region/{region}/unregister")
+    async def shm_unregister(region: str = "") -> Any:
+        shm.unregister(region)
+        return Response(status_code=200)
+
     @r.post("/v2/models/{name}/infer")
     @r.post("/v2/models/{name}/versions/{version}/infer")
     async def infer(name: str, request: Request, version: str = "") -> Any:
@@ -115,11 +185,12 @@ def router(repo: Any, max_request_bytes: int) -> APIRouter:
             except ValueError:
                 raise BadRequestError(f"{HEADER_LENGTH} must be an integer, got {hl!r}") from None
             if len(body) > INLINE_BYTES:
-                req = await run_in_threadpool(protocol.decode_http, body, header_length)
+                req = await run_in_threadpool(protocol.decode_http, body, header_length, shm)
             else:
-                req = protocol.decode_http(body, header_length)
+                req = protocol.decode_http(body, header_length, shm)
             outputs = await model.infer(req)
-            content, n = protocol.encode_http(name, model.version, req, outputs)
+            placed = protocol.place_outputs(req, outputs, shm)
+            content, n = protocol.encode_http(name, model.version, req, outputs, placed)
         except Exception as e:  # noqa: BLE001 - every failure is this request's own response
             return error_response(e)
         if n is None:

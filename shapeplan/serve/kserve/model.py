@@ -90,8 +90,10 @@ class ServedModel:
         self.queue: queue.SimpleQueue[Work | None] = queue.SimpleQueue()
         self.instances = [Batcher(self, i) for i in range(config.instance_count)]
         self._lock = threading.Lock()
+        self._gate = threading.Lock()       # ``ready`` and joining the queue, together
         self._valid: set[tuple] = set()
         self.ready = False
+        self.successor: ServedModel | None = None      # the model that replaced this one (a reload)
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -104,7 +106,8 @@ class ServedModel:
         self.ready = True
 
     def stop(self) -> None:
-        self.ready = False
+        with self._gate:                    # after this, no request joins the queue (``_queue``)
+            self.ready = False
         for _ in self.instances:
             self.queue.put(None)
         for b in self.instances:
@@ -145,14 +148,21 @@ class ServedModel:
     def _queue(self, req: InferRequest, future: Any, loop: Any) -> Any:
         t0 = time.perf_counter_ns()
         if not self.ready or self.spec is None:
+            if self.successor is not None:          # reloaded while this request was on its way
+                return self.successor._queue(req, future, loop)
             raise UnavailableError(f"model {self.name!r} is not ready")
         try:
             work = self._work(req, t0, future, loop)
         except InputError:
             self.stats.request_done(False, time.perf_counter_ns() - t0)
             raise
-        self.queue.put(work)
-        return future
+        with self._gate:
+            if self.ready:
+                self.queue.put(work)
+                return future
+        if self.successor is not None:
+            return self.successor._queue(req, future, loop)
+        raise UnavailableError(f"model {self.name!r} stopped before it could queue the request")
 
     def _work(self, req: InferRequest, t0: int, future: Any, loop: Any) -> Work:
         spec = self.spec

@@ -7,6 +7,8 @@ little-endian length and then the bytes.
 """
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import math
 import struct
@@ -18,6 +20,7 @@ import numpy as np
 from shapeplan.errors import ModelError
 from shapeplan.serve.errors import BadRequestError
 from shapeplan.serve.kserve import wire
+from shapeplan.serve.kserve.shm import Placement, SharedMemoryRegions, placement
 
 try:
     import ml_dtypes
@@ -25,8 +28,9 @@ try:
 except ImportError:  # pragma: no cover - ml_dtypes is a dependency of shapeplan
     _BF16 = None
 
-#: the protocol extensions this server implements (server metadata)
-EXTENSIONS = ["binary_tensor_data", "statistics"]
+#: the protocol extensions this server implements (server metadata; Triton's names)
+EXTENSIONS = ["binary_tensor_data", "statistics", "model_repository", "model_repository(unload_dependents)",
+              "system_shared_memory"]
 
 # protocol datatype -> (numpy dtype, shapeplan dtype name, gRPC InferTensorContents field or None)
 DATATYPES: dict[str, tuple[Any, str, str | None]] = {
@@ -203,6 +207,7 @@ class InferRequest:
     id: str = ""
     binary_outputs: set[str] = field(default_factory=set)
     binary_default: bool = False
+    placements: dict[str, Placement] = field(default_factory=dict)    # outputs written to shared memory
 
 
 def _dict(x: Any, what: str) -> dict:
@@ -213,9 +218,16 @@ def _dict(x: Any, what: str) -> dict:
     return x
 
 
-def decode_http(body: bytes, header_length: int | None) -> InferRequest:
+def _shm(what: str, p: Placement, shm: SharedMemoryRegions | None) -> SharedMemoryRegions:
+    if shm is None:
+        raise BadRequestError(f"{what}: this server takes no shared memory placements")
+    shm.check(what, p)
+    return shm
+
+
+def decode_http(body: bytes, header_length: int | None, shm: SharedMemoryRegions | None = None) -> InferRequest:
     """An HTTP infer body: JSON, or (binary extension) ``header_length`` bytes of JSON then the inputs'
-    binary data in input order."""
+    binary data in input order; an input may instead name its place in a shared memory region of ``shm``."""
     head = body if header_length is None else body[:header_length]
     if header_length is not None and not 0 <= header_length <= len(body):
         raise BadRequestError(f"Inference-Header-Content-Length is {header_length} but the body has "
@@ -240,7 +252,13 @@ def decode_http(body: bytes, header_length: int | None) -> InferRequest:
             raise BadRequestError(f"input {name!r} is given twice")
         params = _dict(t.get("parameters"), f"input {name!r}: 'parameters'")
         size = params.get("binary_data_size")
-        if size is not None:
+        where = placement(f"input {name!r}", params)
+        if where is not None:
+            if size is not None or "data" in t:
+                raise BadRequestError(f"input {name!r}: its data is in shared memory; it may not also have "
+                                      "'data' or binary_data_size")
+            feeds[name] = _shm(f"input {name!r}", where, shm).read(name, t.get("datatype"), t.get("shape"), where)
+        elif size is not None:
             if not isinstance(size, int) or size < 0 or offset + size > len(tail):
                 raise BadRequestError(f"input {name!r}: binary_data_size {size!r} but only "
                                       f"{len(tail) - offset} bytes of binary data are left")
@@ -264,19 +282,38 @@ def decode_http(body: bytes, header_length: int | None) -> InferRequest:
             if not isinstance(name, str):
                 raise BadRequestError(f"a requested output has no 'name' string: {json.dumps(o)[:120]}")
             req.outputs.append(name)
-            binary = _dict(o.get("parameters"), f"output {name!r}: 'parameters'").get("binary_data")
+            oparams = _dict(o.get("parameters"), f"output {name!r}: 'parameters'")
+            where = placement(f"output {name!r}", oparams)
+            if where is not None:
+                _shm(f"output {name!r}", where, shm)
+                req.placements[name] = where
+                continue
+            binary = oparams.get("binary_data")
             if binary if binary is not None else req.binary_default:
                 req.binary_outputs.add(name)
     return req
 
 
-def encode_http(model: str, version: str, req: InferRequest, outputs: dict[str, np.ndarray]
-                ) -> tuple[bytes, int | None]:
-    """(body, JSON header length or None when nothing is binary)."""
+def place_outputs(req: InferRequest, outputs: dict[str, np.ndarray], shm: SharedMemoryRegions | None
+                  ) -> dict[str, int]:
+    """The outputs ``req`` places in shared memory, written there: {name: bytes written}."""
+    if not req.placements:
+        return {}
+    assert shm is not None          # decode checked the placements against it
+    return {name: shm.write(name, _raw(outputs[name]), p) for name, p in req.placements.items()}
+
+
+def encode_http(model: str, version: str, req: InferRequest, outputs: dict[str, np.ndarray],
+                placed: dict[str, int] | None = None) -> tuple[bytes, int | None]:
+    """(body, JSON header length or None when nothing is binary). ``placed``: the outputs written to shared
+    memory ({name: bytes}; the response gives their region and size, not their data)."""
     tensors, blobs = [], []
     for name, a in outputs.items():
         t: dict[str, Any] = {"name": name, "datatype": datatype_of_array(a), "shape": list(a.shape)}
-        if name in req.binary_outputs or (req.outputs is None and req.binary_default):
+        if placed and name in placed:
+            t["parameters"] = {"shared_memory_region": req.placements[name].region,
+                               "shared_memory_byte_size": placed[name]}
+        elif name in req.binary_outputs or (req.outputs is None and req.binary_default):
             b = array_to_bytes(a)
             t["parameters"] = {"binary_data_size": len(b)}
             blobs.append(b)
@@ -292,21 +329,37 @@ def encode_http(model: str, version: str, req: InferRequest, outputs: dict[str, 
     return b"".join([head, *blobs]), len(head)
 
 
-def decode_grpc(msg: Any) -> InferRequest:
+def grpc_parameters(params: Any) -> dict[str, Any]:
+    """A protobuf ``map<string, InferParameter>`` (absent on a ``wire`` view) as {key: value}."""
+    if not params:
+        return {}
+    return {k: getattr(v, v.WhichOneof("parameter_choice")) if v.WhichOneof("parameter_choice") else None
+            for k, v in params.items()}
+
+
+def decode_grpc(msg: Any, shm: SharedMemoryRegions | None = None) -> InferRequest:
     """A ``ModelInferRequest`` (upb's message or ``wire.InferRequestView``): typed ``contents`` per input, or
-    ``raw_input_contents`` for all of them (arrays over the message's memory: nothing is copied)."""
-    raw = msg.raw_input_contents
-    if raw and len(raw) != len(msg.inputs):
-        raise BadRequestError(f"raw_input_contents has {len(raw)} entries for {len(msg.inputs)} inputs "
-                              "(one per input, in order)")
+    ``raw_input_contents`` for all of them (arrays over the message's memory: nothing is copied); an input
+    may instead name its place in a shared memory region of ``shm`` (then it has no raw entry)."""
     if not msg.inputs:
         raise BadRequestError("the request has no inputs")
+    places = [placement(f"input {t.name!r}", grpc_parameters(getattr(t, "parameters", None))) for t in msg.inputs]
+    raw = msg.raw_input_contents
+    inline = sum(p is None for p in places)
+    if raw and len(raw) != inline:
+        raise BadRequestError(f"raw_input_contents has {len(raw)} entries for {inline} inputs not in shared "
+                              "memory (one per such input, in order)")
     feeds: dict[str, np.ndarray] = {}
-    for i, t in enumerate(msg.inputs):
+    k = 0
+    for t, where in zip(msg.inputs, places):
         if t.name in feeds:
             raise BadRequestError(f"input {t.name!r} is given twice")
+        if where is not None:
+            feeds[t.name] = _shm(f"input {t.name!r}", where, shm).read(t.name, t.datatype, list(t.shape), where)
+            continue
         if raw:
-            feeds[t.name] = array_from_bytes(t.name, t.datatype, list(t.shape), raw[i])
+            feeds[t.name] = array_from_bytes(t.name, t.datatype, list(t.shape), raw[k])
+            k += 1
             continue
         npdt = _numpy_dtype(t.name, t.datatype)
         fname = DATATYPES[t.datatype][2]
@@ -326,16 +379,72 @@ def decode_grpc(msg: Any) -> InferRequest:
                 feeds[t.name] = np.asarray(values, dtype=npdt).reshape(shape)
             except OverflowError as e:
                 raise BadRequestError(f"input {t.name!r}: contents do not fit {t.datatype}: {e}") from None
-    return InferRequest(feeds, outputs=[o.name for o in msg.outputs] or None, id=msg.id)
+    req = InferRequest(feeds, outputs=[o.name for o in msg.outputs] or None, id=msg.id)
+    for o in msg.outputs:
+        where = placement(f"output {o.name!r}", grpc_parameters(getattr(o, "parameters", None)))
+        if where is not None:
+            _shm(f"output {o.name!r}", where, shm)
+            req.placements[o.name] = where
+    return req
 
 
 def encode_grpc(model: str, version: str, req: InferRequest, outputs: dict[str, np.ndarray], *,
-                stream: bool = False) -> bytes:
+                stream: bool = False, placed: dict[str, int] | None = None) -> bytes:
     """A serialized ``ModelInferResponse`` (``stream``: a ``ModelStreamInferResponse`` holding it): raw
-    contents, one per output, as Triton sends them (the arrays are written in place, not copied first)."""
+    contents, one per output, as Triton sends them (the arrays are written in place, not copied first).
+    ``placed``: outputs written to shared memory; they carry their region and byte size as parameters and
+    no contents (an empty ``raw_output_contents`` entry keeps the others' positions)."""
+    if placed:
+        return _encode_grpc_placed(model, version, req, outputs, stream, placed)
     return wire.infer_response(model, version, req.id, [(name, datatype_of_array(a), a.shape, _raw(a))
                                                         for name, a in outputs.items()], stream=stream)
 
 
+def _encode_grpc_placed(model: str, version: str, req: InferRequest, outputs: dict[str, np.ndarray],
+                        stream: bool, placed: dict[str, int]) -> bytes:
+    from shapeplan.serve.kserve import proto as pb
+    msg = pb.ModelInferResponse(model_name=model, model_version=version, id=req.id)
+    inline = len(placed) < len(outputs)
+    for name, a in outputs.items():
+        t = msg.outputs.add(name=name, datatype=datatype_of_array(a), shape=list(a.shape))
+        if name in placed:
+            t.parameters["shared_memory_region"].string_param = req.placements[name].region
+            t.parameters["shared_memory_byte_size"].int64_param = placed[name]
+            if inline:
+                msg.raw_output_contents.append(b"")
+        else:
+            msg.raw_output_contents.append(array_to_bytes(a))
+    if stream:
+        return pb.ModelStreamInferResponse(infer_response=msg).SerializeToString()
+    return msg.SerializeToString()
+
+
 def _raw(a: np.ndarray) -> Any:
     return array_to_bytes(a) if a.dtype.kind in "OSU" else np.ascontiguousarray(a)
+
+
+# ----------------------------------------------------------------------------------- model repository
+def load_parameters(name: str, params: dict[str, Any]) -> tuple[str | None, dict[str, bytes]]:
+    """A load request's parameters: ``config`` (a JSON string) and ``file:<path>`` entries (bytes; over
+    HTTP base64 text), as (config, {key: bytes})."""
+    config, files = None, {}
+    for key, value in params.items():
+        if key == "config":
+            if not isinstance(value, str):
+                raise BadRequestError(f"load {name!r}: parameter 'config' must be a JSON string, got "
+                                      f"{type(value).__name__}")
+            config = value
+        elif key.startswith("file:"):
+            if isinstance(value, str):
+                try:
+                    value = base64.b64decode(value, validate=True)
+                except (ValueError, binascii.Error) as e:
+                    raise BadRequestError(f"load {name!r}: parameter {key!r} is not base64: {e}") from None
+            if not isinstance(value, bytes):
+                raise BadRequestError(f"load {name!r}: parameter {key!r} must be the file's bytes (base64 over "
+                                      f"HTTP), got {type(value).__name__}")
+            files[key] = value
+        else:
+            raise BadRequestError(f"load {name!r}: unknown parameter {key!r}; expected 'config' or "
+                                  "'file:<path>'")
+    return config, files

@@ -15,11 +15,15 @@ import dataclasses
 import json
 import logging
 import os
+import shutil
+import tempfile
+import threading
 from dataclasses import dataclass
 from typing import Any, Iterator, NamedTuple
 
 from shapeplan.errors import ModelError
-from shapeplan.serve.errors import ModelNotFoundError
+from shapeplan.serve.errors import BadRequestError, ModelLoadError, ModelNotFoundError
+from shapeplan.serve.kserve.shm import SharedMemoryRegions
 
 log = logging.getLogger("shapeplan.serve")
 
@@ -119,30 +123,76 @@ def _model_file(d: str) -> str | None:
     return os.path.join(d, files[0]) if files else None
 
 
-def discover(root: str) -> list[ModelSource]:
-    """The models a repository directory holds (see the module docstring), sorted by name."""
+def _source(root: str, entry: str) -> ModelSource | None:
+    """The model the repository entry ``entry`` holds; None (logged) when it holds none. A model directory
+    with several model files or a bad config.json is a ModelError."""
+    path = os.path.join(root, entry)
+    if os.path.isfile(path) and entry.endswith(MODEL_SUFFIXES):
+        return ModelSource(os.path.splitext(entry)[0], path, ModelConfig())
+    if os.path.isfile(path) and entry.endswith(".gguf"):
+        log.info("skipping %s: a GGUF LLM is served by the OpenAI server (shapeplan serve --model)", path)
+    elif os.path.isdir(path):
+        if _is_llm_dir(path):
+            log.info("skipping %s: a Hugging Face checkpoint is served by the OpenAI server", path)
+            return None
+        model = _model_file(path)
+        if model is None:
+            log.info("skipping %s: no .onnx or .pt2 file in it", path)
+            return None
+        cfg = os.path.join(path, "config.json")
+        return ModelSource(entry, model, load_config(cfg) if os.path.exists(cfg) else ModelConfig())
+    return None
+
+
+def _name(entry: str) -> str:
+    return os.path.splitext(entry)[0] if entry.endswith(MODEL_SUFFIXES) else entry
+
+
+def discover(root: str, *, empty_ok: bool = False) -> list[ModelSource]:
+    """The models a repository directory holds (see the module docstring), sorted by name. ``empty_ok``:
+    a repository without models is not an error (``--model-control-mode explicit`` loads them later)."""
     if not os.path.isdir(root):
         raise ModelError(f"model repository {root!r} is not a directory")
-    found: list[ModelSource] = []
+    found: dict[str, ModelSource] = {}
     for entry in sorted(os.listdir(root)):
-        path = os.path.join(root, entry)
-        if os.path.isfile(path) and entry.endswith(MODEL_SUFFIXES):
-            found.append(ModelSource(os.path.splitext(entry)[0], path, ModelConfig()))
-        elif os.path.isfile(path) and entry.endswith(".gguf"):
-            log.info("skipping %s: a GGUF LLM is served by the OpenAI server (shapeplan serve --model)", path)
-        elif os.path.isdir(path):
-            if _is_llm_dir(path):
-                log.info("skipping %s: a Hugging Face checkpoint is served by the OpenAI server", path)
-                continue
-            model = _model_file(path)
-            if model is None:
-                log.info("skipping %s: no .onnx or .pt2 file in it", path)
-                continue
-            cfg = os.path.join(path, "config.json")
-            found.append(ModelSource(entry, model, load_config(cfg) if os.path.exists(cfg) else ModelConfig()))
-    if not found:
+        s = _source(root, entry)
+        if s is None:
+            continue
+        if s.name in found:
+            raise ModelError(f"model repository {root!r}: two entries are named {s.name!r} "
+                             f"({found[s.name].path} and {s.path}); rename one")
+        found[s.name] = s
+    if not found and not empty_ok:
         raise ModelError(f"model repository {root!r} holds no .onnx or .pt2 model")
-    return found
+    return list(found.values())
+
+
+def names(root: str, *, check: bool = False) -> list[str]:
+    """The names of the models in the repository, a malformed one (several model files, a bad config.json)
+    included: the repository index lists it and loading it says what is wrong. ``check``: a ``root`` that
+    is not a directory is a ModelError (else it has no models)."""
+    if check and not os.path.isdir(root):
+        raise ModelError(f"model repository {root!r} is not a directory")
+    out = set()
+    for entry in os.listdir(root) if os.path.isdir(root) else []:
+        try:
+            if _source(root, entry) is not None:
+                out.add(_name(entry))
+        except ModelError:
+            out.add(_name(entry))
+    return sorted(out)
+
+
+def find(root: str, name: str) -> ModelSource:
+    """The model named ``name`` in the repository, read now (its file and config.json as they are on disk)."""
+    entries = [e for e in os.listdir(root) if _name(e) == name] if os.path.isdir(root) else []
+    sources = [s for e in sorted(entries) if (s := _source(root, e)) is not None]
+    if not sources:
+        raise ModelNotFoundError(f"no model {name!r} in the model repository {root!r}; it has {names(root)}")
+    if len(sources) > 1:
+        raise ModelError(f"model repository {root!r}: two entries are named {name!r} "
+                         f"({sources[0].path} and {sources[1].path}); rename one")
+    return sources[0]
 
 
 def single(path: str, config: ModelConfig | None = None) -> list[ModelSource]:
@@ -154,14 +204,33 @@ def single(path: str, config: ModelConfig | None = None) -> list[ModelSource]:
 
 
 class ModelRepository:
-    """The served models by name; starts and stops them together."""
+    """The served models by name; starts and stops them together.
 
-    def __init__(self, sources: list[ModelSource], *, device: str = "cpu", mode: str = "auto") -> None:
+    Model control (Triton's ``--model-control-mode``): ``"none"`` serves the models it is given, for the
+    server's whole life. ``"explicit"`` (needs ``root``) also loads, reloads and unloads models while the
+    server runs (``load`` / ``unload``, the protocol's model repository extension). A reload compiles and
+    warms the new model while the old one serves; then requests go to the new one and the old one
+    finishes what it has queued. A load that fails leaves the model that served (if any) serving.
+    """
+
+    def __init__(self, sources: list[ModelSource], *, device: str = "cpu", mode: str = "auto",
+                 root: str | None = None, control: str = "none") -> None:
+        if control not in CONTROL_MODES:
+            raise ModelError(f"model control mode {control!r}: expected one of {list(CONTROL_MODES)}")
+        if control == "explicit" and root is None:
+            raise ModelError("model control mode 'explicit' needs the model repository's directory (root)")
+        self.device, self.mode, self.root, self.control = device, mode, root, control
+        self.models: dict[str, Any] = {s.name: self._served(s) for s in sources}
+        self._states: dict[str, tuple[str, str]] = {}      # name -> (state, reason) of a model not served now
+        self._uploads: dict[str, str] = {}                 # name -> temporary directory of its uploaded files
+        self._control = threading.Lock()                   # one load / unload at a time
+        #: the system shared memory regions clients registered (the server's transports share them)
+        self.shared_memory = SharedMemoryRegions()
+
+    def _served(self, s: ModelSource) -> Any:
         from shapeplan.serve.kserve.model import ServedModel
-        self.models: dict[str, ServedModel] = {}
-        for s in sources:
-            cfg = dataclasses.replace(s.config, device=s.config.device or device, mode=s.config.mode or mode)
-            self.models[s.name] = ServedModel(s.name, s.path, cfg)
+        cfg = dataclasses.replace(s.config, device=s.config.device or self.device, mode=s.config.mode or self.mode)
+        return ServedModel(s.name, s.path, cfg)
 
     def start(self) -> None:
         """Compile every model and warm up its batch buckets (in each instance's own thread)."""
@@ -175,23 +244,30 @@ class ModelRepository:
             raise
 
     def stop(self) -> None:
-        for m in self.models.values():
+        for m in list(self.models.values()):
             m.stop()
+        for d in self._uploads.values():
+            shutil.rmtree(d, ignore_errors=True)
+        self._uploads.clear()
+        self.shared_memory.close()
 
     @property
     def ready(self) -> bool:
-        return all(m.ready for m in self.models.values())
+        return all(m.ready for m in list(self.models.values()))
 
     def get(self, name: str, version: str = "") -> Any:
         m = self.models.get(name)
         if m is None:
+            if name in self._states:
+                state, reason = self._states[name]
+                raise ModelNotFoundError(f"model {name!r} is not loaded ({state.lower()}{': ' + reason if reason else ''})")
             raise ModelNotFoundError(f"unknown model {name!r}; this server has {sorted(self.models)}")
         if version and version != m.version:
             raise ModelNotFoundError(f"model {name!r} has no version {version!r}; it has [{m.version!r}]")
         return m
 
     def __iter__(self) -> Iterator[Any]:
-        return iter(self.models.values())
+        return iter(list(self.models.values()))
 
     def __enter__(self) -> "ModelRepository":
         self.start()
@@ -199,3 +275,132 @@ class ModelRepository:
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
+
+    # ------------------------------------------------------------------ model repository extension
+    def index(self, ready_only: bool = False) -> list[dict[str, str]]:
+        """Every model of the repository directory and every model served or tried: name, version, state
+        (READY, LOADING, UNAVAILABLE; empty: never loaded) and the reason of an UNAVAILABLE one."""
+        listed = set(names(self.root)) if self.root else set()
+        out = []
+        for name in sorted(listed | set(self.models) | set(self._states)):
+            m = self.models.get(name)
+            if m is not None:
+                entry = {"name": name, "version": m.version, "state": "READY" if m.ready else "LOADING", "reason": ""}
+            elif name in self._states:
+                state, reason = self._states[name]
+                entry = {"name": name, "version": "", "state": state, "reason": reason}
+            else:
+                entry = {"name": name, "version": "", "state": "", "reason": ""}
+            if not ready_only or entry["state"] == "READY":
+                out.append(entry)
+        return out
+
+    def _explicit(self, what: str) -> None:
+        if self.control != "explicit":
+            raise BadRequestError(f"{what}: this server's models are fixed (model control mode {self.control!r}); "
+                                  "start it with --model-control-mode explicit to load and unload models")
+
+    def load(self, name: str, config: str | None = None, files: dict[str, bytes] | None = None) -> None:
+        """Load ``name`` from the repository directory, or from ``files`` ({"file:<path>": bytes}, one .onnx
+        / .pt2 among them); reload it if it is served. ``config``: its config.json as a JSON string (instead
+        of the one on disk). Returns once the model is ready; raises ModelLoadError when it cannot load."""
+        self._explicit(f"load {name!r}")
+        if not name or name != os.path.basename(name) or name in (".", ".."):
+            raise BadRequestError(f"load: {name!r} is not a model name")
+        with self._control:
+            upload = None
+            try:
+                if files:
+                    upload = _write_upload(name, files)
+                    source = ModelSource(name, _model_file_in(upload, name), ModelConfig())
+                else:
+                    source = find(self.root, name)
+                if config is not None:
+                    try:
+                        doc = json.loads(config)
+                    except ValueError as e:
+                        raise BadRequestError(f"load {name!r}: parameter 'config' is not JSON: {e}") from None
+                    source = source._replace(config=ModelConfig.from_dict(doc, f"load {name!r}: parameter 'config'"))
+            except ModelError as e:
+                if upload:
+                    shutil.rmtree(upload, ignore_errors=True)
+                raise ModelLoadError(str(e)) from None
+            except BaseException:
+                if upload:
+                    shutil.rmtree(upload, ignore_errors=True)
+                raise
+            old = self.models.get(name)
+            if old is None:
+                self._states[name] = ("LOADING", "")
+            new = self._served(source)
+            try:
+                new.start()
+                new.wait_ready()
+            except BaseException as e:
+                new.stop()
+                if upload:
+                    shutil.rmtree(upload, ignore_errors=True)
+                if old is None:
+                    self._states[name] = ("UNAVAILABLE", f"failed to load: {e}")
+                log.warning("model %s failed to load: %s", name, e)
+                raise ModelLoadError(f"failed to load {name!r}: {e}") from None
+            self.models[name] = new
+            self._states.pop(name, None)
+            if old is not None:
+                old.successor = new            # a request that found the old model queues on the new one
+                old.stop()
+            self._retire_upload(name)
+            if upload:
+                self._uploads[name] = upload
+            log.info("model %s %s from %s", name, "reloaded" if old is not None else "loaded", source.path)
+
+    def unload(self, name: str) -> None:
+        """Stop serving ``name``: requests already queued are answered, later ones get NOT_FOUND."""
+        self._explicit(f"unload {name!r}")
+        with self._control:
+            m = self.models.pop(name, None)
+            if m is None:
+                if name in self._states or (self.root and name in names(self.root)):
+                    return                     # not loaded: nothing to do (as Triton)
+                raise ModelNotFoundError(f"unload: unknown model {name!r}; this server has {sorted(self.models)}")
+            self._states[name] = ("UNAVAILABLE", "unloaded")
+            m.stop()
+            self._retire_upload(name)
+            log.info("model %s unloaded", name)
+
+    def _retire_upload(self, name: str) -> None:
+        d = self._uploads.pop(name, None)
+        if d is not None:
+            shutil.rmtree(d, ignore_errors=True)
+
+
+CONTROL_MODES = ("none", "explicit")
+
+
+def _write_upload(name: str, files: dict[str, bytes]) -> str:
+    """``files`` ({"file:<relative path>": bytes}) written under a new temporary directory."""
+    d = tempfile.mkdtemp(prefix=f"shapeplan-model-{name}-")
+    try:
+        for key, data in files.items():
+            rel = key[len("file:"):] if key.startswith("file:") else ""
+            parts = rel.replace("\\", "/").split("/")
+            if not rel or rel.startswith("/") or any(p in ("", ".", "..") for p in parts):
+                raise BadRequestError(f"load {name!r}: parameter {key!r}: expected 'file:<relative path>' "
+                                      "inside the model's directory, e.g. 'file:1/model.onnx'")
+            path = os.path.join(d, *parts)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "wb") as f:
+                f.write(data)
+    except BaseException:
+        shutil.rmtree(d, ignore_errors=True)
+        raise
+    return d
+
+
+def _model_file_in(d: str, name: str) -> str:
+    found = sorted(os.path.join(root, f) for root, _, fs in os.walk(d) for f in fs if f.endswith(MODEL_SUFFIXES))
+    if len(found) != 1:
+        shown = [os.path.relpath(f, d) for f in found]
+        raise ModelError(f"load {name!r}: the uploaded files hold {len(found)} model files {shown}; "
+                         "expected one .onnx or .pt2")
+    return found[0]
