@@ -51,7 +51,7 @@ class Service:
         return pb.ServerReadyResponse(ready=self.repo.ready)
 
     def ModelReady(self, req: Any) -> Any:
-        return pb.ModelReadyResponse(ready=self.repo.get(req.name, req.version).ready)
+        return pb.ModelReadyResponse(ready=self.repo.is_ready(req.name, req.version))
 
     def ServerMetadata(self, req: Any) -> Any:
         return pb.ServerMetadataResponse(name="shapeplan", version=shapeplan.__version__, extensions=protocol.EXTENSIONS)

@@ -77,8 +77,9 @@ def router(repo: Any, max_request_bytes: int) -> APIRouter:
         except Exception as e:  # noqa: BLE001
             return error_response(e)
 
-    def ready_response(m: Any) -> JSONResponse:
-        return JSONResponse({"name": m.name, "ready": m.ready}, status_code=200 if m.ready else 503)
+    def ready_response(name: str, version: str) -> JSONResponse:
+        ok = repo.is_ready(name, version)
+        return JSONResponse({"name": name, "ready": ok}, status_code=200 if ok else 503)
 
     def config(m: Any) -> dict[str, Any]:
         return {"name": m.name, "platform": m.platform, **m.config.to_dict(),
@@ -92,7 +93,7 @@ def router(repo: Any, max_request_bytes: int) -> APIRouter:
     @r.get("/v2/models/{name}/ready")
     @r.get("/v2/models/{name}/versions/{version}/ready")
     async def model_ready(name: str, version: str = "") -> Any:
-        return answer(lambda: ready_response(repo.get(name, version)))
+        return answer(lambda: ready_response(name, version))
 
     @r.get("/v2/models/{name}/config")
     @r.get("/v2/models/{name}/versions/{version}/config")

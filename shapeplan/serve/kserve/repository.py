@@ -266,6 +266,13 @@ class ModelRepository:
             raise ModelNotFoundError(f"model {name!r} has no version {version!r}; it has [{m.version!r}]")
         return m
 
+    def is_ready(self, name: str, version: str = "") -> bool:
+        """Whether model ``name`` serves now: False for a model the repository has but does not serve
+        (unloaded, never loaded, failed); NOT_FOUND for a name it does not know."""
+        if name not in self.models and (name in self._states or (self.root and name in names(self.root))):
+            return False
+        return self.get(name, version).ready
+
     def __iter__(self) -> Iterator[Any]:
         return iter(list(self.models.values()))
 
