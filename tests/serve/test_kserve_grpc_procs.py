@@ -17,6 +17,8 @@ from tests.serve.test_kserve_batching import (  # noqa: F401 - collected again w
 from tests.serve.test_kserve_errors import (  # noqa: F401
     test_grpc_bad_request, test_grpc_oversized_request, test_grpc_raw_contents_count, test_grpc_unknown_model_metadata)
 from tests.serve.test_kserve_server import test_grpc_typed_contents  # noqa: F401
+from tests.serve.test_kserve_shm import (  # noqa: F401 - shm: that module's fixture
+    shm, test_concurrent_clients_each_with_their_region_get_their_own_answer, test_grpc_shared_memory_input_beside_a_raw_one)
 from tests.serve.test_kserve_stream import (  # noqa: F401
     test_a_client_that_leaves_mid_stream_costs_nobody_else, test_bad_requests_get_their_own_error_and_the_stream_goes_on,
     test_error_responses_carry_the_request_id_and_garbage_does_not_end_the_stream,
