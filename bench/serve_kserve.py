@@ -166,7 +166,42 @@ def grpc_request(model: str, spec: list, rows: int, seed: int) -> bytes:
     return req.SerializeToString()
 
 
-def _client_proc(addr: str, requests: list[bytes], warmup: float, seconds: float, barrier: Any, q: Any) -> None:
+SHM_OUT_BYTES = 4 << 20                 # --shm: room for a request's outputs in its client's region
+
+
+def shm_request(channel: Any, model: str, spec: list, outputs: list[str], seed: int, tag: str) -> tuple[bytes, Any]:
+    """--shm: a client's region (a shared memory object of its own, registered with the server) holding its
+    inputs, with room for its outputs, and the request that names them; (request, the object)."""
+    from multiprocessing import shared_memory
+
+    from shapeplan.serve.kserve import proto as pb
+    rng = np.random.RandomState(seed)
+    data = [rng.rand(1, *rest).astype(dt).tobytes() for _, dt, rest in spec]
+    size = sum(map(len, data)) + SHM_OUT_BYTES * len(outputs)
+    m = shared_memory.SharedMemory(create=True, size=size)
+    channel.unary_unary("/inference.GRPCInferenceService/SystemSharedMemoryRegister")(
+        pb.SystemSharedMemoryRegisterRequest(name=tag, key="/" + m.name, offset=0, byte_size=size).SerializeToString())
+    req = pb.ModelInferRequest(model_name=model)
+    at = 0
+    for (name, dt, rest), b in zip(spec, data):
+        m.buf[at:at + len(b)] = b
+        t = req.inputs.add(name=name, datatype=NP_TO_KSERVE[dt], shape=[1, *rest])
+        t.parameters["shared_memory_region"].string_param = tag
+        t.parameters["shared_memory_byte_size"].int64_param = len(b)
+        t.parameters["shared_memory_offset"].int64_param = at
+        at += len(b)
+    for name in outputs:
+        o = req.outputs.add(name=name)
+        o.parameters["shared_memory_region"].string_param = tag
+        o.parameters["shared_memory_byte_size"].int64_param = SHM_OUT_BYTES
+        o.parameters["shared_memory_offset"].int64_param = at
+        at += SHM_OUT_BYTES
+    return req.SerializeToString(), m
+
+
+def _client_proc(addr: str, requests: list[Any], warmup: float, seconds: float, barrier: Any, q: Any) -> None:
+    """``requests``: one per client thread, its serialized request, or for --shm (model, spec, output
+    names, seed) from which the thread's region and request are made here."""
     import grpc
     threads = len(requests)
     lat: list[list[float]] = [[] for _ in range(threads)]
@@ -174,6 +209,11 @@ def _client_proc(addr: str, requests: list[bytes], warmup: float, seconds: float
     chans = [grpc.insecure_channel(addr, options=[("grpc.max_receive_message_length", -1)]) for _ in requests]
     for ch in chans:
         grpc.channel_ready_future(ch).result(timeout=60)
+    regions = []
+    for k, r in enumerate(requests):
+        if isinstance(r, tuple):
+            requests[k], m = shm_request(chans[k], *r, tag=f"bench-{os.getpid()}-{k}")
+            regions.append(m)
     barrier.wait()                       # every process starts together
     start = time.monotonic() + warmup
     stop = start + seconds
@@ -200,8 +240,16 @@ def _client_proc(addr: str, requests: list[bytes], warmup: float, seconds: float
         t.join()
     # this process's CPU time over the test, as a share of one core: near 1, its GIL is the limit
     busy = (time.process_time() - cpu0) / (warmup + seconds)
+    if regions:
+        from shapeplan.serve.kserve import proto as pb
+        unregister = chans[0].unary_unary("/inference.GRPCInferenceService/SystemSharedMemoryUnregister")
+        for k in range(len(regions)):
+            unregister(pb.SystemSharedMemoryUnregisterRequest(name=f"bench-{os.getpid()}-{k}").SerializeToString())
     for ch in chans:
         ch.close()
+    for m in regions:
+        m.close()
+        m.unlink()
     q.put(([x for ls in lat for x in ls], errors[0], busy))
 
 
@@ -268,7 +316,10 @@ def load_test(addr: str, model: str, spec: list, args: argparse.Namespace, http_
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     procs = max(1, min(args.client_procs, args.clients))
-    reqs = [grpc_request(model, spec, 1, k) for k in range(args.clients)]
+    if args.shm:
+        reqs: list[Any] = [(model, spec, args.output_names, k) for k in range(args.clients)]
+    else:
+        reqs = [grpc_request(model, spec, 1, k) for k in range(args.clients)]
     parts = [reqs[i::procs] for i in range(procs)]
     barrier = ctx.Barrier(procs)
     ps = [ctx.Process(target=_client_proc, args=(addr, part, args.warmup, args.seconds, barrier, q))
@@ -470,6 +521,9 @@ def main() -> int:
                     help="engines (worker threads) of the batched model (default 1)")
     ap.add_argument("--grpc-procs", type=int, default=0, metavar="N",
                     help="the server's gRPC front-end processes (shapeplan serve --grpc-procs; default 0: none)")
+    ap.add_argument("--shm", action="store_true",
+                    help="the load tests' clients pass inputs and outputs through system shared memory (each "
+                         "client a region of its own), not in the gRPC messages")
     ap.add_argument("--overhead-iters", type=int, default=2000, help="sequential requests per overhead row")
     ap.add_argument("--engine-iters", type=int, default=50, help="in-process engine.run calls at max batch")
     ap.add_argument("--grpc", default=None, metavar="HOST:PORT", help="a running server (with --http)")
@@ -484,6 +538,8 @@ def main() -> int:
     model = os.path.join(tmp, "model.onnx")
     rewrote = dynamic_batch(src, model)
     spec = input_spec(model)
+    import shapeplan as sp
+    args.output_names = [v.name for v in sp.load(model).outputs]
     server = None
     if args.grpc:
         grpc_addr, http_addr = args.grpc, args.http
@@ -495,7 +551,7 @@ def main() -> int:
         print(f"server ready in {time.perf_counter() - t0:.1f} s (gRPC {grpc_addr}, HTTP {http_addr})", flush=True)
     results: dict[str, Any] = {"model": os.path.basename(src), "device": args.device, "mode": args.mode,
                                "clients": args.clients, "instances": args.instances, "delay_us": args.delay_us,
-                               "grpc_procs": args.grpc_procs,
+                               "grpc_procs": args.grpc_procs, "shm": args.shm,
                                "dynamic_batch_rewrite": rewrote}
     try:
         if not args.skip_load:
@@ -520,11 +576,12 @@ def report(r: dict[str, Any], args: argparse.Namespace) -> None:
     print(f"\nmodel {r['model']}{note}, device {r['device']}, mode {r['mode']}")
     if "batched" in r:
         b, u, e = r["batched"], r["unbatched"], r["engine_rows_s"]
-        print(f"\n{r['clients']} concurrent batch-1 gRPC clients, {args.seconds:g} s each")
+        how = ", tensors in system shared memory" if args.shm else ""
+        print(f"\n{r['clients']} concurrent batch-1 gRPC clients{how}, {args.seconds:g} s each")
         print(f"{'server':<34}{'req/s':>10}{'p50 ms':>10}{'p99 ms':>10}{'errors':>8}{'rows/call':>11}"
               f"{'server CPU ms/req':>19}{'client proc busy':>18}")
         inst = (f", {args.instances} inst." if args.instances > 1 else "") + \
-            (f", {args.grpc_procs} gRPC procs" if args.grpc_procs else "")
+            (f", {args.grpc_procs} gRPC procs" if args.grpc_procs else "") + (", shm" if args.shm else "")
         for label, x in ((f"dynamic batching (<= {args.max_batch_size}, {args.delay_us} us{inst})", b),
                          ("batching off", u)):
             extra = (f"{x['rows_per_call']:>11.1f}" if "rows_per_call" in x else f"{'':>11}") + \
