@@ -108,9 +108,41 @@ def _tensor(draw) -> dict:
     if draw(st.booleans()):
         t["data"] = draw(st.lists(st.integers(-300, 300) | st.floats() | st.booleans() | st.text(max_size=2)
                                   | st.lists(st.integers(-3, 3), max_size=3), max_size=6) | _JSON)
-    else:
+    elif draw(st.booleans()):
         t["parameters"] = {"binary_data_size": draw(st.integers(-2, 40) | _JSON)}
+    else:
+        t["parameters"] = _shm_params(draw)
     return t
+
+
+def _shm_params(draw) -> dict:
+    """A shared memory placement in region "r" (64 bytes, registered in ``REGIONS``), sometimes wrong."""
+    p = {"shared_memory_region": draw(st.sampled_from(["r", "nope", ""]) | _JSON),
+         "shared_memory_byte_size": draw(st.integers(-2, 80) | _JSON)}
+    if draw(st.booleans()):
+        p["shared_memory_offset"] = draw(st.integers(-2, 80) | _JSON)
+    return p
+
+
+def _regions():
+    """One 64-byte region "r" over a shared memory object of this process (unlinked at once: the mapping
+    stays), or None where there is no /dev/shm."""
+    import os
+    from multiprocessing import shared_memory
+
+    from shapeplan.serve.kserve.shm import SharedMemoryRegions
+    if not os.path.isdir("/dev/shm"):
+        return None
+    m = shared_memory.SharedMemory(create=True, size=128)
+    m.buf[:128] = bytes(range(128))
+    regions = SharedMemoryRegions()
+    regions.register("r", "/" + m.name, 32, 64)
+    m.close()
+    m.unlink()
+    return regions
+
+
+REGIONS = _regions()
 
 
 @st.composite
@@ -119,6 +151,10 @@ def _http_body(draw) -> tuple[bytes, int | None]:
     for key in ("id", "outputs", "parameters"):
         if draw(st.booleans()):
             doc[key] = draw(st.lists(st.fixed_dictionaries({"name": st.text(max_size=3) | _JSON}), max_size=2) | _JSON)
+    if isinstance(doc.get("outputs"), list):
+        for o in doc["outputs"]:
+            if isinstance(o, dict) and draw(st.booleans()):
+                o["parameters"] = _shm_params(draw)
     head = json.dumps(doc).encode()
     tail = draw(st.binary(max_size=48))
     length = draw(st.sampled_from([len(head), None]) | st.integers(-3, len(head) + len(tail) + 3))
@@ -133,7 +169,7 @@ def test_any_http_body_decodes_or_is_a_bad_request(body) -> None:
     lengths that disagree, JSON nested deeper than Python's recursion limit, bytes that are not JSON."""
     raw, length = body
     try:
-        req = protocol.decode_http(raw, length)
+        req = protocol.decode_http(raw, length, REGIONS)
     except BadRequestError as e:
         assert str(e)
         return

@@ -2,8 +2,9 @@
 
 repository (which models, config.json) -> model (metadata, request checks, queue) -> batcher (one
 worker thread per instance: dynamic batching, buckets, warm-up, pinned plans) ; protocol (tensors
-<-> JSON / binary / protobuf) ; http (FastAPI routes) ; grpc_server (grpcio) ; metrics (statistics,
-Prometheus) ; server (all of it started and stopped together).
+<-> JSON / binary / protobuf) ; shm (system shared memory regions) ; http (FastAPI routes) ;
+grpc_server (grpcio) ; metrics (statistics, Prometheus) ; server (all of it started and stopped together).
+The repository also loads, reloads and unloads models at run time (explicit model control).
 """
 from __future__ import annotations
 
