@@ -51,11 +51,21 @@ def test_wire_compatible_with_tritonclient() -> None:
     ours: dict = {}
     for name in pb._CLASSES:
         _walk(getattr(pb, name).DESCRIPTOR, ours)
+    config = pytest.importorskip("tritonclient.grpc.model_config_pb2")       # config.pbtxt's messages
     theirs: dict = {}
-    for m in triton.DESCRIPTOR.message_types_by_name.values():
-        _walk(m, theirs)
+    for module in (triton, config):
+        for m in module.DESCRIPTOR.message_types_by_name.values():
+            _walk(m, theirs)
     shared = sorted(set(ours) & set(theirs))
     assert "inference.ModelInferRequest.InferInputTensor" in shared and "inference.ModelStatistics" in shared
+    assert "inference.ModelConfig" in shared and "inference.ModelVersionPolicy.Specific" in shared
+    assert set(ours) - set(theirs) == {"inference.PlanStatistics"}          # ours only
+    for enum in ("DataType",):
+        mine_e = {v.name: v.number for v in pb.ModelInput.DESCRIPTOR.fields_by_name["data_type"].enum_type.values}
+        assert mine_e == {v.name: v.number for v in config.DESCRIPTOR.enum_types_by_name[enum].values}
+    kinds = pb.ModelInstanceGroup.DESCRIPTOR.enum_types_by_name["Kind"].values
+    assert {v.name: v.number for v in kinds} == \
+        {v.name: v.number for v in config.ModelInstanceGroup.DESCRIPTOR.enum_types_by_name["Kind"].values}
     for name in shared:
         mine, other = _fields(ours[name]), _fields(theirs[name])
         for field, spec in mine.items():

@@ -80,10 +80,8 @@ class ModelSpec:
 
 
 class ServedModel:
-    version = "1"
-
-    def __init__(self, name: str, path: str, config: ModelConfig) -> None:
-        self.name, self.path, self.config = name, path, config
+    def __init__(self, name: str, path: str, config: ModelConfig, version: str = "1") -> None:
+        self.name, self.path, self.config, self.version = name, path, config, version
         self.platform = "onnx" if path.endswith(".onnx") else "pytorch_export"
         self.spec: ModelSpec | None = None
         self.stats = ModelStats()

@@ -5,6 +5,9 @@ Layout (``shapeplan serve --model-repository DIR``)::
     DIR/resnet50.onnx              served as "resnet50" with the default config
     DIR/encoder/model.pt2          served as "encoder" (a directory: its one .onnx / .pt2 file,
     DIR/encoder/config.json        or model.onnx / model.pt2 when there are several) + its config
+    DIR/net/config.pbtxt           Triton's layout: served as "net", version "3" (the newest the
+    DIR/net/1/model.onnx           config's version_policy allows), config.pbtxt's fields mapped onto
+    DIR/net/3/model.onnx           ours (``config_from_pbtxt``)
 
 Hugging Face checkpoint directories and ``.gguf`` files are LLMs: they belong to the OpenAI server
 (``shapeplan serve --model``) and are skipped here, with the reason logged.
@@ -15,6 +18,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import shutil
 import tempfile
 import threading
@@ -101,6 +105,106 @@ class ModelSource(NamedTuple):
     name: str
     path: str
     config: ModelConfig
+    version: str = "1"
+
+
+# ----------------------------------------------------------------------------------- Triton's layout
+# A Triton model repository: DIR/NAME/config.pbtxt and DIR/NAME/<version>/model.onnx. The version
+# policy picks which version is served (one per model here); config.pbtxt's fields map onto ModelConfig.
+
+_PBTXT_LIST = re.compile(r"""("(?:[^"\\\n]|\\.)*"|'(?:[^'\\\n]|\\.)*'|#[^\n]*)|([A-Za-z_]\w*)(\s*)\[""")
+
+
+def read_pbtxt(path: str) -> Any:
+    """A config.pbtxt as the ``ModelConfig`` message (the fields ``proto`` declares; others are skipped).
+    ``field [ ... ]`` (Triton's list syntax, which protobuf's skipper does not take for a field it does
+    not know) is read as ``field: [ ... ]``, its equivalent."""
+    from google.protobuf import text_format
+
+    from shapeplan.serve.kserve import proto as pb
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, ValueError) as e:
+        raise ModelError(f"{path}: cannot read the model config: {e}") from None
+    text = _PBTXT_LIST.sub(lambda m: m.group(1) if m.group(1) is not None else f"{m.group(2)}:{m.group(3)}[", text)
+    cfg = pb.ModelConfig()
+    try:
+        text_format.Parse(text, cfg, allow_unknown_field=True)
+    except text_format.ParseError as e:
+        raise ModelError(f"{path}: line {e}") from None
+    return cfg
+
+
+#: the platform / backend names of config.pbtxt each kind of model file may have
+_PLATFORMS = {".onnx": ({"", "onnxruntime_onnx"}, {"", "onnxruntime"}), ".pt2": ({""}, {"", "pytorch"})}
+
+
+def config_from_pbtxt(c: Any, path: str, name: str, model: str) -> ModelConfig:
+    """Triton's config (``read_pbtxt``) as ours: max_batch_size; dynamic_batching (present: on, with its
+    max_queue_delay_microseconds; absent: off, as in Triton); instance_group (the counts added up; KIND_CPU
+    -> cpu, KIND_GPU -> cuda or cuda:N for one GPU, KIND_AUTO -> the server's device)."""
+    platforms, backends = _PLATFORMS[os.path.splitext(model)[1]]
+    if c.platform not in platforms or c.backend not in backends:
+        what = f"platform {c.platform!r}" if c.platform not in platforms else f"backend {c.backend!r}"
+        raise ModelError(f"{path}: {what} is not one shapeplan runs for {os.path.basename(model)} (ONNX: platform "
+                         "'onnxruntime_onnx' or backend 'onnxruntime'; torch.export .pt2: backend 'pytorch')")
+    if c.name and c.name != name:
+        raise ModelError(f"{path}: name {c.name!r} is not the model's directory name {name!r}")
+    if c.max_batch_size < 0:
+        raise ModelError(f"{path}: max_batch_size must be >= 0, got {c.max_batch_size}")
+    kinds = {g.kind for g in c.instance_group} - {pb_kind("KIND_AUTO"), pb_kind("KIND_MODEL")}
+    gpus = sorted({i for g in c.instance_group for i in g.gpus})
+    device = None
+    if len(kinds) > 1:
+        raise ModelError(f"{path}: instance groups on both CPU and GPU; shapeplan runs a model's instances on one device")
+    if kinds == {pb_kind("KIND_GPU")}:
+        if len(gpus) > 1:
+            raise ModelError(f"{path}: instance groups on GPUs {gpus}; shapeplan runs a model's instances on one "
+                             "device: list one GPU")
+        device = f"cuda:{gpus[0]}" if gpus else "cuda"
+    elif kinds == {pb_kind("KIND_CPU")}:
+        device = "cpu"
+    count = sum(max(g.count, 1) * max(len(g.gpus), 1) for g in c.instance_group) or 1
+    batching = c.HasField("dynamic_batching")
+    return ModelConfig(max_batch_size=c.max_batch_size, dynamic_batching=batching,
+                       max_queue_delay_us=c.dynamic_batching.max_queue_delay_microseconds if batching else 100,
+                       device=device, instance_count=count)
+
+
+def pb_kind(name: str) -> int:
+    from shapeplan.serve.kserve import proto as pb
+    return pb.ModelInstanceGroup.Kind.Value(name)
+
+
+def _version(d: str, policy: Any, filename: str, where: str) -> tuple[str, str] | None:
+    """(version, model file) of the version directory ``d`` serves: the newest of those the policy allows
+    (one version per model: a policy that allows several serves the newest, logged); None: no versions."""
+    found: dict[int, str] = {}
+    for v in os.listdir(d):
+        sub = os.path.join(d, v)
+        if not (v.isdigit() and os.path.isdir(sub)):
+            continue
+        if filename:
+            f = os.path.join(sub, filename)
+            if os.path.isfile(f) and f.endswith(MODEL_SUFFIXES):
+                found[int(v)] = f
+        elif (f := _model_file(sub)) is not None:
+            found[int(v)] = f
+    if not found:
+        return None
+    allowed = sorted(found)
+    choice = policy.WhichOneof("policy_choice") if policy is not None else None
+    if choice == "specific":
+        allowed = [v for v in allowed if v in set(policy.specific.versions)]
+        if not allowed:
+            raise ModelError(f"{where}: version_policy specific {list(policy.specific.versions)}, but the versions "
+                             f"here are {sorted(found)}")
+    wanted = len(allowed) if choice in ("all", "specific") else max(policy.latest.num_versions, 1) if choice else 1
+    if min(wanted, len(allowed)) > 1:
+        log.warning("%s: the version policy allows versions %s; shapeplan serves one version per model: %d",
+                    where, allowed[-wanted:], allowed[-1])
+    return str(allowed[-1]), found[allowed[-1]]
 
 
 def _is_llm_dir(path: str) -> bool:
@@ -135,12 +239,23 @@ def _source(root: str, entry: str) -> ModelSource | None:
         if _is_llm_dir(path):
             log.info("skipping %s: a Hugging Face checkpoint is served by the OpenAI server", path)
             return None
-        model = _model_file(path)
-        if model is None:
-            log.info("skipping %s: no .onnx or .pt2 file in it", path)
-            return None
-        cfg = os.path.join(path, "config.json")
-        return ModelSource(entry, model, load_config(cfg) if os.path.exists(cfg) else ModelConfig())
+        cfg, pbtxt = os.path.join(path, "config.json"), os.path.join(path, "config.pbtxt")
+        if os.path.exists(cfg) and os.path.exists(pbtxt):
+            raise ModelError(f"{path}: both config.json and config.pbtxt; keep one")
+        triton = read_pbtxt(pbtxt) if os.path.exists(pbtxt) else None
+        model, version = _model_file(path), "1"
+        if model is None:                       # Triton's layout: version directories
+            got = _version(path, triton.version_policy if triton is not None and triton.HasField("version_policy")
+                           else None, triton.default_model_filename if triton is not None else "", pbtxt)
+            if got is None:
+                log.info("skipping %s: no .onnx or .pt2 file in it (nor in a version directory 1/, 2/, ...)", path)
+                return None
+            version, model = got
+        if triton is not None:
+            config = config_from_pbtxt(triton, pbtxt, entry, model)
+        else:
+            config = load_config(cfg) if os.path.exists(cfg) else ModelConfig()
+        return ModelSource(entry, model, config, version)
     return None
 
 
@@ -230,7 +345,7 @@ class ModelRepository:
     def _served(self, s: ModelSource) -> Any:
         from shapeplan.serve.kserve.model import ServedModel
         cfg = dataclasses.replace(s.config, device=s.config.device or self.device, mode=s.config.mode or self.mode)
-        return ServedModel(s.name, s.path, cfg)
+        return ServedModel(s.name, s.path, cfg, s.version)
 
     def start(self) -> None:
         """Compile every model and warm up its batch buckets (in each instance's own thread)."""
