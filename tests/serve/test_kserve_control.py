@@ -135,6 +135,19 @@ def test_reload_reads_the_new_file_and_a_config_override(explicit) -> None:
         with pytest.raises(InferenceServerException, match="takes 1 to 4 rows per request"):
             _infer_grpc(g, "mlp", _x(5))
         np.testing.assert_allclose(_infer_grpc(g, "mlp", x), np.maximum(x @ w2 + b2, 0), rtol=1e-5, atol=1e-6)
+        # Triton's JSON form of config.pbtxt, as tritonclient users send it to Triton
+        g.load_model("mlp", config=json.dumps({"name": "mlp", "backend": "onnxruntime", "max_batch_size": 8,
+                                               "dynamic_batching": {"max_queue_delay_microseconds": 50},
+                                               "instance_group": [{"count": 2, "kind": "KIND_CPU"}],
+                                               "optimization": {"input_pinned_memory": {"enable": True}}}))
+        cfg = s.repo.get("mlp").config
+        assert (cfg.max_batch_size, cfg.dynamic_batching, cfg.max_queue_delay_us, cfg.instance_count, cfg.device) \
+            == (8, True, 50, 2, "cpu")
+        np.testing.assert_allclose(_infer_grpc(g, "mlp", x), np.maximum(x @ w2 + b2, 0), rtol=1e-5, atol=1e-6)
+        with pytest.raises(InferenceServerException, match="platform 'tensorrt_plan' is not one shapeplan runs"):
+            g.load_model("mlp", config=json.dumps({"platform": "tensorrt_plan"}))
+        with pytest.raises(InferenceServerException, match="not a Triton model config"):
+            g.load_model("mlp", config=json.dumps({"max_batch_size": "many", "instance_group": []}))
     finally:
         g.close()
 

@@ -172,6 +172,33 @@ def config_from_pbtxt(c: Any, path: str, name: str, model: str) -> ModelConfig:
                        device=device, instance_count=count)
 
 
+#: Triton's ModelConfig fields (top level): a load's JSON config with one of them that is not also a
+#: config.json key is Triton's JSON form of config.pbtxt
+TRITON_FIELDS = frozenset({
+    "name", "platform", "backend", "version_policy", "max_batch_size", "input", "output", "batch_input",
+    "batch_output", "optimization", "dynamic_batching", "sequence_batching", "ensemble_scheduling",
+    "instance_group", "default_model_filename", "cc_model_filenames", "metric_tags", "parameters",
+    "model_warmup", "model_operations", "model_transaction_policy", "model_repository_agents", "response_cache"})
+
+
+def config_from_json(doc: Any, where: str, name: str, model: str) -> ModelConfig:
+    """A load request's ``config``: our config.json keys, or Triton's ModelConfig as JSON (what
+    ``tritonclient``'s ``load_model(config=...)`` sends to Triton; mapped as config.pbtxt is, its other
+    fields skipped)."""
+    ours = {k.name for k in CONFIG_KEYS}
+    if not isinstance(doc, dict) or not (set(doc) & (TRITON_FIELDS - ours)
+                                         or isinstance(doc.get("dynamic_batching"), dict)):
+        return ModelConfig.from_dict(doc, where)
+    from google.protobuf import json_format
+
+    from shapeplan.serve.kserve import proto as pb
+    try:
+        c = json_format.ParseDict(doc, pb.ModelConfig(), ignore_unknown_fields=True)
+    except json_format.ParseError as e:
+        raise ModelError(f"{where}: not a Triton model config: {e}") from None
+    return config_from_pbtxt(c, where, name, model)
+
+
 def pb_kind(name: str) -> int:
     from shapeplan.serve.kserve import proto as pb
     return pb.ModelInstanceGroup.Kind.Value(name)
@@ -442,7 +469,8 @@ class ModelRepository:
                         doc = json.loads(config)
                     except ValueError as e:
                         raise BadRequestError(f"load {name!r}: parameter 'config' is not JSON: {e}") from None
-                    source = source._replace(config=ModelConfig.from_dict(doc, f"load {name!r}: parameter 'config'"))
+                    source = source._replace(config=config_from_json(doc, f"load {name!r}: parameter 'config'",
+                                                                     name, source.path))
             except ModelError as e:
                 if upload:
                     shutil.rmtree(upload, ignore_errors=True)
