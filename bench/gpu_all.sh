@@ -37,6 +37,9 @@ step tests_quant default 300 'python3 -m pytest -q -p no:cacheprovider $XDIST $(
   'grep -E "[0-9]+ (passed|failed|error)" $L | tail -1'
 step tests_quant_gpu default 330 'python3 -m pytest -q -p no:cacheprovider $XDIST $(existing $QUANT_GPU_TESTS)' \
   'grep -E "[0-9]+ (passed|failed|error)" $L | tail -1'
+# the KServe server with its model on the GPU (Triton layout, shared memory, batching; thirty-second session)
+step tests_kserve extra 120 'python3 -m pytest -q -p no:cacheprovider tests/gpu/test_kserve_cuda.py' \
+  'grep -E "[0-9]+ (passed|failed|error|skipped)" $L | tail -1'
 # the twenty-first session's attention-written codes for o (SHAPEPLAN_QUANT_ATTN_X) alone: its GPU test, and the paged
 # kernels whose merges write them (a short first look before the whole quantized-weight step)
 # the quantized model tests that the integer tensor-core GEMM's routing touches (batched decode, every mode's tokens)
@@ -253,10 +256,13 @@ T0=$(date +%s)
   python3 -c "import sys, torch, triton; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
   if [ -d "${WHEELS:-.wheels312}" ]; then        # each package on its own: one missing wheel costs only its steps
     got=(); missing=()
-    for pkg in gguf jsonschema fastapi uvicorn openai httpx; do
+    for pkg in gguf jsonschema fastapi uvicorn openai httpx prometheus-client; do
       python3 -m pip install -q --no-index --find-links "${WHEELS:-.wheels312}" "$pkg" > /dev/null 2>&1 \
         && got+=("$pkg") || missing+=("$pkg")
     done
+    # the KServe tests' client, without its pins (ml_dtypes, protobuf): the machine's own stay
+    python3 -m pip install -q --no-index --no-deps --find-links "${WHEELS:-.wheels312}" tritonclient python-rapidjson \
+      > /dev/null 2>&1 && got+=(tritonclient) || missing+=(tritonclient)
     python3 -m pip install -q --no-index --no-deps --find-links "${WHEELS:-.wheels312}" xgrammar apache-tvm-ffi \
       > /dev/null 2>&1 && got+=(xgrammar) || missing+=(xgrammar)
     echo "wheels of ${WHEELS:-.wheels312}: installed ${got[*]:-nothing}; missing ${missing[*]:-nothing}"
