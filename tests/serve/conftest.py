@@ -30,12 +30,12 @@ W = RNG.rand(8, 4).astype(np.float32) - 0.5
 B = RNG.rand(4).astype(np.float32) - 0.5
 
 
-def mlp_onnx(path: str) -> None:
+def mlp_onnx(path: str, w: np.ndarray = W, b: np.ndarray = B) -> None:
     nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Add", ["h", "b"], ["a"]),
              helper.make_node("Relu", ["a"], ["y"])]
     g = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])],
-                          [numpy_helper.from_array(W, "w"), numpy_helper.from_array(B, "b")])
+                          [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
 
 
@@ -124,3 +124,20 @@ def grpc_client(server):
 
 def mlp_ref(x: np.ndarray) -> np.ndarray:
     return np.maximum(x @ W + B, 0)
+
+
+def in_threads(fn, n: int) -> list[str]:
+    """``fn(k)`` on n threads at once, k = 0..n-1; what they raised, as ``repr`` strings."""
+    errors: list[str] = []
+
+    def run(k: int) -> None:
+        try:
+            fn(k)
+        except Exception as e:  # noqa: BLE001 - returned to the test, which asserts on it
+            errors.append(f"thread {k}: {e!r}")
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return errors

@@ -18,17 +18,6 @@ tc_grpc = pytest.importorskip("tritonclient.grpc")
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
 
-def _mlp_onnx_weights(path: str, w: np.ndarray, b: np.ndarray) -> None:
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Add", ["h", "b"], ["a"]),
-             helper.make_node("Relu", ["a"], ["y"])]
-    g = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])],
-                          [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
-    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
-
-
 @pytest.fixture
 def explicit(tmp_path, monkeypatch):
     """A server in explicit model control over a repository of mlp (loaded at start), export and broken
@@ -125,7 +114,7 @@ def test_reload_reads_the_new_file_and_a_config_override(explicit) -> None:
     try:
         x = _x()
         w2, b2 = (W * -2.0).astype(np.float32), (B + 0.25).astype(np.float32)
-        _mlp_onnx_weights(str(d / "mlp.onnx"), w2, b2)          # a new version of the file
+        mlp_onnx(str(d / "mlp.onnx"), w2, b2)          # a new version of the file
         np.testing.assert_allclose(_infer_grpc(g, "mlp", x), mlp_ref(x), rtol=1e-5, atol=1e-6)  # old one serves
         g.load_model("mlp")
         np.testing.assert_allclose(_infer_grpc(g, "mlp", x), np.maximum(x @ w2 + b2, 0), rtol=1e-5, atol=1e-6)
@@ -157,7 +146,7 @@ def test_upload_files(explicit, tmp_path) -> None:
     s, _ = explicit
     src = tmp_path / "upload.onnx"
     w3 = (W + 0.5).astype(np.float32)
-    _mlp_onnx_weights(str(src), w3, B)
+    mlp_onnx(str(src), w3, B)
     g = tc_grpc.InferenceServerClient(f"127.0.0.1:{s.grpc_port}")
     try:
         g.load_model("uploaded", config="{}", files={"file:1/model.onnx": src.read_bytes()})
@@ -274,7 +263,7 @@ def test_a_request_that_found_the_old_model_is_served_by_the_new_one(explicit) -
     s, d = explicit
     old = s.repo.get("mlp")
     w2 = (W * 3.0).astype(np.float32)
-    _mlp_onnx_weights(str(d / "mlp.onnx"), w2, B)
+    mlp_onnx(str(d / "mlp.onnx"), w2, B)
     s.repo.load("mlp")
     x = _x()
     got = old.submit(InferRequest({"x": x})).result(timeout=60)["y"]

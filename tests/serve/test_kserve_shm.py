@@ -2,14 +2,13 @@
 outputs written to POSIX shared memory the client made (``multiprocessing.shared_memory``)."""
 from __future__ import annotations
 
-import threading
 import uuid
 from multiprocessing import shared_memory
 
 import numpy as np
 import pytest
 
-from tests.serve.conftest import mlp_ref
+from tests.serve.conftest import in_threads, mlp_ref
 
 tc_http = pytest.importorskip("tritonclient.http")
 tc_grpc = pytest.importorskip("tritonclient.grpc")
@@ -103,7 +102,6 @@ def test_grpc_shared_memory_input_beside_a_raw_one(server, shm) -> None:
 def test_concurrent_clients_each_with_their_region_get_their_own_answer(server, shm) -> None:
     """16 clients at once, each its own region for x and y: batched together, each answer its own."""
     m = shm(16 * 1024)
-    errors: list = []
 
     def client(k: int) -> None:
         c = tc_grpc.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
@@ -121,15 +119,9 @@ def test_concurrent_clients_each_with_their_region_get_their_own_answer(server, 
                 c.infer("mlp", [i], outputs=[o])
                 got = np.frombuffer(bytes(m.buf[base + 512:base + 512 + rows * 16]), np.float32).reshape(rows, 4)
                 np.testing.assert_allclose(got, mlp_ref(x), rtol=1e-5, atol=1e-6)
-        except Exception as e:  # noqa: BLE001 - asserted on below
-            errors.append(repr(e))
         finally:
             c.close()
-    threads = [threading.Thread(target=client, args=(k,)) for k in range(16)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    errors = in_threads(client, 16)
     assert not errors, errors[:3]
 
 
