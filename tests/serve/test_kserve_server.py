@@ -163,8 +163,38 @@ def test_statistics_and_metrics(server, http_client, grpc_client) -> None:
     assert "shapeplan_plan_replays_total" in text and "shapeplan_inference_duration_seconds_total" in text
 
 
-def test_model_config_endpoint(server) -> None:
+def test_model_config_endpoint(server, http_client, grpc_client) -> None:
+    """Triton's model configuration extension: the config as Triton's ModelConfig (what tritonclient's
+    get_model_config reads, over HTTP and gRPC), ours beside it over HTTP."""
     status, body = _get(server, "/v2/models/gather/config")
     doc = json.loads(body)
-    assert status == 200 and doc["max_batch_size"] == 8 and doc["max_queue_delay_us"] == 300_000
-    assert doc["buckets"] == [1, 2, 4, 8] and doc["instance_count"] == 1
+    assert status == 200 and doc["max_batch_size"] == 8
+    assert doc["dynamic_batching"] == {"max_queue_delay_microseconds": 300_000}
+    assert doc["input"] == [{"name": "data", "data_type": "TYPE_FP32", "dims": [4]},
+                            {"name": "idx", "data_type": "TYPE_INT64", "dims": [1]}]
+    assert doc["instance_group"] == [{"count": 1, "kind": "KIND_CPU"}] and doc["backend"] == "onnxruntime"
+    assert doc["shapeplan"]["buckets"] == [1, 2, 4, 8] and doc["shapeplan"]["max_queue_delay_us"] == 300_000
+    assert http_client.get_model_config("gather") == doc
+    g = grpc_client.get_model_config("gather").config
+    assert (g.name, g.platform, g.max_batch_size) == ("gather", "onnxruntime_onnx", 8)
+    assert [(t.name, list(t.dims)) for t in g.output] == [("out", [1])]
+    assert g.dynamic_batching.max_queue_delay_microseconds == 300_000 and g.instance_group[0].count == 1
+    fixed = grpc_client.get_model_config("fixed").config
+    assert fixed.max_batch_size == 0 and list(fixed.input[0].dims) == [2, 3] and not fixed.HasField("dynamic_batching")
+
+
+def test_the_served_config_written_as_config_pbtxt_reads_back_the_same(server, tmp_path) -> None:
+    from google.protobuf import json_format, text_format
+
+    from shapeplan.serve.kserve import proto as pb
+    from shapeplan.serve.kserve.repository import config_from_pbtxt, read_pbtxt
+    for name in ("mlp", "gather", "fixed", "export"):
+        m = server.repo.get(name)
+        msg = json_format.ParseDict(m.triton_config(), pb.ModelConfig(), ignore_unknown_fields=True)
+        (tmp_path / "config.pbtxt").write_text(text_format.MessageToString(msg))
+        back = config_from_pbtxt(read_pbtxt(str(tmp_path / "config.pbtxt")), "config.pbtxt", name, m.path)
+        want = m.config
+        assert back.max_batch_size == m.spec.max_batch_size and back.dynamic_batching == m.spec.batching
+        assert (back.device, back.instance_count) == (want.device, want.instance_count)
+        if m.spec.batching:
+            assert back.max_queue_delay_us == want.max_queue_delay_us

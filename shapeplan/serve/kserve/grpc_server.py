@@ -59,6 +59,11 @@ class Service:
     def ModelMetadata(self, req: Any) -> Any:
         return json_format.ParseDict(self.repo.get(req.name, req.version).metadata(), pb.ModelMetadataResponse())
 
+    def ModelConfig(self, req: Any) -> Any:
+        config = json_format.ParseDict(self.repo.get(req.name, req.version).triton_config(), pb.ModelConfig(),
+                                       ignore_unknown_fields=True)          # "shapeplan": ours, HTTP only
+        return pb.ModelConfigResponse(config=config)
+
     def RepositoryIndex(self, req: Any) -> Any:
         return json_format.ParseDict({"models": self.repo.index(req.ready)}, pb.RepositoryIndexResponse())
 

@@ -81,10 +81,6 @@ def router(repo: Any, max_request_bytes: int) -> APIRouter:
         ok = repo.is_ready(name, version)
         return JSONResponse({"name": name, "ready": ok}, status_code=200 if ok else 503)
 
-    def config(m: Any) -> dict[str, Any]:
-        return {"name": m.name, "platform": m.platform, **m.config.to_dict(),
-                "buckets": list(m.spec.buckets) if m.spec else []}
-
     @r.get("/v2/models/{name}")
     @r.get("/v2/models/{name}/versions/{version}")
     async def model_metadata(name: str, version: str = "") -> Any:
@@ -98,7 +94,7 @@ def router(repo: Any, max_request_bytes: int) -> APIRouter:
     @r.get("/v2/models/{name}/config")
     @r.get("/v2/models/{name}/versions/{version}/config")
     async def model_config(name: str, version: str = "") -> Any:
-        return answer(lambda: config(repo.get(name, version)))
+        return answer(lambda: repo.get(name, version).triton_config())
 
     @r.get("/v2/models/{name}/stats")
     @r.get("/v2/models/{name}/versions/{version}/stats")

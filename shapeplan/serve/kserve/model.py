@@ -132,6 +132,32 @@ class ServedModel:
             raise UnavailableError(f"model {self.name!r} is still loading")
         return self.spec.metadata(self.name, self.version, self.platform)
 
+    def triton_config(self) -> dict[str, Any]:
+        """The model's configuration as Triton's ModelConfig (JSON form; the model configuration extension:
+        what ``tritonclient``'s ``get_model_config`` reads), our own config and buckets under "shapeplan"
+        (gRPC leaves that out)."""
+        spec = self.spec
+        if spec is None:
+            raise UnavailableError(f"model {self.name!r} is still loading")
+        batch = 1 if spec.max_batch_size else 0
+
+        def tensors(ts: list[TensorSpec]) -> list[dict[str, Any]]:
+            return [{"name": t.name, "data_type": "TYPE_STRING" if t.datatype == "BYTES" else f"TYPE_{t.datatype}",
+                     "dims": t.metadata()["shape"][batch:]} for t in ts]
+        device = self.config.device or "cpu"
+        group: dict[str, Any] = {"count": len(self.instances), "kind": "KIND_CPU" if device == "cpu" else "KIND_GPU"}
+        if device.startswith("cuda:"):
+            group["gpus"] = [int(device.split(":", 1)[1])]
+        out: dict[str, Any] = {
+            "name": self.name, "platform": "onnxruntime_onnx" if self.platform == "onnx" else "",
+            "backend": "onnxruntime" if self.platform == "onnx" else "pytorch",
+            "version_policy": {"latest": {"num_versions": 1}}, "max_batch_size": spec.max_batch_size,
+            "input": tensors(spec.inputs), "output": tensors(spec.outputs), "instance_group": [group],
+            "shapeplan": {**self.config.to_dict(), "buckets": list(spec.buckets)}}
+        if spec.batching:
+            out["dynamic_batching"] = {"max_queue_delay_microseconds": self.config.max_queue_delay_us}
+        return out
+
     # ------------------------------------------------------------------ requests
     def submit(self, req: InferRequest) -> "Future[dict[str, np.ndarray]]":
         """Check ``req`` against the model and queue it; the future gives {output name: array}."""

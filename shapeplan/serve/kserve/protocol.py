@@ -29,7 +29,8 @@ except ImportError:  # pragma: no cover - ml_dtypes is a dependency of shapeplan
     _BF16 = None
 
 #: the protocol extensions this server implements (server metadata; Triton's names)
-EXTENSIONS = ["binary_tensor_data", "statistics", "model_repository", "model_repository(unload_dependents)",
+EXTENSIONS = ["binary_tensor_data", "statistics", "model_configuration", "model_repository",
+              "model_repository(unload_dependents)",
               "system_shared_memory"]
 
 # protocol datatype -> (numpy dtype, shapeplan dtype name, gRPC InferTensorContents field or None)
