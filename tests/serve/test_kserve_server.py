@@ -198,3 +198,31 @@ def test_the_served_config_written_as_config_pbtxt_reads_back_the_same(server, t
         assert (back.device, back.instance_count) == (want.device, want.instance_count)
         if m.spec.batching:
             assert back.max_queue_delay_us == want.max_queue_delay_us
+
+
+def test_classification_extension(server, http_client, grpc_client) -> None:
+    """Triton's classification extension (tritonclient's ``class_count``): an output comes back as its top k,
+    "value:index" per batch row, largest first; over HTTP (JSON and binary) and gRPC."""
+    import tritonclient.grpc as tg
+    import tritonclient.http as th
+    x = np.random.RandomState(3).rand(6, 8).astype(np.float32) * 4
+    ref = mlp_ref(x)
+    for mod, c, kw in ((th, http_client, {"binary_data": False}), (th, http_client, {}), (tg, grpc_client, {})):
+        i = mod.InferInput("x", [6, 8], "FP32")
+        i.set_data_from_numpy(x)
+        got = c.infer("mlp", [i], outputs=[mod.InferRequestedOutput("y", class_count=2, **kw)]).as_numpy("y")
+        assert got.shape == (6, 2)
+        for row, want in zip(got, ref):
+            pairs = [cell.decode().split(":") if isinstance(cell, bytes) else cell.split(":") for cell in row]
+            values, idx = [float(v) for v, _ in pairs], [int(k) for _, k in pairs]
+            np.testing.assert_allclose(values, np.sort(want)[::-1][:2], rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(want[idx], values, rtol=1e-5, atol=1e-6)
+    i = tg.InferInput("x", [6, 8], "FP32")
+    i.set_data_from_numpy(x)
+    o = tg.InferRequestedOutput("y", class_count=9)          # more than the 4 values a row has: all 4
+    assert grpc_client.infer("mlp", [i], outputs=[o]).as_numpy("y").shape == (6, 4)
+    import httpx
+    r = httpx.post(f"http://127.0.0.1:{server.http_port}/v2/models/mlp/infer",
+                   json={"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 8], "data": [0.0] * 8}],
+                         "outputs": [{"name": "y", "parameters": {"classification": 0}}]})
+    assert r.status_code == 400 and "classification must be a positive integer" in r.json()["error"]

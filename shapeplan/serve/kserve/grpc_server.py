@@ -157,7 +157,7 @@ async def _infer(repo: Any, req: Any, *, stream: bool = False) -> bytes:
     ModelStreamInfer)."""
     model = repo.get(req.model_name, req.model_version)
     decoded = protocol.decode_grpc(req, repo.shared_memory)
-    outputs = await model.infer(decoded)
+    outputs = protocol.classify(decoded, await model.infer(decoded), bool(model.spec.max_batch_size))
     placed = protocol.place_outputs(decoded, outputs, repo.shared_memory)
     return protocol.encode_grpc(req.model_name, model.version, decoded, outputs, stream=stream, placed=placed)
 

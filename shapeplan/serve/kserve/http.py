@@ -185,7 +185,7 @@ def router(repo: Any, max_request_bytes: int) -> APIRouter:
                 req = await run_in_threadpool(protocol.decode_http, body, header_length, shm)
             else:
                 req = protocol.decode_http(body, header_length, shm)
-            outputs = await model.infer(req)
+            outputs = protocol.classify(req, await model.infer(req), bool(model.spec.max_batch_size))
             placed = protocol.place_outputs(req, outputs, shm)
             content, n = protocol.encode_http(name, model.version, req, outputs, placed)
         except Exception as e:  # noqa: BLE001 - every failure is this request's own response

@@ -31,7 +31,7 @@ except ImportError:  # pragma: no cover - ml_dtypes is a dependency of shapeplan
 #: the protocol extensions this server implements (server metadata; Triton's names)
 EXTENSIONS = ["binary_tensor_data", "statistics", "model_configuration", "model_repository",
               "model_repository(unload_dependents)",
-              "system_shared_memory"]
+              "system_shared_memory", "classification"]
 
 # protocol datatype -> (numpy dtype, shapeplan dtype name, gRPC InferTensorContents field or None)
 DATATYPES: dict[str, tuple[Any, str, str | None]] = {
@@ -209,6 +209,7 @@ class InferRequest:
     binary_outputs: set[str] = field(default_factory=set)
     binary_default: bool = False
     placements: dict[str, Placement] = field(default_factory=dict)    # outputs written to shared memory
+    classes: dict[str, int] = field(default_factory=dict)             # outputs asked as their top k
 
 
 def _dict(x: Any, what: str) -> dict:
@@ -284,6 +285,7 @@ def decode_http(body: bytes, header_length: int | None, shm: SharedMemoryRegions
                 raise BadRequestError(f"a requested output has no 'name' string: {json.dumps(o)[:120]}")
             req.outputs.append(name)
             oparams = _dict(o.get("parameters"), f"output {name!r}: 'parameters'")
+            _classification(req, name, oparams)
             where = placement(f"output {name!r}", oparams)
             if where is not None:
                 _shm(f"output {name!r}", where, shm)
@@ -293,6 +295,37 @@ def decode_http(body: bytes, header_length: int | None, shm: SharedMemoryRegions
             if binary if binary is not None else req.binary_default:
                 req.binary_outputs.add(name)
     return req
+
+
+def _classification(req: InferRequest, name: str, params: dict[str, Any]) -> None:
+    k = params.get("classification")
+    if k is None:
+        return
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+        raise BadRequestError(f"output {name!r}: classification must be a positive integer (the top k), got {k!r}")
+    req.classes[name] = k
+
+
+def classify(req: InferRequest, outputs: dict[str, np.ndarray], batched: bool) -> dict[str, np.ndarray]:
+    """Triton's classification extension: each output asked with ``classification: k`` becomes its k largest
+    values (per batch row when the model batches), as BYTES "value:index", largest first."""
+    if not req.classes:
+        return outputs
+    out = dict(outputs)
+    for name, k in req.classes.items():
+        a = outputs[name]
+        if a.dtype.kind not in "biuf" and not (_BF16 is not None and a.dtype == _BF16):
+            raise BadRequestError(f"output {name!r}: classification needs numbers, the output is "
+                                  f"{datatype_of_array(a)}")
+        rows = a.reshape(a.shape[0], -1) if batched and a.ndim else a.reshape(1, -1)
+        rows = rows.astype(np.float64)
+        k = min(k, rows.shape[1])
+        top = np.argsort(-rows, axis=1, kind="stable")[:, :k]
+        cells = np.empty(top.shape, dtype=object)
+        for r in range(top.shape[0]):
+            cells[r] = [f"{rows[r, i]:f}:{i}".encode() for i in top[r]]
+        out[name] = cells if batched and a.ndim else cells.reshape(k)
+    return out
 
 
 def place_outputs(req: InferRequest, outputs: dict[str, np.ndarray], shm: SharedMemoryRegions | None
@@ -382,7 +415,9 @@ def decode_grpc(msg: Any, shm: SharedMemoryRegions | None = None) -> InferReques
                 raise BadRequestError(f"input {t.name!r}: contents do not fit {t.datatype}: {e}") from None
     req = InferRequest(feeds, outputs=[o.name for o in msg.outputs] or None, id=msg.id)
     for o in msg.outputs:
-        where = placement(f"output {o.name!r}", grpc_parameters(getattr(o, "parameters", None)))
+        oparams = grpc_parameters(getattr(o, "parameters", None))
+        _classification(req, o.name, oparams)
+        where = placement(f"output {o.name!r}", oparams)
         if where is not None:
             _shm(f"output {o.name!r}", where, shm)
             req.placements[o.name] = where
