@@ -68,8 +68,7 @@ class Service:
         return json_format.ParseDict({"models": self.repo.index(req.ready)}, pb.RepositoryIndexResponse())
 
     def RepositoryModelLoad(self, req: Any) -> Any:
-        params = {k: getattr(v, v.WhichOneof("parameter_choice")) if v.WhichOneof("parameter_choice") else None
-                  for k, v in req.parameters.items()}
+        params = protocol.grpc_parameters(req.parameters)
         self.repo.load(req.model_name, *protocol.load_parameters(req.model_name, params))
         return pb.RepositoryModelLoadResponse()
 

@@ -364,7 +364,8 @@ def encode_http(model: str, version: str, req: InferRequest, outputs: dict[str, 
 
 
 def grpc_parameters(params: Any) -> dict[str, Any]:
-    """A protobuf ``map<string, InferParameter>`` (absent on a ``wire`` view) as {key: value}."""
+    """A protobuf ``map<string, InferParameter>`` (or ``ModelRepositoryParameter``; absent on a ``wire``
+    view) as {key: value}."""
     if not params:
         return {}
     return {k: getattr(v, v.WhichOneof("parameter_choice")) if v.WhichOneof("parameter_choice") else None
