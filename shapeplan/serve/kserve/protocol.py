@@ -30,8 +30,7 @@ except ImportError:  # pragma: no cover - ml_dtypes is a dependency of shapeplan
 
 #: the protocol extensions this server implements (server metadata; Triton's names)
 EXTENSIONS = ["binary_tensor_data", "statistics", "model_configuration", "model_repository",
-              "model_repository(unload_dependents)",
-              "system_shared_memory", "classification"]
+              "model_repository(unload_dependents)", "system_shared_memory", "classification"]
 
 # protocol datatype -> (numpy dtype, shapeplan dtype name, gRPC InferTensorContents field or None)
 DATATYPES: dict[str, tuple[Any, str, str | None]] = {
