@@ -101,6 +101,7 @@ def test_default_model_filename_and_a_pt2(tmp_path) -> None:
     ("instance_group [ { kind: KIND_GPU }, { kind: KIND_CPU } ]", ["instance groups on both CPU and GPU"]),
     ("version_policy: { specific: { versions: [ 2 ] } }", ["version_policy specific [2], but the versions here are [1, 3]"]),
     ("max_batch_size: -1", ["max_batch_size must be >= 0, got -1"]),
+    ('default_model_filename: "../1/model.onnx"', ["default_model_filename '../1/model.onnx' must be a file name"]),
 ])
 def test_config_errors_name_the_file_and_what_is_wrong(tmp_path, config, words) -> None:
     with pytest.raises(ModelError) as e:
@@ -147,3 +148,28 @@ def test_served_version_through_the_official_clients(tmp_path, monkeypatch) -> N
         finally:
             g.close()
             h.close()
+
+
+def test_any_config_pbtxt_reads_or_is_a_model_error(tmp_path) -> None:
+    """Whatever a config.pbtxt holds (fragments of real configs in any order, any text), the repository
+    either reads it or says what is wrong with a ModelError naming the file: never another exception."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+    frags = ["name:", '"net"', "max_batch_size:", "-1", "8", "99999999999999999999", "input", "[", "]", "{", "}",
+             ",", "dims:", "data_type:", "TYPE_FP32", "TYPE_NOPE", "instance_group", "kind:", "KIND_GPU", "gpus:",
+             "dynamic_batching", "max_queue_delay_microseconds:", "version_policy:", "specific", "versions:",
+             "latest", "num_versions:", "all", "platform:", '"tensorrt_plan"', "backend:", '"onnxruntime"',
+             "optimization", "#", "\n", "'", '"', "\\", ":", "<", ">", "model_warmup", "default_model_filename:"]
+    root = tmp_path / "repo"
+    _triton_repo(root, "")
+    path = root / "net" / "config.pbtxt"
+
+    @settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(st.lists(st.sampled_from(frags) | st.text(max_size=4), max_size=24))
+    def run(parts) -> None:
+        path.write_text(" ".join(parts))
+        try:
+            discover(str(root))
+        except ModelError as e:
+            assert "config.pbtxt" in str(e)
+    run()

@@ -207,6 +207,8 @@ def pb_kind(name: str) -> int:
 def _version(d: str, policy: Any, filename: str, where: str) -> tuple[str, str] | None:
     """(version, model file) of the version directory ``d`` serves: the newest of those the policy allows
     (one version per model: a policy that allows several serves the newest, logged); None: no versions."""
+    if filename and filename != os.path.basename(filename):
+        raise ModelError(f"{where}: default_model_filename {filename!r} must be a file name, not a path")
     found: dict[int, str] = {}
     for v in os.listdir(d):
         sub = os.path.join(d, v)
