@@ -3,6 +3,7 @@ driven by the official clients (tritonclient.http and tritonclient.grpc)."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import shutil
@@ -295,3 +296,25 @@ def test_cli_explicit_mode_arguments(tmp_path, capsys) -> None:
     assert main(["serve", "--model-repository", str(tmp_path), "--model-control-mode", "explicit",
                  "--load-model", "zz", "--port", "0", "--grpc-port", "0"]) == 1
     assert "no model 'zz' in the model repository" in capsys.readouterr().err
+
+
+def test_stop_waits_for_a_load_and_refuses_later_ones(tmp_path, monkeypatch) -> None:
+    """A load in progress when the server stops finishes and is stopped with the rest (no worker thread is
+    left behind); a load after the stop is UNAVAILABLE."""
+    from shapeplan.serve.errors import UnavailableError
+    from shapeplan.serve.kserve import ModelRepository
+    monkeypatch.setenv("SHAPEPLAN_CACHE_DIR", str(tmp_path / "plans"))
+    mlp_onnx(str(tmp_path / "a.onnx"))
+    mlp_onnx(str(tmp_path / "b.onnx"))
+    repo = ModelRepository([], root=str(tmp_path), control="explicit")
+    repo.start()
+    def load() -> None:
+        with contextlib.suppress(UnavailableError):          # the stop came first: refused, as it should be
+            repo.load("a")
+    loading = threading.Thread(target=load)
+    loading.start()
+    repo.stop()
+    loading.join()
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("shapeplan-serve-a-")]
+    with pytest.raises(UnavailableError, match="load 'b': the server is stopping"):
+        repo.load("b")

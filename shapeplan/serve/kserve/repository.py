@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator, NamedTuple
 
 from shapeplan.errors import ModelError
-from shapeplan.serve.errors import BadRequestError, ModelLoadError, ModelNotFoundError
+from shapeplan.serve.errors import BadRequestError, ModelLoadError, ModelNotFoundError, UnavailableError
 from shapeplan.serve.kserve.shm import SharedMemoryRegions
 
 log = logging.getLogger("shapeplan.serve")
@@ -367,7 +367,8 @@ class ModelRepository:
         self.models: dict[str, Any] = {s.name: self._served(s) for s in sources}
         self._states: dict[str, tuple[str, str]] = {}      # name -> (state, reason) of a model not served now
         self._uploads: dict[str, str] = {}                 # name -> temporary directory of its uploaded files
-        self._control = threading.Lock()                   # one load / unload at a time
+        self._control = threading.Lock()                   # one load / unload at a time, and stop
+        self._closed = False
         #: the system shared memory regions clients registered (the server's transports share them)
         self.shared_memory = SharedMemoryRegions()
 
@@ -388,11 +389,13 @@ class ModelRepository:
             raise
 
     def stop(self) -> None:
-        for m in list(self.models.values()):
-            m.stop()
-        for d in self._uploads.values():
-            shutil.rmtree(d, ignore_errors=True)
-        self._uploads.clear()
+        with self._control:                 # a load in progress finishes first; none starts after
+            self._closed = True
+            for m in list(self.models.values()):
+                m.stop()
+            for d in self._uploads.values():
+                shutil.rmtree(d, ignore_errors=True)
+            self._uploads.clear()
         self.shared_memory.close()
 
     @property
@@ -459,6 +462,8 @@ class ModelRepository:
         if not name or name != os.path.basename(name) or name in (".", ".."):
             raise BadRequestError(f"load: {name!r} is not a model name")
         with self._control:
+            if self._closed:
+                raise UnavailableError(f"load {name!r}: the server is stopping")
             upload = None
             try:
                 if files:
@@ -510,6 +515,8 @@ class ModelRepository:
         """Stop serving ``name``: requests already queued are answered, later ones get NOT_FOUND."""
         self._explicit(f"unload {name!r}")
         with self._control:
+            if self._closed:
+                raise UnavailableError(f"unload {name!r}: the server is stopping")
             m = self.models.pop(name, None)
             if m is None:
                 if name in self._states or (self.root and name in names(self.root)):
