@@ -5,7 +5,8 @@
     shapeplan serve --model DIR|FILE.gguf | --preset NAME                      OpenAI-compatible (LLMs)
 
 What is given picks the server: a model repository or an .onnx / .pt2 file selects the KServe tensor
-server; ``--model`` / ``--preset`` select the OpenAI-compatible LLM server.
+server; ``--model`` / ``--preset`` select the OpenAI-compatible LLM server; both together serve both
+protocols on one HTTP port (one app), KServe's gRPC beside it.
 """
 from __future__ import annotations
 
@@ -50,11 +51,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _run(args: argparse.Namespace) -> int:
     kserve = args.model_repository is not None or args.model_file is not None
     llm = args.model is not None or args.preset is not None
-    if kserve and llm:
-        print("error: give either a model repository / .onnx / .pt2 file (KServe server) or --model / --preset "
-              "(OpenAI server), not both", file=sys.stderr)
-        return 2
-    if llm:
+    if llm and not kserve:
         from shapeplan.serve.openai.server import serve_openai
         return serve_openai(args)
     if not kserve:
@@ -72,10 +69,12 @@ def _run(args: argparse.Namespace) -> int:
         print("error: --load-model needs --model-control-mode explicit (otherwise every model is loaded)",
               file=sys.stderr)
         return 2
-    return _serve_kserve(args)
+    return _serve_kserve(args, llm)
 
 
-def _serve_kserve(args: argparse.Namespace) -> int:
+def _serve_kserve(args: argparse.Namespace, llm: bool) -> int:
+    """The KServe server; with ``llm`` (--model / --preset given too) the OpenAI server's routes on the same
+    HTTP port (one app; KServe's gRPC on --grpc-port)."""
     if args.grpc_procs < 0:
         print(f"error: --grpc-procs: expected 0 (gRPC in this process) or more front-end processes, got "
               f"{args.grpc_procs}", file=sys.stderr)
@@ -88,22 +87,40 @@ def _serve_kserve(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 1
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if llm:
+        from shapeplan.serve.openai.server import check_llm_args
+        problem = check_llm_args(args)
+        if problem:
+            print(f"error: {problem}", file=sys.stderr)
+            return 2
     sources = _sources(args, discover, single)          # a ShapeplanError: main prints it, exit status 1
     repo = ModelRepository(sources, device=args.device, mode=args.mode, root=args.model_repository,
                            control=args.model_control_mode)
+    pipe = app = None
+    if llm:
+        from shapeplan.serve.openai.server import openai_app
+        llm_name, pipe, app = openai_app(args)
     server = KServeServer(repo, args.host, args.port, args.grpc_port,
                           max_request_bytes=args.max_request_bytes or DEFAULT_MAX_REQUEST_BYTES, log_level="warning",
-                          grpc_procs=args.grpc_procs)
+                          grpc_procs=args.grpc_procs, app=app)
+
     def start() -> None:
         server.start_listeners()
         loading = ", ".join(s.name for s in sources) or "no model (load them through the repository API)"
         print(f"KServe v2 HTTP on http://{args.host}:{server.http_port}, gRPC on {args.host}:{server.grpc_port}; "
               f"loading {loading}", flush=True)
+        if pipe is not None:
+            print(f"serving '{llm_name}' (OpenAI API) on http://{args.host}:{server.http_port}/v1", flush=True)
         repo.start()
         print(f"ready: {loading}", flush=True)
 
+    def stop() -> None:
+        server.stop()
+        if pipe is not None:
+            pipe.close()
+
     from shapeplan.serve.app import serve_until_stopped
-    serve_until_stopped(start, server.stop)
+    serve_until_stopped(start, stop)
     return 0
 
 

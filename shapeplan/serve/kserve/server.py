@@ -53,8 +53,10 @@ class KServeServer:
     def __init__(self, repo: ModelRepository, host: str = "127.0.0.1", http_port: int | None = 8000,
                  grpc_port: int | None = 8001, *, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
                  routers: Sequence[Any] = (), log_level: str = "warning", grpc_procs: int = 0,
-                 grpc_arena_bytes: int | None = None) -> None:
+                 grpc_arena_bytes: int | None = None, app: Any = None) -> None:
         """``None`` for a port: that transport is off. ``routers``: more FastAPI routers for the same app.
+        ``app``: serve the KServe routes on this FastAPI app instead of a new one (the OpenAI server's, so that
+        one port carries both protocols); its ``state.registry`` gets the KServe metrics.
         ``grpc_procs``: 0 serves gRPC in this process; N > 0 in N front-end processes that hand each
         request to this one (``grpc_server.GrpcRelays``; for many clients with large requests), each with a
         shared-memory arena of ``grpc_arena_bytes`` for the requests in flight (default: 64 MiB or four of
@@ -66,6 +68,7 @@ class KServeServer:
         self.max_request_bytes = max_request_bytes
         self._routers, self._log_level = list(routers), log_level
         self.grpc_procs, self.grpc_arena_bytes = grpc_procs, grpc_arena_bytes
+        self._app = app
         self.http: Any = None
         self.grpc: Any = None
         self._switch = False
@@ -98,9 +101,17 @@ class KServeServer:
             from shapeplan.serve.app import HttpServer, build_app
             from shapeplan.serve.kserve import http
             from shapeplan.serve.kserve.metrics import KServeCollector
-            registry = CollectorRegistry()
-            registry.register(KServeCollector(self.repo))
-            app = build_app([http.router(self.repo, self.max_request_bytes), *self._routers], registry=registry)
+            routers = [http.router(self.repo, self.max_request_bytes), *self._routers]
+            if self._app is None:
+                registry = CollectorRegistry()
+                registry.register(KServeCollector(self.repo))
+                app = build_app(routers, registry=registry)
+            else:
+                app = self._app
+                for r in routers:
+                    app.include_router(r)
+                app.state.registry.register(KServeCollector(self.repo))
+                self._app = None                    # mounted once, even if the listeners start again
             self.http = HttpServer(app, self.host, http_port, log_level=self._log_level).start()
         if grpc_port is not None:
             from shapeplan.serve.kserve.grpc_server import GrpcRelays, GrpcServer

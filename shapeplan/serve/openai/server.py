@@ -51,9 +51,11 @@ def build_openai_app(pipe: Any, *, model_name: str, api_key: str | None = None, 
 
     @app.exception_handler(HTTPException)
     async def http(request: Request, e: HTTPException) -> Any:        # unknown path, wrong method
+        from fastapi.responses import JSONResponse
+        if request.url.path.startswith("/v2"):     # a KServe path (both servers on one app): its error shape
+            return JSONResponse({"error": f"{request.method} {request.url.path}: {e.detail}"}, e.status_code)
         cls = {404: NotFound, 405: MethodNotAllowed}.get(e.status_code)
         if cls is None:
-            from fastapi.responses import JSONResponse
             return JSONResponse({"error": {"message": str(e.detail), "type": "invalid_request_error", "param": None,
                                            "code": None}}, e.status_code)
         return error_response(cls(f"{request.method} {request.url.path}: {e.detail}"))
@@ -108,6 +110,38 @@ def load_pipeline(args: argparse.Namespace) -> Any:
     return pipe
 
 
+def check_llm_args(args: argparse.Namespace) -> str | None:
+    """What is wrong with --model / --preset (None: nothing)."""
+    from shapeplan.llm.config import PRESETS
+    if args.model and args.preset:
+        return "give --model or --preset, not both"
+    if args.model and not os.path.exists(args.model):
+        return f"--model {args.model}: no such checkpoint directory or GGUF file"
+    if args.preset and args.preset not in PRESETS:
+        return f"--preset {args.preset}: no such preset (there are {', '.join(sorted(PRESETS))})"
+    return None
+
+
+def openai_app(args: argparse.Namespace) -> tuple[str, Any, Any]:
+    """(served name, pipeline, app) for --model / --preset: load, capture every bucket, build the app."""
+    name = args.served_model_name or (args.preset or os.path.basename(os.path.normpath(args.model)))
+    t0 = time.perf_counter()
+    print(f"loading {args.preset or args.model} on {args.device} ...", file=sys.stderr, flush=True)
+    pipe = load_pipeline(args)
+    try:
+        pipe.warmup()
+        print(f"  loaded and captured {len(pipe.decode_buckets)} decode and {len(pipe.buckets)} prefill buckets in "
+              f"{time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+        app = build_openai_app(pipe, model_name=name, api_key=args.api_key,
+                               checkpoint=args.model if args.model and os.path.isdir(args.model) else None,
+                               max_request_bytes=args.max_request_bytes or DEFAULT_MAX_REQUEST_BYTES,
+                               reasoning_parser=args.reasoning_parser)
+    except BaseException:
+        pipe.close()
+        raise
+    return name, pipe, app
+
+
 def serve_openai(args: argparse.Namespace) -> int:
     """``shapeplan serve --model DIR|FILE.gguf | --preset NAME``: load, capture every batch bucket,
     listen, print the URL, serve until SIGINT / SIGTERM."""
@@ -119,28 +153,11 @@ def serve_openai(args: argparse.Namespace) -> int:
         print(f"error: shapeplan serve needs the serve extra ({e.name} is missing): pip install -e \".[serve]\"",
               file=sys.stderr)
         return 1
-    from shapeplan.llm.config import PRESETS
-    if args.model and args.preset:
-        print("error: give --model or --preset, not both", file=sys.stderr)
+    problem = check_llm_args(args)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
         return 2
-    if args.model and not os.path.exists(args.model):
-        print(f"error: --model {args.model}: no such checkpoint directory or GGUF file", file=sys.stderr)
-        return 2
-    if args.preset and args.preset not in PRESETS:
-        print(f"error: --preset {args.preset}: no such preset (there are {', '.join(sorted(PRESETS))})",
-              file=sys.stderr)
-        return 2
-    name = args.served_model_name or (args.preset or os.path.basename(os.path.normpath(args.model)))
-    t0 = time.perf_counter()
-    print(f"loading {args.preset or args.model} on {args.device} ...", file=sys.stderr, flush=True)
-    pipe = load_pipeline(args)
-    pipe.warmup()
-    print(f"  loaded and captured {len(pipe.decode_buckets)} decode and {len(pipe.buckets)} prefill buckets in "
-          f"{time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
-    app = build_openai_app(pipe, model_name=name, api_key=args.api_key,
-                           checkpoint=args.model if args.model and os.path.isdir(args.model) else None,
-                           max_request_bytes=args.max_request_bytes or DEFAULT_MAX_REQUEST_BYTES,
-                           reasoning_parser=args.reasoning_parser)
+    name, pipe, app = openai_app(args)
     from shapeplan.serve.app import HttpServer, serve_until_stopped
     server = HttpServer(app, args.host, args.port, log_level=args.log_level)
 
