@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -247,6 +248,9 @@ def test_reload_under_load_loses_no_request(explicit) -> None:
     try:
         for delay in (0, 4, 0):
             g.load_model("mlp", config=json.dumps({"max_queue_delay_us": delay}))
+        deadline = time.monotonic() + 30                     # a loaded machine: let every client get one in
+        while min(counts) == 0 and not errors and time.monotonic() < deadline:
+            time.sleep(0.01)
     finally:
         stop.set()
         for t in threads:

@@ -102,6 +102,7 @@ def test_default_model_filename_and_a_pt2(tmp_path) -> None:
     ("version_policy: { specific: { versions: [ 2 ] } }", ["version_policy specific [2], but the versions here are [1, 3]"]),
     ("max_batch_size: -1", ["max_batch_size must be >= 0, got -1"]),
     ('default_model_filename: "../1/model.onnx"', ["default_model_filename '../1/model.onnx' must be a file name"]),
+    ('default_model_filename: "net.onnx"', ["no version directory (1/, 2/, ...) beside it holds 'net.onnx'"]),
 ])
 def test_config_errors_name_the_file_and_what_is_wrong(tmp_path, config, words) -> None:
     with pytest.raises(ModelError) as e:

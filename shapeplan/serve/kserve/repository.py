@@ -276,6 +276,9 @@ def _source(root: str, entry: str) -> ModelSource | None:
         if model is None:                       # Triton's layout: version directories
             got = _version(path, triton.version_policy if triton is not None and triton.HasField("version_policy")
                            else None, triton.default_model_filename if triton is not None else "", pbtxt)
+            if got is None and triton is not None:      # a config.pbtxt says this is a model: say what is missing
+                want = repr(triton.default_model_filename) if triton.default_model_filename else "a .onnx or .pt2 file"
+                raise ModelError(f"{pbtxt}: no version directory (1/, 2/, ...) beside it holds {want}")
             if got is None:
                 log.info("skipping %s: no .onnx or .pt2 file in it (nor in a version directory 1/, 2/, ...)", path)
                 return None
