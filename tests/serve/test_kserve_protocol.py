@@ -193,3 +193,36 @@ def test_any_grpc_request_decodes_or_is_a_bad_request(inputs) -> None:
         assert str(e)
         return
     assert all(isinstance(a, np.ndarray) for a in d.feeds.values())
+
+
+_PARAM = st.one_of(st.tuples(st.just("string_param"), st.sampled_from(["r", "nope", ""])),
+                   st.tuples(st.just("int64_param"), st.integers(-3, 100) | st.sampled_from([2**62, -(2**63)])),
+                   st.tuples(st.just("bool_param"), st.booleans()), st.tuples(st.just("double_param"), st.floats()))
+_PARAMS = st.dictionaries(st.sampled_from(["shared_memory_region", "shared_memory_byte_size", "shared_memory_offset",
+                                           "classification", "binary_data_size"]), _PARAM, max_size=3)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["x", "y"]), st.sampled_from(["FP32", "INT8", "BYTES"]),
+                          st.lists(st.integers(0, 4), max_size=3), _PARAMS, st.booleans()), min_size=1, max_size=3),
+       st.lists(st.tuples(st.sampled_from(["y", "z"]), _PARAMS), max_size=2))
+def test_any_grpc_parameters_decode_or_are_a_bad_request(inputs, outputs) -> None:
+    """gRPC inputs and requested outputs with any parameters (shared memory placements in the registered
+    64-byte region "r" or not, of any parameter type; classification): decoded, or a BadRequestError."""
+    req = pb.ModelInferRequest(model_name="m")
+    for name, dt, shape, params, raw in inputs:
+        t = req.inputs.add(name=name, datatype=dt, shape=shape)
+        for key, (kind, value) in params.items():
+            setattr(t.parameters[key], kind, value)
+        if raw:
+            req.raw_input_contents.append(b"\x01" * (4 * int(np.prod(shape))))
+    for name, params in outputs:
+        o = req.outputs.add(name=name)
+        for key, (kind, value) in params.items():
+            setattr(o.parameters[key], kind, value)
+    try:
+        d = protocol.decode_grpc(pb.ModelInferRequest.FromString(req.SerializeToString()), REGIONS)
+    except BadRequestError as e:
+        assert str(e)
+        return
+    assert all(isinstance(a, np.ndarray) for a in d.feeds.values())
