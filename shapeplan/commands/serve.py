@@ -24,9 +24,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="serve this one model over KServe v2 (named after the file)")
     p.add_argument("--model-repository", metavar="DIR",
                    help="serve every .onnx / .pt2 model in DIR over KServe v2 (a model DIR/NAME/ may have a config.json)")
-    p.add_argument("--model-control-mode", choices=["none", "explicit"], default="none",
+    p.add_argument("--model-control-mode", choices=["none", "explicit", "poll"], default="none",
                    help="KServe only: 'explicit' lets clients load, reload and unload the repository's models "
-                        "while the server runs (Triton's repository API); default none")
+                        "while the server runs (Triton's repository API); 'poll' follows the directory: new, "
+                        "changed and removed models are loaded, reloaded and unloaded; default none")
+    p.add_argument("--repository-poll-secs", type=float, default=15.0, metavar="S",
+                   help="with --model-control-mode poll: seconds between scans of the repository (default 15)")
     p.add_argument("--load-model", action="append", default=[], metavar="NAME",
                    help="with --model-control-mode explicit: load this model at start (repeat it; '*': every "
                         "model); without it none is loaded")
@@ -62,8 +65,11 @@ def _run(args: argparse.Namespace) -> int:
         print("error: give --model-repository DIR or one model file, not both", file=sys.stderr)
         return 2
     explicit = args.model_control_mode == "explicit"
-    if explicit and args.model_repository is None:
-        print("error: --model-control-mode explicit needs --model-repository DIR", file=sys.stderr)
+    if args.model_control_mode != "none" and args.model_repository is None:
+        print(f"error: --model-control-mode {args.model_control_mode} needs --model-repository DIR", file=sys.stderr)
+        return 2
+    if args.model_control_mode == "poll" and not args.repository_poll_secs > 0:
+        print(f"error: --repository-poll-secs must be > 0, got {args.repository_poll_secs}", file=sys.stderr)
         return 2
     if args.load_model and not explicit:
         print("error: --load-model needs --model-control-mode explicit (otherwise every model is loaded)",
@@ -95,7 +101,7 @@ def _serve_kserve(args: argparse.Namespace, llm: bool) -> int:
             return 2
     sources = _sources(args, discover, single)          # a ShapeplanError: main prints it, exit status 1
     repo = ModelRepository(sources, device=args.device, mode=args.mode, root=args.model_repository,
-                           control=args.model_control_mode)
+                           control=args.model_control_mode, poll_secs=args.repository_poll_secs)
     pipe = app = None
     if llm:
         from shapeplan.serve.openai.server import openai_app
@@ -128,6 +134,16 @@ def _sources(args: argparse.Namespace, discover: Any, single: Any) -> list:
     """The models to load at start: every one, or (explicit model control) those ``--load-model`` names."""
     if args.model_repository is None:
         return single(args.model_file)
+    if args.model_control_mode == "poll":           # what loads now; the first scan reports the rest
+        from shapeplan.errors import ShapeplanError
+        from shapeplan.serve.kserve.repository import find, names
+        found = []
+        for n in names(args.model_repository, check=True):
+            try:
+                found.append(find(args.model_repository, n))
+            except ShapeplanError as e:
+                print(f"warning: {e}", file=sys.stderr)
+        return found
     if args.model_control_mode != "explicit":
         return discover(args.model_repository)
     if "*" in args.load_model:

@@ -300,6 +300,11 @@ def test_cli_explicit_mode_arguments(tmp_path, capsys) -> None:
     assert main(["serve", "--model-repository", str(tmp_path), "--model-control-mode", "explicit",
                  "--load-model", "zz", "--port", "0", "--grpc-port", "0"]) == 1
     assert "no model 'zz' in the model repository" in capsys.readouterr().err
+    assert main(["serve", str(tmp_path / "m.onnx"), "--model-control-mode", "poll"]) == 2
+    assert "--model-control-mode poll needs --model-repository DIR" in capsys.readouterr().err
+    assert main(["serve", "--model-repository", str(tmp_path), "--model-control-mode", "poll",
+                 "--repository-poll-secs", "0"]) == 2
+    assert "--repository-poll-secs must be > 0, got 0.0" in capsys.readouterr().err
 
 
 def test_stop_waits_for_a_load_and_refuses_later_ones(tmp_path, monkeypatch) -> None:
@@ -322,3 +327,45 @@ def test_stop_waits_for_a_load_and_refuses_later_ones(tmp_path, monkeypatch) -> 
     assert not [t.name for t in threading.enumerate() if t.name.startswith("shapeplan-serve-a-")]
     with pytest.raises(UnavailableError, match="load 'b': the server is stopping"):
         repo.load("b")
+
+
+def test_poll_mode_follows_the_directory(tmp_path, monkeypatch) -> None:
+    """--model-control-mode poll: a model that appears is loaded, a changed file is reloaded, a removed one
+    unloaded, a broken one reported in the index; the repository API is refused; the scans run on their own."""
+    from shapeplan.serve.kserve import KServeServer, ModelRepository, discover
+    monkeypatch.setenv("SHAPEPLAN_CACHE_DIR", str(tmp_path / "plans"))
+    root = tmp_path / "repo"
+    root.mkdir()
+    mlp_onnx(str(root / "a.onnx"))
+    repo = ModelRepository(discover(str(root)), root=str(root), control="poll", poll_secs=3600)   # scans by hand
+    with KServeServer(repo, "127.0.0.1", None, 0) as s:
+        g = tc_grpc.InferenceServerClient(f"127.0.0.1:{s.grpc_port}")
+        try:
+            x = _x()
+            assert repo.poll_once() == {}
+            mlp_onnx(str(root / "b.onnx"))
+            (root / "c.onnx").write_bytes(b"broken")
+            assert repo.poll_once() == {"b": "loaded", "c": "failed"}
+            np.testing.assert_allclose(_infer_grpc(g, "b", x), mlp_ref(x), rtol=1e-5, atol=1e-6)
+            assert _index_grpc(g)["c"][0] == "UNAVAILABLE" and "failed to load" in _index_grpc(g)["c"][1]
+            w2 = (W * 2).astype(np.float32)
+            time.sleep(0.01)
+            mlp_onnx(str(root / "a.onnx"), w2)
+            os.remove(root / "b.onnx")
+            os.remove(root / "c.onnx")
+            assert repo.poll_once() == {"a": "reloaded", "b": "unloaded"}
+            np.testing.assert_allclose(_infer_grpc(g, "a", x), np.maximum(x @ w2 + B, 0), rtol=1e-5, atol=1e-6)
+            assert _index_grpc(g) == {"a": ("READY", ""), "b": ("UNAVAILABLE", "removed from the model repository")}
+            with pytest.raises(InferenceServerException, match="model control mode 'poll'"):
+                g.load_model("a")
+        finally:
+            g.close()
+    # the scans run on their own
+    repo = ModelRepository([], root=str(root), control="poll", poll_secs=0.05)
+    with KServeServer(repo, "127.0.0.1", None, None):
+        mlp_onnx(str(root / "d.onnx"))
+        deadline = time.monotonic() + 60
+        while "d" not in repo.models and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert repo.models["d"].ready
+    assert not [t.name for t in threading.enumerate() if t.name == "shapeplan-serve-poll"]

@@ -361,17 +361,22 @@ class ModelRepository:
     """
 
     def __init__(self, sources: list[ModelSource], *, device: str = "cpu", mode: str = "auto",
-                 root: str | None = None, control: str = "none") -> None:
+                 root: str | None = None, control: str = "none", poll_secs: float = 15.0) -> None:
         if control not in CONTROL_MODES:
             raise ModelError(f"model control mode {control!r}: expected one of {list(CONTROL_MODES)}")
-        if control == "explicit" and root is None:
-            raise ModelError("model control mode 'explicit' needs the model repository's directory (root)")
-        self.device, self.mode, self.root, self.control = device, mode, root, control
+        if control != "none" and root is None:
+            raise ModelError(f"model control mode {control!r} needs the model repository's directory (root)")
+        if control == "poll" and not poll_secs > 0:
+            raise ModelError(f"the repository poll interval must be > 0 seconds, got {poll_secs}")
+        self.device, self.mode, self.root, self.control, self.poll_secs = device, mode, root, control, poll_secs
         self.models: dict[str, Any] = {s.name: self._served(s) for s in sources}
         self._states: dict[str, tuple[str, str]] = {}      # name -> (state, reason) of a model not served now
         self._uploads: dict[str, str] = {}                 # name -> temporary directory of its uploaded files
         self._control = threading.Lock()                   # one load / unload at a time, and stop
         self._closed = False
+        self._signatures = {s.name: _signature(root, s) for s in sources} if control == "poll" else {}
+        self._poller: threading.Thread | None = None
+        self._stop_polling = threading.Event()
         #: the system shared memory regions clients registered (the server's transports share them)
         self.shared_memory = SharedMemoryRegions()
 
@@ -390,8 +395,12 @@ class ModelRepository:
         except BaseException:
             self.stop()
             raise
+        if self.control == "poll" and self._poller is None:
+            self._poller = threading.Thread(target=self._poll, name="shapeplan-serve-poll", daemon=True)
+            self._poller.start()
 
     def stop(self) -> None:
+        self._stop_polling.set()
         with self._control:                 # a load in progress finishes first; none starts after
             self._closed = True
             for m in list(self.models.values()):
@@ -399,6 +408,9 @@ class ModelRepository:
             for d in self._uploads.values():
                 shutil.rmtree(d, ignore_errors=True)
             self._uploads.clear()
+        if self._poller is not None:
+            self._poller.join()
+            self._poller = None
         self.shared_memory.close()
 
     @property
@@ -453,6 +465,9 @@ class ModelRepository:
         return out
 
     def _explicit(self, what: str) -> None:
+        if self.control == "poll":
+            raise BadRequestError(f"{what}: this server follows its repository directory (model control mode "
+                                  "'poll'): change the files there, or start it with --model-control-mode explicit")
         if self.control != "explicit":
             raise BadRequestError(f"{what}: this server's models are fixed (model control mode {self.control!r}); "
                                   "start it with --model-control-mode explicit to load and unload models")
@@ -464,6 +479,9 @@ class ModelRepository:
         self._explicit(f"load {name!r}")
         if not name or name != os.path.basename(name) or name in (".", ".."):
             raise BadRequestError(f"load: {name!r} is not a model name")
+        self._load(name, config, files)
+
+    def _load(self, name: str, config: str | None = None, files: dict[str, bytes] | None = None) -> None:
         with self._control:
             if self._closed:
                 raise UnavailableError(f"load {name!r}: the server is stopping")
@@ -484,6 +502,8 @@ class ModelRepository:
             except ModelError as e:
                 if upload:
                     shutil.rmtree(upload, ignore_errors=True)
+                if name not in self.models:
+                    self._states[name] = ("UNAVAILABLE", f"failed to load: {e}")
                 raise ModelLoadError(str(e)) from None
             except BaseException:
                 if upload:
@@ -517,6 +537,9 @@ class ModelRepository:
     def unload(self, name: str) -> None:
         """Stop serving ``name``: requests already queued are answered, later ones get NOT_FOUND."""
         self._explicit(f"unload {name!r}")
+        self._unload(name)
+
+    def _unload(self, name: str, reason: str = "unloaded") -> None:
         with self._control:
             if self._closed:
                 raise UnavailableError(f"unload {name!r}: the server is stopping")
@@ -525,10 +548,58 @@ class ModelRepository:
                 if name in self._states or (self.root and name in names(self.root)):
                     return                     # not loaded: nothing to do (as Triton)
                 raise ModelNotFoundError(f"unload: unknown model {name!r}; this server has {sorted(self.models)}")
-            self._states[name] = ("UNAVAILABLE", "unloaded")
+            self._states[name] = ("UNAVAILABLE", reason)
             m.stop()
             self._retire_upload(name)
             log.info("model %s unloaded", name)
+
+    # ------------------------------------------------------------------ model control "poll"
+    def _poll(self) -> None:
+        while not self._stop_polling.wait(self.poll_secs):
+            try:
+                self.poll_once()
+            except UnavailableError:            # stopping
+                return
+            except Exception:  # noqa: BLE001 - the next scan tries again; the server keeps serving
+                log.exception("model repository scan failed")
+
+    def poll_once(self) -> dict[str, str]:
+        """One scan of the repository directory: load the models that appeared, reload those whose model
+        file or config changed, unload those that went; {name: what was done}. A model that fails to load
+        is UNAVAILABLE with the reason in the index (a served one keeps serving) and is tried again when
+        its files change."""
+        found: dict[str, tuple[Any, Any]] = {}
+        for name in names(self.root):
+            try:
+                src = find(self.root, name)
+                found[name] = (src, _signature(self.root, src))
+            except (ModelError, ModelNotFoundError) as e:
+                found[name] = (e, ("error", str(e)))
+        done: dict[str, str] = {}
+        for name, (src, sig) in sorted(found.items()):
+            if self._signatures.get(name) == sig:
+                continue
+            self._signatures[name] = sig
+            served = name in self.models
+            if isinstance(src, Exception):
+                if not served:
+                    self._states[name] = ("UNAVAILABLE", f"failed to load: {src}")
+                log.warning("model %s: %s", name, src)
+                done[name] = "failed"
+                continue
+            try:
+                self._load(name)
+                done[name] = "reloaded" if served else "loaded"
+            except ModelLoadError:
+                done[name] = "failed"
+        for name in sorted(set(self.models) - set(found)):
+            self._unload(name, "removed from the model repository")
+            self._signatures.pop(name, None)
+            done[name] = "unloaded"
+        for name in set(self._signatures) - set(found) - set(self.models):     # failed, then removed
+            self._signatures.pop(name)
+            self._states.pop(name, None)
+        return done
 
     def _retire_upload(self, name: str) -> None:
         d = self._uploads.pop(name, None)
@@ -536,7 +607,21 @@ class ModelRepository:
             shutil.rmtree(d, ignore_errors=True)
 
 
-CONTROL_MODES = ("none", "explicit")
+CONTROL_MODES = ("none", "explicit", "poll")
+
+
+def _signature(root: str | None, s: ModelSource) -> tuple:
+    """What a scan compares to see a model change: its file, version, and the model file's and its config
+    file's modification times and sizes."""
+    def stamp(path: str) -> tuple | None:
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        return st.st_mtime_ns, st.st_size
+    d = os.path.join(root or "", s.name)
+    return (s.path, s.version, stamp(s.path), stamp(os.path.join(d, "config.json")),
+            stamp(os.path.join(d, "config.pbtxt")))
 
 
 def _write_upload(name: str, files: dict[str, bytes]) -> str:
