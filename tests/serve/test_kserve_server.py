@@ -187,7 +187,7 @@ def test_the_served_config_written_as_config_pbtxt_reads_back_the_same(server, t
     from google.protobuf import json_format, text_format
 
     from shapeplan.serve.kserve import proto as pb
-    from shapeplan.serve.kserve.repository import config_from_pbtxt, read_pbtxt
+    from shapeplan.serve.kserve.triton_config import config_from_pbtxt, read_pbtxt
     for name in ("mlp", "gather", "fixed", "export"):
         m = server.repo.get(name)
         msg = json_format.ParseDict(m.triton_config(), pb.ModelConfig(), ignore_unknown_fields=True)

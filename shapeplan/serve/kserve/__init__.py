@@ -1,6 +1,6 @@
 """The KServe v2 inference protocol over compiled models.
 
-repository (which models, config.json) -> model (metadata, request checks, queue) -> batcher (one
+repository (which models; config: config.json's keys; triton_config: config.pbtxt) -> model (metadata, request checks, queue) -> batcher (one
 worker thread per instance: dynamic batching, buckets, warm-up, pinned plans) ; protocol (tensors
 <-> JSON / binary / protobuf) ; shm (system shared memory regions) ; http (FastAPI routes) ;
 grpc_server (grpcio) ; metrics (statistics, Prometheus) ; server (all of it started and stopped together).

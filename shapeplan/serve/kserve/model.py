@@ -24,7 +24,7 @@ from shapeplan.serve.kserve.batcher import Batcher
 from shapeplan.serve.kserve.batching import Work, bucket_ladder, deliver
 from shapeplan.serve.kserve.metrics import ModelStats
 from shapeplan.serve.kserve.protocol import InferRequest, datatype_of, datatype_of_array
-from shapeplan.serve.kserve.repository import ModelConfig
+from shapeplan.serve.kserve.config import ModelConfig
 
 DEFAULT_MAX_BATCH = 32
 
