@@ -1,10 +1,11 @@
 """The KServe v2 inference protocol over compiled models.
 
-repository (which models; config: config.json's keys; triton_config: config.pbtxt) -> model (metadata, request checks, queue) -> batcher (one
-worker thread per instance: dynamic batching, buckets, warm-up, pinned plans) ; protocol (tensors
-<-> JSON / binary / protobuf) ; shm (system shared memory regions) ; http (FastAPI routes) ;
-grpc_server (grpcio) ; metrics (statistics, Prometheus) ; server (all of it started and stopped together).
-The repository also loads, reloads and unloads models at run time (explicit model control).
+repository (which models; config: config.json's keys; triton_config: config.pbtxt) -> model (metadata,
+request checks, queue) -> batcher (one worker thread per instance: dynamic batching, buckets, warm-up,
+pinned plans) ; protocol (tensors <-> JSON / binary / protobuf) ; shm (system shared memory regions) ;
+http (FastAPI routes) ; grpc_server (grpcio) ; metrics (statistics, Prometheus) ; server (all of it
+started and stopped together). The repository also loads, reloads and unloads models while the server
+runs (model control "explicit" and "poll").
 """
 from __future__ import annotations
 
