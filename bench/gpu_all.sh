@@ -37,6 +37,9 @@ step tests_quant default 300 'python3 -m pytest -q -p no:cacheprovider $XDIST $(
   'grep -E "[0-9]+ (passed|failed|error)" $L | tail -1'
 step tests_quant_gpu default 330 'python3 -m pytest -q -p no:cacheprovider $XDIST $(existing $QUANT_GPU_TESTS)' \
   'grep -E "[0-9]+ (passed|failed|error)" $L | tail -1'
+# onnxruntime against shapeplan.ort on the same models (the table names the providers each one used)
+step ort_session extra 240 'python3 -m bench.ort_session --models mlp768,squeezenet,resnet50 --batches 1,8 --device cuda --json $W/ort_session.json' \
+  'grep -A8 "^onnxruntime vs" $L | tr -s " " | tr "\n" ";"'
 # the KServe server with its model on the GPU (Triton layout, shared memory, batching; thirty-second session)
 step tests_kserve extra 120 'python3 -m pytest -q -p no:cacheprovider tests/gpu/test_kserve_cuda.py' \
   'grep -E "[0-9]+ (passed|failed|error|skipped)" $L | tail -1'

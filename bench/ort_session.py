@@ -93,7 +93,9 @@ def main() -> int:
                 r["model"] = name
                 results.append(r)
                 print(f"  {name} batch {b}: done", file=sys.stderr, flush=True)
-    print(f"\nonnxruntime vs shapeplan.ort, device {args.device}, median of {args.iters} calls")
+    used = sorted({f"onnxruntime {r['onnxruntime_providers']}, shapeplan.ort {r['shapeplan.ort_providers']}"
+                   for r in results})
+    print(f"\nonnxruntime vs shapeplan.ort, device {args.device}, median of {args.iters} calls ({'; '.join(used)})")
     print(f"{'model':<12}{'batch':>6}{'ORT ms':>10}{'ours ms':>10}{'ORT/ours':>10}{'ORT first s':>13}"
           f"{'ours first s':>14}{'max |diff|':>12}")
     for r in results:
