@@ -33,26 +33,46 @@ def test_argument_errors(capsys, tmp_path) -> None:
     assert "--grpc-procs: expected 0 (gRPC in this process) or more front-end processes, got -1" in capsys.readouterr().err
 
 
+def _serve(args: list[str], tmp_path) -> tuple[subprocess.Popen, str, int, int]:
+    """``python -m shapeplan serve ARGS`` on free ports, read until it prints "ready": (process, what it
+    printed, HTTP port, gRPC port)."""
+    env = {**os.environ, "SHAPEPLAN_CACHE_DIR": str(tmp_path / "plans")}
+    p = subprocess.Popen([sys.executable, "-m", "shapeplan", "serve", *args, "--port", "0", "--grpc-port", "0",
+                          "--log-level", "warning"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         env=env, cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    lines: list[str] = []
+    deadline = time.monotonic() + 180
+    try:
+        while not any(line.startswith("ready") for line in lines):
+            line = p.stdout.readline()
+            assert line and time.monotonic() < deadline, "".join(lines)
+            lines.append(line)
+    except BaseException:
+        _stop(p)
+        raise
+    text = "".join(lines)
+    http_port, grpc_port = map(int, re.search(r"http://127.0.0.1:(\d+), gRPC on 127.0.0.1:(\d+)", text).groups())
+    return p, text, http_port, grpc_port
+
+
+def _stop(p: subprocess.Popen) -> int:
+    """SIGTERM, as a service manager stops it; its exit status."""
+    p.send_signal(signal.SIGTERM)
+    try:
+        return p.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        raise
+
+
 @pytest.mark.parametrize("grpc_procs", [0, 2])
 def test_serve_process_end_to_end(tmp_path, grpc_procs) -> None:
     """... with gRPC in the server process, and in two front-end processes that end with it."""
     model = str(tmp_path / "tiny.onnx")
     mlp_onnx(model)
-    env = {**os.environ, "SHAPEPLAN_CACHE_DIR": str(tmp_path / "plans")}
-    p = subprocess.Popen([sys.executable, "-m", "shapeplan", "serve", model, "--port", "0", "--grpc-port", "0",
-                          "--log-level", "warning", "--grpc-procs", str(grpc_procs)], stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True, env=env,
-                         cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    p, _, http_port, grpc_port = _serve([model, "--grpc-procs", str(grpc_procs)], tmp_path)
     children: list[int] = []
     try:
-        lines = []
-        deadline = time.monotonic() + 120
-        while not any(line.startswith("ready") for line in lines):
-            line = p.stdout.readline()
-            assert line and time.monotonic() < deadline, "".join(lines)
-            lines.append(line)
-        http_port, grpc_port = map(int, re.search(r"http://127.0.0.1:(\d+), gRPC on 127.0.0.1:(\d+)",
-                                                  "".join(lines)).groups())
         body = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 8], "data": [1.0] * 8}]})
         req = urllib.request.Request(f"http://127.0.0.1:{http_port}/v2/models/tiny/infer", body.encode())
         with urllib.request.urlopen(req) as r:
@@ -65,12 +85,7 @@ def test_serve_process_end_to_end(tmp_path, grpc_procs) -> None:
             children = [int(pid) for pid in f.read().split()]
         assert len(children) == grpc_procs
     finally:
-        p.send_signal(signal.SIGTERM)
-        try:
-            rc = p.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            raise
+        rc = _stop(p)
     assert rc == 0
     for child in children:                            # the front ends ended (and were reaped) with the server
         with pytest.raises(ProcessLookupError):
@@ -86,21 +101,10 @@ def test_both_servers_on_one_port(tmp_path) -> None:
     ckpt = make_tiny_checkpoint(str(tmp_path / "ckpt"), "llama")
     (tmp_path / "repo").mkdir()
     mlp_onnx(str(tmp_path / "repo" / "mlp.onnx"))
-    env = {**os.environ, "SHAPEPLAN_CACHE_DIR": str(tmp_path / "plans")}
-    p = subprocess.Popen([sys.executable, "-m", "shapeplan", "serve", "--model-repository", str(tmp_path / "repo"),
-                          "--model", ckpt, "--served-model-name", "tiny", "--mode", "emulated_replay",
-                          "--max-num-seqs", "4", "--max-kv-cache-length", "512", "--port", "0", "--grpc-port", "0",
-                          "--log-level", "warning"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                         env=env, cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    p, text, http_port, grpc_port = _serve(["--model-repository", str(tmp_path / "repo"), "--model", ckpt,
+                                            "--served-model-name", "tiny", "--mode", "emulated_replay",
+                                            "--max-num-seqs", "4", "--max-kv-cache-length", "512"], tmp_path)
     try:
-        lines: list[str] = []
-        deadline = time.monotonic() + 180
-        while not any(line.startswith("ready") for line in lines):
-            line = p.stdout.readline()
-            assert line and time.monotonic() < deadline, "".join(lines)
-            lines.append(line)
-        text = "".join(lines)
-        http_port, grpc_port = map(int, re.search(r"http://127.0.0.1:(\d+), gRPC on 127.0.0.1:(\d+)", text).groups())
         assert f"serving 'tiny' (OpenAI API) on http://127.0.0.1:{http_port}/v1" in text
         import openai
         c = openai.OpenAI(base_url=f"http://127.0.0.1:{http_port}/v1", api_key="unused", max_retries=0)
@@ -124,10 +128,5 @@ def test_both_servers_on_one_port(tmp_path) -> None:
         r3 = httpx.get(f"http://127.0.0.1:{http_port}/v1/nope")
         assert r3.status_code == 404 and r3.json()["error"]["type"]                  # OpenAI's shape
     finally:
-        p.send_signal(signal.SIGTERM)
-        try:
-            rc = p.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            raise
+        rc = _stop(p)
     assert rc == 0
