@@ -131,7 +131,8 @@ def _serve_kserve(args: argparse.Namespace, llm: bool) -> int:
 
 
 def _sources(args: argparse.Namespace, discover: Any, single: Any) -> list:
-    """The models to load at start: every one, or (explicit model control) those ``--load-model`` names."""
+    """The models to load at start: every one (poll: every one that loads), or (explicit model control) those
+    ``--load-model`` names."""
     if args.model_repository is None:
         return single(args.model_file)
     if args.model_control_mode == "poll":           # what loads now; the first scan reports the rest
