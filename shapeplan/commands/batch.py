@@ -12,9 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import os
 import sys
-import time
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -41,15 +39,11 @@ def _run(args: argparse.Namespace) -> int:
         print(f"error: shapeplan batch needs the serve extra ({e.name} is missing): pip install -e \".[serve]\"",
               file=sys.stderr)
         return 1
-    from shapeplan.llm.config import PRESETS
-    if bool(args.model) == bool(args.preset):
-        print("error: give --model DIR|FILE.gguf or --preset NAME (one of them)", file=sys.stderr)
-        return 2
-    if args.model and not os.path.exists(args.model):
-        print(f"error: --model {args.model}: no such checkpoint directory or GGUF file", file=sys.stderr)
-        return 2
-    if args.preset and args.preset not in PRESETS:
-        print(f"error: --preset {args.preset}: no such preset (there are {', '.join(sorted(PRESETS))})", file=sys.stderr)
+    from shapeplan.serve.openai.server import check_llm_args, openai_app
+    problem = check_llm_args(args) if (args.model or args.preset) else \
+        "give --model DIR|FILE.gguf or --preset NAME (one of them)"
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
         return 2
     try:
         src = sys.stdin if args.input == "-" else open(args.input, encoding="utf-8")
@@ -58,23 +52,14 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     with src:
         lines = [line for line in src.read().splitlines() if line.strip()]
-    from shapeplan.serve.openai import DEFAULT_MAX_REQUEST_BYTES
     from shapeplan.serve.openai.batch import models_named, run_batch
-    from shapeplan.serve.openai.server import build_openai_app, load_pipeline
     named = models_named(lines)
-    name = args.served_model_name or (next(iter(named)) if len(named) == 1 else None) or \
-        (args.preset or os.path.basename(os.path.normpath(args.model)))
-    t0 = time.perf_counter()
-    print(f"loading {args.preset or args.model} on {args.device} ...", file=sys.stderr, flush=True)
-    pipe = load_pipeline(args)
+    if not args.served_model_name and len(named) == 1:      # the one model the file's requests name
+        args.served_model_name = next(iter(named))
+    args.api_key = None                                     # the requests come from this process
+    name, pipe, app = openai_app(args)
     try:
-        pipe.warmup()
-        print(f"  ready in {time.perf_counter() - t0:.1f} s; {len(lines)} requests for '{name}'", file=sys.stderr,
-              flush=True)
-        app = build_openai_app(pipe, model_name=name,
-                               checkpoint=args.model if args.model and os.path.isdir(args.model) else None,
-                               max_request_bytes=args.max_request_bytes or DEFAULT_MAX_REQUEST_BYTES,
-                               reasoning_parser=args.reasoning_parser)
+        print(f"  {len(lines)} requests for '{name}'", file=sys.stderr, flush=True)
         with contextlib.ExitStack() as stack:
             out = sys.stdout if args.output == "-" else stack.enter_context(open(args.output, "w", encoding="utf-8"))
             report = asyncio.run(run_batch(app, lines, out, in_flight=args.in_flight or 2 * args.max_num_seqs))

@@ -57,7 +57,7 @@ from shapeplan.errors import ModelError
 from shapeplan.ir.dtypes import dtype_name
 from shapeplan.ir.graph import Graph
 from shapeplan.llm.config import LlamaConfig
-from shapeplan.llm.weights import expected_shapes, fused_groups
+from shapeplan.llm.weights import FUSED, expected_shapes, fused_groups
 from shapeplan.quant.formats import QTYPES, REPACK_OF, QuantTypeError, QuantWeight, repack
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "phi3")
@@ -75,9 +75,9 @@ _LAYER = {"attn_norm.weight": "input_layernorm.weight", "ffn_norm.weight": "post
           "attn_v.bias": "self_attn.v_proj.bias",
           "attn_q_norm.weight": "self_attn.q_norm.weight", "attn_k_norm.weight": "self_attn.k_norm.weight"}
 _FLOAT_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
-#: per architecture, the layer tensors a GGUF file holds stacked by rows: GGUF name -> its Hugging Face parts
-_FUSED = {"phi3": {"attn_qkv.weight": ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"),
-                   "ffn_up.weight": ("mlp.gate_proj.weight", "mlp.up_proj.weight")}}
+#: per architecture, the layer tensors a GGUF file holds stacked by rows: GGUF name -> the Hugging Face fused
+#: tensor it is (its parts: weights.FUSED, the one list of them)
+_FUSED = {"phi3": {"attn_qkv.weight": "self_attn.qkv_proj.weight", "ffn_up.weight": "mlp.gate_up_proj.weight"}}
 
 
 def _reader_class() -> type:
@@ -264,8 +264,8 @@ def gguf_tensors(cfg: LlamaConfig) -> list[tuple[str, tuple[str, ...]]]:
     names = gguf_names(cfg)
     stacked: dict[str, tuple[str, tuple[str, ...]]] = {}
     for i in range(cfg.num_layers):
-        for g, parts in _FUSED.get(cfg.model_type, {}).items():
-            full = tuple(f"model.layers.{i}.{p}" for p in parts)
+        for g, fused in _FUSED.get(cfg.model_type, {}).items():
+            full = tuple(f"model.layers.{i}.{p}" for p, _ in FUSED[cfg.model_type][fused])
             stacked.update({p: (f"blk.{i}.{g}", full) for p in full})
     out, seen = [], set()
     for hf in expected_shapes(cfg):

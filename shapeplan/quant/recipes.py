@@ -16,6 +16,8 @@ INT8_G128 / INT4_G64 (shapeplan/quant/formats.py); any file type above is accept
 """
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from shapeplan.errors import InputError
@@ -37,6 +39,11 @@ _TORCH_FLOAT = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat
 _FALLBACK = {"Q2_K": "Q4_0", "Q3_K": "Q4_0", "Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0", "IQ4_XS": "IQ4_NL"}
 _RANK = ["Q2_K", "Q3_K", "Q4_0", "Q4_1", "IQ4_NL", "IQ4_XS", "Q4_K", "Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0", "BF16",
          "F16", "F32"]
+
+
+def most_precise(types: Any) -> str:
+    """The most precise of some type names (a name this table does not rank counts as the most precise)."""
+    return max(types, key=lambda t: _RANK.index(t) if t in _RANK else len(_RANK))
 
 
 def more_bits(layer: int, n_layers: int) -> bool:

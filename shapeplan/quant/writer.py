@@ -239,7 +239,7 @@ def _write(cfg: LlamaConfig, get, out: str, file_type: str, *, device: str, prog
     if file_type not in FILE_TYPES:
         raise InputError(f"unknown GGUF file type {file_type!r}; choose one of {', '.join(FILE_TYPES)}")
     from shapeplan.importers.gguf import gguf_tensors
-    from shapeplan.quant.recipes import _RANK
+    from shapeplan.quant.recipes import most_precise
     shapes, types = expected_shapes(cfg), tensor_types(cfg, file_type)
     w = gguf.GGUFWriter(out, _arch(cfg))
     _metadata(w, cfg, name, file_type)
@@ -255,7 +255,7 @@ def _write(cfg: LlamaConfig, get, out: str, file_type: str, *, device: str, prog
         w.add_tensor_info("rope_freqs.weight", rope.shape, np.dtype(np.float32), rope.nbytes)
     for g, parts in order:
         # a stacked tensor takes the most precise type of its parts (Q4_K_M's Q6_K v makes attn_qkv Q6_K)
-        t = max((types.get(p, "F32") for p in parts), key=lambda x: _RANK.index(x) if x in _RANK else len(_RANK))
+        t = most_precise(types.get(p, "F32") for p in parts)
         shape = (sum(shapes[p][0] for p in parts), *shapes[parts[0]][1:])
         nbytes, dt, raw = _layout(t, shape)
         w.add_tensor_info(g, shape if raw is None else (shape[0], nbytes // shape[0]), dt, nbytes, raw_dtype=raw)

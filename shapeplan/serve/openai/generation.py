@@ -442,7 +442,7 @@ class OpenAIModel:
                 item["token_ids"] = c.ids
             out.append(item)
         return {"id": job.id, "object": "chat.completion" if job.chat else "text_completion", "created": job.created,
-                "model": self.name, "choices": out, "usage": self._usage(job, choices)}
+                "model": self.name, "choices": out, "usage": self.usage_of(job, choices)}
 
     async def stream(self, job: Job, choices: list[Choice], receive: Receive) -> AsyncIterator[bytes]:
         """Server-sent events: a chunk per engine event of each choice (the chat's first one names the
@@ -497,7 +497,7 @@ class OpenAIModel:
                 yield _sse({**head, "choices": [item], **extra})
             else:
                 if job.include_usage:
-                    yield _sse({**head, "choices": [], "usage": self._usage(job, choices)})
+                    yield _sse({**head, "choices": [], "usage": self.usage_of(job, choices)})
             yield b"data: [DONE]\n\n"
         finally:
             watcher.cancel()
@@ -513,7 +513,8 @@ class OpenAIModel:
             gen = self._logprobs(job, c, c.ids, c.lps, len(e.text))
             item["logprobs"] = {k: e.logprobs[k] + gen[k] for k in e.logprobs}
 
-    def _usage(self, job: Job, choices: list[Choice]) -> dict:
+    def usage_of(self, job: Job, choices: list[Choice]) -> dict:
+        """The job's ``usage`` (chat / completions shape); cached tokens counted once per prompt."""
         cached = sum(getattr(c.handle.metrics, "cached_tokens", 0) for c in choices[::job.n])
         return usage(sum(map(len, job.prompts)), sum(len(c.ids) for c in choices), cached)
 

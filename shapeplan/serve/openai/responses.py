@@ -348,10 +348,13 @@ def _response_format(text: dict[str, Any] | None) -> dict[str, Any] | None:
 
 # ---------------------------------------------------------------------------- answers
 def _usage(model: OpenAIModel, job: Job, choices: list[Choice]) -> dict:
-    cached = sum(getattr(c.handle.metrics, "cached_tokens", 0) for c in choices)
-    prompt, out = sum(map(len, job.prompts)), sum(len(c.ids) for c in choices)
-    return {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
-            "output_tokens": out, "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": prompt + out}
+    """The chat answer's usage in the Responses API's names."""
+    u = model.usage_of(job, choices)
+    return {"input_tokens": u["prompt_tokens"],
+            "input_tokens_details": {"cached_tokens": u["prompt_tokens_details"]["cached_tokens"],
+                                     "cache_write_tokens": 0},
+            "output_tokens": u["completion_tokens"], "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": u["total_tokens"]}
 
 
 def _response(model: OpenAIModel, rj: ResponseJob, status: str, output: list[dict], usage: dict | None,
