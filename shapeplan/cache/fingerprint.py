@@ -1,6 +1,7 @@
 """Build fingerprint: what must match for a cached plan to be reused."""
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -15,7 +16,25 @@ def fingerprint(device: str = "cpu") -> dict[str, Any]:
     from shapeplan.plan.serialize import FORMAT_VERSION
     return {"shapeplan": shapeplan.__version__, "torch": torch.__version__.split("+")[0],
             "python": f"{sys.version_info.major}.{sys.version_info.minor}", "device": str(device),
-            "plan_format": FORMAT_VERSION}
+            "plan_format": FORMAT_VERSION, "sources": sources_digest()}
+
+
+@functools.cache
+def sources_digest() -> str:
+    """sha256 of shapeplan's Python sources (their paths and contents; ~5 ms, once a process): a plan
+    built by other code (an edited checkout, another commit with the same version) is not reused.
+    Contents, not modification times, so the same release installed elsewhere matches (a read-only
+    override cache built on another machine stays valid)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    h = hashlib.sha256()
+    for d, dirs, files in os.walk(root):
+        dirs[:] = sorted(x for x in dirs if x != "__pycache__")
+        for name in sorted(files):
+            if name.endswith(".py"):
+                path = os.path.join(d, name)
+                with open(path, "rb") as f:
+                    h.update(f"{os.path.relpath(path, root)}\0".encode() + f.read() + b"\0")
+    return h.hexdigest()[:16]
 
 
 def cache_key(model_hash: str, options: dict[str, Any], fp: dict[str, Any]) -> str:

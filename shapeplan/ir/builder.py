@@ -8,12 +8,15 @@
 
 ``g.op.<OpType>(*inputs, **attrs)`` appends a node and returns its output Value (a tuple when the op
 has several outputs: pass ``_outputs=n``). Non-Value inputs (numbers, numpy/torch arrays) become
-constants. ``_domain="shapeplan"`` selects the fused-op domain; ``_name`` names the node.
+constants; numpy arrays given as attributes become torch tensors (tensor attributes). ``_domain="shapeplan"`` selects the fused-op domain; ``_name`` names the node.
 Shapes and dtypes are inferred as nodes are added.
 """
 from __future__ import annotations
 
 from typing import Any
+
+import numpy as np
+import torch
 
 from shapeplan.ir.graph import Graph, Value
 from shapeplan.ir.shape_inference import infer_node
@@ -45,6 +48,10 @@ class OpBuilder:
                 else:
                     vals.append(g.constant(x))
             n_out = _outputs if _outputs is not None else _MULTI_OUTPUT.get(op_type, 1)
+            # a tensor attribute (ConstantOfShape's value, Constant's value) is a torch tensor in the IR,
+            # as the ONNX importer makes it: a numpy array given here becomes one
+            attrs = {k: torch.from_numpy(np.ascontiguousarray(v)) if isinstance(v, np.ndarray) else v
+                     for k, v in attrs.items()}
             node = g.add_node(op_type, vals, attrs, num_outputs=n_out, domain=_domain, name=_name)
             infer_node(node, g.opset(_domain))
             return node.outputs[0] if n_out == 1 else tuple(node.outputs)

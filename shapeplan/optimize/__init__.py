@@ -13,7 +13,7 @@ from typing import Iterable
 
 from shapeplan.ir.graph import Graph
 from shapeplan.optimize import (activation_fusion, algebraic, arithmetic_chain, attention_fusion,
-                                broadcast, cast_elimination, concat_split, constant_folding, cse, dce,
+                                broadcast, cast_elimination, concat_split, constant_folding, conv_bn, cse, dce,
                                 horizontal_fusion, identity_removal, matmul_add, normalization_fusion,
                                 peephole, redundancy, reordering, reshape_chain, shape_folding,
                                 slice_gather, strength_reduction, where_const)
@@ -41,6 +41,7 @@ PIPELINE = [
     ("ActivationFusion", activation_fusion.run),
     ("HorizontalFusion", horizontal_fusion.run),
     ("MatMulAddFusion", matmul_add.run),
+    ("ConvBatchNormFolding", conv_bn.run),
     ("ArithmeticChainFolding", arithmetic_chain.run),
     ("StrengthReduction", strength_reduction.run),
     ("CommonSubexpressionElimination", cse.run),

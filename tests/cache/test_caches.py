@@ -92,6 +92,18 @@ def test_bad_entry_is_reported_and_recompiled(tmp_path, diag, damage):
     assert _compile(tmp_path).compile_info["source"] == "disk"      # rewritten good entry
 
 
+def test_plans_of_other_sources_are_not_reused(tmp_path, monkeypatch):
+    """The fingerprint holds a digest of shapeplan's sources: a plan compiled by other code (an edited
+    checkout, another commit of the same version) is compiled again, not loaded."""
+    from shapeplan.cache import fingerprint as fpm
+    assert _compile(tmp_path).compile_info["source"] == "compiled"
+    assert _compile(tmp_path).compile_info["source"] == "disk"
+    monkeypatch.setattr(fpm, "sources_digest", lambda: "0" * 16)
+    assert _compile(tmp_path).compile_info["source"] == "compiled"
+    monkeypatch.undo()
+    assert fpm.sources_digest() == fpm.sources_digest.__wrapped__()      # recomputed: the same contents
+
+
 def test_override_dir_has_priority_and_force_recompile(tmp_path, monkeypatch):
     ro, rw = tmp_path / "ro", tmp_path / "rw"
     _compile(ro)

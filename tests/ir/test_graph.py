@@ -103,3 +103,15 @@ def test_numpy_in_numpy_out_torch_in_torch_out() -> None:
     out_t = e.run({"x": torch.tensor([-1.0, 0.0, 2.0])})
     y = next(iter(out_t.values()))
     assert isinstance(y, torch.Tensor) and y.tolist() == [0.0, 0.0, 2.0]
+
+
+def test_builder_takes_numpy_tensor_attributes() -> None:
+    """A tensor attribute given as a numpy array (ConstantOfShape's ``value``) becomes a torch tensor, as
+    the ONNX importer makes it: it used to reach the kernel as numpy and fail there."""
+    g = sp.Graph()
+    x = g.placeholder("x", "float32", (3,))
+    c = g.op.ConstantOfShape(np.array([3], np.int64), value=np.array([0.5], np.float32))
+    g.set_outputs(g.op.Add(x, c))
+    assert isinstance(g.nodes[0].attrs["value"], torch.Tensor)
+    out = sp.compile(g, optimize=False).run({"x": np.ones(3, np.float32)})
+    np.testing.assert_array_equal(next(iter(out.values())), np.full(3, 1.5, np.float32))

@@ -115,3 +115,51 @@ def test_pool_shape_function_keeps_symbolic_batch() -> None:
     infer_node(node, 21)
     assert node.outputs[0].shape == ("n", 8, 7, 7)
     assert node.outputs[1].dtype.name == "int64"
+
+
+def _windows_max(x, **attrs):
+    """MaxPool through the general windowing (what the fast path replaces): the reference."""
+    from shapeplan.ops.pool import _lowest, _setup, _windows
+    n = x.dim() - 2
+    k, s, d, out, p = _setup(x, attrs["kernel_shape"], attrs.get("strides"), attrs.get("dilations"),
+                             attrs.get("auto_pad", "NOTSET"), attrs.get("pads"), attrs.get("ceil_mode", 0))
+    win = _windows(x, out, p, k, s, d, _lowest(x.dtype))
+    return win.reshape(*win.shape[:2 + n], -1).amax(-1)
+
+
+def test_max_pool_fast_path_equals_the_windowing_bit_for_bit() -> None:
+    """torch's pooling kernel (channels-last on the CPU for 2-D) against the general windows, 600 random
+    geometries (fixed seed): 1-3 spatial dims, pads, ceil mode, dilations, auto_pad, four float dtypes,
+    NaNs, transposed (non-contiguous) inputs. A max is exact, so the two must agree bit for bit."""
+    import random
+
+    import torch
+
+    from shapeplan.ops.pool import max_pool
+    rnd = random.Random(7)
+    checked = 0
+    for _ in range(600):
+        n = rnd.choice([1, 2, 2, 3])
+        k = [rnd.randint(1, 4) for _ in range(n)]
+        a = dict(kernel_shape=k, strides=[rnd.randint(1, 3) for _ in range(n)],
+                 dilations=[rnd.randint(1, 2) for _ in range(n)], ceil_mode=rnd.randint(0, 1),
+                 auto_pad=rnd.choice(["NOTSET"] * 4 + ["SAME_UPPER", "SAME_LOWER", "VALID"]))
+        if a["auto_pad"] == "NOTSET":
+            a["pads"] = [rnd.randint(0, max(0, k[i % n] - 1)) for i in range(2 * n)]
+        size = [rnd.randint((k[i] - 1) * a["dilations"][i] + 1, 9) for i in range(n)]
+        dt = rnd.choice([torch.float32, torch.float64, torch.float16, torch.bfloat16])
+        x = torch.from_numpy(np.random.default_rng(rnd.randrange(1 << 30)).standard_normal((2, 3, *size))).to(dt)
+        if rnd.random() < 0.2:
+            x.view(-1)[rnd.randrange(x.numel())] = float("nan")
+        if n > 1 and rnd.random() < 0.2:
+            x = x.transpose(-1, -2)
+        try:
+            want = _windows_max(x, **a)
+        except RuntimeError:                 # a geometry with no output (windows larger than the input)
+            continue
+        got = max_pool(x, **a)
+        assert got.shape == want.shape and got.dtype == want.dtype, (a, size)
+        assert torch.equal(torch.nan_to_num(got, nan=7.0), torch.nan_to_num(want, nan=7.0)), (a, size, dt)
+        assert got.is_contiguous()
+        checked += 1
+    assert checked > 550

@@ -156,3 +156,60 @@ def test_matmul_add_3d_kept():
     g = sp.Graph(); a = g.placeholder("a", "float32", (2, 5, 8))
     g.set_outputs(g.op.Add(g.op.MatMul(a, _w(8, 3)), _w(3)))
     assert run_pass(g, matmul_add.run)[1] == 0
+
+
+# ---------------------------------------------------------------------------------------- ConvBatchNormFolding
+def _conv_bn(bias: bool = True, group: int = 1, weight_of_shape: bool = False, training: int = 0,
+             escape: bool = False) -> sp.Graph:
+    from shapeplan.optimize import conv_bn  # noqa: F401 - the pass under test
+    g = sp.Graph(opset=15 if training else 17)
+    o = g.op
+    x = g.placeholder("x", "float32", (2, 4, 9, 9))
+    if weight_of_shape:                      # ONNX's "light" models write their weights this way
+        w = o.ConstantOfShape(np.array([6, 4 // group, 3, 3], I64), value=np.array([0.05], np.float32))
+    else:
+        w = _w(6, 4 // group, 3, 3)
+    ins = [x, w] + ([_w(6)] if bias else [])
+    y = o.Conv(*ins, pads=[1, 1, 1, 1], strides=[2, 1], group=group)
+    var = (R.random(6) + 0.5).astype(np.float32)
+    z = o.BatchNormalization(y, _w(6), _w(6), _w(6), var, epsilon=1e-3, training_mode=training)
+    g.set_outputs(o.Relu(z), *([y] if escape else []))
+    return g
+
+
+def test_conv_bn_folding():
+    from shapeplan.optimize import conv_bn, optimize_with_report
+    for kw in (dict(), dict(bias=False), dict(group=2), dict(weight_of_shape=True)):
+        g = _conv_bn(**kw)
+        g2, n = run_pass(g, conv_bn.run)
+        assert n == 1 and ops_of(g2) == ["Conv", "Relu"], (kw, ops_of(g2))
+        assert_same(g, g2, rtol=1e-4, atol=1e-5)
+        assert optimize_with_report(g)[1].applied("ConvBatchNormFolding") == 1
+
+
+def test_conv_bn_not_folded():
+    from shapeplan.optimize import conv_bn
+    assert run_pass(_conv_bn(escape=True), conv_bn.run)[1] == 0      # the Conv's result is read elsewhere too
+    g = sp.Graph(opset=17)                                             # the statistics are computed
+    x = g.placeholder("x", "float32", (2, 4, 5, 5)); s = g.placeholder("s", "float32", (6,))
+    g.set_outputs(g.op.BatchNormalization(g.op.Conv(x, _w(6, 4, 1, 1)), s, _w(6), _w(6), np.ones(6, np.float32)))
+    assert run_pass(g, conv_bn.run)[1] == 0
+
+
+def test_conv_bn_folding_against_onnxruntime():
+    """A Conv + BatchNormalization + Relu model from onnx.helper, optimized and run, against onnxruntime."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+    inits = [numpy_helper.from_array(a, n) for n, a in [("w", _w(8, 3, 3, 3)), ("b", _w(8)), ("sc", _w(8)), ("bi", _w(8)),
+                                                         ("mu", _w(8)), ("var", (R.random(8) + 0.5).astype(np.float32))]]
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["c", "sc", "bi", "mu", "var"], ["n"]),
+             helper.make_node("Relu", ["n"], ["y"])]
+    graph = helper.make_graph(nodes, "cbr", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 16, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = R.standard_normal((2, 3, 16, 16)).astype(np.float32)
+    engine = sp.compile(model)
+    assert [n.op_type for n in engine.graph.nodes] == ["Conv", "Relu"]
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(engine.run({"x": x})["y"], want, rtol=1e-4, atol=1e-5)
