@@ -161,7 +161,6 @@ def test_matmul_add_3d_kept():
 # ---------------------------------------------------------------------------------------- ConvBatchNormFolding
 def _conv_bn(bias: bool = True, group: int = 1, weight_of_shape: bool = False, training: int = 0,
              escape: bool = False) -> sp.Graph:
-    from shapeplan.optimize import conv_bn  # noqa: F401 - the pass under test
     g = sp.Graph(opset=15 if training else 17)
     o = g.op
     x = g.placeholder("x", "float32", (2, 4, 9, 9))
@@ -190,6 +189,7 @@ def test_conv_bn_folding():
 def test_conv_bn_not_folded():
     from shapeplan.optimize import conv_bn
     assert run_pass(_conv_bn(escape=True), conv_bn.run)[1] == 0      # the Conv's result is read elsewhere too
+    assert run_pass(_conv_bn(training=1), conv_bn.run)[1] == 0       # batch statistics: not an inference BN
     g = sp.Graph(opset=17)                                             # the statistics are computed
     x = g.placeholder("x", "float32", (2, 4, 5, 5)); s = g.placeholder("s", "float32", (6,))
     g.set_outputs(g.op.BatchNormalization(g.op.Conv(x, _w(6, 4, 1, 1)), s, _w(6), _w(6), np.ones(6, np.float32)))
