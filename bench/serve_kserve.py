@@ -59,7 +59,7 @@ def mlp768(path: str, width: int = 768) -> None:
                           "mlp768", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", width])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", width])],
                           [numpy_helper.from_array(w, "w")])
-    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)   # IR 8: opset 17 needs no more, older onnxruntimes read it
 
 
 def dynamic_batch(src: str, dst: str) -> bool:
