@@ -129,7 +129,7 @@ def max_pool(x, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape=
         xt, padding = _torch_pool_input(x, out, p, k, s, d, float("-inf"))
         if n == 2 and x.device.type == "cpu":
             # torch's CPU kernel is ~4x faster on channels-last planes, the copies included (2 vCPUs:
-            # [1, 64, 112, 112] 6.3 -> 1.5 ms); the result goes back to x's layout
+            # [1, 64, 112, 112] 6.3 -> 1.5 ms); the result comes back contiguous, as the windowing's
             return _MAX_POOL[2](xt.contiguous(memory_format=torch.channels_last), k, s, padding, d).contiguous()
         return _MAX_POOL[n](xt, k, s, padding, d)
     win = _windows(x, out, p, k, s, d, _lowest(x.dtype))

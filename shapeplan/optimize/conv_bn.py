@@ -53,9 +53,11 @@ def _fold(rw: Rewriter, bn: Node) -> int:
     if len(stats) != 4 or any(t is None or not t.is_floating_point() for t in stats):
         return 0
     w = _weight(rw, conv.inputs[1])
-    b = rw.const_value(conv.inputs[2]) if len(conv.inputs) > 2 and conv.inputs[2] is not None else None
-    if w is None or not w.is_floating_point() or w.dim() < 3 or (len(conv.inputs) > 2 and conv.inputs[2] is not None
-                                                                  and (b is None or not b.is_floating_point())):
+    b_in = conv.inputs[2] if len(conv.inputs) > 2 else None
+    b = rw.const_value(b_in)
+    if w is None or not w.is_floating_point() or w.dim() < 3:
+        return 0
+    if b_in is not None and (b is None or not b.is_floating_point()):      # a computed bias
         return 0
     n = w.shape[0]
     if any(tuple(t.shape) != (n,) for t in stats) or (b is not None and tuple(b.shape) != (n,)):
