@@ -55,8 +55,17 @@ WIDENED = {"int4": "int4", "uint4": "uint4", "int2": "int2", "uint2": "uint2",
            "float4e2m1": "float4_e2m1fn"}
 
 
+#: numpy / torch dtypes that convert as they are (no ml_dtypes view, no widening): every call's fast path
+_PLAIN_NP = frozenset(np.dtype(t) for t in (np.float32, np.float64, np.float16, np.int64, np.int32, np.int16,
+                                             np.int8, np.uint8, np.bool_))
+_PLAIN_TORCH = frozenset((torch.float32, torch.float64, torch.float16, torch.int64, torch.int32, torch.int16,
+                          torch.int8, torch.uint8, torch.bool))
+
+
 def numpy_to_runtime(a: Any, device: str | torch.device = "cpu") -> Any:
     """numpy array (or scalar / list for sequences / None) -> runtime value."""
+    if type(a) is np.ndarray and a.dtype in _PLAIN_NP:     # the usual feed: a copy, on the device
+        return torch.from_numpy(np.array(a, order="C", copy=True)).to(device)
     if a is None:
         return None
     if isinstance(a, list):
@@ -86,6 +95,8 @@ def runtime_to_numpy(v: Any, dtype: Any = None) -> Any:
     name = getattr(dtype, "name", None)
     if name in WIDENED and isinstance(v, torch.Tensor) and ml_dtypes:
         return runtime_to_numpy(v).astype(getattr(ml_dtypes, WIDENED[name]))
+    if type(v) is torch.Tensor and v.dtype in _PLAIN_TORCH and v.device.type == "cpu":
+        return v.detach().numpy()                           # the usual result (no conj / neg bits: not complex)
     if isinstance(v, list):
         return [runtime_to_numpy(x) for x in v]
     if isinstance(v, np.ndarray):
