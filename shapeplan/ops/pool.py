@@ -173,7 +173,25 @@ def average_pool(x, *, auto_pad="NOTSET", ceil_mode=0, count_include_pad=0, dila
                  kernel_shape=(), pads=None, strides=None):
     """ONNX AveragePool."""
     k, s, d, out, p = _setup(x, kernel_shape, strides, dilations, auto_pad, pads, ceil_mode)
+    n = x.dim() - 2
+    if x.dtype.is_floating_point and 1 <= n <= 3 and all(v == 1 for v in d) and \
+            (n < 3 or x.device.type != "cpu" or x.dtype in (torch.float32, torch.float64)):   # no 16-bit 3-D CPU kernel
+        # torch's pooling kernel where its padding gives ONNX's windows and divisors: symmetric begin /
+        # end extents within its rule, and with count_include_pad no ceil-mode tail (torch would count it,
+        # ONNX never does); the windowing's sum and count otherwise. 3-14x faster on the CPU (Inception's
+        # 3x3 pools); the sums' order differs, so the last bit may.
+        ext = [p[i + n] + (out[i] - 1) * s[i] + k[i] - (x.shape[2 + i] + p[i] + p[i + n]) for i in range(n)]
+        if all(p[i] == ext[i] >= 0 and 2 * p[i] <= k[i] and (not count_include_pad or ext[i] <= p[i + n])
+               and x.shape[2 + i] >= k[i] for i in range(n)):     # (torch's 3-D CPU kernel wants it)
+            if n == 2 and x.device.type == "cpu":      # channels-last planes, as MaxPool's
+                y = _AVG_POOL[2](x.contiguous(memory_format=torch.channels_last), k, s, p[:n],
+                                 count_include_pad=bool(count_include_pad))
+                return y.contiguous()
+            return _AVG_POOL[n](x, k, s, p[:n], count_include_pad=bool(count_include_pad))
     return _avg_pool_core(x, k, s, d, out, p, count_include_pad)
+
+
+_AVG_POOL = {1: torch.nn.functional.avg_pool1d, 2: torch.nn.functional.avg_pool2d, 3: torch.nn.functional.avg_pool3d}
 
 
 @register("LpPool", since=1, shape=pool_shape)
