@@ -38,16 +38,19 @@ def pool_geometry(in_sizes: Sequence[int], k: Sequence[int], s: Sequence[int], d
     return out, p
 
 
+def _end_extents(x: torch.Tensor, out: Sequence[int], pads: Sequence[int], k: Sequence[int],
+                 s: Sequence[int], d: Sequence[int]) -> list[int]:
+    """Per spatial dim, the end padding that makes the last window fit exactly (negative: a crop)."""
+    n = len(out)
+    return [pads[i + n] + (out[i] - 1) * s[i] + (k[i] - 1) * d[i] + 1 - (x.shape[2 + i] + pads[i] + pads[i + n])
+            for i in range(n)]
+
+
 def _windows(x: torch.Tensor, out: Sequence[int], pads: Sequence[int], k: Sequence[int],
              s: Sequence[int], d: Sequence[int], fill: float) -> torch.Tensor:
     """[N, C, *out, *k] view of the dilated windows of ``x`` padded with ``fill``."""
     n = len(out)
-    ext = []                                   # pad the end so the last window fits, crop if too long
-    for i in range(n):
-        need = (out[i] - 1) * s[i] + (k[i] - 1) * d[i] + 1
-        have = x.shape[2 + i] + pads[i] + pads[i + n]
-        ext.append(pads[i + n] + need - have)
-    xp = pad_spatial(x, list(pads[:n]) + ext, fill)
+    xp = pad_spatial(x, list(pads[:n]) + _end_extents(x, out, pads, k, s, d), fill)
     for i in range(n):
         eff = (k[i] - 1) * d[i] + 1
         xp = xp.unfold(2 + i, eff, s[i])           # appends a window axis of size eff
@@ -63,8 +66,7 @@ def _torch_pool_input(x: torch.Tensor, out: Sequence[int], pads: Sequence[int], 
     torch's own symmetric padding where the begin pads equal the end extents and fit its rule (at most
     half the kernel), else ``x`` padded (or cropped) here with ``fill`` and no padding."""
     n = len(out)
-    ext = [pads[i + n] + (out[i] - 1) * s[i] + (k[i] - 1) * d[i] + 1 - (x.shape[2 + i] + pads[i] + pads[i + n])
-           for i in range(n)]
+    ext = _end_extents(x, out, pads, k, s, d)
     begin = list(pads[:n])
     if all(b == e >= 0 and 2 * b <= kk for b, e, kk in zip(begin, ext, k)):
         return x, begin
@@ -180,7 +182,7 @@ def average_pool(x, *, auto_pad="NOTSET", ceil_mode=0, count_include_pad=0, dila
         # end extents within its rule, and with count_include_pad no ceil-mode tail (torch would count it,
         # ONNX never does); the windowing's sum and count otherwise. 3-14x faster on the CPU (Inception's
         # 3x3 pools); the sums' order differs, so the last bit may.
-        ext = [p[i + n] + (out[i] - 1) * s[i] + k[i] - (x.shape[2 + i] + p[i] + p[i + n]) for i in range(n)]
+        ext = _end_extents(x, out, p, k, s, d)
         if all(p[i] == ext[i] >= 0 and 2 * p[i] <= k[i] and (not count_include_pad or ext[i] <= p[i + n])
                and x.shape[2 + i] >= k[i] for i in range(n)):     # (torch's 3-D CPU kernel wants it)
             if n == 2 and x.device.type == "cpu":      # channels-last planes, as MaxPool's
