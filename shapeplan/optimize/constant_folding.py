@@ -9,6 +9,8 @@ kernel fails, ops producing non-tensors, and results much larger than their inpu
 """
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from shapeplan.ir.dtypes import dtype as as_dtype
@@ -30,6 +32,18 @@ def run(graph: Graph) -> int:
     return count
 
 
+def evaluate(rw: Rewriter, node: Node, inputs: list) -> Any:
+    """The node's op-table kernel run on these input tensors at compile time (its outputs), or None when
+    the op has no kernel or it cannot run here."""
+    opdef = rw.opdef(node)
+    if opdef is None:
+        return None
+    try:
+        return bind_kernel(opdef, node, rw.g.opset(node.domain))(*inputs)
+    except Exception:  # noqa: BLE001 - a kernel that cannot run here is simply not folded
+        return None
+
+
 def _fold(rw: Rewriter, node: Node) -> bool:
     constant = ValueKind.CONSTANT
     for v in node.inputs:                # cheapest test first: most nodes read a computed value
@@ -46,10 +60,8 @@ def _fold(rw: Rewriter, node: Node) -> bool:
     if any(o.name and rw.pinned(o) and id(o) not in rw.output_ids for o in node.outputs):
         return False                        # a subgraph reads it by name; leave it computed
     in_elems = sum(v.data.numel() for v in ins)
-    try:
-        fn = bind_kernel(opdef, node, rw.g.opset(node.domain))
-        outs = fn(*[None if v is None else v.data for v in node.inputs])
-    except Exception:  # noqa: BLE001 - a kernel that cannot run here is simply not folded
+    outs = evaluate(rw, node, [None if v is None else v.data for v in node.inputs])
+    if outs is None:
         return False
     if len(outs) < len([o for o in node.outputs if o.name]):
         return False

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from shapeplan.ir.graph import Graph, Node, Value
-from shapeplan.ops.registry import bind_kernel
+from shapeplan.optimize import constant_folding
 from shapeplan.optimize.rewrite import Rewriter, rewrite_ops
 
 
@@ -34,12 +34,8 @@ def _weight(rw: Rewriter, v: Value | None) -> torch.Tensor | None:
     if p is None or p.op_type != "ConstantOfShape" or p.domain not in ("", "ai.onnx"):
         return None
     shape = rw.const_value(p.inputs[0])
-    if shape is None:
-        return None
-    try:
-        return bind_kernel(rw.opdef(p), p, rw.g.opset(p.domain))(shape)[0]
-    except Exception:  # noqa: BLE001 - a kernel that cannot run here is simply not folded
-        return None
+    outs = None if shape is None else constant_folding.evaluate(rw, p, [shape])
+    return None if outs is None else outs[0]
 
 
 def _fold(rw: Rewriter, bn: Node) -> int:
