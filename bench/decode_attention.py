@@ -5,8 +5,8 @@ separate caches). Prints a table, then ``BEST=split,warps,dot`` (the fastest var
 tolerance), a value for SHAPEPLAN_DECODE_ATTN. With ``--paged``: the paged KV cache's decode kernel
 (``kernels/paged.py``, what the serving core runs) instead, at batch 1 as a decode step calls it (this
 step's k/v written, q rotated from the rotary tables), over its tiling (merge chunk, warps, most splits
-per head) at llama-1b's and llama-8b's head dims, against SDPA over the live keys; ``PAGED_BEST`` lines
-name the fastest tiling per head dim.
+per head; ``late``: ``SHAPEPLAN_PAGED_EARLY=0``'s form) at llama-1b's and llama-8b's head dims, against SDPA
+over the live keys; ``PAGED_BEST`` lines name the fastest tiling per head dim.
 
     python3 -m bench.decode_attention --pos 256
     python3 -m bench.decode_attention --paged --pos 128,384
@@ -43,12 +43,12 @@ def timed(fn, layers: int) -> float:
     return sorted(ts)[len(ts) // 2]
 
 
-#: (merge chunk, warps, most splits per head) of the paged decode kernel; None: paged.py's choice
-PAGED_VARIANTS = [(None, None, 64)] + [(mch, warps, splits) for splits in (64, 32) for warps in (2, 4)
-                                       for mch in (8, 16, 32, 64)]
+#: (merge chunk, warps, most splits per head, EARLY form) of the paged decode kernel; None: paged.py's choice
+PAGED_VARIANTS = [(None, None, 64, True), (None, None, 64, False)] + [
+    (mch, warps, splits, True) for splits in (64, 32) for warps in (2, 4) for mch in (8, 16, 32, 64)]
 
 
-def paged(positions: list[int], length: int, layers: int) -> None:
+def paged(positions: list[int], length: int, layers: int, variants: int = 0) -> None:
     """The paged decode kernel's tiling at batch 1 (see the module doc)."""
     from shapeplan.runtime.backends.triton.kernels import paged as pk
     hq, hkv, bs, dev = 32, 8, 16, "cuda"
@@ -77,10 +77,10 @@ def paged(positions: list[int], length: int, layers: int) -> None:
             ref = torch.nn.functional.scaled_dot_product_attention(
                 q.float(), ks.repeat_interleave(hq // hkv, 0)[None].float(),
                 vs.repeat_interleave(hq // hkv, 0)[None].float(), scale=d ** -0.5)
-            for mch, warps, splits in PAGED_VARIANTS:
-                lab = "default" if mch is None else f"{mch},{warps},{splits}"
+            for mch, warps, splits, early in PAGED_VARIANTS[:variants or None]:
+                lab = ("default" if mch is None else f"{mch},{warps},{splits}") + ("" if early else ",late")
                 try:
-                    with mock.patch.multiple(pk, MERGE_CHUNK=mch, DECODE_WARPS=warps, MAX_SPLITS=splits):
+                    with mock.patch.multiple(pk, MERGE_CHUNK=mch, DECODE_WARPS=warps, MAX_SPLITS=splits, EARLY=early):
                         out = pk.paged_decode_attention(q, kp, vp, p, lens, bt, scale=d ** -0.5, counters=cnt)
                         err = (out.float() - ref).abs().max().item()
                         t = timed(lambda: [pk.paged_decode_attention(q, k_, v_, p, lens, bt, scale=d ** -0.5,
@@ -92,10 +92,11 @@ def paged(positions: list[int], length: int, layers: int) -> None:
                     continue
                 print(f"{d:>4} {pos:>5} {lab:<19} {t:>8.2f} {err:>9.1e}", flush=True)
                 if err <= 2e-2:
-                    best.setdefault((mch, warps, splits), []).append(t)
+                    best.setdefault((mch, warps, splits, early), []).append(t)
         if best:
-            (mch, warps, splits), ts = min(best.items(), key=lambda kv: sum(kv[1]))
-            name = "paged.py's default" if mch is None else f"merge chunk {mch}, warps {warps}, splits {splits}"
+            (mch, warps, splits, early), ts = min(best.items(), key=lambda kv: sum(kv[1]))
+            name = ("paged.py's default" if mch is None else f"merge chunk {mch}, warps {warps}, splits {splits}") + \
+                ("" if early else " (EARLY off)")
             print(f"PAGED_BEST D={d}: {name}: "
                   + ", ".join(f"{t:.2f}" for t in ts) + " us at pos " + ",".join(map(str, positions)))
 
@@ -107,12 +108,14 @@ def main() -> None:
     ap.add_argument("--length", type=int, default=1024, help="static cache length (default 1024)")
     ap.add_argument("--layers", type=int, default=16, help="calls (separate caches) per CUDA graph (default 16)")
     ap.add_argument("--paged", action="store_true", help="the paged KV cache's decode kernel and its tiling instead")
+    ap.add_argument("--variants", type=int, default=0,
+                    help="--paged: only the first N tilings (2: the default tiling, EARLY on and off)")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         print("bench.decode_attention: CUDA is not available, nothing measured (this benchmark needs a GPU)")
         return
     if a.paged:
-        paged([int(p) for p in str(a.pos).split(",")], a.length, a.layers)
+        paged([int(p) for p in str(a.pos).split(",")], a.length, a.layers, a.variants)
         return
     hq, hkv, d, L, dev = 32, 8, 64, a.length, "cuda"
     torch.manual_seed(0)

@@ -68,14 +68,17 @@ def test_prefill_rotation_of_a_qkv_view_equals_rotary_embedding(interleaved):
 @pytest.mark.parametrize("window", [0, 20])
 @pytest.mark.parametrize("programs", [paged.TARGET_PROGRAMS, 6])     # 6: all four blocks in one split
 @pytest.mark.parametrize("chunk", [None, 2])                   # 2: the merge over the live splits in chunks
+@pytest.mark.parametrize("early", [True, False])
 def test_the_decode_kernel_writes_as_the_write_kernel_and_attends_as_the_torch_ops(dtype, interleaved, window,
-                                                                                   programs, chunk, monkeypatch):
+                                                                                   programs, chunk, early, monkeypatch):
     """PagedWriteAttention's decode kernel (write of k rotated and v, split-K attention, merge in the last
     program; the rotary tables read at each row's position): pools bit-equal to the write kernel's,
     output as PagedWriteAttention's torch path (PagedCacheWrite + PagedAttention); the counters are
-    left zero, so a second step (next position, one more key) is right too."""
+    left zero, so a second step (next position, one more key) is right too. Both forms of the kernel
+    (``early``: the new token patched in from registers) give the same output, bit for bit."""
     monkeypatch.setattr(paged, "TARGET_PROGRAMS", programs)
     monkeypatch.setattr(paged, "MERGE_CHUNK", chunk)
+    monkeypatch.setattr(paged, "EARLY", early)
     b, hq, hkv, d = 3, 4, 2, 16
     q, kp, vp, bt, _, _ = _case(dtype, b=b, hq=hq, hkv=hkv, d=d)
     g = torch.Generator().manual_seed(9)
@@ -90,9 +93,14 @@ def test_the_decode_kernel_writes_as_the_write_kernel_and_attends_as_the_torch_o
         q = qkv[..., :hq * d].reshape(b, 1, hq, d).transpose(1, 2)
         k = qkv[..., hq * d:(hq + hkv) * d].reshape(b, 1, hkv, d).transpose(1, 2)
         v = qkv[..., (hq + hkv) * d:].reshape(b, 1, hkv, d).transpose(1, 2)
-        got = paged.paged_decode_attention(q, kern_k, kern_v, positions, lengths, bt, scale=0.25, window=window,
-                                           cos=cos, sin=sin, interleaved=interleaved, k=k, v=v, counters=counters,
-                                           rope_table=True)
+        kw = dict(scale=0.25, window=window, cos=cos, sin=sin, interleaved=interleaved, k=k, v=v, counters=counters,
+                  rope_table=True)
+        other_k, other_v = kern_k.clone(), kern_v.clone()
+        got = paged.paged_decode_attention(q, kern_k, kern_v, positions, lengths, bt, **kw)
+        monkeypatch.setattr(paged, "EARLY", not early)                # the other form, from the same pools
+        assert torch.equal(paged.paged_decode_attention(q, other_k, other_v, positions, lengths, bt, **kw), got)
+        assert torch.equal(other_k, kern_k) and torch.equal(other_v, kern_v)
+        monkeypatch.setattr(paged, "EARLY", early)
         want = llm_ops.paged_write_attention(q.cpu(), k.cpu(), v.cpu(), ref_k, ref_v, positions.cpu(), lengths.cpu(),
                                              bt.cpu(), None, cos.cpu(), sin.cpu(), scale=0.25, window=window,
                                              interleaved=interleaved)
@@ -157,6 +165,8 @@ def test_the_decode_kernel_compiles_for_sm90():
     (griddepcontrol in the PTX)."""
     from tests.ops.test_quant_ops import _compile_sm90
     res = _compile_sm90("paged:write:0", "paged:write:1", "paged:read:0", "paged:write128:0",   # head dims 64, 128
-                        "paged:writeq128:0", "paged:writeq:1")                             # + x as int8 codes
+                        "paged:writeq128:0", "paged:writeq:1",                             # + x as int8 codes
+                        "paged:write:2", "paged:write:3", "paged:read:2", "paged:write128:3",  # the EARLY form
+                        "paged:writeq:3")
     assert all(r["ok"] for r in res.values()), {s: r["error"] for s, r in res.items()}
     assert res["paged:write:1"]["griddepcontrol"] and not res["paged:write:0"]["griddepcontrol"]

@@ -117,6 +117,79 @@ def _x_blocks(v):
 
 
 @triton.jit
+def _kv_tile(k_ptr, v_ptr, blk, kb, h, o, d, start, stop, pos, sk_n, sk_h, sk_s, sv_n, sv_h, sv_s,
+             dmask, BS: tl.constexpr, WRITE: tl.constexpr):
+    """Block kb's keys and values [BS, DP] (float32; masked past the live range, and with WRITE the row at
+    ``pos``, which the caller patches from registers)."""
+    offs = kb * BS + o
+    live = (offs >= start) & (offs < stop)
+    if WRITE:
+        live = live & (offs != pos)
+    m = live[:, None] & dmask[None, :]
+    k = tl.load(k_ptr + blk * sk_n + h * sk_h + o[:, None] * sk_s + d[None, :], mask=m, other=0.0).to(tl.float32)
+    v = tl.load(v_ptr + blk * sv_n + h * sv_h + o[:, None] * sv_s + d[None, :], mask=m, other=0.0).to(tl.float32)
+    return k, v
+
+
+@triton.jit
+def _early_split(q_ptr, k_ptr, v_ptr, kn_ptr, vn_ptr, m_ptr, l_ptr, acc_ptr, c_row, s_row, blks, jb,
+                 b, h, n, pos, start, stop, kb_lo, kb_hi, first, part, g, d, dmask,
+                 sq_b, sq_h, sk_n, sk_h, sk_s, sv_n, sv_h, sv_s, skn_b, skn_h, svn_b, svn_h, scale,
+                 G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, DP: tl.constexpr, BPS: tl.constexpr,
+                 BS: tl.constexpr, ROTATE: tl.constexpr, INTERLEAVED: tl.constexpr, HALF: tl.constexpr,
+                 WRITE: tl.constexpr):
+    """``_paged_decode``'s pass 1 with EARLY (see there): one live split's partial into m / l / acc at
+    ``part``; with WRITE the split that holds ``pos`` also writes this step's k (rotated) and v."""
+    o = tl.arange(0, BS)
+    blk = tl.sum(tl.where(jb == 0, blks, 0))
+    k, v = _kv_tile(k_ptr, v_ptr, blk, kb_lo, h, o, d, start, stop, pos, sk_n, sk_h, sk_s, sv_n, sv_h, sv_s,
+                    dmask, BS, WRITE)
+    qmask = (g < G)[:, None] & dmask[None, :]
+    if ROTATE:
+        q = _rotate_q(q_ptr + b * sq_b + (h * G + g)[:, None] * sq_h, c_row, s_row, g, d, qmask, HALF, INTERLEAVED)
+    else:
+        q = tl.load(q_ptr + b * sq_b + (h * G + g)[:, None] * sq_h + d[None, :], mask=qmask, other=0.0
+                    ).to(tl.float32)
+    if WRITE:                                      # this step's token, [1, DP], if this split holds it
+        mine = (pos >= first) & (pos < first + BPS * BS) & (n > 0)
+        one = tl.zeros([1, 1], tl.int64)
+        r1 = tl.arange(0, 1)
+        m1 = (r1 < tl.where(mine, 1, 0))[:, None] & dmask[None, :]
+        kdt = kn_ptr.dtype.element_ty
+        if ROTATE:
+            kr = _rotate_q(kn_ptr + b * skn_b + h * skn_h + one, c_row, s_row, r1, d, m1, HALF, INTERLEAVED)
+        else:
+            kr = tl.load(kn_ptr + b * skn_b + h * skn_h + one + d[None, :], mask=m1, other=0.0).to(tl.float32)
+        vr = tl.load(vn_ptr + b * svn_b + h * svn_h + one + d[None, :], mask=m1, other=0.0)
+        kq = kr.to(kdt).to(k_ptr.dtype.element_ty)                # as the pool stores them
+        vq = vr.to(v_ptr.dtype.element_ty)
+        kpat, vpat = kq.to(tl.float32), vq.to(tl.float32)
+    m_i = tl.full([GP], float("-inf"), tl.float32)
+    l_i = tl.zeros([GP], tl.float32)
+    acc = tl.zeros([GP, DP], tl.float32)
+    for kb in range(kb_lo, kb_hi):
+        nxt = tl.sum(tl.where(jb == kb + 1 - kb_lo, blks, 0))
+        k2, v2 = _kv_tile(k_ptr, v_ptr, nxt, kb + 1, h, o, d, start, stop, pos, sk_n, sk_h, sk_s, sv_n, sv_h, sv_s,
+                          dmask, BS, WRITE)       # the next tile in flight while this one is used
+        offs = kb * BS + o
+        if WRITE:
+            at = (offs == pos)[:, None]
+            k = tl.where(at, kpat, k)
+            v = tl.where(at, vpat, v)
+        m_i, l_i, acc = _online(q, k, v, (offs >= start) & (offs < stop), m_i, l_i, acc, scale)
+        k, v = k2, v2
+    if WRITE:                                      # into the pool for the steps after this one
+        blkp = tl.sum(tl.where(jb == pos // BS - kb_lo, blks, 0))
+        off = (pos % BS).to(tl.int64)
+        tl.store(k_ptr + blkp * sk_n + h * sk_h + off * sk_s + one + d[None, :], kq, mask=m1)
+        tl.store(v_ptr + blkp * sv_n + h * sv_h + off * sv_s + one + d[None, :], vq, mask=m1)
+    base = part * GP
+    tl.store(m_ptr + base + g, m_i)
+    tl.store(l_ptr + base + g, l_i)
+    tl.store(acc_ptr + (base + g)[:, None] * DP + d[None, :], acc)
+
+
+@triton.jit
 def _paged_decode(q_ptr, k_ptr, v_ptr, pos_ptr, len_ptr, bt_ptr, m_ptr, l_ptr, acc_ptr, cnt_ptr, o_ptr, c_ptr, s_ptr,
                   kn_ptr, vn_ptr, xw_ptr, xd_ptr, xs_ptr, sq_b, sq_h, sk_n, sk_h, sk_s, sv_n, sv_h, sv_s, s_bt, sc_b,
                   so_b, so_h, skn_b, skn_h, svn_b, svn_h, scale,
@@ -124,7 +197,7 @@ def _paged_decode(q_ptr, k_ptr, v_ptr, pos_ptr, len_ptr, bt_ptr, m_ptr, l_ptr, a
                   NS: tl.constexpr, BPS: tl.constexpr, MCH: tl.constexpr, BS: tl.constexpr, WINDOW: tl.constexpr,
                   ROTATE: tl.constexpr, INTERLEAVED: tl.constexpr, HALF: tl.constexpr, HALFP: tl.constexpr,
                   WRITE: tl.constexpr, TABLE: tl.constexpr = False, PDL: tl.constexpr = False,
-                  XQ_OUT: tl.constexpr = False):
+                  XQ_OUT: tl.constexpr = False, EARLY: tl.constexpr = False, BPSP: tl.constexpr = 2):
     """One decode step's attention, grid (B * Hkv, NS): program (b, h, split) takes BPS blocks of KV head h
     of row b and the G query heads of its group (rotated by RoPE on load with ROTATE: cos/sin rows at
     c_ptr + b * sc_b, or with TABLE the tables' rows at the row's position, c_ptr + pos * sc_b) and writes an
@@ -140,7 +213,13 @@ def _paged_decode(q_ptr, k_ptr, v_ptr, pos_ptr, len_ptr, bt_ptr, m_ptr, l_ptr, a
     int8 codes per block of 32 (``_x_blocks``) into xw / xd / xs, which the one-row quantized o projection
     reads instead of launching qgemv's x quantizer (each head's D outputs are whole blocks of x).
     (Loading the split's first key tile before that wait, the writer patching its new row in, made the
-    kernel 13.6 instead of 9.8 µs per llama-1b layer on the H200: taken out again.)"""
+    kernel 13.6 instead of 9.8 µs per llama-1b layer on the H200: taken out again.)
+    EARLY (``_early_split``): fewer round trips to memory after the wait. The split's block-table entries
+    (BPSP >= BPS of them) are read before it (the tables are inputs of the step, copied before its first
+    kernel, as the row's length and position are); after it, the first key / value tile, q, and this
+    step's k and v are asked for together; the new token's row is patched into its tile from registers
+    (rotated and rounded exactly as stored) instead of being stored, fenced and read back, and the pool
+    writes go out after the loop; each next tile is loaded before the current one is used."""
     pid_bh = tl.program_id(0)
     pid_s = tl.program_id(1)
     if PDL:                                        # the next kernel (the o projection) may start loading
@@ -163,9 +242,20 @@ def _paged_decode(q_ptr, k_ptr, v_ptr, pos_ptr, len_ptr, bt_ptr, m_ptr, l_ptr, a
         c_row, s_row = c_ptr + pos * sc_b, s_ptr + pos * sc_b
     else:
         c_row, s_row = c_ptr + b * sc_b, s_ptr + b * sc_b
+    if EARLY:                                      # the split's live blocks, before the wait
+        kb_lo = start // BS
+        kb_hi = (stop + BS - 1) // BS
+        jb = tl.arange(0, BPSP)
+        blks = tl.load(bt_ptr + b * s_bt + kb_lo + jb, mask=kb_lo + jb < kb_hi, other=0).to(tl.int64)
     if PDL:                                        # q, k and v of this step: the kernel before must be done
         gdc_wait()
-    if WRITE:
+    if EARLY:
+        if start < stop:
+            _early_split(q_ptr, k_ptr, v_ptr, kn_ptr, vn_ptr, m_ptr, l_ptr, acc_ptr, c_row, s_row, blks, jb,
+                         b, h, n, pos, start, stop, kb_lo, kb_hi, first, pid_bh * NS + pid_s, g, d, dmask,
+                         sq_b, sq_h, sk_n, sk_h, sk_s, sv_n, sv_h, sv_s, skn_b, skn_h, svn_b, svn_h, scale,
+                         G, GP, D, DP, BPS, BS, ROTATE, INTERLEAVED, HALF, WRITE)
+    elif WRITE:
         mine = (pos >= first) & (pos < first + BPS * BS) & (n > 0)    # this split holds the new token
         hm = tl.arange(0, 2) < tl.where(mine, 1, 0)                  # [2]: row 0 is head h (row 1 never live)
         blk = tl.load(bt_ptr + b * s_bt + pos // BS, mask=mine, other=0).to(tl.int64)
@@ -176,7 +266,7 @@ def _paged_decode(q_ptr, k_ptr, v_ptr, pos_ptr, len_ptr, bt_ptr, m_ptr, l_ptr, a
                      v_ptr + blk * sv_n + h * sv_h + off * sv_s + tl.zeros([2, 1], tl.int64),
                      c_row, s_row, hm, D, DP, HALF, HALFP, ROTATE, INTERLEAVED)
         tl.debug_barrier()                        # the loop below reads that slot back
-    if start < stop:                               # splits outside the live range write no partial
+    if (start < stop) and not EARLY:               # splits outside the live range write no partial
         qmask = (g < G)[:, None] & dmask[None, :]
         if ROTATE:                                 # q's RoPE here, not in a kernel of its own
             q = _rotate_q(q_ptr + b * sq_b + (h * G + g)[:, None] * sq_h, c_row, s_row,
