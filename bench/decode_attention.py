@@ -5,8 +5,8 @@ separate caches). Prints a table, then ``BEST=split,warps,dot`` (the fastest var
 tolerance), a value for SHAPEPLAN_DECODE_ATTN. With ``--paged``: the paged KV cache's decode kernel
 (``kernels/paged.py``, what the serving core runs) instead, at batch 1 as a decode step calls it (this
 step's k/v written, q rotated from the rotary tables), over its tiling (merge chunk, warps, most splits
-per head; ``late``: ``SHAPEPLAN_PAGED_EARLY=0``'s form) at llama-1b's and llama-8b's head dims, against SDPA
-over the live keys; ``PAGED_BEST`` lines name the fastest tiling per head dim.
+per head, form: see ``PAGED_VARIANTS``) at llama-1b's and llama-8b's head dims, against SDPA over the live keys;
+``PAGED_BEST`` lines name the fastest tiling per head dim.
 
     python3 -m bench.decode_attention --pos 256
     python3 -m bench.decode_attention --paged --pos 128,384
@@ -43,9 +43,12 @@ def timed(fn, layers: int) -> float:
     return sorted(ts)[len(ts) // 2]
 
 
-#: (merge chunk, warps, most splits per head, EARLY form) of the paged decode kernel; None: paged.py's choice
-PAGED_VARIANTS = [(None, None, 64, True), (None, None, 64, False)] + [
-    (mch, warps, splits, True) for splits in (64, 32) for warps in (2, 4) for mch in (8, 16, 32, 64)]
+#: (merge chunk, warps, most splits per head, form) of the paged decode kernel; None: paged.py's choice. Forms:
+#: early (``SHAPEPLAN_PAGED_EARLY``), late (EARLY off), strided (EARLY with program s taking blocks s, s + NS, ..)
+PAGED_VARIANTS = [(None, None, 64, "early"), (None, None, 64, "late")] + [
+    (None, warps, splits, form) for splits, warps in ((32, None), (16, None), (16, 2), (8, None))
+    for form in ("early", "strided", "late")] + [
+    (mch, warps, splits, "early") for splits in (64, 32) for warps in (2, 4) for mch in (8, 16, 32, 64)]
 
 
 def paged(positions: list[int], length: int, layers: int, variants: int = 0) -> None:
@@ -77,10 +80,12 @@ def paged(positions: list[int], length: int, layers: int, variants: int = 0) -> 
             ref = torch.nn.functional.scaled_dot_product_attention(
                 q.float(), ks.repeat_interleave(hq // hkv, 0)[None].float(),
                 vs.repeat_interleave(hq // hkv, 0)[None].float(), scale=d ** -0.5)
-            for mch, warps, splits, early in PAGED_VARIANTS[:variants or None]:
-                lab = ("default" if mch is None else f"{mch},{warps},{splits}") + ("" if early else ",late")
+            for mch, warps, splits, form in PAGED_VARIANTS[:variants or None]:
+                lab = ("default" if (mch, warps, splits) == (None, None, 64) else f"{mch},{warps},{splits}") + \
+                    ("" if form == "early" else "," + form)
                 try:
-                    with mock.patch.multiple(pk, MERGE_CHUNK=mch, DECODE_WARPS=warps, MAX_SPLITS=splits, EARLY=early):
+                    with mock.patch.multiple(pk, MERGE_CHUNK=mch, DECODE_WARPS=warps, MAX_SPLITS=splits,
+                                             EARLY=form != "late", STRIDED=form == "strided"):
                         out = pk.paged_decode_attention(q, kp, vp, p, lens, bt, scale=d ** -0.5, counters=cnt)
                         err = (out.float() - ref).abs().max().item()
                         t = timed(lambda: [pk.paged_decode_attention(q, k_, v_, p, lens, bt, scale=d ** -0.5,
@@ -92,11 +97,10 @@ def paged(positions: list[int], length: int, layers: int, variants: int = 0) -> 
                     continue
                 print(f"{d:>4} {pos:>5} {lab:<19} {t:>8.2f} {err:>9.1e}", flush=True)
                 if err <= 2e-2:
-                    best.setdefault((mch, warps, splits, early), []).append(t)
+                    best.setdefault((mch, warps, splits, form), []).append(t)
         if best:
-            (mch, warps, splits, early), ts = min(best.items(), key=lambda kv: sum(kv[1]))
-            name = ("paged.py's default" if mch is None else f"merge chunk {mch}, warps {warps}, splits {splits}") + \
-                ("" if early else " (EARLY off)")
+            (mch, warps, splits, form), ts = min(best.items(), key=lambda kv: sum(kv[1]))
+            name = f"merge chunk {mch}, warps {warps}, splits {splits}, {form}"
             print(f"PAGED_BEST D={d}: {name}: "
                   + ", ".join(f"{t:.2f}" for t in ts) + " us at pos " + ",".join(map(str, positions)))
 
@@ -109,7 +113,8 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=16, help="calls (separate caches) per CUDA graph (default 16)")
     ap.add_argument("--paged", action="store_true", help="the paged KV cache's decode kernel and its tiling instead")
     ap.add_argument("--variants", type=int, default=0,
-                    help="--paged: only the first N tilings (2: the default tiling, EARLY on and off)")
+                    help="--paged: only the first N tilings (2: the default tiling, EARLY on and off; 14: and every form at "
+                         "fewer splits)")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         print("bench.decode_attention: CUDA is not available, nothing measured (this benchmark needs a GPU)")

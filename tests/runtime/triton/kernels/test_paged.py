@@ -66,11 +66,11 @@ def test_prefill_rotation_of_a_qkv_view_equals_rotary_embedding(interleaved):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("interleaved", [0, 1])
 @pytest.mark.parametrize("window", [0, 20])
-@pytest.mark.parametrize("programs", [paged.TARGET_PROGRAMS, 6])     # 6: all four blocks in one split
+@pytest.mark.parametrize("programs", [paged.TARGET_PROGRAMS, 6, 12])  # 6: all four blocks in one split; 12: two
 @pytest.mark.parametrize("chunk", [None, 2])                   # 2: the merge over the live splits in chunks
-@pytest.mark.parametrize("early", [True, False])
+@pytest.mark.parametrize("form", ["early", "strided", "late"])
 def test_the_decode_kernel_writes_as_the_write_kernel_and_attends_as_the_torch_ops(dtype, interleaved, window,
-                                                                                   programs, chunk, early, monkeypatch):
+                                                                                   programs, chunk, form, monkeypatch):
     """PagedWriteAttention's decode kernel (write of k rotated and v, split-K attention, merge in the last
     program; the rotary tables read at each row's position): pools bit-equal to the write kernel's,
     output as PagedWriteAttention's torch path (PagedCacheWrite + PagedAttention); the counters are
@@ -78,7 +78,8 @@ def test_the_decode_kernel_writes_as_the_write_kernel_and_attends_as_the_torch_o
     (``early``: the new token patched in from registers) give the same output, bit for bit."""
     monkeypatch.setattr(paged, "TARGET_PROGRAMS", programs)
     monkeypatch.setattr(paged, "MERGE_CHUNK", chunk)
-    monkeypatch.setattr(paged, "EARLY", early)
+    monkeypatch.setattr(paged, "EARLY", form != "late")
+    monkeypatch.setattr(paged, "STRIDED", form == "strided")
     b, hq, hkv, d = 3, 4, 2, 16
     q, kp, vp, bt, _, _ = _case(dtype, b=b, hq=hq, hkv=hkv, d=d)
     g = torch.Generator().manual_seed(9)
@@ -97,10 +98,15 @@ def test_the_decode_kernel_writes_as_the_write_kernel_and_attends_as_the_torch_o
                   rope_table=True)
         other_k, other_v = kern_k.clone(), kern_v.clone()
         got = paged.paged_decode_attention(q, kern_k, kern_v, positions, lengths, bt, **kw)
-        monkeypatch.setattr(paged, "EARLY", not early)                # the other form, from the same pools
-        assert torch.equal(paged.paged_decode_attention(q, other_k, other_v, positions, lengths, bt, **kw), got)
+        monkeypatch.setattr(paged, "EARLY", form == "late")           # another form, from the same pools
+        if form == "strided":                                         # (the same splits merged in another order)
+            close = 1e-6 if dtype == torch.float32 else 2 ** -7
+            torch.testing.assert_close(paged.paged_decode_attention(q, other_k, other_v, positions, lengths, bt,
+                                                                    **kw), got, rtol=close, atol=close)
+        else:
+            assert torch.equal(paged.paged_decode_attention(q, other_k, other_v, positions, lengths, bt, **kw), got)
         assert torch.equal(other_k, kern_k) and torch.equal(other_v, kern_v)
-        monkeypatch.setattr(paged, "EARLY", early)
+        monkeypatch.setattr(paged, "EARLY", form != "late")
         want = llm_ops.paged_write_attention(q.cpu(), k.cpu(), v.cpu(), ref_k, ref_v, positions.cpu(), lengths.cpu(),
                                              bt.cpu(), None, cos.cpu(), sin.cpu(), scale=0.25, window=window,
                                              interleaved=interleaved)
@@ -167,6 +173,6 @@ def test_the_decode_kernel_compiles_for_sm90():
     res = _compile_sm90("paged:write:0", "paged:write:1", "paged:read:0", "paged:write128:0",   # head dims 64, 128
                         "paged:writeq128:0", "paged:writeq:1",                             # + x as int8 codes
                         "paged:write:2", "paged:write:3", "paged:read:2", "paged:write128:3",  # the EARLY form
-                        "paged:writeq:3")
+                        "paged:writeq:3", "paged:write:7", "paged:write128:7", "paged:writeq:7")   # + STRIDED
     assert all(r["ok"] for r in res.values()), {s: r["error"] for s, r in res.items()}
     assert res["paged:write:1"]["griddepcontrol"] and not res["paged:write:0"]["griddepcontrol"]

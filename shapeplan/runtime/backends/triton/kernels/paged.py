@@ -31,6 +31,8 @@ DECODE_WARPS: int | None = None
 #: the decode kernel's EARLY form (paged_jit._paged_decode); None: ``SHAPEPLAN_PAGED_EARLY``, read at each launch
 #: (a captured plan launches at its capture only), so that a benchmark can switch it between plans
 EARLY: bool | None = None
+#: with EARLY, program s of a (row, head) takes blocks s, s + NS, .. instead of BPS blocks in a row
+STRIDED: bool = False
 
 
 def _pow2(n: int) -> int:
@@ -82,7 +84,7 @@ def _decode_tiling(batch: int, hkv: int, max_blocks: int, gp: int, dp: int) -> d
     chunk = MERGE_CHUNK or max(2, MERGE_FLOATS * 32 * warps // (gp * dp))
     early = env.get("SHAPEPLAN_PAGED_EARLY") if EARLY is None else EARLY
     return dict(NS=ns, BPS=bps, MCH=max(2, min(_pow2(chunk), _pow2(ns))), num_warps=warps, EARLY=early,
-                BPSP=max(2, _pow2(bps)))
+                BPSP=max(2, _pow2(bps)), STRIDED=bool(STRIDED and early))
 
 
 def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, positions: torch.Tensor,

@@ -133,16 +133,17 @@ def _kv_tile(k_ptr, v_ptr, blk, kb, h, o, d, start, stop, pos, sk_n, sk_h, sk_s,
 
 @triton.jit
 def _early_split(q_ptr, k_ptr, v_ptr, kn_ptr, vn_ptr, m_ptr, l_ptr, acc_ptr, c_row, s_row, blks, jb,
-                 b, h, n, pos, start, stop, kb_lo, kb_hi, first, part, g, d, dmask,
+                 b, h, n, pos, kstart, kstop, kb0, step, nblk, part, g, d, dmask,
                  sq_b, sq_h, sk_n, sk_h, sk_s, sv_n, sv_h, sv_s, skn_b, skn_h, svn_b, svn_h, scale,
-                 G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, DP: tl.constexpr, BPS: tl.constexpr,
+                 G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, DP: tl.constexpr,
                  BS: tl.constexpr, ROTATE: tl.constexpr, INTERLEAVED: tl.constexpr, HALF: tl.constexpr,
                  WRITE: tl.constexpr):
-    """``_paged_decode``'s pass 1 with EARLY (see there): one live split's partial into m / l / acc at
-    ``part``; with WRITE the split that holds ``pos`` also writes this step's k (rotated) and v."""
+    """``_paged_decode``'s pass 1 with EARLY (see there): the partial of one program's ``nblk`` live blocks
+    kb0, kb0 + step, .. (table entries ``blks``; keys kstart .. kstop - 1 live) into m / l / acc at ``part``;
+    with WRITE the program that holds ``pos`` also writes this step's k (rotated) and v."""
     o = tl.arange(0, BS)
     blk = tl.sum(tl.where(jb == 0, blks, 0))
-    k, v = _kv_tile(k_ptr, v_ptr, blk, kb_lo, h, o, d, start, stop, pos, sk_n, sk_h, sk_s, sv_n, sv_h, sv_s,
+    k, v = _kv_tile(k_ptr, v_ptr, blk, kb0, h, o, d, kstart, kstop, pos, sk_n, sk_h, sk_s, sv_n, sv_h, sv_s,
                     dmask, BS, WRITE)
     qmask = (g < G)[:, None] & dmask[None, :]
     if ROTATE:
@@ -150,8 +151,9 @@ def _early_split(q_ptr, k_ptr, v_ptr, kn_ptr, vn_ptr, m_ptr, l_ptr, acc_ptr, c_r
     else:
         q = tl.load(q_ptr + b * sq_b + (h * G + g)[:, None] * sq_h + d[None, :], mask=qmask, other=0.0
                     ).to(tl.float32)
-    if WRITE:                                      # this step's token, [1, DP], if this split holds it
-        mine = (pos >= first) & (pos < first + BPS * BS) & (n > 0)
+    if WRITE:                                      # this step's token, [1, DP], if this program holds it
+        jp = (pos // BS - kb0) // step
+        mine = (n > 0) & (pos // BS >= kb0) & ((pos // BS - kb0) % step == 0) & (jp < nblk)
         one = tl.zeros([1, 1], tl.int64)
         r1 = tl.arange(0, 1)
         m1 = (r1 < tl.where(mine, 1, 0))[:, None] & dmask[None, :]
@@ -167,19 +169,21 @@ def _early_split(q_ptr, k_ptr, v_ptr, kn_ptr, vn_ptr, m_ptr, l_ptr, acc_ptr, c_r
     m_i = tl.full([GP], float("-inf"), tl.float32)
     l_i = tl.zeros([GP], tl.float32)
     acc = tl.zeros([GP, DP], tl.float32)
-    for kb in range(kb_lo, kb_hi):
-        nxt = tl.sum(tl.where(jb == kb + 1 - kb_lo, blks, 0))
-        k2, v2 = _kv_tile(k_ptr, v_ptr, nxt, kb + 1, h, o, d, start, stop, pos, sk_n, sk_h, sk_s, sv_n, sv_h, sv_s,
-                          dmask, BS, WRITE)       # the next tile in flight while this one is used
+    kb = kb0
+    for j in range(0, nblk):
+        nxt = tl.sum(tl.where(jb == j + 1, blks, 0))
+        k2, v2 = _kv_tile(k_ptr, v_ptr, nxt, kb + step, h, o, d, kstart, kstop, pos, sk_n, sk_h, sk_s, sv_n, sv_h,
+                          sv_s, dmask, BS, WRITE)  # the next tile in flight while this one is used
         offs = kb * BS + o
         if WRITE:
             at = (offs == pos)[:, None]
             k = tl.where(at, kpat, k)
             v = tl.where(at, vpat, v)
-        m_i, l_i, acc = _online(q, k, v, (offs >= start) & (offs < stop), m_i, l_i, acc, scale)
+        m_i, l_i, acc = _online(q, k, v, (offs >= kstart) & (offs < kstop), m_i, l_i, acc, scale)
         k, v = k2, v2
+        kb += step
     if WRITE:                                      # into the pool for the steps after this one
-        blkp = tl.sum(tl.where(jb == pos // BS - kb_lo, blks, 0))
+        blkp = tl.sum(tl.where(jb == jp, blks, 0))
         off = (pos % BS).to(tl.int64)
         tl.store(k_ptr + blkp * sk_n + h * sk_h + off * sk_s + one + d[None, :], kq, mask=m1)
         tl.store(v_ptr + blkp * sv_n + h * sv_h + off * sv_s + one + d[None, :], vq, mask=m1)
@@ -197,7 +201,8 @@ def _paged_decode(q_ptr, k_ptr, v_ptr, pos_ptr, len_ptr, bt_ptr, m_ptr, l_ptr, a
                   NS: tl.constexpr, BPS: tl.constexpr, MCH: tl.constexpr, BS: tl.constexpr, WINDOW: tl.constexpr,
                   ROTATE: tl.constexpr, INTERLEAVED: tl.constexpr, HALF: tl.constexpr, HALFP: tl.constexpr,
                   WRITE: tl.constexpr, TABLE: tl.constexpr = False, PDL: tl.constexpr = False,
-                  XQ_OUT: tl.constexpr = False, EARLY: tl.constexpr = False, BPSP: tl.constexpr = 2):
+                  XQ_OUT: tl.constexpr = False, EARLY: tl.constexpr = False, BPSP: tl.constexpr = 2,
+                  STRIDED: tl.constexpr = False):
     """One decode step's attention, grid (B * Hkv, NS): program (b, h, split) takes BPS blocks of KV head h
     of row b and the G query heads of its group (rotated by RoPE on load with ROTATE: cos/sin rows at
     c_ptr + b * sc_b, or with TABLE the tables' rows at the row's position, c_ptr + pos * sc_b) and writes an
@@ -219,7 +224,10 @@ def _paged_decode(q_ptr, k_ptr, v_ptr, pos_ptr, len_ptr, bt_ptr, m_ptr, l_ptr, a
     kernel, as the row's length and position are); after it, the first key / value tile, q, and this
     step's k and v are asked for together; the new token's row is patched into its tile from registers
     (rotated and rounded exactly as stored) instead of being stored, fenced and read back, and the pool
-    writes go out after the loop; each next tile is loaded before the current one is used."""
+    writes go out after the loop; each next tile is loaded before the current one is used.
+    STRIDED (with EARLY): program s takes blocks s, s + NS, s + 2 NS, .. of the row (not BPS blocks in a
+    row), so that the live blocks are spread over every program whatever the position; the merge then
+    reads the programs that held a live block."""
     pid_bh = tl.program_id(0)
     pid_s = tl.program_id(1)
     if PDL:                                        # the next kernel (the o projection) may start loading
@@ -242,19 +250,33 @@ def _paged_decode(q_ptr, k_ptr, v_ptr, pos_ptr, len_ptr, bt_ptr, m_ptr, l_ptr, a
         c_row, s_row = c_ptr + pos * sc_b, s_ptr + pos * sc_b
     else:
         c_row, s_row = c_ptr + b * sc_b, s_ptr + b * sc_b
-    if EARLY:                                      # the split's live blocks, before the wait
-        kb_lo = start // BS
-        kb_hi = (stop + BS - 1) // BS
+    klo = lo // BS                                 # the row's live blocks: klo .. khi - 1
+    khi = (end + BS - 1) // BS
+    if EARLY:                                      # this program's live blocks, before the wait
+        if STRIDED:                                # pid_s, pid_s + NS, ..
+            j0 = tl.where(pid_s >= klo, 0, (klo - pid_s + NS - 1) // NS)
+            j1 = tl.where(pid_s < khi, (khi - pid_s + NS - 1) // NS, 0)
+            kb0 = pid_s + j0 * NS
+            nblk = j1 - j0
+            step = NS
+            kstart = lo
+            kstop = end
+        else:                                      # BPS in a row
+            kb0 = start // BS
+            nblk = (stop + BS - 1) // BS - kb0
+            step = 1
+            kstart = start
+            kstop = stop
         jb = tl.arange(0, BPSP)
-        blks = tl.load(bt_ptr + b * s_bt + kb_lo + jb, mask=kb_lo + jb < kb_hi, other=0).to(tl.int64)
+        blks = tl.load(bt_ptr + b * s_bt + kb0 + jb * step, mask=jb < nblk, other=0).to(tl.int64)
     if PDL:                                        # q, k and v of this step: the kernel before must be done
         gdc_wait()
     if EARLY:
-        if start < stop:
+        if nblk > 0:
             _early_split(q_ptr, k_ptr, v_ptr, kn_ptr, vn_ptr, m_ptr, l_ptr, acc_ptr, c_row, s_row, blks, jb,
-                         b, h, n, pos, start, stop, kb_lo, kb_hi, first, pid_bh * NS + pid_s, g, d, dmask,
+                         b, h, n, pos, kstart, kstop, kb0, step, nblk, pid_bh * NS + pid_s, g, d, dmask,
                          sq_b, sq_h, sk_n, sk_h, sk_s, sv_n, sv_h, sv_s, skn_b, skn_h, svn_b, svn_h, scale,
-                         G, GP, D, DP, BPS, BS, ROTATE, INTERLEAVED, HALF, WRITE)
+                         G, GP, D, DP, BS, ROTATE, INTERLEAVED, HALF, WRITE)
     elif WRITE:
         mine = (pos >= first) & (pos < first + BPS * BS) & (n > 0)    # this split holds the new token
         hm = tl.arange(0, 2) < tl.where(mine, 1, 0)                  # [2]: row 0 is head h (row 1 never live)
@@ -295,13 +317,20 @@ def _paged_decode(q_ptr, k_ptr, v_ptr, pos_ptr, len_ptr, bt_ptr, m_ptr, l_ptr, a
     tl.debug_barrier()                             # every thread's partial is stored before the count
     if tl.atomic_add(cnt_ptr + pid_bh, 1, sem="acq_rel") == NS - 1:       # the last of (b, h): merge
         split = BPS * BS
-        s_hi = (end + split - 1) // split                                    # the splits that wrote: s_lo..s_hi-1
+        if STRIDED:                                # every program that held a live block wrote
+            c_lo = 0
+            s_hi = tl.minimum(khi - klo, NS)
+        else:
+            c_lo = lo // split                                               # the splits that wrote: c_lo..s_hi-1
+            s_hi = (end + split - 1) // split
         mx = tl.full([GP], float("-inf"), tl.float32)
         den = tl.zeros([GP], tl.float32)
         out = tl.zeros([GP, DP], tl.float32)
-        for c in range(lo // split, s_hi, MCH):     # every chunk holds a split that wrote: its max is finite
+        for c in range(c_lo, s_hi, MCH):            # every chunk holds a split that wrote: its max is finite
             sp = c + tl.arange(0, MCH)
             wrote = sp < s_hi
+            if STRIDED:                            # the programs klo % NS, .. (mod NS)
+                sp = (klo + sp) % NS
             idx = (pid_bh * NS + sp[:, None]) * GP + g[None, :]                  # [MCH, GP]
             m = tl.load(m_ptr + idx, mask=wrote[:, None], other=float("-inf"), cache_modifier=".cg")
             l = tl.load(l_ptr + idx, mask=wrote[:, None], other=0.0, cache_modifier=".cg")
