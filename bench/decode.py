@@ -6,6 +6,7 @@ prompt 128, 256 new tokens, KV cache 1,024.
     python3 -m bench.decode                                  # llama-1b and llama-8b, our modes only
     python3 -m bench.decode --presets llama-1b --configs triton --vs-torch-compile --json decode.json
     python3 -m bench.decode --presets llama-1b --configs triton --profile 64   # + where a step's GPU time goes
+    python3 -m bench.decode --presets llama-1b --configs triton --paged-forms late,early,strided:16  # kernel A/B
 
 Reported per row: late_steady tok/s (decode steps >= 20), decode tok/s, TTFT, cold start (ours:
 pipeline construction + a 32-token warm-up request; torch: warm-up/capture/compile of the step), and
@@ -71,6 +72,32 @@ def per_step(prof: Any, tokens: int, rows: int) -> str:
     return "\n".join(lines)
 
 
+def paged_forms(preset: str, cfg: LlamaConfig, weights: dict[str, torch.Tensor], config: str, args: argparse.Namespace) -> None:
+    """late_steady tok/s of ``config`` with each form of the paged decode kernel, interleaved (each row builds
+    and captures its own plans, so the form applies to it)."""
+    from unittest import mock
+
+    from shapeplan.llm.bench import run_config
+    from shapeplan.runtime.backends.triton.kernels import paged as pk
+    got: dict[str, list[float]] = {}
+    for _ in range(args.rounds):
+        for form in args.paged_forms.split(","):
+            kind, _, splits = form.partition(":")
+            if kind not in ("late", "early", "strided"):
+                raise SystemExit(f"--paged-forms: expected late, early or strided[:SPLITS], got {form!r}")
+            with mock.patch.multiple(pk, EARLY=kind != "late", STRIDED=kind == "strided",
+                                     MAX_SPLITS=int(splits or pk.MAX_SPLITS)):
+                row = run_config(cfg, weights, config, device="cuda", prompt=bench_prompt(cfg.vocab_size, args.prompt_len),
+                                 new_tokens=args.new_tokens, max_kv_cache_length=args.max_kv_cache_length,
+                                 max_prefill_length=args.prompt_len)
+            got.setdefault(form, []).append(row.late_steady_tok_s if row.ok else float("nan"))
+            gc.collect()
+            torch.cuda.empty_cache()
+    print(f"\n{preset} {config}, late_steady tok/s per round")
+    for form, ts in got.items():
+        print(f"paged {form:<14}" + "".join(f"{t:>10.1f}" for t in ts))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python3 -m bench.decode", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -90,6 +117,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="after each preset's rows, profile the last config's decode over N tokens")
     ap.add_argument("--profile-rows", type=int, default=25, help="rows of the profiler's kernel table")
     ap.add_argument("--json", dest="json_path", default=None, help="write the rows as JSON to this file")
+    ap.add_argument("--paged-forms", default="", metavar="FORM,..",
+                    help="instead of the rows: the first config once per form of the paged decode kernel, interleaved "
+                    "(late, early or strided, each optionally :SPLITS, e.g. late,early,strided:16; see "
+                    "kernels/paged_jit.py), --rounds times")
+    ap.add_argument("--rounds", type=int, default=2, help="rounds of --paged-forms (default 2)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench.decode: CUDA is not available, nothing measured (this benchmark needs a GPU; "
@@ -109,6 +141,11 @@ def main(argv: list[str] | None = None) -> int:
         gb = sum(w.numel() * w.element_size() for w in weights.values()) / 1e9
         print(f"\n{preset}: {gb:.2f} GB of {args.dtype} weights (made in {time.perf_counter() - t:.1f} s)",
               file=sys.stderr)
+        if args.paged_forms:
+            paged_forms(preset, cfg, weights, configs[0], args)
+            del weights
+            gc.collect()
+            continue
         rows = run_matrix(cfg, weights, configs, device="cuda", prompt_len=args.prompt_len,
                           new_tokens=args.new_tokens, max_kv_cache_length=args.max_kv_cache_length,
                           optimize=not args.no_optimize, log=lambda s: print(s, file=sys.stderr))

@@ -193,14 +193,12 @@ step decode_attention default 60 'python3 -m bench.decode_attention --pos 256' \
   'awk '\''/^sdpa/ {s = $4} /^BEST=/ {b = $0} END {if (b) print "sdpa " s " us/call, " b}'\'' $L'
 step paged_attention default 180 'python3 -m bench.decode_attention --paged --pos 128,384' \
   'awk '\''$3=="default" {printf "D %s pos %s: %s us; ", $1, $2, $4}'\'' $L'
-# the paged decode kernel's EARLY form (thirty-fourth session) against SHAPEPLAN_PAGED_EARLY=0: the kernel alone at both head
-# dims, then llama-1b decode end to end, a process per run, alternating
-step paged_early extra 90 'python3 -m bench.decode_attention --paged --pos 128,384 --variants 2' \
-  'awk '\''$3 ~ /^default/ {printf "D %s pos %s %s: %s us; ", $1, $2, $3, $4}'\'' $L'
-step decode_early_ab extra 420 'for r in 1 2; do for e in 1 0; do echo "early $e"; SHAPEPLAN_PAGED_EARLY=$e python3 -m shapeplan bench --preset llama-1b --device cuda --config triton; done; done' \
-  'awk '\''$1=="early" {e=$2} $1=="triton" {printf "early %s: %s tok/s; ", e, $(NF-2)}'\'' $L'
-step decode_early_ab_8b extra 480 'for r in 1 2; do for e in 1 0; do echo "early $e"; SHAPEPLAN_PAGED_EARLY=$e python3 -m bench.decode --presets llama-8b --configs triton; done; done' \
-  'awk '\''$1=="early" {e=$2} $1=="triton" {printf "early %s: %s tok/s; ", e, $(NF-2)}'\'' $L'
+# the paged decode kernel's forms (thirty-fourth session; SHAPEPLAN_PAGED_EARLY, kernels/paged_jit.py): the kernel alone at
+# both head dims, then llama-1b / llama-8b decode end to end with each form, interleaved
+step paged_forms extra 150 'python3 -m bench.decode_attention --paged --pos 128,384 --variants 14' \
+  'grep PAGED_BEST $L | tr "\n" ";"'
+step decode_forms extra 420 'python3 -m bench.decode --presets llama-1b,llama-8b --configs triton --paged-forms late,early,strided:32,strided:16,strided:8 --rounds 2' \
+  'grep "^paged" $L | tr -s " " | tr "\n" ";"'
 step quant_early_ab extra 480 'python3 -m bench.quant_gemv --no-gemv --e2e llama-1b:Q4_K_M,llama-8b:Q4_K_M --e2e-configs triton --switch-ab SHAPEPLAN_PAGED_EARLY=0,1:2' \
   'grep -E "^llama-(1b|8b)" $L | awk '\''{printf "%s %s %s; ", $1, $2, $3}'\'' | cut -c1-300'
 step prefill_attention default 60 'python3 -m bench.prefill_attention' \

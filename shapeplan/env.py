@@ -111,10 +111,11 @@ SWITCHES: tuple[Switch, ...] = (
     Switch("SHAPEPLAN_LLM_GEMV_PDL", "bool", True,
            "launch the fused decode GEMVs with programmatic dependent launch (Hopper+): each loads its first weight "
            "tile while the kernel before it ends (H200: llama-1b 1,008 -> 1,075 tok/s; 0: plain launches)"),
-    Switch("SHAPEPLAN_PAGED_EARLY", "bool", True,
-           "the paged decode attention asks for its block-table entries before the kernel before it ends, and for "
-           "q, this step's k / v and the first key tile together after (the new token patched in from registers); "
-           "0: the write, a barrier, then the reads (kernels/paged_jit.py)"),
+    Switch("SHAPEPLAN_PAGED_EARLY", "bool", False,
+           "the paged decode attention's EARLY form: its block-table entries read before the kernel before it ends, "
+           "q, this step's k / v and the first key tile asked for together after (the new token patched in from "
+           "registers), each next tile prefetched (kernels/paged_jit.py). H100: 7.30 / 7.52 us a llama-1b call at "
+           "pos 128 / 384 against 6.98 / 7.85 without, decode 924 / 924 against 922 / 934 tok/s: no gain, so off"),
     Switch("SHAPEPLAN_QUANT_GEMV_PDL", "auto|on|off", "auto",
            "launch the one-row quantized GEMVs (kernels/qgemv.py) with programmatic dependent launch (Hopper+); "
            "auto: on for matrices of 4,096 or more outputs and inputs (llama-8b's, H100: 8b Q8_0 263 -> 277 tok/s), "
