@@ -143,24 +143,8 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         if args.paged_forms:
             paged_forms(preset, cfg, weights, configs[0], args)
-            del weights
-            gc.collect()
-            continue
-        rows = run_matrix(cfg, weights, configs, device="cuda", prompt_len=args.prompt_len,
-                          new_tokens=args.new_tokens, max_kv_cache_length=args.max_kv_cache_length,
-                          optimize=not args.no_optimize, log=lambda s: print(s, file=sys.stderr))
-        if args.vs_torch_compile:
-            ref = next((r.tokens for r in rows if r.config == "slot_by_slot" and r.ok), None)
-            rows += torch_baselines(cfg, weights, bench_prompt(cfg.vocab_size, args.prompt_len), args.new_tokens,
-                                    args.max_kv_cache_length, ref)
-        floor = bandwidth / (gb * 1e9)          # tok/s if every step only streamed the weights
-        print(format_table(rows, f"\n{preset} ({gb:.2f} GB, bandwidth floor ~{floor:,.0f} tok/s), "
-                                 f"prompt {args.prompt_len}, {args.new_tokens} new tokens, greedy, {args.dtype}"))
-        results["models"][preset] = {"weights_gb": gb, "rows": [r.to_dict() for r in rows]}
-        if args.profile and configs:
-            gc.collect()
-            profile(cfg, weights, configs[-1], prompt_len=args.prompt_len,
-                    max_kv_cache_length=args.max_kv_cache_length, tokens=args.profile, rows=args.profile_rows)
+        else:
+            rows_of(preset, cfg, weights, gb, configs, bandwidth, args, results)
         del weights
         gc.collect()
         torch.cuda.empty_cache()
@@ -169,6 +153,26 @@ def main(argv: list[str] | None = None) -> int:
             json.dump(results, f, indent=2)
         print(f"wrote {args.json_path}", file=sys.stderr)
     return 0
+
+
+def rows_of(preset: str, cfg: LlamaConfig, weights: dict[str, torch.Tensor], gb: float, configs: list[str],
+            bandwidth: float, args: argparse.Namespace, results: dict[str, Any]) -> None:
+    """One preset's rows (and, with --profile, its kernel table) into ``results``."""
+    rows = run_matrix(cfg, weights, configs, device="cuda", prompt_len=args.prompt_len,
+                      new_tokens=args.new_tokens, max_kv_cache_length=args.max_kv_cache_length,
+                      optimize=not args.no_optimize, log=lambda s: print(s, file=sys.stderr))
+    if args.vs_torch_compile:
+        ref = next((r.tokens for r in rows if r.config == "slot_by_slot" and r.ok), None)
+        rows += torch_baselines(cfg, weights, bench_prompt(cfg.vocab_size, args.prompt_len), args.new_tokens,
+                                args.max_kv_cache_length, ref)
+    floor = bandwidth / (gb * 1e9)          # tok/s if every step only streamed the weights
+    print(format_table(rows, f"\n{preset} ({gb:.2f} GB, bandwidth floor ~{floor:,.0f} tok/s), "
+                             f"prompt {args.prompt_len}, {args.new_tokens} new tokens, greedy, {args.dtype}"))
+    results["models"][preset] = {"weights_gb": gb, "rows": [r.to_dict() for r in rows]}
+    if args.profile and configs:
+        gc.collect()
+        profile(cfg, weights, configs[-1], prompt_len=args.prompt_len,
+                max_kv_cache_length=args.max_kv_cache_length, tokens=args.profile, rows=args.profile_rows)
 
 
 if __name__ == "__main__":

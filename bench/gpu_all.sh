@@ -199,8 +199,8 @@ step paged_forms extra 150 'python3 -m bench.decode_attention --paged --pos 128,
   'grep PAGED_BEST $L | tr "\n" ";"'
 step decode_forms extra 420 'python3 -m bench.decode --presets llama-1b,llama-8b --configs triton --paged-forms late,early,strided:32,strided:16,strided:8 --rounds 2' \
   'grep "^paged" $L | tr -s " " | tr "\n" ";"'
-step quant_early_ab extra 480 'python3 -m bench.quant_gemv --no-gemv --e2e llama-1b:Q4_K_M,llama-8b:Q4_K_M --e2e-configs triton --switch-ab SHAPEPLAN_PAGED_EARLY=0,1:2' \
-  'grep -E "^llama-(1b|8b)" $L | awk '\''{printf "%s %s %s; ", $1, $2, $3}'\'' | cut -c1-300'
+step quant_early_ab extra 480 'for e in 0 1; do echo "early $e"; SHAPEPLAN_PAGED_EARLY=$e python3 -m bench.quant_gemv --no-gemv --e2e llama-1b:Q4_K_M,llama-8b:Q4_K_M --e2e-configs triton; done' \
+  'awk '\''$1=="early" {e=$2} /^llama-(1b|8b)/ {printf "early %s %s %s; ", e, $1, $3}'\'' $L | cut -c1-300'
 step prefill_attention default 60 'python3 -m bench.prefill_attention' \
   'awk '\''$1==512 && $2==1024 && $3=="sdpa" {s = $8} $1==512 && $2==1024 && $3=="efficient" {e = $7}
         END {if (s e) print "512x1024 per call: sdpa " s " us, efficient " e " us"}'\'' $L'

@@ -74,8 +74,9 @@ def test_the_decode_kernel_writes_as_the_write_kernel_and_attends_as_the_torch_o
     """PagedWriteAttention's decode kernel (write of k rotated and v, split-K attention, merge in the last
     program; the rotary tables read at each row's position): pools bit-equal to the write kernel's,
     output as PagedWriteAttention's torch path (PagedCacheWrite + PagedAttention); the counters are
-    left zero, so a second step (next position, one more key) is right too. Both forms of the kernel
-    (``early``: the new token patched in from registers) give the same output, bit for bit."""
+    left zero, so a second step (next position, one more key) is right too. Each form of the kernel gives
+    the late form's output and pools: EARLY (the new token patched in from registers) bit for bit, STRIDED
+    (the same partials merged in another order) within one bf16 ulp."""
     monkeypatch.setattr(paged, "TARGET_PROGRAMS", programs)
     monkeypatch.setattr(paged, "MERGE_CHUNK", chunk)
     monkeypatch.setattr(paged, "EARLY", form != "late")

@@ -28,9 +28,9 @@ MERGE_FLOATS = 128
 #: overrides of the tiling (bench/decode_attention.py --paged sweeps them): partials per merge step, warps
 MERGE_CHUNK: int | None = None
 DECODE_WARPS: int | None = None
-#: the decode kernel's EARLY form (paged_jit._paged_decode); None: ``SHAPEPLAN_PAGED_EARLY``, read at each launch
-#: (a captured plan launches at its capture only), so that a benchmark can switch it between plans
-EARLY: bool | None = None
+#: the decode kernel's EARLY form (paged_jit._paged_decode; ``SHAPEPLAN_PAGED_EARLY``, read once here: a benchmark
+#: switches it between plans by setting this attribute, as ``bench.decode --paged-forms`` does)
+EARLY: bool = env.get("SHAPEPLAN_PAGED_EARLY")
 #: with EARLY, program s of a (row, head) takes blocks s, s + NS, .. instead of BPS blocks in a row
 STRIDED: bool = False
 
@@ -82,9 +82,8 @@ def _decode_tiling(batch: int, hkv: int, max_blocks: int, gp: int, dp: int) -> d
     ns = triton.cdiv(max_blocks, bps)
     warps = DECODE_WARPS or (4 if ns >= 16 else 2)
     chunk = MERGE_CHUNK or max(2, MERGE_FLOATS * 32 * warps // (gp * dp))
-    early = env.get("SHAPEPLAN_PAGED_EARLY") if EARLY is None else EARLY
-    return dict(NS=ns, BPS=bps, MCH=max(2, min(_pow2(chunk), _pow2(ns))), num_warps=warps, EARLY=early,
-                BPSP=max(2, _pow2(bps)), STRIDED=bool(STRIDED and early))
+    return dict(NS=ns, BPS=bps, MCH=max(2, min(_pow2(chunk), _pow2(ns))), num_warps=warps, EARLY=EARLY,
+                BPSP=max(2, _pow2(bps)), STRIDED=bool(STRIDED and EARLY))
 
 
 def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, positions: torch.Tensor,

@@ -302,14 +302,10 @@ def _paged_decode(q_ptr, k_ptr, v_ptr, pos_ptr, len_ptr, bt_ptr, m_ptr, l_ptr, a
         o = tl.arange(0, BS)
         for kb in range(start // BS, (stop + BS - 1) // BS):
             blk = tl.load(bt_ptr + b * s_bt + kb).to(tl.int64)
+            k, v = _kv_tile(k_ptr, v_ptr, blk, kb, h, o, d, start, stop, pos, sk_n, sk_h, sk_s, sv_n, sv_h, sv_s,
+                            dmask, BS, False)                                              # [BS, DP]
             offs = kb * BS + o
-            valid = (offs >= start) & (offs < stop)
-            kv_mask = valid[:, None] & dmask[None, :]
-            k = tl.load(k_ptr + blk * sk_n + h * sk_h + o[:, None] * sk_s + d[None, :], mask=kv_mask,
-                        other=0.0).to(tl.float32)                                          # [BS, DP]
-            v = tl.load(v_ptr + blk * sv_n + h * sv_h + o[:, None] * sv_s + d[None, :], mask=kv_mask,
-                        other=0.0).to(tl.float32)
-            m_i, l_i, acc = _online(q, k, v, valid, m_i, l_i, acc, scale)
+            m_i, l_i, acc = _online(q, k, v, (offs >= start) & (offs < stop), m_i, l_i, acc, scale)
         base = (pid_bh * NS + pid_s) * GP
         tl.store(m_ptr + base + g, m_i)
         tl.store(l_ptr + base + g, l_i)
