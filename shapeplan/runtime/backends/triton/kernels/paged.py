@@ -5,8 +5,10 @@ for all KV heads at once; tokens past the row's length write nothing. ``paged_de
 split-K ("flash-decoding") attention of one decode step over each row's blocks, one kernel, grid
 (B * Hkv, NS): each program takes BPS blocks of one KV head and the G query heads of its group
 (rotating them by RoPE on load when given cos/sin) and writes an online-softmax partial; programs past
-the row's position skip the loop, so a step reads only the live blocks; the last program of each
-(row, head) to finish (an atomic counter per (row, head)) merges the live partials. Given this step's
+the row's position skip the loop, so a step reads only the live blocks; the last of each (row, head)'s
+live programs to finish (an atomic counter per (row, head) that only they count) merges their partials,
+so the merge never waits for the programs past the position (at batch 1 they are most of the grid, and
+many of them start only when a first wave of programs ends). Given this step's
 k and v, the program whose split holds the row's position writes them first (``PagedWriteAttention``:
 no write kernel of its own in a decode step). Nothing is read on the host: both capture into CUDA
 graphs. Runs on CUDA, or on CPU tensors under ``TRITON_INTERPRET=1`` (tests).

@@ -206,8 +206,12 @@ def _paged_decode(q_ptr, k_ptr, v_ptr, pos_ptr, len_ptr, bt_ptr, m_ptr, l_ptr, a
     """One decode step's attention, grid (B * Hkv, NS): program (b, h, split) takes BPS blocks of KV head h
     of row b and the G query heads of its group (rotated by RoPE on load with ROTATE: cos/sin rows at
     c_ptr + b * sc_b, or with TABLE the tables' rows at the row's position, c_ptr + pos * sc_b) and writes an
-    online-softmax partial; the last program of (b, h) to finish (a counter per (b, h) in cnt_ptr, left
-    at zero again) merges the live partials into the output. WRITE: the program whose split holds the
+    online-softmax partial; the last of (b, h)'s live programs to finish (a counter per (b, h) in cnt_ptr
+    that only they count, left at zero again) merges their partials into the output (a padding row's
+    program 0 writes its zeros). The programs that hold no live block count nothing, so the merge does not
+    wait for them: at batch 1 most of the grid lies past the position, and with two programs an SM (the
+    registers of the merge and the tiles) the grid's second wave could start only when the first ended.
+    WRITE: the program whose split holds the
     row's position first writes this step's k (rotated) and v of head h there, as ``_paged_write`` does.
     PDL (programmatic dependent launch): the next kernel may launch at once; this one reads its row's
     length and position, then waits for the kernel before (``gdc_wait``: q, k and v come from it).
@@ -310,15 +314,22 @@ def _paged_decode(q_ptr, k_ptr, v_ptr, pos_ptr, len_ptr, bt_ptr, m_ptr, l_ptr, a
         tl.store(m_ptr + base + g, m_i)
         tl.store(l_ptr + base + g, l_i)
         tl.store(acc_ptr + (base + g)[:, None] * DP + d[None, :], acc)
+    split = BPS * BS
+    if STRIDED:                                    # every program that held a live block wrote
+        c_lo = 0
+        s_hi = tl.minimum(khi - klo, NS)
+        live = (pid_s - klo % NS + NS) % NS < s_hi
+    else:
+        c_lo = lo // split                                                   # the splits that wrote: c_lo..s_hi-1
+        s_hi = (end + split - 1) // split
+        live = (pid_s >= c_lo) & (pid_s < s_hi)
     tl.debug_barrier()                             # every thread's partial is stored before the count
-    if tl.atomic_add(cnt_ptr + pid_bh, 1, sem="acq_rel") == NS - 1:       # the last of (b, h): merge
-        split = BPS * BS
-        if STRIDED:                                # every program that held a live block wrote
-            c_lo = 0
-            s_hi = tl.minimum(khi - klo, NS)
-        else:
-            c_lo = lo // split                                               # the splits that wrote: c_lo..s_hi-1
-            s_hi = (end + split - 1) // split
+    merge = pid_s < 0
+    if live:                                       # the last of (b, h)'s live programs merges
+        merge = tl.atomic_add(cnt_ptr + pid_bh, 1, sem="acq_rel") == s_hi - c_lo - 1
+    elif s_hi <= c_lo:                             # nothing live (a padding row): program 0 writes its zeros
+        merge = pid_s == 0
+    if merge:
         mx = tl.full([GP], float("-inf"), tl.float32)
         den = tl.zeros([GP], tl.float32)
         out = tl.zeros([GP, DP], tl.float32)
