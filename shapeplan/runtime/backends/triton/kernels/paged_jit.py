@@ -211,8 +211,8 @@ def _paged_decode(q_ptr, k_ptr, v_ptr, pos_ptr, len_ptr, bt_ptr, m_ptr, l_ptr, a
     program 0 writes its zeros). The programs that hold no live block count nothing, so the merge does not
     wait for them: at batch 1 most of the grid lies past the position, and with two programs an SM (the
     registers of the merge and the tiles) the grid's second wave could start only when the first ended.
-    WRITE: the program whose split holds the
-    row's position first writes this step's k (rotated) and v of head h there, as ``_paged_write`` does.
+    WRITE: the program whose split holds the row's position first writes this step's k (rotated) and v of
+    head h there, as ``_paged_write`` does.
     PDL (programmatic dependent launch): the next kernel may launch at once; this one reads its row's
     length and position, then waits for the kernel before (``gdc_wait``: q, k and v come from it).
     The merge reads only the splits that wrote, MCH of them at a time (an online softmax over chunks):
@@ -256,6 +256,7 @@ def _paged_decode(q_ptr, k_ptr, v_ptr, pos_ptr, len_ptr, bt_ptr, m_ptr, l_ptr, a
         c_row, s_row = c_ptr + b * sc_b, s_ptr + b * sc_b
     klo = lo // BS                                 # the row's live blocks: klo .. khi - 1
     khi = (end + BS - 1) // BS
+    live = start < stop                            # this program holds a live block: it writes a partial
     if EARLY:                                      # this program's live blocks, before the wait
         if STRIDED:                                # pid_s, pid_s + NS, ..
             j0 = tl.where(pid_s >= klo, 0, (klo - pid_s + NS - 1) // NS)
@@ -271,12 +272,13 @@ def _paged_decode(q_ptr, k_ptr, v_ptr, pos_ptr, len_ptr, bt_ptr, m_ptr, l_ptr, a
             step = 1
             kstart = start
             kstop = stop
+        live = nblk > 0
         jb = tl.arange(0, BPSP)
         blks = tl.load(bt_ptr + b * s_bt + kb0 + jb * step, mask=jb < nblk, other=0).to(tl.int64)
     if PDL:                                        # q, k and v of this step: the kernel before must be done
         gdc_wait()
     if EARLY:
-        if nblk > 0:
+        if live:
             _early_split(q_ptr, k_ptr, v_ptr, kn_ptr, vn_ptr, m_ptr, l_ptr, acc_ptr, c_row, s_row, blks, jb,
                          b, h, n, pos, kstart, kstop, kb0, step, nblk, pid_bh * NS + pid_s, g, d, dmask,
                          sq_b, sq_h, sk_n, sk_h, sk_s, sv_n, sv_h, sv_s, skn_b, skn_h, svn_b, svn_h, scale,
@@ -292,7 +294,7 @@ def _paged_decode(q_ptr, k_ptr, v_ptr, pos_ptr, len_ptr, bt_ptr, m_ptr, l_ptr, a
                      v_ptr + blk * sv_n + h * sv_h + off * sv_s + tl.zeros([2, 1], tl.int64),
                      c_row, s_row, hm, D, DP, HALF, HALFP, ROTATE, INTERLEAVED)
         tl.debug_barrier()                        # the loop below reads that slot back
-    if (start < stop) and not EARLY:               # splits outside the live range write no partial
+    if live and not EARLY:                         # splits outside the live range write no partial
         qmask = (g < G)[:, None] & dmask[None, :]
         if ROTATE:                                 # q's RoPE here, not in a kernel of its own
             q = _rotate_q(q_ptr + b * sq_b + (h * G + g)[:, None] * sq_h, c_row, s_row,
@@ -318,13 +320,11 @@ def _paged_decode(q_ptr, k_ptr, v_ptr, pos_ptr, len_ptr, bt_ptr, m_ptr, l_ptr, a
     if STRIDED:                                    # every program that held a live block wrote
         c_lo = 0
         s_hi = tl.minimum(khi - klo, NS)
-        live = (pid_s - klo % NS + NS) % NS < s_hi
     else:
         c_lo = lo // split                                                   # the splits that wrote: c_lo..s_hi-1
         s_hi = (end + split - 1) // split
-        live = (pid_s >= c_lo) & (pid_s < s_hi)
     tl.debug_barrier()                             # every thread's partial is stored before the count
-    merge = pid_s < 0
+    merge = pid_s < 0                              # (false, typed as the branches' results)
     if live:                                       # the last of (b, h)'s live programs merges
         merge = tl.atomic_add(cnt_ptr + pid_bh, 1, sem="acq_rel") == s_hi - c_lo - 1
     elif s_hi <= c_lo:                             # nothing live (a padding row): program 0 writes its zeros
