@@ -111,11 +111,13 @@ SWITCHES: tuple[Switch, ...] = (
     Switch("SHAPEPLAN_LLM_GEMV_PDL", "bool", True,
            "launch the fused decode GEMVs with programmatic dependent launch (Hopper+): each loads its first weight "
            "tile while the kernel before it ends (H200: llama-1b 1,008 -> 1,075 tok/s; 0: plain launches)"),
-    Switch("SHAPEPLAN_PAGED_EARLY", "bool", False,
+    Switch("SHAPEPLAN_PAGED_EARLY", "bool", True,
            "the paged decode attention's EARLY form: its block-table entries read before the kernel before it ends, "
            "q, this step's k / v and the first key tile asked for together after (the new token patched in from "
-           "registers), each next tile prefetched (kernels/paged_jit.py). H100: 7.30 / 7.52 us a llama-1b call at "
-           "pos 128 / 384 against 6.98 / 7.85 without, decode 924 / 924 against 922 / 934 tok/s: no gain, so off"),
+           "registers), each next tile prefetched (kernels/paged_jit.py). End to end against the form without it "
+           "(thirty-sixth session): llama-8b 233.9 / 235.2 vs 232.4 / 233.0 tok/s (H200), 180.2 vs 179.4 (H100, "
+           "median of 4); 64 requests of llama-1b 20,258 / 20,875 vs 20,064 / 19,845 tok/s (H100); 0: the form "
+           "without it"),
     Switch("SHAPEPLAN_QUANT_GEMV_PDL", "auto|on|off", "auto",
            "launch the one-row quantized GEMVs (kernels/qgemv.py) with programmatic dependent launch (Hopper+); "
            "auto: on for matrices of 4,096 or more outputs and inputs (llama-8b's, H100: 8b Q8_0 263 -> 277 tok/s), "

@@ -30,8 +30,8 @@ MERGE_FLOATS = 128
 #: overrides of the tiling (bench/decode_attention.py --paged sweeps them): partials per merge step, warps
 MERGE_CHUNK: int | None = None
 DECODE_WARPS: int | None = None
-#: the decode kernel's EARLY form (paged_jit._paged_decode; ``SHAPEPLAN_PAGED_EARLY``, read once here: a benchmark
-#: switches it between plans by setting this attribute, as ``bench.decode --paged-forms`` does)
+#: the decode kernel's EARLY form, on by default (paged_jit._paged_decode; ``SHAPEPLAN_PAGED_EARLY``, read once
+#: here: a benchmark switches it between plans by setting this attribute, as ``bench.decode --paged-forms`` does)
 EARLY: bool = env.get("SHAPEPLAN_PAGED_EARLY")
 #: with EARLY, program s of a (row, head) takes blocks s, s + NS, .. instead of BPS blocks in a row
 STRIDED: bool = False
