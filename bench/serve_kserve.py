@@ -380,6 +380,26 @@ s.start()
 print(port, flush=True)
 s.wait_for_termination()
 """
+#: the same on grpcio's asyncio server (as ``shapeplan serve``'s): the floor of our own server's kind
+ECHO_SERVER_AIO = """
+import asyncio, grpc
+same = lambda b: b
+async def echo(req, ctx):
+    return req
+async def stream(reqs, ctx):
+    async for r in reqs:
+        yield r
+async def main():
+    s = grpc.aio.server()
+    s.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+        "echo.Echo", {"Echo": grpc.unary_unary_rpc_method_handler(echo, same, same),
+                      "Stream": grpc.stream_stream_rpc_method_handler(stream, same, same)}),))
+    port = s.add_insecure_port("127.0.0.1:0")
+    await s.start()
+    print(port, flush=True)
+    await s.wait_for_termination()
+asyncio.run(main())
+"""
 
 
 class _Stream:
@@ -401,21 +421,25 @@ class _Stream:
 
 
 def echo_floor(raw: bytes, n: int) -> dict[str, float]:
-    """Median ms of a round trip of ``raw`` through ``ECHO_SERVER``, as a unary call and on a stream
-    (empty when it did not start)."""
+    """Median ms of a round trip of ``raw`` through ``ECHO_SERVER`` and ``ECHO_SERVER_AIO``, each as a unary
+    call and on a stream (a server that did not start gives no keys)."""
+    return {**_echo(ECHO_SERVER, "grpc", raw, n), **_echo(ECHO_SERVER_AIO, "grpc_aio", raw, n)}
+
+
+def _echo(server: str, key: str, raw: bytes, n: int) -> dict[str, float]:
     import grpc
-    p = subprocess.Popen([sys.executable, "-c", ECHO_SERVER], stdout=subprocess.PIPE, text=True)
+    p = subprocess.Popen([sys.executable, "-c", server], stdout=subprocess.PIPE, text=True)
     try:
         line = p.stdout.readline().strip()
         if not line.isdigit():
-            print(f"grpcio echo server did not start (it printed {line!r}): no echo row", file=sys.stderr)
+            print(f"grpcio echo server ({key}) did not start (it printed {line!r}): no echo row", file=sys.stderr)
             return {}
         port = int(line)
         with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
             echo = ch.unary_unary("/echo.Echo/Echo")
-            res = {"grpc_echo_ms": sequential(lambda: echo(raw), n) * 1e3}
+            res = {f"{key}_echo_ms": sequential(lambda: echo(raw), n) * 1e3}
             stream = _Stream(ch, "/echo.Echo/Stream")
-            res["grpc_stream_echo_ms"] = sequential(lambda: stream.send(raw), n) * 1e3
+            res[f"{key}_stream_echo_ms"] = sequential(lambda: stream.send(raw), n) * 1e3
             stream.close()
             return res
     finally:
@@ -617,6 +641,8 @@ def report(r: dict[str, Any], args: argparse.Namespace) -> None:
                            ("grpc_live_ms", "  transport alone: gRPC ServerLive"),
                            ("grpc_echo_ms", "  grpcio echo of the same bytes"),
                            ("grpc_stream_echo_ms", "  same, on a stream"),
+                           ("grpc_aio_echo_ms", "  the same, asyncio server"),
+                           ("grpc_aio_stream_echo_ms", "  asyncio server, on a stream"),
                            ("http_live_ms", "  transport alone: HTTP health/live")):
             if key in o:
                 over = "" if "live" in key or "echo" in key else f"{o[key] - o['engine_ms']:.3f}"
