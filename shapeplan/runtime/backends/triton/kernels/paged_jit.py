@@ -89,20 +89,16 @@ def _rotate_q(q_ptr, c_ptr, s_ptr, g, d, mask, HALF: tl.constexpr, INTERLEAVED: 
 
 
 @triton.jit
-def _online(q, k, v, valid, m_i, l_i, acc, scale, TILE3: tl.constexpr):
-    """One tile of keys k / values v (``_kv_tile``'s: [BS, DP], or with TILE3 [1, BS, DP]; ``valid`` [BS]) into
-    the online softmax of q [GP, DP]."""
-    if TILE3:
-        k3, v3 = k, v
-    else:
-        k3, v3 = k[None, :, :], v[None, :, :]
-    s = tl.sum(q[:, None, :] * k3, axis=2) * scale                                         # [GP, BS]
+def _online(q, k, v, valid, m_i, l_i, acc, scale):
+    """One tile of keys k / values v (``_kv_tile``'s, [BS, DP] or [1, BS, DP]: either broadcasts to the
+    [GP, BS, DP] products; ``valid`` [BS]) into the online softmax of q [GP, DP]."""
+    s = tl.sum(q[:, None, :] * k, axis=2) * scale                                          # [GP, BS]
     s = tl.where(valid[None, :], s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
     p = tl.exp(s - m_new[:, None])
     alpha = tl.exp(m_i - m_new)
     l_i = l_i * alpha + tl.sum(p, axis=1)
-    acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v3, axis=1)
+    acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v, axis=1)
     return m_new, l_i, acc
 
 
@@ -122,6 +118,16 @@ def _x_blocks(v):
 
 
 @triton.jit
+def _kv_rows(x, TILE3: tl.constexpr):
+    """A [BS] vector in the shape of ``_kv_tile``'s rows: [BS, 1], or with TILE3 [1, BS, 1]."""
+    if TILE3:
+        r = x[None, :, None]
+    else:
+        r = x[:, None]
+    return r
+
+
+@triton.jit
 def _kv_tile(k_ptr, v_ptr, blk, kb, h, o, d, start, stop, pos, sk_n, sk_h, sk_s, sv_n, sv_h, sv_s,
              dmask, BS: tl.constexpr, WRITE: tl.constexpr, TILE3: tl.constexpr):
     """Block kb's keys and values [BS, DP] (float32; masked past the live range, and with WRITE the row at
@@ -133,18 +139,10 @@ def _kv_tile(k_ptr, v_ptr, blk, kb, h, o, d, start, stop, pos, sk_n, sk_h, sk_s,
     live = (offs >= start) & (offs < stop)
     if WRITE:
         live = live & (offs != pos)
-    if TILE3:
-        m3 = live[None, :, None] & dmask[None, None, :]
-        o3 = o[None, :, None]
-        d3 = d[None, None, :]
-        k = tl.load(k_ptr + blk * sk_n + h * sk_h + o3 * sk_s + d3, mask=m3, other=0.0).to(tl.float32)
-        v = tl.load(v_ptr + blk * sv_n + h * sv_h + o3 * sv_s + d3, mask=m3, other=0.0).to(tl.float32)
-    else:
-        m = live[:, None] & dmask[None, :]
-        k = tl.load(k_ptr + blk * sk_n + h * sk_h + o[:, None] * sk_s + d[None, :], mask=m, other=0.0
-                    ).to(tl.float32)
-        v = tl.load(v_ptr + blk * sv_n + h * sv_h + o[:, None] * sv_s + d[None, :], mask=m, other=0.0
-                    ).to(tl.float32)
+    m = _kv_rows(live, TILE3) & dmask[None, :]
+    rows = _kv_rows(o, TILE3)
+    k = tl.load(k_ptr + blk * sk_n + h * sk_h + rows * sk_s + d[None, :], mask=m, other=0.0).to(tl.float32)
+    v = tl.load(v_ptr + blk * sv_n + h * sv_h + rows * sv_s + d[None, :], mask=m, other=0.0).to(tl.float32)
     return k, v
 
 
@@ -193,15 +191,10 @@ def _early_split(q_ptr, k_ptr, v_ptr, kn_ptr, vn_ptr, m_ptr, l_ptr, acc_ptr, c_r
                           sv_s, dmask, BS, WRITE, TILE3)  # the next tile in flight while this one is used
         offs = kb * BS + o
         if WRITE:
-            if TILE3:
-                at3 = (offs == pos)[None, :, None]
-                k = tl.where(at3, kpat[:, None, :], k)
-                v = tl.where(at3, vpat[:, None, :], v)
-            else:
-                at = (offs == pos)[:, None]
-                k = tl.where(at, kpat, k)
-                v = tl.where(at, vpat, v)
-        m_i, l_i, acc = _online(q, k, v, (offs >= kstart) & (offs < kstop), m_i, l_i, acc, scale, TILE3)
+            at = _kv_rows(offs == pos, TILE3)
+            k = tl.where(at, kpat, k)
+            v = tl.where(at, vpat, v)
+        m_i, l_i, acc = _online(q, k, v, (offs >= kstart) & (offs < kstop), m_i, l_i, acc, scale)
         k, v = k2, v2
         kb += step
     if WRITE:                                      # into the pool for the steps after this one
@@ -334,7 +327,7 @@ def _paged_decode(q_ptr, k_ptr, v_ptr, pos_ptr, len_ptr, bt_ptr, m_ptr, l_ptr, a
             k, v = _kv_tile(k_ptr, v_ptr, blk, kb, h, o, d, start, stop, pos, sk_n, sk_h, sk_s, sv_n, sv_h, sv_s,
                             dmask, BS, False, TILE3)
             offs = kb * BS + o
-            m_i, l_i, acc = _online(q, k, v, (offs >= start) & (offs < stop), m_i, l_i, acc, scale, TILE3)
+            m_i, l_i, acc = _online(q, k, v, (offs >= start) & (offs < stop), m_i, l_i, acc, scale)
         base = (pid_bh * NS + pid_s) * GP
         tl.store(m_ptr + base + g, m_i)
         tl.store(l_ptr + base + g, l_i)
