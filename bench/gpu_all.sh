@@ -216,6 +216,10 @@ step decode_vs_torch extra 300 'python3 -m bench.decode --presets llama-1b --con
   'awk '\''$1 ~ /^(cuda_graphs|triton|torch)/ && NF > 8 {n = $1 ($1=="torch" ? " " $2 : ""); printf "%s %s; ", n, $(NF-2)}'\'' $L'
 step decode_profile extra 150 'python3 -m bench.decode --presets llama-1b --configs triton --profile 64' \
   'grep -m1 "Self CUDA time total" $L'
+# where a bf16 llama-8b step goes (PDL off: the profiler serialises launches, and a PDL kernel's time would hold its
+# wait); on an H100 the GEMVs ran at its copy bandwidth (thirty-first session), never profiled on an H200
+step decode_profile_8b extra 240 'SHAPEPLAN_LLM_GEMV_PDL=0 python3 -m bench.decode --presets llama-8b --configs triton --profile 16' \
+  'grep -m1 "Self CUDA time total" $L'
 step block_stack_compile extra 150 'python3 -m bench.block_stack --shapes 1x1 --optimize' \
   'awk '\''$2=="triton" {printf "triton %s ms; ", $3} $2=="torch.compile" {printf "torch.compile %s ms; ", $4}'\'' $L'
 step logits extra 240 'python3 -m bench.logits_vs_transformers --preset llama-1b --steps 256 --modes slot_by_slot,triton --json $W/logits.json' \
