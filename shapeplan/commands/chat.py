@@ -6,19 +6,11 @@ import sys
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from shapeplan.commands.generate import add_engine_args
+    from shapeplan.commands.generate import add_engine_args, add_sampling_args
     p = sub.add_parser("chat", help="chat with a Hugging Face Llama-family checkpoint in the terminal")
     p.add_argument("--model", required=True)
     p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--temperature", type=float, default=0.7)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--top-p", type=float, default=0.9)
-    p.add_argument("--min-p", type=float, default=0.0, help="drop tokens less likely than MIN_P x the likeliest "
-                   "(0 = off; llama.cpp's --min-p)")
-    p.add_argument("--repetition-penalty", type=float, default=1.0)
-    p.add_argument("--presence-penalty", type=float, default=0.0, help="OpenAI's, -2 to 2 (0 = off)")
-    p.add_argument("--frequency-penalty", type=float, default=0.0, help="OpenAI's, -2 to 2 (0 = off)")
-    p.add_argument("--seed", type=int, default=None)
+    add_sampling_args(p, temperature=0.7, top_p=0.9)
     add_engine_args(p)
     p.set_defaults(func=_chat)
 

@@ -21,15 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", required=True, help="checkpoint directory (config.json, *.safetensors, tokenizer.json)")
     p.add_argument("--prompt", required=True)
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--min-p", type=float, default=0.0, help="drop tokens less likely than MIN_P x the likeliest "
-                   "(0 = off; llama.cpp's --min-p)")
-    p.add_argument("--repetition-penalty", type=float, default=1.0)
-    p.add_argument("--presence-penalty", type=float, default=0.0, help="OpenAI's, -2 to 2 (0 = off)")
-    p.add_argument("--frequency-penalty", type=float, default=0.0, help="OpenAI's, -2 to 2 (0 = off)")
-    p.add_argument("--seed", type=int, default=None)
+    add_sampling_args(p, temperature=0.0, top_p=1.0)
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     p.add_argument("--tp", type=int, default=1, help="tensor parallel: N processes, one per device (gloo on CPU, "
                    "NCCL on CUDA); see docs/parallel.md")
@@ -37,6 +29,20 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="print the wall-clock breakdown of the command to stderr (a table, then a 'timings {json}' line)")
     add_engine_args(p)
     p.set_defaults(func=_generate, fast_exit=True)
+
+
+def add_sampling_args(p: argparse.ArgumentParser, *, temperature: float, top_p: float) -> None:
+    """The sampling options of ``generate`` and ``chat`` (their defaults differ: greedy there, sampled here);
+    ``sampling_from`` reads them."""
+    p.add_argument("--temperature", type=float, default=temperature, help="0 = greedy")
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=top_p)
+    p.add_argument("--min-p", type=float, default=0.0, help="drop tokens less likely than MIN_P x the likeliest "
+                   "(0 = off; llama.cpp's --min-p)")
+    p.add_argument("--repetition-penalty", type=float, default=1.0)
+    p.add_argument("--presence-penalty", type=float, default=0.0, help="OpenAI's, -2 to 2 (0 = off)")
+    p.add_argument("--frequency-penalty", type=float, default=0.0, help="OpenAI's, -2 to 2 (0 = off)")
+    p.add_argument("--seed", type=int, default=None)
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
