@@ -199,10 +199,6 @@ step paged_forms extra 150 'python3 -m bench.decode_attention --paged --pos 128,
   'grep PAGED_BEST $L | tr "\n" ";"'
 step decode_forms extra 420 'python3 -m bench.decode --presets llama-1b,llama-8b --configs triton --paged-forms late,early,strided:32,strided:16,strided:8 --rounds 2' \
   'grep "^paged" $L | tr -s " " | tr "\n" ";"'
-# pass 1's tiles in its products' layout (thirty-sixth session; SHAPEPLAN_PAGED_TILE3, kernels/paged_jit.py _kv_tile; built
-# and checked offline, never timed): the kernel alone at four positions, then llama-1b / llama-8b decode, off then on, twice
-step paged_tile3 extra 420 'for r in 1 2; do for t in 0 1; do echo "tile3 $t"; SHAPEPLAN_PAGED_TILE3=$t python3 -m bench.decode_attention --paged --pos 16,128,384,1000 --variants 2 | grep default; SHAPEPLAN_PAGED_TILE3=$t python3 -m bench.decode --presets llama-1b,llama-8b --configs triton | grep "^triton"; done; done' \
-  'awk '\''$1=="tile3" {t=$2} $3=="default" {printf "t%s D%s@%s %s; ", t, $1, $2, $4} $1=="triton" {printf "t%s %s tok/s; ", t, $(NF-2)}'\'' $L | cut -c1-400'
 step quant_early_ab extra 480 'for e in 0 1; do echo "early $e"; SHAPEPLAN_PAGED_EARLY=$e python3 -m bench.quant_gemv --no-gemv --e2e llama-1b:Q4_K_M,llama-8b:Q4_K_M --e2e-configs triton; done' \
   'awk '\''$1=="early" {e=$2} /^llama-(1b|8b)/ {printf "early %s %s %s; ", e, $1, $3}'\'' $L | cut -c1-300'
 step prefill_attention default 60 'python3 -m bench.prefill_attention' \

@@ -118,11 +118,6 @@ SWITCHES: tuple[Switch, ...] = (
            "(thirty-sixth session): llama-8b 233.9 / 235.2 vs 232.4 / 233.0 tok/s (H200), 180.2 vs 179.4 (H100, "
            "median of 4); 64 requests of llama-1b 20,258 / 20,875 vs 20,064 / 19,845 tok/s (H100); 0: the form "
            "without it"),
-    Switch("SHAPEPLAN_PAGED_TILE3", "bool", False,
-           "the paged decode attention loads its key and value tiles in the layout of its [G, BS, D] products "
-           "(kernels/paged_jit.py _kv_tile) instead of converting [BS, D] tiles to it: offline (sm_90 SASS) 715 "
-           "instructions and 20 barriers a tile against 1,104 and 28 at head dim 64, 936 against 2,146 at 128; "
-           "off until a GPU times it"),
     Switch("SHAPEPLAN_QUANT_GEMV_PDL", "auto|on|off", "auto",
            "launch the one-row quantized GEMVs (kernels/qgemv.py) with programmatic dependent launch (Hopper+); "
            "auto: on for matrices of 4,096 or more outputs and inputs (llama-8b's, H100: 8b Q8_0 263 -> 277 tok/s), "

@@ -68,7 +68,7 @@ def test_prefill_rotation_of_a_qkv_view_equals_rotary_embedding(interleaved):
 @pytest.mark.parametrize("window", [0, 20])
 @pytest.mark.parametrize("programs", [paged.TARGET_PROGRAMS, 6, 12])  # 6: all four blocks in one split; 12: two
 @pytest.mark.parametrize("chunk", [None, 2])                   # 2: the merge over the live splits in chunks
-@pytest.mark.parametrize("form", ["early", "strided", "late", "tile3"])     # tile3: EARLY with TILE3
+@pytest.mark.parametrize("form", ["early", "strided", "late"])
 def test_the_decode_kernel_writes_as_the_write_kernel_and_attends_as_the_torch_ops(dtype, interleaved, window,
                                                                                    programs, chunk, form, monkeypatch):
     """PagedWriteAttention's decode kernel (write of k rotated and v, split-K attention, merge in the last
@@ -76,13 +76,11 @@ def test_the_decode_kernel_writes_as_the_write_kernel_and_attends_as_the_torch_o
     output as PagedWriteAttention's torch path (PagedCacheWrite + PagedAttention); the counters are
     left zero, so a second step (next position, one more key) is right too. Each form of the kernel gives
     the late form's output and pools: EARLY (the new token patched in from registers) bit for bit, STRIDED
-    (the same partials merged in another order) within one bf16 ulp; with TILE3 (pass 1's tiles in its
-    products' layout) EARLY gives the late form's, both with TILE3, bit for bit."""
+    (the same partials merged in another order) within one bf16 ulp."""
     monkeypatch.setattr(paged, "TARGET_PROGRAMS", programs)
     monkeypatch.setattr(paged, "MERGE_CHUNK", chunk)
     monkeypatch.setattr(paged, "EARLY", form != "late")
     monkeypatch.setattr(paged, "STRIDED", form == "strided")
-    monkeypatch.setattr(paged, "TILE3", form == "tile3")
     b, hq, hkv, d = 3, 4, 2, 16
     q, kp, vp, bt, _, _ = _case(dtype, b=b, hq=hq, hkv=hkv, d=d)
     g = torch.Generator().manual_seed(9)
@@ -176,8 +174,6 @@ def test_the_decode_kernel_compiles_for_sm90():
     res = _compile_sm90("paged:write:0", "paged:write:1", "paged:read:0", "paged:write128:0",   # head dims 64, 128
                         "paged:writeq128:0", "paged:writeq:1",                             # + x as int8 codes
                         "paged:write:2", "paged:write:3", "paged:read:2", "paged:write128:3",  # the EARLY form
-                        "paged:writeq:3", "paged:write:7", "paged:write128:7", "paged:writeq:7",   # + STRIDED
-                        "paged:write:9", "paged:write:11", "paged:write128:11", "paged:writeq:11",  # TILE3
-                        "paged:write:15")
+                        "paged:writeq:3", "paged:write:7", "paged:write128:7", "paged:writeq:7")   # + STRIDED
     assert all(r["ok"] for r in res.values()), {s: r["error"] for s, r in res.items()}
     assert res["paged:write:1"]["griddepcontrol"] and not res["paged:write:0"]["griddepcontrol"]

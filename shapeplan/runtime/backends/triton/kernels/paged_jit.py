@@ -90,15 +90,14 @@ def _rotate_q(q_ptr, c_ptr, s_ptr, g, d, mask, HALF: tl.constexpr, INTERLEAVED: 
 
 @triton.jit
 def _online(q, k, v, valid, m_i, l_i, acc, scale):
-    """One tile of keys k / values v (``_kv_tile``'s, [BS, DP] or [1, BS, DP]: either broadcasts to the
-    [GP, BS, DP] products; ``valid`` [BS]) into the online softmax of q [GP, DP]."""
-    s = tl.sum(q[:, None, :] * k, axis=2) * scale                                          # [GP, BS]
+    """One tile of keys k / values v [BS, DP] (``valid`` [BS]) into the online softmax of q [GP, DP]."""
+    s = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale                              # [GP, BS]
     s = tl.where(valid[None, :], s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
     p = tl.exp(s - m_new[:, None])
     alpha = tl.exp(m_i - m_new)
     l_i = l_i * alpha + tl.sum(p, axis=1)
-    acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v, axis=1)
+    acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
     return m_new, l_i, acc
 
 
@@ -118,31 +117,17 @@ def _x_blocks(v):
 
 
 @triton.jit
-def _kv_rows(x, TILE3: tl.constexpr):
-    """A [BS] vector in the shape of ``_kv_tile``'s rows: [BS, 1], or with TILE3 [1, BS, 1]."""
-    if TILE3:
-        r = x[None, :, None]
-    else:
-        r = x[:, None]
-    return r
-
-
-@triton.jit
 def _kv_tile(k_ptr, v_ptr, blk, kb, h, o, d, start, stop, pos, sk_n, sk_h, sk_s, sv_n, sv_h, sv_s,
-             dmask, BS: tl.constexpr, WRITE: tl.constexpr, TILE3: tl.constexpr):
+             dmask, BS: tl.constexpr, WRITE: tl.constexpr):
     """Block kb's keys and values [BS, DP] (float32; masked past the live range, and with WRITE the row at
-    ``pos``, which the caller patches from registers). TILE3: as [1, BS, DP], loaded in the layout of pass 1's
-    [GP, BS, DP] products, which the [BS, DP] tiles are converted to through shared memory, with barriers
-    (offline sm_90 SASS, EARLY, a llama-1b call: 1,104 instructions and 28 barriers a tile, 715 and 20 with
-    TILE3; llama-8b's head dim 2,146 and 936)."""
+    ``pos``, which the caller patches from registers)."""
     offs = kb * BS + o
     live = (offs >= start) & (offs < stop)
     if WRITE:
         live = live & (offs != pos)
-    m = _kv_rows(live, TILE3) & dmask[None, :]
-    rows = _kv_rows(o, TILE3)
-    k = tl.load(k_ptr + blk * sk_n + h * sk_h + rows * sk_s + d[None, :], mask=m, other=0.0).to(tl.float32)
-    v = tl.load(v_ptr + blk * sv_n + h * sv_h + rows * sv_s + d[None, :], mask=m, other=0.0).to(tl.float32)
+    m = live[:, None] & dmask[None, :]
+    k = tl.load(k_ptr + blk * sk_n + h * sk_h + o[:, None] * sk_s + d[None, :], mask=m, other=0.0).to(tl.float32)
+    v = tl.load(v_ptr + blk * sv_n + h * sv_h + o[:, None] * sv_s + d[None, :], mask=m, other=0.0).to(tl.float32)
     return k, v
 
 
@@ -152,14 +137,14 @@ def _early_split(q_ptr, k_ptr, v_ptr, kn_ptr, vn_ptr, m_ptr, l_ptr, acc_ptr, c_r
                  sq_b, sq_h, sk_n, sk_h, sk_s, sv_n, sv_h, sv_s, skn_b, skn_h, svn_b, svn_h, scale,
                  G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, DP: tl.constexpr,
                  BS: tl.constexpr, ROTATE: tl.constexpr, INTERLEAVED: tl.constexpr, HALF: tl.constexpr,
-                 WRITE: tl.constexpr, TILE3: tl.constexpr):
+                 WRITE: tl.constexpr):
     """``_paged_decode``'s pass 1 with EARLY (see there): the partial of one program's ``nblk`` live blocks
     kb0, kb0 + step, .. (table entries ``blks``; keys kstart .. kstop - 1 live) into m / l / acc at ``part``;
     with WRITE the program that holds ``pos`` also writes this step's k (rotated) and v."""
     o = tl.arange(0, BS)
     blk = tl.sum(tl.where(jb == 0, blks, 0))
     k, v = _kv_tile(k_ptr, v_ptr, blk, kb0, h, o, d, kstart, kstop, pos, sk_n, sk_h, sk_s, sv_n, sv_h, sv_s,
-                    dmask, BS, WRITE, TILE3)
+                    dmask, BS, WRITE)
     qmask = (g < G)[:, None] & dmask[None, :]
     if ROTATE:
         q = _rotate_q(q_ptr + b * sq_b + (h * G + g)[:, None] * sq_h, c_row, s_row, g, d, qmask, HALF, INTERLEAVED)
@@ -188,10 +173,10 @@ def _early_split(q_ptr, k_ptr, v_ptr, kn_ptr, vn_ptr, m_ptr, l_ptr, acc_ptr, c_r
     for j in range(0, nblk):
         nxt = tl.sum(tl.where(jb == j + 1, blks, 0))
         k2, v2 = _kv_tile(k_ptr, v_ptr, nxt, kb + step, h, o, d, kstart, kstop, pos, sk_n, sk_h, sk_s, sv_n, sv_h,
-                          sv_s, dmask, BS, WRITE, TILE3)  # the next tile in flight while this one is used
+                          sv_s, dmask, BS, WRITE)  # the next tile in flight while this one is used
         offs = kb * BS + o
         if WRITE:
-            at = _kv_rows(offs == pos, TILE3)
+            at = (offs == pos)[:, None]
             k = tl.where(at, kpat, k)
             v = tl.where(at, vpat, v)
         m_i, l_i, acc = _online(q, k, v, (offs >= kstart) & (offs < kstop), m_i, l_i, acc, scale)
@@ -217,7 +202,7 @@ def _paged_decode(q_ptr, k_ptr, v_ptr, pos_ptr, len_ptr, bt_ptr, m_ptr, l_ptr, a
                   ROTATE: tl.constexpr, INTERLEAVED: tl.constexpr, HALF: tl.constexpr, HALFP: tl.constexpr,
                   WRITE: tl.constexpr, TABLE: tl.constexpr = False, PDL: tl.constexpr = False,
                   XQ_OUT: tl.constexpr = False, EARLY: tl.constexpr = False, BPSP: tl.constexpr = 2,
-                  STRIDED: tl.constexpr = False, TILE3: tl.constexpr = False):
+                  STRIDED: tl.constexpr = False):
     """One decode step's attention, grid (B * Hkv, NS): program (b, h, split) takes BPS blocks of KV head h
     of row b and the G query heads of its group (rotated by RoPE on load with ROTATE: cos/sin rows at
     c_ptr + b * sc_b, or with TABLE the tables' rows at the row's position, c_ptr + pos * sc_b) and writes an
@@ -246,8 +231,7 @@ def _paged_decode(q_ptr, k_ptr, v_ptr, pos_ptr, len_ptr, bt_ptr, m_ptr, l_ptr, a
     writes go out after the loop; each next tile is loaded before the current one is used.
     STRIDED (with EARLY): program s takes blocks s, s + NS, s + 2 NS, .. of the row (not BPS blocks in a
     row), so that the live blocks are spread over every program whatever the position; the merge then
-    reads the programs that held a live block.
-    TILE3 (any form): pass 1's key and value tiles loaded in the layout of its products (``_kv_tile``)."""
+    reads the programs that held a live block."""
     pid_bh = tl.program_id(0)
     pid_s = tl.program_id(1)
     if PDL:                                        # the next kernel (the o projection) may start loading
@@ -298,7 +282,7 @@ def _paged_decode(q_ptr, k_ptr, v_ptr, pos_ptr, len_ptr, bt_ptr, m_ptr, l_ptr, a
             _early_split(q_ptr, k_ptr, v_ptr, kn_ptr, vn_ptr, m_ptr, l_ptr, acc_ptr, c_row, s_row, blks, jb,
                          b, h, n, pos, kstart, kstop, kb0, step, nblk, pid_bh * NS + pid_s, g, d, dmask,
                          sq_b, sq_h, sk_n, sk_h, sk_s, sv_n, sv_h, sv_s, skn_b, skn_h, svn_b, svn_h, scale,
-                         G, GP, D, DP, BS, ROTATE, INTERLEAVED, HALF, WRITE, TILE3)
+                         G, GP, D, DP, BS, ROTATE, INTERLEAVED, HALF, WRITE)
     elif WRITE:
         mine = (pos >= first) & (pos < first + BPS * BS) & (n > 0)    # this split holds the new token
         hm = tl.arange(0, 2) < tl.where(mine, 1, 0)                  # [2]: row 0 is head h (row 1 never live)
@@ -325,7 +309,7 @@ def _paged_decode(q_ptr, k_ptr, v_ptr, pos_ptr, len_ptr, bt_ptr, m_ptr, l_ptr, a
         for kb in range(start // BS, (stop + BS - 1) // BS):
             blk = tl.load(bt_ptr + b * s_bt + kb).to(tl.int64)
             k, v = _kv_tile(k_ptr, v_ptr, blk, kb, h, o, d, start, stop, pos, sk_n, sk_h, sk_s, sv_n, sv_h, sv_s,
-                            dmask, BS, False, TILE3)
+                            dmask, BS, False)                                              # [BS, DP]
             offs = kb * BS + o
             m_i, l_i, acc = _online(q, k, v, (offs >= start) & (offs < stop), m_i, l_i, acc, scale)
         base = (pid_bh * NS + pid_s) * GP
