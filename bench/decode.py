@@ -83,10 +83,16 @@ def paged_forms(preset: str, cfg: LlamaConfig, weights: dict[str, torch.Tensor],
     for _ in range(args.rounds):
         for form in args.paged_forms.split(","):
             kind, _, splits = form.partition(":")
-            if kind not in ("late", "early", "strided"):
-                raise SystemExit(f"--paged-forms: expected late, early or strided[:SPLITS], got {form!r}")
+            if kind not in ("late", "early", "strided", "wide"):
+                raise SystemExit(f"--paged-forms: expected late, early, strided[:SPLITS] or wide:TK[:STAGES[:WARPS]], "
+                                 f"got {form!r}")
+            wide = [0, 2, 4]                                   # WIDE's keys a tile (0: off), stages, warps
+            if kind == "wide":
+                got = [int(x) for x in splits.split(":")]
+                wide = got + [2, 4][len(got) - 1:]
             with mock.patch.multiple(pk, EARLY=kind != "late", STRIDED=kind == "strided",
-                                     MAX_SPLITS=int(splits or pk.MAX_SPLITS)):
+                                     MAX_SPLITS=int(splits or pk.MAX_SPLITS) if kind != "wide" else pk.MAX_SPLITS,
+                                     WIDE=wide[0], WIDE_STAGES=wide[1], WIDE_WARPS=wide[2]):
                 row = run_config(cfg, weights, config, device="cuda", prompt=bench_prompt(cfg.vocab_size, args.prompt_len),
                                  new_tokens=args.new_tokens, max_kv_cache_length=args.max_kv_cache_length,
                                  max_prefill_length=args.prompt_len)
@@ -119,8 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", dest="json_path", default=None, help="write the rows as JSON to this file")
     ap.add_argument("--paged-forms", default="", metavar="FORM,..",
                     help="instead of the rows: the first config once per form of the paged decode kernel, interleaved "
-                    "(late, early or strided, each optionally :SPLITS, e.g. late,early,strided:16; see "
-                    "kernels/paged_jit.py), --rounds times")
+                    "(late, early or strided, each optionally :SPLITS, e.g. late,early,strided:16; or wide:TK[:STAGES[:WARPS]], "
+                    "the WIDE form; see kernels/paged_jit.py), --rounds times")
     ap.add_argument("--rounds", type=int, default=2, help="rounds of --paged-forms (default 2)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():

@@ -369,3 +369,89 @@ def _paged_decode(q_ptr, k_ptr, v_ptr, pos_ptr, len_ptr, bt_ptr, m_ptr, l_ptr, a
                 tl.store(xd_ptr + xi, xscale, mask=xlive)
                 tl.store(xs_ptr + xi, xsum, mask=xlive)
         tl.store(cnt_ptr + pid_bh, 0)                                       # zero for the next step
+
+
+@triton.jit
+def _paged_decode_wide(q_ptr, k_ptr, v_ptr, pos_ptr, len_ptr, bt_ptr, o_ptr, c_ptr, s_ptr, kn_ptr, vn_ptr,
+                       sq_b, sq_h, sk_n, sk_h, sk_s, sv_n, sv_h, sv_s, s_bt, sc_b, so_b, so_h,
+                       skn_b, skn_h, svn_b, svn_h, scale,
+                       HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, DP: tl.constexpr,
+                       TK: tl.constexpr, BS: tl.constexpr, WINDOW: tl.constexpr, ROTATE: tl.constexpr,
+                       INTERLEAVED: tl.constexpr, HALF: tl.constexpr, HALFP: tl.constexpr, WRITE: tl.constexpr,
+                       TABLE: tl.constexpr, PDL: tl.constexpr, IEEE: tl.constexpr, STAGES: tl.constexpr):
+    """The WIDE form of one decode step's attention (``paged.WIDE``), grid (B * Hkv,): one program per (row, KV
+    head) walks all of the row's live keys, TK at a time (each key's block looked up in the table, so a tile
+    spans TK / BS blocks), with the products on tensor cores (``tl.dot``: the G query heads padded to GP >= 16
+    rows) and the next tiles' loads in flight (STAGES); no partials, no counters, no merge. q is rotated on
+    load as in ``_paged_decode``, and rounded to its dtype there, so q·k is exact products summed in float32;
+    p·v takes p as two 16-bit parts (p's high and low bits; one part with IEEE, float32 pools), which keeps
+    about 16 bits of p. With WRITE this step's k (rotated) and v go into the row's slot first, and a barrier
+    makes them visible to the loads after it."""
+    pid = tl.program_id(0)
+    if PDL:
+        gdc_launch_dependents()
+    b = pid // HKV
+    h = pid % HKV
+    n = tl.load(len_ptr + b)
+    pos = tl.load(pos_ptr + b)
+    end = tl.where(n > 0, pos + 1, 0)
+    lo = 0
+    if WINDOW > 0:
+        lo = tl.maximum(pos - WINDOW + 1, 0)
+    if TABLE:
+        c_row, s_row = c_ptr + pos * sc_b, s_ptr + pos * sc_b
+    else:
+        c_row, s_row = c_ptr + b * sc_b, s_ptr + b * sc_b
+    if PDL:
+        gdc_wait()
+    g = tl.arange(0, GP)
+    d = tl.arange(0, DP)
+    dmask = d < D
+    if WRITE:
+        hm = tl.arange(0, 2) < tl.where(n > 0, 1, 0)                # [2]: row 0 is head h (row 1 never live)
+        blk = tl.load(bt_ptr + b * s_bt + pos // BS, mask=n > 0, other=0).to(tl.int64)
+        off = (pos % BS).to(tl.int64)
+        _write_token(kn_ptr + b * skn_b + h * skn_h + tl.zeros([2, 1], tl.int64),
+                     vn_ptr + b * svn_b + h * svn_h + tl.zeros([2, 1], tl.int64),
+                     k_ptr + blk * sk_n + h * sk_h + off * sk_s + tl.zeros([2, 1], tl.int64),
+                     v_ptr + blk * sv_n + h * sv_h + off * sv_s + tl.zeros([2, 1], tl.int64),
+                     c_row, s_row, hm, D, DP, HALF, HALFP, ROTATE, INTERLEAVED)
+        tl.debug_barrier()                        # the loop below reads that slot back
+    qmask = (g < G)[:, None] & dmask[None, :]
+    if ROTATE:
+        q = _rotate_q(q_ptr + b * sq_b + (h * G + g)[:, None] * sq_h, c_row, s_row, g, d, qmask, HALF, INTERLEAVED)
+    else:
+        q = tl.load(q_ptr + b * sq_b + (h * G + g)[:, None] * sq_h + d[None, :], mask=qmask, other=0.0
+                    ).to(tl.float32)
+    dt = k_ptr.dtype.element_ty
+    qd = q.to(dt)                                  # exact: q holds values of its dtype, the pools' (the launcher's check)
+    m_i = tl.full([GP], float("-inf"), tl.float32)
+    l_i = tl.zeros([GP], tl.float32)
+    acc = tl.zeros([GP, DP], tl.float32)
+    o = tl.arange(0, TK)
+    for first in tl.range(lo, end, TK, num_stages=STAGES):
+        t = first + o
+        live = t < end
+        kblk = tl.load(bt_ptr + b * s_bt + t // BS, mask=live, other=0).to(tl.int64)    # each key's block
+        slot = (t % BS).to(tl.int64)
+        m2 = live[:, None] & dmask[None, :]
+        k = tl.load(k_ptr + (kblk * sk_n + h * sk_h + slot * sk_s)[:, None] + d[None, :], mask=m2, other=0.0)
+        v = tl.load(v_ptr + (kblk * sv_n + h * sv_h + slot * sv_s)[:, None] + d[None, :], mask=m2, other=0.0)
+        if IEEE:
+            s = tl.dot(qd, tl.trans(k), input_precision="ieee")
+        else:
+            s = tl.dot(qd, tl.trans(k))
+        s = tl.where(live[None, :], s * scale, float("-inf"))                              # [GP, TK]
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        p = tl.exp(s - m_new[:, None])
+        alpha = tl.exp(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        if IEEE:
+            pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
+        else:
+            ph = p.to(dt)
+            pv = tl.dot(ph, v) + tl.dot((p - ph.to(tl.float32)).to(dt), v)
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]                                      # padding rows: 0
+    tl.store(o_ptr + b * so_b + (h * G + g)[:, None] * so_h + d[None, :], out.to(o_ptr.dtype.element_ty), mask=qmask)
