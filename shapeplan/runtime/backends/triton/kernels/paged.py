@@ -131,16 +131,7 @@ def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
     l = torch.empty_like(m)
     acc = torch.empty(b * hkv * ns * gp * dp, dtype=torch.float32, device=dev)
     out = torch.empty(b, hq, 1, d, dtype=q.dtype, device=dev)
-    rotate = cos is not None
-    if rotate and not rope_table:
-        cos, sin = cos.expand(b, 1, d // 2), sin.expand(b, 1, d // 2)
-    if rotate and (cos.stride(-1) != 1 or cos.stride() != sin.stride()):
-        cos, sin = cos.contiguous(), sin.contiguous()
-    write = k is not None
-    if write:
-        assert k.stride(-1) == 1 and v.stride(-1) == 1 and k.shape == v.shape == (b, hkv, 1, d)
-    from shapeplan.runtime.backends.triton.kernels import gemv
-    launch = {"launch_pdl": True} if gemv.pdl(q) else {}
+    cos, sin, rotate, write, launch = _step_inputs(q, hkv, cos, sin, k, v, rope_table)
     codes = xw = xd = xs = None
     if x_codes:
         from shapeplan.runtime.backends.triton.kernels import qgemv
@@ -164,6 +155,22 @@ def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
     return (out, codes) if x_codes else out
 
 
+def _step_inputs(q, hkv, cos, sin, k, v, rope_table):
+    """What both decode kernels take of a step's rotary tables and new k / v: cos and sin as the kernels read
+    them, whether they rotate and write, and the launch options (PDL)."""
+    b, _, _, d = q.shape
+    rotate = cos is not None
+    if rotate and not rope_table:
+        cos, sin = cos.expand(b, 1, d // 2), sin.expand(b, 1, d // 2)
+    if rotate and (cos.stride(-1) != 1 or cos.stride() != sin.stride()):
+        cos, sin = cos.contiguous(), sin.contiguous()
+    write = k is not None
+    if write:
+        assert k.stride(-1) == 1 and v.stride(-1) == 1 and k.shape == v.shape == (b, hkv, 1, d)
+    from shapeplan.runtime.backends.triton.kernels import gemv
+    return cos, sin, rotate, write, ({"launch_pdl": True} if gemv.pdl(q) else {})
+
+
 def _wide_args(hkv: int, g: int, d: int, bs: int, window: int, rotate: bool, interleaved: int, write: bool,
                table: bool, pdl: bool, dtype: torch.dtype) -> dict:
     """The WIDE kernel's constants (the launch and ``precompile`` share them)."""
@@ -180,16 +187,7 @@ def _decode_wide(q, k_pool, v_pool, positions, lengths, block_tables, *, scale, 
     _, hkv, bs, _ = k_pool.shape
     bt = block_tables if block_tables.stride(-1) == 1 else block_tables.contiguous()
     out = torch.empty(b, hq, 1, d, dtype=q.dtype, device=q.device)
-    rotate = cos is not None
-    if rotate and not rope_table:
-        cos, sin = cos.expand(b, 1, d // 2), sin.expand(b, 1, d // 2)
-    if rotate and (cos.stride(-1) != 1 or cos.stride() != sin.stride()):
-        cos, sin = cos.contiguous(), sin.contiguous()
-    write = k is not None
-    if write:
-        assert k.stride(-1) == 1 and v.stride(-1) == 1 and k.shape == v.shape == (b, hkv, 1, d)
-    from shapeplan.runtime.backends.triton.kernels import gemv
-    launch = {"launch_pdl": True} if gemv.pdl(q) else {}
+    cos, sin, rotate, write, launch = _step_inputs(q, hkv, cos, sin, k, v, rope_table)
     _paged_decode_wide[(b * hkv,)](q, k_pool, v_pool, positions, lengths, bt, out,
                                    cos if rotate else q, sin if rotate else q, k if write else q, v if write else q,
                                    q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1), k_pool.stride(2),

@@ -66,6 +66,23 @@ def _write_token(kb, vb, kpb, vpb, c_row, s_row, hm, D: tl.constexpr, DP: tl.con
 
 
 @triton.jit
+def _write_step_token(k_ptr, v_ptr, kn_ptr, vn_ptr, bt_ptr, b, h, pos, mine, sk_n, sk_h, sk_s, sv_n, sv_h, sv_s,
+                      s_bt, skn_b, skn_h, svn_b, svn_h, c_row, s_row, D: tl.constexpr, DP: tl.constexpr,
+                      BS: tl.constexpr, HALF: tl.constexpr, HALFP: tl.constexpr, ROTATE: tl.constexpr,
+                      INTERLEAVED: tl.constexpr):
+    """A decode kernel's write of this step's k (rotated) and v of row b, KV head h, into the slot at ``pos``,
+    if ``mine``."""
+    hm = tl.arange(0, 2) < tl.where(mine, 1, 0)                  # [2]: row 0 is head h (row 1 never live)
+    blk = tl.load(bt_ptr + b * s_bt + pos // BS, mask=mine, other=0).to(tl.int64)
+    off = (pos % BS).to(tl.int64)
+    _write_token(kn_ptr + b * skn_b + h * skn_h + tl.zeros([2, 1], tl.int64),
+                 vn_ptr + b * svn_b + h * svn_h + tl.zeros([2, 1], tl.int64),
+                 k_ptr + blk * sk_n + h * sk_h + off * sk_s + tl.zeros([2, 1], tl.int64),
+                 v_ptr + blk * sv_n + h * sv_h + off * sv_s + tl.zeros([2, 1], tl.int64),
+                 c_row, s_row, hm, D, DP, HALF, HALFP, ROTATE, INTERLEAVED)
+
+
+@triton.jit
 def _rotate_q(q_ptr, c_ptr, s_ptr, g, d, mask, HALF: tl.constexpr, INTERLEAVED: tl.constexpr):
     """q [GP, DP] (rows of query heads at q_ptr + g * stride, folded into the pointers) rotated by RoPE
     with cos/sin [HALF] at c_ptr / s_ptr, each product rounded to q's dtype as the RotaryEmbedding
@@ -86,6 +103,19 @@ def _rotate_q(q_ptr, c_ptr, s_ptr, g, d, mask, HALF: tl.constexpr, INTERLEAVED: 
     re = (c * x).to(dt).to(tl.float32) - (s * xp).to(dt).to(tl.float32)       # first of a pair
     im = (s * xp).to(dt).to(tl.float32) + (c * x).to(dt).to(tl.float32)       # second of a pair
     return tl.where(first[None, :], re, im).to(dt).to(tl.float32)
+
+
+@triton.jit
+def _load_q(q_ptr, b, h, g, d, qmask, c_row, s_row, sq_b, sq_h, G: tl.constexpr, HALF: tl.constexpr,
+            ROTATE: tl.constexpr, INTERLEAVED: tl.constexpr):
+    """The G query heads of KV head h, row b, [GP, DP] float32 (rows ``g``, ``qmask`` the live ones): rotated by
+    RoPE on load with ROTATE (``_rotate_q``: q's RoPE has no kernel of its own)."""
+    if ROTATE:
+        q = _rotate_q(q_ptr + b * sq_b + (h * G + g)[:, None] * sq_h, c_row, s_row, g, d, qmask, HALF, INTERLEAVED)
+    else:
+        q = tl.load(q_ptr + b * sq_b + (h * G + g)[:, None] * sq_h + d[None, :], mask=qmask, other=0.0
+                    ).to(tl.float32)
+    return q
 
 
 @triton.jit
@@ -146,11 +176,7 @@ def _early_split(q_ptr, k_ptr, v_ptr, kn_ptr, vn_ptr, m_ptr, l_ptr, acc_ptr, c_r
     k, v = _kv_tile(k_ptr, v_ptr, blk, kb0, h, o, d, kstart, kstop, pos, sk_n, sk_h, sk_s, sv_n, sv_h, sv_s,
                     dmask, BS, WRITE)
     qmask = (g < G)[:, None] & dmask[None, :]
-    if ROTATE:
-        q = _rotate_q(q_ptr + b * sq_b + (h * G + g)[:, None] * sq_h, c_row, s_row, g, d, qmask, HALF, INTERLEAVED)
-    else:
-        q = tl.load(q_ptr + b * sq_b + (h * G + g)[:, None] * sq_h + d[None, :], mask=qmask, other=0.0
-                    ).to(tl.float32)
+    q = _load_q(q_ptr, b, h, g, d, qmask, c_row, s_row, sq_b, sq_h, G, HALF, ROTATE, INTERLEAVED)
     if WRITE:                                      # this step's token, [1, DP], if this program holds it
         jp = (pos // BS - kb0) // step
         mine = (n > 0) & (pos // BS >= kb0) & ((pos // BS - kb0) % step == 0) & (jp < nblk)
@@ -285,23 +311,12 @@ def _paged_decode(q_ptr, k_ptr, v_ptr, pos_ptr, len_ptr, bt_ptr, m_ptr, l_ptr, a
                          G, GP, D, DP, BS, ROTATE, INTERLEAVED, HALF, WRITE)
     elif WRITE:
         mine = (pos >= first) & (pos < first + BPS * BS) & (n > 0)    # this split holds the new token
-        hm = tl.arange(0, 2) < tl.where(mine, 1, 0)                  # [2]: row 0 is head h (row 1 never live)
-        blk = tl.load(bt_ptr + b * s_bt + pos // BS, mask=mine, other=0).to(tl.int64)
-        off = (pos % BS).to(tl.int64)
-        _write_token(kn_ptr + b * skn_b + h * skn_h + tl.zeros([2, 1], tl.int64),
-                     vn_ptr + b * svn_b + h * svn_h + tl.zeros([2, 1], tl.int64),
-                     k_ptr + blk * sk_n + h * sk_h + off * sk_s + tl.zeros([2, 1], tl.int64),
-                     v_ptr + blk * sv_n + h * sv_h + off * sv_s + tl.zeros([2, 1], tl.int64),
-                     c_row, s_row, hm, D, DP, HALF, HALFP, ROTATE, INTERLEAVED)
+        _write_step_token(k_ptr, v_ptr, kn_ptr, vn_ptr, bt_ptr, b, h, pos, mine, sk_n, sk_h, sk_s, sv_n, sv_h, sv_s,
+                          s_bt, skn_b, skn_h, svn_b, svn_h, c_row, s_row, D, DP, BS, HALF, HALFP, ROTATE, INTERLEAVED)
         tl.debug_barrier()                        # the loop below reads that slot back
     if live and not EARLY:                         # splits outside the live range write no partial
         qmask = (g < G)[:, None] & dmask[None, :]
-        if ROTATE:                                 # q's RoPE here, not in a kernel of its own
-            q = _rotate_q(q_ptr + b * sq_b + (h * G + g)[:, None] * sq_h, c_row, s_row,
-                          g, d, qmask, HALF, INTERLEAVED)                                  # [GP, DP]
-        else:
-            q = tl.load(q_ptr + b * sq_b + (h * G + g)[:, None] * sq_h + d[None, :],
-                        mask=qmask, other=0.0).to(tl.float32)                               # [GP, DP]
+        q = _load_q(q_ptr, b, h, g, d, qmask, c_row, s_row, sq_b, sq_h, G, HALF, ROTATE, INTERLEAVED)  # [GP, DP]
         m_i = tl.full([GP], float("-inf"), tl.float32)
         l_i = tl.zeros([GP], tl.float32)
         acc = tl.zeros([GP, DP], tl.float32)
@@ -408,21 +423,11 @@ def _paged_decode_wide(q_ptr, k_ptr, v_ptr, pos_ptr, len_ptr, bt_ptr, o_ptr, c_p
     d = tl.arange(0, DP)
     dmask = d < D
     if WRITE:
-        hm = tl.arange(0, 2) < tl.where(n > 0, 1, 0)                # [2]: row 0 is head h (row 1 never live)
-        blk = tl.load(bt_ptr + b * s_bt + pos // BS, mask=n > 0, other=0).to(tl.int64)
-        off = (pos % BS).to(tl.int64)
-        _write_token(kn_ptr + b * skn_b + h * skn_h + tl.zeros([2, 1], tl.int64),
-                     vn_ptr + b * svn_b + h * svn_h + tl.zeros([2, 1], tl.int64),
-                     k_ptr + blk * sk_n + h * sk_h + off * sk_s + tl.zeros([2, 1], tl.int64),
-                     v_ptr + blk * sv_n + h * sv_h + off * sv_s + tl.zeros([2, 1], tl.int64),
-                     c_row, s_row, hm, D, DP, HALF, HALFP, ROTATE, INTERLEAVED)
+        _write_step_token(k_ptr, v_ptr, kn_ptr, vn_ptr, bt_ptr, b, h, pos, n > 0, sk_n, sk_h, sk_s, sv_n, sv_h, sv_s,
+                          s_bt, skn_b, skn_h, svn_b, svn_h, c_row, s_row, D, DP, BS, HALF, HALFP, ROTATE, INTERLEAVED)
         tl.debug_barrier()                        # the loop below reads that slot back
     qmask = (g < G)[:, None] & dmask[None, :]
-    if ROTATE:
-        q = _rotate_q(q_ptr + b * sq_b + (h * G + g)[:, None] * sq_h, c_row, s_row, g, d, qmask, HALF, INTERLEAVED)
-    else:
-        q = tl.load(q_ptr + b * sq_b + (h * G + g)[:, None] * sq_h + d[None, :], mask=qmask, other=0.0
-                    ).to(tl.float32)
+    q = _load_q(q_ptr, b, h, g, d, qmask, c_row, s_row, sq_b, sq_h, G, HALF, ROTATE, INTERLEAVED)
     dt = k_ptr.dtype.element_ty
     qd = q.to(dt)                                  # exact: q holds values of its dtype, the pools' (the launcher's check)
     m_i = tl.full([GP], float("-inf"), tl.float32)
