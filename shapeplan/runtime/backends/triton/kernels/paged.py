@@ -12,7 +12,8 @@ many of them start only when a first wave of programs ends). Given this step's
 k and v, the program whose split holds the row's position writes them first (``PagedWriteAttention``:
 no write kernel of its own in a decode step). ``WIDE`` (off by default, not yet timed on a GPU) takes
 the decode step to ``_paged_decode_wide`` instead: one program per (row, head) over all of the row's
-keys, no merge. Nothing is read on the host: both capture into CUDA graphs. Runs on CUDA, or on CPU tensors under ``TRITON_INTERPRET=1`` (tests).
+keys, no merge. Nothing is read on the host: both capture into CUDA graphs. Runs on CUDA, or on CPU
+tensors under ``TRITON_INTERPRET=1`` (tests).
 """
 from __future__ import annotations
 
