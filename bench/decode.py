@@ -125,8 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", dest="json_path", default=None, help="write the rows as JSON to this file")
     ap.add_argument("--paged-forms", default="", metavar="FORM,..",
                     help="instead of the rows: the first config once per form of the paged decode kernel, interleaved "
-                    "(late, early or strided, each optionally :SPLITS, e.g. late,early,strided:16; or wide:TK[:STAGES[:WARPS]], "
-                    "the WIDE form; see kernels/paged_jit.py), --rounds times")
+                    "(late, early or strided, each optionally :SPLITS, e.g. late,early,strided:16; or "
+                    "wide:TK[:STAGES[:WARPS]], the WIDE form; see kernels/paged_jit.py), --rounds times")
     ap.add_argument("--rounds", type=int, default=2, help="rounds of --paged-forms (default 2)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():

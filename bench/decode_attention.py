@@ -92,7 +92,8 @@ def paged(positions: list[int], length: int, layers: int, variants: int = 0,
             ref = torch.nn.functional.scaled_dot_product_attention(
                 q.float(), ks.repeat_interleave(hq // hkv, 0)[None].float(),
                 vs.repeat_interleave(hq // hkv, 0)[None].float(), scale=d ** -0.5)
-            runs = [(mch, warps, splits, form, 0, 2, 4) for mch, warps, splits, form in PAGED_VARIANTS[:variants or None]]
+            runs = [(mch, warps, splits, form, 0, 2, 4)
+                    for mch, warps, splits, form in PAGED_VARIANTS[:variants or None]]
             runs += [(None, None, 64, "wide", tk, st, w) for tk, st, w in wide]
             for mch, warps, splits, form, tk, st, w in runs:
                 lab = ("default" if (mch, warps, splits) == (None, None, 64) else f"{mch},{warps},{splits}") + \
@@ -134,7 +135,8 @@ def main() -> None:
                     help="--paged: only the first N tilings (2: the default tiling, EARLY on and off; 14: and every form at "
                          "fewer splits)")
     ap.add_argument("--wide", default="", metavar="TK:STAGES:WARPS,..",
-                    help="--paged: also the WIDE form (one program per row and KV head, TK keys a tile) at these tilings")
+                    help="--paged: also the WIDE form (one program per row and KV head, TK keys a tile) at these "
+                    "tilings")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         print("bench.decode_attention: CUDA is not available, nothing measured (this benchmark needs a GPU)")

@@ -429,7 +429,7 @@ def _paged_decode_wide(q_ptr, k_ptr, v_ptr, pos_ptr, len_ptr, bt_ptr, o_ptr, c_p
     qmask = (g < G)[:, None] & dmask[None, :]
     q = _load_q(q_ptr, b, h, g, d, qmask, c_row, s_row, sq_b, sq_h, G, HALF, ROTATE, INTERLEAVED)
     dt = k_ptr.dtype.element_ty
-    qd = q.to(dt)                                  # exact: q holds values of its dtype, the pools' (the launcher's check)
+    qd = q.to(dt)                                  # exact: q holds values of its dtype, the pools' (launcher's check)
     m_i = tl.full([GP], float("-inf"), tl.float32)
     l_i = tl.zeros([GP], tl.float32)
     acc = tl.zeros([GP, DP], tl.float32)
