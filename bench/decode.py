@@ -77,22 +77,21 @@ def paged_forms(preset: str, cfg: LlamaConfig, weights: dict[str, torch.Tensor],
     and captures its own plans, so the form applies to it)."""
     from unittest import mock
 
+    from bench.decode_attention import parse_wide
     from shapeplan.llm.bench import run_config
     from shapeplan.runtime.backends.triton.kernels import paged as pk
     got: dict[str, list[float]] = {}
     for _ in range(args.rounds):
         for form in args.paged_forms.split(","):
             kind, _, splits = form.partition(":")
-            if kind not in ("late", "early", "strided", "wide"):
+            if kind not in ("late", "early", "strided", "wide") or (kind == "wide" and not splits):
                 raise SystemExit(f"--paged-forms: expected late, early, strided[:SPLITS] or wide:TK[:STAGES[:WARPS]], "
                                  f"got {form!r}")
-            wide = [0, 2, 4]                                   # WIDE's keys a tile (0: off), stages, warps
-            if kind == "wide":
-                got = [int(x) for x in splits.split(":")]
-                wide = got + [2, 4][len(got) - 1:]
-            with mock.patch.multiple(pk, EARLY=kind != "late", STRIDED=kind == "strided",
-                                     MAX_SPLITS=int(splits or pk.MAX_SPLITS) if kind != "wide" else pk.MAX_SPLITS,
-                                     WIDE=wide[0], WIDE_STAGES=wide[1], WIDE_WARPS=wide[2]):
+            # after the colon: the split count, or WIDE's keys a tile[:stages[:warps]] (WIDE 0: the split-K kernel)
+            tk, stages, warps = parse_wide(splits)[0] if kind == "wide" else (0, pk.WIDE_STAGES, pk.WIDE_WARPS)
+            max_splits = int(splits) if splits and kind != "wide" else pk.MAX_SPLITS
+            with mock.patch.multiple(pk, EARLY=kind != "late", STRIDED=kind == "strided", MAX_SPLITS=max_splits,
+                                     WIDE=tk, WIDE_STAGES=stages, WIDE_WARPS=warps):
                 row = run_config(cfg, weights, config, device="cuda", prompt=bench_prompt(cfg.vocab_size, args.prompt_len),
                                  new_tokens=args.new_tokens, max_kv_cache_length=args.max_kv_cache_length,
                                  max_prefill_length=args.prompt_len)

@@ -52,13 +52,15 @@ PAGED_VARIANTS = [(None, None, 64, "early"), (None, None, 64, "late")] + [
 
 
 def parse_wide(spec: str) -> list[tuple[int, int, int]]:
-    """``--wide TK:STAGES:WARPS,..`` as (keys a tile, stages, warps) of the WIDE form (kernels/paged.py)."""
+    """``--wide TK:STAGES:WARPS,..`` as (keys a tile, stages, warps) of the WIDE form (kernels/paged.py; stages
+    and warps left out: paged.py's)."""
+    from shapeplan.runtime.backends.triton.kernels import paged as pk
     out = []
     for part in filter(None, spec.split(",")):
         nums = [int(x) for x in part.split(":")]
         if not 1 <= len(nums) <= 3:
             raise SystemExit(f"--wide: expected TK[:STAGES[:WARPS]], got {part!r}")
-        out.append(tuple(nums + [2, 4][len(nums) - 1:]))
+        out.append(tuple(nums + [pk.WIDE_STAGES, pk.WIDE_WARPS][len(nums) - 1:]))
     return out
 
 
@@ -92,7 +94,7 @@ def paged(positions: list[int], length: int, layers: int, variants: int = 0,
             ref = torch.nn.functional.scaled_dot_product_attention(
                 q.float(), ks.repeat_interleave(hq // hkv, 0)[None].float(),
                 vs.repeat_interleave(hq // hkv, 0)[None].float(), scale=d ** -0.5)
-            runs = [(mch, warps, splits, form, 0, 2, 4)
+            runs = [(mch, warps, splits, form, 0, pk.WIDE_STAGES, pk.WIDE_WARPS)
                     for mch, warps, splits, form in PAGED_VARIANTS[:variants or None]]
             runs += [(None, None, 64, "wide", tk, st, w) for tk, st, w in wide]
             for mch, warps, splits, form, tk, st, w in runs:

@@ -106,6 +106,29 @@ def _rotate_q(q_ptr, c_ptr, s_ptr, g, d, mask, HALF: tl.constexpr, INTERLEAVED: 
 
 
 @triton.jit
+def _row_keys(len_ptr, pos_ptr, b, WINDOW: tl.constexpr):
+    """Row b of a decode step: its length n, its position, and its live keys lo .. end - 1 (0..pos, the last
+    WINDOW of them with a window; none for a padding row)."""
+    n = tl.load(len_ptr + b)
+    pos = tl.load(pos_ptr + b)
+    end = tl.where(n > 0, pos + 1, 0)
+    lo = 0
+    if WINDOW > 0:
+        lo = tl.maximum(pos - WINDOW + 1, 0)
+    return n, pos, end, lo
+
+
+@triton.jit
+def _rope_rows(c_ptr, s_ptr, b, pos, sc_b, TABLE: tl.constexpr):
+    """Row b's cos / sin rows: with TABLE the rotary tables' rows at the row's position, else row b's own."""
+    if TABLE:
+        c_row, s_row = c_ptr + pos * sc_b, s_ptr + pos * sc_b
+    else:
+        c_row, s_row = c_ptr + b * sc_b, s_ptr + b * sc_b
+    return c_row, s_row
+
+
+@triton.jit
 def _load_q(q_ptr, b, h, g, d, qmask, c_row, s_row, sq_b, sq_h, G: tl.constexpr, HALF: tl.constexpr,
             ROTATE: tl.constexpr, INTERLEAVED: tl.constexpr):
     """The G query heads of KV head h, row b, [GP, DP] float32 (rows ``g``, ``qmask`` the live ones): rotated by
@@ -264,22 +287,14 @@ def _paged_decode(q_ptr, k_ptr, v_ptr, pos_ptr, len_ptr, bt_ptr, m_ptr, l_ptr, a
         gdc_launch_dependents()
     b = pid_bh // HKV
     h = pid_bh % HKV
-    n = tl.load(len_ptr + b)
-    pos = tl.load(pos_ptr + b)
-    end = tl.where(n > 0, pos + 1, 0)             # keys 0..pos of the row are live; none for padding
-    lo = 0
-    if WINDOW > 0:
-        lo = tl.maximum(pos - WINDOW + 1, 0)
+    n, pos, end, lo = _row_keys(len_ptr, pos_ptr, b, WINDOW)   # keys lo..pos of the row are live; none for padding
     first = pid_s * BPS * BS
     start = tl.maximum(first, lo)
     stop = tl.minimum(first + BPS * BS, end)
     g = tl.arange(0, GP)
     d = tl.arange(0, DP)
     dmask = d < D
-    if TABLE:                                      # the rotary tables' rows at this row's position
-        c_row, s_row = c_ptr + pos * sc_b, s_ptr + pos * sc_b
-    else:
-        c_row, s_row = c_ptr + b * sc_b, s_ptr + b * sc_b
+    c_row, s_row = _rope_rows(c_ptr, s_ptr, b, pos, sc_b, TABLE)
     klo = lo // BS                                 # the row's live blocks: klo .. khi - 1
     khi = (end + BS - 1) // BS
     live = start < stop                            # this program holds a live block: it writes a partial
@@ -407,16 +422,8 @@ def _paged_decode_wide(q_ptr, k_ptr, v_ptr, pos_ptr, len_ptr, bt_ptr, o_ptr, c_p
         gdc_launch_dependents()
     b = pid // HKV
     h = pid % HKV
-    n = tl.load(len_ptr + b)
-    pos = tl.load(pos_ptr + b)
-    end = tl.where(n > 0, pos + 1, 0)
-    lo = 0
-    if WINDOW > 0:
-        lo = tl.maximum(pos - WINDOW + 1, 0)
-    if TABLE:
-        c_row, s_row = c_ptr + pos * sc_b, s_ptr + pos * sc_b
-    else:
-        c_row, s_row = c_ptr + b * sc_b, s_ptr + b * sc_b
+    n, pos, end, lo = _row_keys(len_ptr, pos_ptr, b, WINDOW)
+    c_row, s_row = _rope_rows(c_ptr, s_ptr, b, pos, sc_b, TABLE)
     if PDL:
         gdc_wait()
     g = tl.arange(0, GP)
