@@ -77,21 +77,16 @@ def paged_forms(preset: str, cfg: LlamaConfig, weights: dict[str, torch.Tensor],
     and captures its own plans, so the form applies to it)."""
     from unittest import mock
 
-    from bench.decode_attention import parse_wide
     from shapeplan.llm.bench import run_config
     from shapeplan.runtime.backends.triton.kernels import paged as pk
     got: dict[str, list[float]] = {}
     for _ in range(args.rounds):
         for form in args.paged_forms.split(","):
             kind, _, splits = form.partition(":")
-            if kind not in ("late", "early", "strided", "wide") or (kind == "wide" and not splits):
-                raise SystemExit(f"--paged-forms: expected late, early, strided[:SPLITS] or wide:TK[:STAGES[:WARPS]], "
-                                 f"got {form!r}")
-            # after the colon: the split count, or WIDE's keys a tile[:stages[:warps]] (WIDE 0: the split-K kernel)
-            tk, stages, warps = parse_wide(splits)[0] if kind == "wide" else (0, pk.WIDE_STAGES, pk.WIDE_WARPS)
-            max_splits = int(splits) if splits and kind != "wide" else pk.MAX_SPLITS
-            with mock.patch.multiple(pk, EARLY=kind != "late", STRIDED=kind == "strided", MAX_SPLITS=max_splits,
-                                     WIDE=tk, WIDE_STAGES=stages, WIDE_WARPS=warps):
+            if kind not in ("late", "early", "strided"):
+                raise SystemExit(f"--paged-forms: expected late, early or strided[:SPLITS], got {form!r}")
+            with mock.patch.multiple(pk, EARLY=kind != "late", STRIDED=kind == "strided",
+                                     MAX_SPLITS=int(splits or pk.MAX_SPLITS)):
                 row = run_config(cfg, weights, config, device="cuda", prompt=bench_prompt(cfg.vocab_size, args.prompt_len),
                                  new_tokens=args.new_tokens, max_kv_cache_length=args.max_kv_cache_length,
                                  max_prefill_length=args.prompt_len)
@@ -124,8 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", dest="json_path", default=None, help="write the rows as JSON to this file")
     ap.add_argument("--paged-forms", default="", metavar="FORM,..",
                     help="instead of the rows: the first config once per form of the paged decode kernel, interleaved "
-                    "(late, early or strided, each optionally :SPLITS, e.g. late,early,strided:16; or "
-                    "wide:TK[:STAGES[:WARPS]], the WIDE form; see kernels/paged_jit.py), --rounds times")
+                    "(late, early or strided, each optionally :SPLITS, e.g. late,early,strided:16; see "
+                    "kernels/paged_jit.py), --rounds times")
     ap.add_argument("--rounds", type=int, default=2, help="rounds of --paged-forms (default 2)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():

@@ -51,22 +51,8 @@ PAGED_VARIANTS = [(None, None, 64, "early"), (None, None, 64, "late")] + [
     (mch, warps, splits, "early") for splits in (64, 32) for warps in (2, 4) for mch in (8, 16, 32, 64)]
 
 
-def parse_wide(spec: str) -> list[tuple[int, int, int]]:
-    """``--wide TK:STAGES:WARPS,..`` as (keys a tile, stages, warps) of the WIDE form (kernels/paged.py; stages
-    and warps left out: paged.py's)."""
-    from shapeplan.runtime.backends.triton.kernels import paged as pk
-    out = []
-    for part in filter(None, spec.split(",")):
-        nums = [int(x) for x in part.split(":")]
-        if not 1 <= len(nums) <= 3:
-            raise SystemExit(f"--wide: expected TK[:STAGES[:WARPS]], got {part!r}")
-        out.append(tuple(nums + [pk.WIDE_STAGES, pk.WIDE_WARPS][len(nums) - 1:]))
-    return out
-
-
-def paged(positions: list[int], length: int, layers: int, variants: int = 0,
-          wide: list[tuple[int, int, int]] = ()) -> None:
-    """The paged decode kernel's tiling at batch 1 (see the module doc); ``wide``: the WIDE form's tilings too."""
+def paged(positions: list[int], length: int, layers: int, variants: int = 0) -> None:
+    """The paged decode kernel's tiling at batch 1 (see the module doc)."""
     from shapeplan.runtime.backends.triton.kernels import paged as pk
     hq, hkv, bs, dev = 32, 8, 16, "cuda"
     nb = length // bs
@@ -94,18 +80,12 @@ def paged(positions: list[int], length: int, layers: int, variants: int = 0,
             ref = torch.nn.functional.scaled_dot_product_attention(
                 q.float(), ks.repeat_interleave(hq // hkv, 0)[None].float(),
                 vs.repeat_interleave(hq // hkv, 0)[None].float(), scale=d ** -0.5)
-            runs = [(mch, warps, splits, form, 0, pk.WIDE_STAGES, pk.WIDE_WARPS)
-                    for mch, warps, splits, form in PAGED_VARIANTS[:variants or None]]
-            runs += [(None, None, 64, "wide", tk, st, w) for tk, st, w in wide]
-            for mch, warps, splits, form, tk, st, w in runs:
+            for mch, warps, splits, form in PAGED_VARIANTS[:variants or None]:
                 lab = ("default" if (mch, warps, splits) == (None, None, 64) else f"{mch},{warps},{splits}") + \
                     ("" if form == "early" else "," + form)
-                if form == "wide":
-                    lab = f"wide {tk},{st},{w}"
                 try:
                     with mock.patch.multiple(pk, MERGE_CHUNK=mch, DECODE_WARPS=warps, MAX_SPLITS=splits,
-                                             EARLY=form != "late", STRIDED=form == "strided", WIDE=tk, WIDE_STAGES=st,
-                                             WIDE_WARPS=w):
+                                             EARLY=form != "late", STRIDED=form == "strided"):
                         out = pk.paged_decode_attention(q, kp, vp, p, lens, bt, scale=d ** -0.5, counters=cnt)
                         err = (out.float() - ref).abs().max().item()
                         t = timed(lambda: [pk.paged_decode_attention(q, k_, v_, p, lens, bt, scale=d ** -0.5,
@@ -117,11 +97,10 @@ def paged(positions: list[int], length: int, layers: int, variants: int = 0,
                     continue
                 print(f"{d:>4} {pos:>5} {lab:<19} {t:>8.2f} {err:>9.1e}", flush=True)
                 if err <= 2e-2:
-                    best.setdefault((mch, warps, splits, form, tk, st, w), []).append(t)
+                    best.setdefault((mch, warps, splits, form), []).append(t)
         if best:
-            (mch, warps, splits, form, tk, st, w), ts = min(best.items(), key=lambda kv: sum(kv[1]))
-            name = f"merge chunk {mch}, warps {warps}, splits {splits}, {form}" if form != "wide" else \
-                f"wide: {tk} keys a tile, {st} stages, {w} warps"
+            (mch, warps, splits, form), ts = min(best.items(), key=lambda kv: sum(kv[1]))
+            name = f"merge chunk {mch}, warps {warps}, splits {splits}, {form}"
             print(f"PAGED_BEST D={d}: {name}: "
                   + ", ".join(f"{t:.2f}" for t in ts) + " us at pos " + ",".join(map(str, positions)))
 
@@ -136,15 +115,12 @@ def main() -> None:
     ap.add_argument("--variants", type=int, default=0,
                     help="--paged: only the first N tilings (2: the default tiling, EARLY on and off; 14: and every form at "
                          "fewer splits)")
-    ap.add_argument("--wide", default="", metavar="TK:STAGES:WARPS,..",
-                    help="--paged: also the WIDE form (one program per row and KV head, TK keys a tile) at these "
-                    "tilings")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         print("bench.decode_attention: CUDA is not available, nothing measured (this benchmark needs a GPU)")
         return
     if a.paged:
-        paged([int(p) for p in str(a.pos).split(",")], a.length, a.layers, a.variants, parse_wide(a.wide))
+        paged([int(p) for p in str(a.pos).split(",")], a.length, a.layers, a.variants)
         return
     hq, hkv, d, L, dev = 32, 8, 64, a.length, "cuda"
     torch.manual_seed(0)

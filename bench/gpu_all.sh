@@ -199,12 +199,6 @@ step paged_forms extra 150 'python3 -m bench.decode_attention --paged --pos 128,
   'grep PAGED_BEST $L | tr "\n" ";"'
 step decode_forms extra 420 'python3 -m bench.decode --presets llama-1b,llama-8b --configs triton --paged-forms late,early,strided:32,strided:16,strided:8 --rounds 2' \
   'grep "^paged" $L | tr -s " " | tr "\n" ";"'
-# the WIDE form (thirty-seventh session; kernels/paged_jit.py _paged_decode_wide: one program per row and KV head,
-# a tile of TK keys on tensor cores, no merge; built and checked offline): its GPU tests, the kernel at four
-# positions beside the default at tilings TK:STAGES:WARPS, then llama-1b / llama-8b decode end to end, the default
-# and WIDE 64:2:8, two rounds
-step paged_wide extra 420 'python3 -m pytest -q -p no:cacheprovider tests/runtime/triton/kernels/test_paged.py -k wide; python3 -m bench.decode_attention --paged --pos 16,128,384,1000 --variants 1 --wide 32:2:8,64:2:8,64:3:8,32:3:8; for r in 1 2; do python3 -m bench.decode --presets llama-1b,llama-8b --configs triton --paged-forms early,wide:64:2:8 --rounds 1; done' \
-  'grep -E "passed|failed|^paged (early|wide)|PAGED_BEST" $L | tr -s " " | tr "\n" ";" | cut -c1-500'
 step quant_early_ab extra 480 'for e in 0 1; do echo "early $e"; SHAPEPLAN_PAGED_EARLY=$e python3 -m bench.quant_gemv --no-gemv --e2e llama-1b:Q4_K_M,llama-8b:Q4_K_M --e2e-configs triton; done' \
   'awk '\''$1=="early" {e=$2} /^llama-(1b|8b)/ {printf "early %s %s %s; ", e, $1, $3}'\'' $L | cut -c1-300'
 step prefill_attention default 60 'python3 -m bench.prefill_attention' \

@@ -105,21 +105,6 @@ def compile_one(kernel: str, name: str, m: int):
         sig = {**ptrs, **{a: "i32" for a in ints}, "scale": "fp32", **{c: "constexpr" for c in consts}}
         return _sm90(paged_jit._paged_decode, sig, consts,
                      {"num_warps": tiling["num_warps"], "enable_fp_fusion": False})
-    if kernel == "pagedwide":  # the WIDE form of the paged decode attention (paged_jit._paged_decode_wide) as the LLM
-        # graph calls it ("write": head dim 64, "write128": 128); m = 100 * keys a tile + 10 * stages + warps
-        from shapeplan.runtime.backends.triton.kernels import paged, paged_jit
-        d = 128 if name.endswith("128") else 64
-        ptrs = dict(q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", pos_ptr="*i64", len_ptr="*i64", bt_ptr="*i32",
-                    o_ptr="*bf16", c_ptr="*bf16", s_ptr="*bf16", kn_ptr="*bf16", vn_ptr="*bf16")
-        ints = ["sq_b", "sq_h", "sk_n", "sk_h", "sk_s", "sv_n", "sv_h", "sv_s", "s_bt", "sc_b", "so_b", "so_h",
-                "skn_b", "skn_h", "svn_b", "svn_h"]
-        import torch
-        from unittest import mock
-        with mock.patch.multiple(paged, WIDE=m // 100, WIDE_STAGES=m // 10 % 10, WIDE_WARPS=m % 10):
-            consts = paged._wide_args(8, 4, d, 16, 0, True, 0, True, True, True, torch.bfloat16)
-        opts = {k: consts.pop(k) for k in ("num_warps", "enable_fp_fusion")}
-        sig = {**ptrs, **{a: "i32" for a in ints}, "scale": "fp32", **{c: "constexpr" for c in consts}}
-        return _sm90(paged_jit._paged_decode_wide, sig, consts, opts)
     if kernel == "argmax":    # the two passes of kernels/argmax.py; m: 1 = PDL
         from shapeplan.runtime.backends.triton.kernels import argmax_jit
         if name == "partial":

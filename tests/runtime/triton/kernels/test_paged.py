@@ -126,47 +126,6 @@ def test_the_decode_kernel_writes_as_the_write_kernel_and_attends_as_the_torch_o
         assert got[1].abs().max() == 0 and not counters.any()
 
 
-@pytest.mark.parametrize("dtype", [torch.float32] + ([torch.bfloat16] if CUDA else []))  # the interpreter's bf16 tl.dot
-@pytest.mark.parametrize("interleaved", [0, 1])                                             # is not the GPU's
-@pytest.mark.parametrize("window", [0, 20])
-@pytest.mark.parametrize("tile", [16, 32])                     # 32: a tile of keys spans two blocks
-def test_the_wide_form_writes_and_attends_as_the_split_kernel(dtype, interleaved, window, tile, monkeypatch):
-    """The WIDE form (one program per row and KV head, ``tile`` keys a step on tensor cores, no merge): the
-    pools bit for bit the split-K kernel's, the output PagedWriteAttention's torch path's, over two steps; q in
-    a dtype other than the pools' keeps the split-K kernel (as x_codes does)."""
-    b, hq, hkv, d = 3, 4, 2, 16
-    q, kp, vp, bt, _, _ = _case(dtype, b=b, hq=hq, hkv=hkv, d=d)
-    g = torch.Generator().manual_seed(9)
-    ang = torch.rand(64, d // 2, generator=g) * 6.0
-    cos, sin = ang.cos().to(DEV, dtype), ang.sin().to(DEV, dtype)
-    lengths = torch.tensor([1, 0, 1], device=DEV)                     # row 1 is padding
-    ref_k, ref_v, wide_k, wide_v, split_k, split_v = kp.cpu().clone(), vp.cpu().clone(), kp.clone(), vp.clone(), \
-        kp.clone(), vp.clone()
-    for positions in ([0, 17, 40], [1, 18, 41]):
-        positions = torch.tensor(positions, device=DEV)
-        qkv = torch.randn(b, 1, (hq + 2 * hkv) * d, generator=g).to(DEV, dtype)
-        q = qkv[..., :hq * d].reshape(b, 1, hq, d).transpose(1, 2)
-        k = qkv[..., hq * d:(hq + hkv) * d].reshape(b, 1, hkv, d).transpose(1, 2)
-        v = qkv[..., (hq + hkv) * d:].reshape(b, 1, hkv, d).transpose(1, 2)
-        kw = dict(scale=0.25, window=window, cos=cos, sin=sin, interleaved=interleaved, k=k, v=v, rope_table=True)
-        monkeypatch.setattr(paged, "WIDE", tile)
-        got = paged.paged_decode_attention(q, wide_k, wide_v, positions, lengths, bt, **kw)
-        monkeypatch.setattr(paged, "WIDE", 0)
-        split = paged.paged_decode_attention(q, split_k, split_v, positions, lengths, bt, **kw)
-        assert torch.equal(wide_k, split_k) and torch.equal(wide_v, split_v)
-        want = llm_ops.paged_write_attention(q.cpu(), k.cpu(), v.cpu(), ref_k, ref_v, positions.cpu(), lengths.cpu(),
-                                             bt.cpu(), None, cos.cpu(), sin.cpu(), scale=0.25, window=window,
-                                             interleaved=interleaved)
-        tol = 1e-5 if dtype == torch.float32 else 3e-2
-        torch.testing.assert_close(got.cpu().float(), want.float(), atol=tol, rtol=tol)
-        torch.testing.assert_close(got.float(), split.float(), atol=tol, rtol=tol)
-        assert got[1].abs().max() == 0
-    monkeypatch.setattr(paged, "WIDE", tile)                          # q in another dtype than the pools: split-K
-    other = paged.paged_decode_attention(q.double(), kp, vp, positions, lengths, bt, scale=0.25)
-    monkeypatch.setattr(paged, "WIDE", 0)
-    assert torch.equal(other, paged.paged_decode_attention(q.double(), kp, vp, positions, lengths, bt, scale=0.25))
-
-
 @pytest.mark.parametrize("hq,hkv,d", [(4, 2, 32), (6, 2, 64), (4, 4, 96)])    # G 2, 3 (GP 4), 1; D 96: DP 128
 @pytest.mark.parametrize("row0", ["live", "padding"])
 def test_the_decode_kernel_writes_row_0_as_x_codes(hq, hkv, d, row0):
@@ -215,7 +174,6 @@ def test_the_decode_kernel_compiles_for_sm90():
     res = _compile_sm90("paged:write:0", "paged:write:1", "paged:read:0", "paged:write128:0",   # head dims 64, 128
                         "paged:writeq128:0", "paged:writeq:1",                             # + x as int8 codes
                         "paged:write:2", "paged:write:3", "paged:read:2", "paged:write128:3",  # the EARLY form
-                        "paged:writeq:3", "paged:write:7", "paged:write128:7", "paged:writeq:7",   # + STRIDED
-                        "pagedwide:write:6428", "pagedwide:write128:3228")                 # the WIDE form
+                        "paged:writeq:3", "paged:write:7", "paged:write128:7", "paged:writeq:7")   # + STRIDED
     assert all(r["ok"] for r in res.values()), {s: r["error"] for s, r in res.items()}
     assert res["paged:write:1"]["griddepcontrol"] and not res["paged:write:0"]["griddepcontrol"]

@@ -10,10 +10,8 @@ live programs to finish (an atomic counter per (row, head) that only they count)
 so the merge never waits for the programs past the position (at batch 1 they are most of the grid, and
 many of them start only when a first wave of programs ends). Given this step's
 k and v, the program whose split holds the row's position writes them first (``PagedWriteAttention``:
-no write kernel of its own in a decode step). ``WIDE`` (off by default, not yet timed on a GPU) takes
-the decode step to ``_paged_decode_wide`` instead: one program per (row, head) over all of the row's
-keys, no merge. Nothing is read on the host: both capture into CUDA graphs. Runs on CUDA, or on CPU
-tensors under ``TRITON_INTERPRET=1`` (tests).
+no write kernel of its own in a decode step). Nothing is read on the host: both capture into CUDA
+graphs. Runs on CUDA, or on CPU tensors under ``TRITON_INTERPRET=1`` (tests).
 """
 from __future__ import annotations
 
@@ -21,7 +19,7 @@ import torch
 
 from shapeplan import env
 from shapeplan.runtime.backends.triton.env import triton   # before the kernels: cache dir, compile workers
-from shapeplan.runtime.backends.triton.kernels.paged_jit import _paged_decode, _paged_decode_wide, _paged_write
+from shapeplan.runtime.backends.triton.kernels.paged_jit import _paged_decode, _paged_write
 
 #: pass 1 programs aimed at per step (B * Hkv * NS); the split size follows from it
 TARGET_PROGRAMS = 2048
@@ -37,11 +35,6 @@ DECODE_WARPS: int | None = None
 EARLY: bool = env.get("SHAPEPLAN_PAGED_EARLY")
 #: with EARLY, program s of a (row, head) takes blocks s, s + NS, .. instead of BPS blocks in a row
 STRIDED: bool = False
-#: the WIDE form (paged_jit._paged_decode_wide): one program per (row, KV head), WIDE keys a tile on tensor cores,
-#: no merge (0: off, the split-K kernel); WIDE_STAGES tiles in flight, WIDE_WARPS warps. Not yet timed on a GPU
-WIDE: int = 0
-WIDE_STAGES: int = 2
-WIDE_WARPS: int = 4
 
 
 def _pow2(n: int) -> int:
@@ -115,9 +108,6 @@ def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
     b, hq, s, d = q.shape
     _, hkv, bs, _ = k_pool.shape
     assert s == 1 and q.stride(-1) == 1 and k_pool.stride(-1) == 1 and v_pool.stride(-1) == 1
-    if WIDE and not x_codes and q.dtype == k_pool.dtype == v_pool.dtype:
-        return _decode_wide(q, k_pool, v_pool, positions, lengths, block_tables, scale=scale, window=window, cos=cos,
-                            sin=sin, interleaved=interleaved, k=k, v=v, rope_table=rope_table)
     g = hq // hkv
     gp, dp = max(_pow2(g), 2), _pow2(d)
     tiling = _decode_tiling(b, hkv, block_tables.shape[1], gp, dp)
@@ -133,7 +123,16 @@ def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
     l = torch.empty_like(m)
     acc = torch.empty(b * hkv * ns * gp * dp, dtype=torch.float32, device=dev)
     out = torch.empty(b, hq, 1, d, dtype=q.dtype, device=dev)
-    cos, sin, rotate, write, launch = _step_inputs(q, hkv, cos, sin, k, v, rope_table)
+    rotate = cos is not None
+    if rotate and not rope_table:
+        cos, sin = cos.expand(b, 1, d // 2), sin.expand(b, 1, d // 2)
+    if rotate and (cos.stride(-1) != 1 or cos.stride() != sin.stride()):
+        cos, sin = cos.contiguous(), sin.contiguous()
+    write = k is not None
+    if write:
+        assert k.stride(-1) == 1 and v.stride(-1) == 1 and k.shape == v.shape == (b, hkv, 1, d)
+    from shapeplan.runtime.backends.triton.kernels import gemv
+    launch = {"launch_pdl": True} if gemv.pdl(q) else {}
     codes = xw = xd = xs = None
     if x_codes:
         from shapeplan.runtime.backends.triton.kernels import qgemv
@@ -157,51 +156,6 @@ def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
     return (out, codes) if x_codes else out
 
 
-def _step_inputs(q, hkv, cos, sin, k, v, rope_table):
-    """What both decode kernels take of a step's rotary tables and new k / v: cos and sin as the kernels read
-    them, whether they rotate and write, and the launch options (PDL)."""
-    b, _, _, d = q.shape
-    rotate = cos is not None
-    if rotate and not rope_table:
-        cos, sin = cos.expand(b, 1, d // 2), sin.expand(b, 1, d // 2)
-    if rotate and (cos.stride(-1) != 1 or cos.stride() != sin.stride()):
-        cos, sin = cos.contiguous(), sin.contiguous()
-    write = k is not None
-    if write:
-        assert k.stride(-1) == 1 and v.stride(-1) == 1 and k.shape == v.shape == (b, hkv, 1, d)
-    from shapeplan.runtime.backends.triton.kernels import gemv
-    return cos, sin, rotate, write, ({"launch_pdl": True} if gemv.pdl(q) else {})
-
-
-def _wide_args(hkv: int, g: int, d: int, bs: int, window: int, rotate: bool, interleaved: int, write: bool,
-               table: bool, pdl: bool, dtype: torch.dtype) -> dict:
-    """The WIDE kernel's constants (the launch and ``precompile`` share them)."""
-    return dict(HKV=hkv, G=g, GP=max(16, _pow2(g)), D=d, DP=max(16, _pow2(d)), TK=WIDE, BS=bs, WINDOW=window,
-                ROTATE=rotate, INTERLEAVED=bool(interleaved), HALF=max(1, d // 2), HALFP=max(_pow2(d // 2), 1),
-                WRITE=write, TABLE=table, PDL=pdl, IEEE=dtype == torch.float32, STAGES=WIDE_STAGES,
-                num_warps=WIDE_WARPS, enable_fp_fusion=False)
-
-
-def _decode_wide(q, k_pool, v_pool, positions, lengths, block_tables, *, scale, window, cos, sin, interleaved, k, v,
-                 rope_table):
-    """``paged_decode_attention`` in the WIDE form (paged_jit._paged_decode_wide)."""
-    b, hq, _, d = q.shape
-    _, hkv, bs, _ = k_pool.shape
-    bt = block_tables if block_tables.stride(-1) == 1 else block_tables.contiguous()
-    out = torch.empty(b, hq, 1, d, dtype=q.dtype, device=q.device)
-    cos, sin, rotate, write, launch = _step_inputs(q, hkv, cos, sin, k, v, rope_table)
-    _paged_decode_wide[(b * hkv,)](q, k_pool, v_pool, positions, lengths, bt, out,
-                                   cos if rotate else q, sin if rotate else q, k if write else q, v if write else q,
-                                   q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1), k_pool.stride(2),
-                                   v_pool.stride(0), v_pool.stride(1), v_pool.stride(2), bt.stride(0),
-                                   cos.stride(0) if rotate else 0, out.stride(0), out.stride(1),
-                                   k.stride(0) if write else 0, k.stride(1) if write else 0,
-                                   v.stride(0) if write else 0, v.stride(1) if write else 0, scale,
-                                   **_wide_args(hkv, hq // hkv, d, bs, window, rotate, interleaved, write,
-                                                bool(rotate and rope_table), bool(launch), q.dtype), **launch)
-    return out
-
-
 def precompile(part: str, *, batch: int, hq: int, hkv: int, d: int, block_size: int, max_blocks: int,
                num_blocks: int, dtype: torch.dtype, window: int = 0, x_codes: bool = False) -> None:
     """Compile one kernel (``part``: "write" or "decode") for these shapes without touching
@@ -222,15 +176,6 @@ def precompile(part: str, *, batch: int, hq: int, hkv: int, d: int, block_size: 
                             row, d, row, row, d, row, *sk, *sk, d // 2, d // 2, max_blocks, 1,
                             HKV=hkv, HP=_pow2(hkv), D=d, DP=dp, HALF=d // 2, HALFP=max(_pow2(d // 2), 1),
                             BS=block_size, ROTATE=True, INTERLEAVED=False, enable_fp_fusion=False, grid=(batch,))
-        return
-    if WIDE and not x_codes:                   # the WIDE form (same arguments but the partials, counters, codes)
-        from shapeplan.runtime.backends.triton.kernels import gemv
-        row = (hq + 2 * hkv) * d
-        pdl = gemv.pdl_on(torch.device("cuda"))
-        _paged_decode_wide.warmup(dtype, dtype, dtype, i64, i64, i32, dtype, dtype, dtype, dtype, dtype,
-                                  row, d, *sk, *sk, max_blocks, d // 2, hq * d, d, row, d, row, d, d ** -0.5,
-                                  **_wide_args(hkv, g, d, block_size, window, True, 0, True, True, pdl, dtype),
-                                  grid=(batch * hkv,), **({"launch_pdl": True} if pdl else {}))
         return
     tiling = _decode_tiling(batch, hkv, max_blocks, gp, dp)
     # "decode": PagedWriteAttention's kernel (the LLM graph's decode step: q, k and v views of the q/k/v
