@@ -226,15 +226,18 @@ class _Builder:
         sizes = np.array([int(w.shape[0]) for w in ws], np.int64)
         return self.g.op.Split(y, sizes, axis=-1, _outputs=len(names))
 
-    def linear_add(self, a: Value, prefix: str, residual: Value, x_codes: Value | None = None) -> Value:
+    def linear_add(self, a: Value, prefix: str, residual: Value, x_codes: Value | None = None,
+                   prefetch: bool = False) -> Value:
         """``residual + a @ W.T`` as one MatMulAdd (QuantMatMulAdd for a quantized W; ``x_codes``: ``a`` as
-        int8 codes, which its one-row kernel may read instead)."""
+        int8 codes, which its one-row kernel may read instead; ``prefetch``: MatMulAdd's weight prefetch, for
+        the projection after the attention)."""
         w = self.w[prefix + ".weight"]
         if isinstance(w, QuantWeight):
             codes = () if x_codes is None else (x_codes,)
             return self.g.op.QuantMatMulAdd(a, self.packed(prefix + ".weight"), residual, *codes, qtype=w.qtype,
                                             n=int(w.shape[0]), k=int(w.shape[1]), _domain=SP)
-        return self.g.op.MatMulAdd(a, self.const(prefix + ".weight", transpose=True), residual, _domain=SP)
+        return self.g.op.MatMulAdd(a, self.const(prefix + ".weight", transpose=True), residual, _domain=SP,
+                                   **({"prefetch": 1} if prefetch else {}))
 
     def linear(self, x: Value, prefix: str, bias: bool = False) -> Value:
         w = self.w[prefix + ".weight"]
@@ -449,7 +452,7 @@ def build_graph(cfg: LlamaConfig, weights: dict[str, torch.Tensor], *, max_kv_ca
             a = kv.layer(i, q, k, v, rope_cos, rope_sin, float(d) ** -0.5)              # [B, Hq, S, D]
         a = op.Reshape(op.Transpose(a, perm=perm), merged)                               # [B, S, Hq*D]
         if fused:                      # h += o; h += down(silu(gate) * up) of norm(h): two GEMVs each
-            h = b.linear_add(a, p + "self_attn.o_proj", h, codes)
+            h = b.linear_add(a, p + "self_attn.o_proj", h, codes, prefetch=True)
             act = b.norm_linear(h, p + "post_attention_layernorm.weight", p + "mlp.", ["gate_proj", "up_proj"],
                                 "gate_up_proj", glu=True)
             h = b.linear_add(act, p + "mlp.down_proj", h)

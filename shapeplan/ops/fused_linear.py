@@ -4,13 +4,14 @@ decode step runs one kernel where it ran three:
     RMSNormMatMul(x [..., K], scale [K], w_t [K, N]; epsilon, activation)
         = RMSNorm(x) * scale @ w_t                               [..., N]
         activation="silu_mul": silu(y[..., :N/2]) * y[..., N/2:]  [..., N/2]   (w_t = [gate | up])
-    MatMulAdd(a [..., K], w_t [K, N], residual [..., N]) = residual + a @ w_t
+    MatMulAdd(a [..., K], w_t [K, N], residual [..., N]; prefetch) = residual + a @ w_t
 
 The LLM builder (shapeplan/llm/model.py) emits them for a decoder block: the input norm and the
 q/k/v projection, the attention output projection and the residual add, the post-attention norm with
 the gate/up projection and SiLU gate, the down projection and the residual add, the final norm and
 the LM head. Their values are the unfused ops' (RMSNormalization, MatMul, SiluMul, Add), rounded
-where those round.
+where those round. MatMulAdd's ``prefetch=1`` (the builder sets it on the attention's output projection)
+lets its GEMV ask L2 for the weight while the kernel before it runs (kernels/gemv.py); values unchanged.
 
 Kernels: with at most 8 rows on CUDA, the fused Triton GEMV of
 shapeplan/runtime/backends/triton/kernels/gemv.py (one kernel: norm prologue, weight read once,
@@ -130,9 +131,9 @@ def _matmul_add_shape(node: Any) -> list[tuple[DType | None, Shape | None]]:
 
 
 @register("MatMulAdd", domain="shapeplan", since=1, shape=_matmul_add_shape)
-def matmul_add(a, w_t, residual):
+def matmul_add(a, w_t, residual, *, prefetch=0):
     """``residual + a @ w_t``: the product rounded to the dtype first, as MatMul then Add (on CUDA
-    above 8 rows, cuBLAS's addmm, which rounds once)."""
+    above 8 rows, cuBLAS's addmm, which rounds once). ``prefetch``: the GEMV's weight prefetch (module doc)."""
     k = a.shape[-1]
     a2 = a.reshape(-1, k)
     r2 = residual.reshape(-1, residual.shape[-1])
@@ -140,7 +141,7 @@ def matmul_add(a, w_t, residual):
         kern = _gemv(a2, w_t.t())
         if kern is not None:
             try:
-                return kern.gemv(a2, w_t.t(), residual=r2).reshape(residual.shape)
+                return kern.gemv(a2, w_t.t(), residual=r2, prefetch=bool(prefetch)).reshape(residual.shape)
             except Exception as e:  # noqa: BLE001
                 _fallback(e, "MatMulAdd")
         if a2.is_cuda and r2.is_contiguous() and r2.dtype == a2.dtype == w_t.dtype:

@@ -78,11 +78,13 @@ def compile_one(kernel: str, name: str, m: int):
                **{c: "constexpr" for c in consts}}
         return _sm90(mmq._mmq_kernel, sig, consts, {"num_warps": t["warps"], "num_stages": t["stages"]},
                      ("XC", "W", "K", "ROW_BYTES", "SX"))
-    if kernel == "dense":     # the bf16 decode GEMV of kernels/gemv.py; m: 0 plain, 1 norm + GLU, 2 residual, 3 = 1 + PDL
+    if kernel == "dense":     # the bf16 decode GEMV of kernels/gemv.py; m: 0 plain, 1 norm + GLU, 2 residual, 3 = 1 + PDL,
+        # 4 = 2 + PDL + the weight's L2 prefetch (1,024 lines a program)
         from shapeplan.runtime.backends.triton.kernels import gemv as dense
         ptrs = {"X": "*bf16", "NW": "*bf16", "W": "*bf16", "R": "*bf16", "Y": "*bf16"}
         bn, bk, warps = dense.config(3072, 2048)
-        consts = dict(BN=bn, BK=bk, NORM=m in (1, 3), RES=m == 2, GLU=m in (1, 3), EVEN_K=True, PDL=m == 3)
+        consts = dict(BN=bn, BK=bk, NORM=m in (1, 3), RES=m in (2, 4), GLU=m in (1, 3), EVEN_K=True, PDL=m in (3, 4),
+                      PF=1024 if m == 4 else 0)
         sig = {**ptrs, **{a: "i32" for a in ("N", "K", "HALF", "stride_wn")}, "eps": "fp32",
                **{c: "constexpr" for c in consts}}
         return _sm90(dense._gemv_kernel, sig, consts, {"num_warps": warps}, ("X", "NW", "W", "K", "stride_wn"))
@@ -149,7 +151,8 @@ def main(specs: list[str]) -> int:
             ptx = k.asm["ptx"]
             out[spec] = {"ok": bool(k.asm.get("cubin")), "error": "", "vector_loads": "ld.global.v4" in ptx,
                          "global_loads": len(re.findall(r"\bld\.global", ptx)),
-                         "griddepcontrol": "griddepcontrol.wait" in ptx, "dp4a": "dp4a.s32.s32" in ptx,
+                         "griddepcontrol": "griddepcontrol.wait" in ptx,
+                         "prefetch_l2": ptx.count("prefetch.global.L2"), "dp4a": "dp4a.s32.s32" in ptx,
                          "cp_async": "cp.async" in ptx, "int8_mma": bool(re.search(r"mma\S*\.s8", ptx)),
                          "wgmma": "wgmma" in ptx,
                          "shared": ptx.count("st.shared"), "cvt_rn_f32": ptx.count("cvt.rn.f32.s32"),

@@ -24,6 +24,9 @@ GEMV starts while the kernel before it finishes, loads its first weight tile, th
 kernel (``gdc_wait``) before it reads x; it lets the next kernel launch at once. On the H200 it took
 llama-1b from 1,008 to 1,075 tok/s (docs/gpu.md#decode-gemv).
 
+With ``prefetch`` (the attention's output projection) the GEMV's first programs also ask L2 for the whole
+weight before that wait, so that it streams while the attention, which leaves memory idle, runs.
+
 Tiles per shape: ``config(n, k)``; ``TUNE`` holds the ones measured on the H200 (probe over BN x BK
 x warps, weights rotated through more copies than L2 holds).
 """
@@ -80,6 +83,21 @@ def pdl_on(device: torch.device, enabled: bool | None = None) -> bool:
     return _PDL[i]
 
 
+#: with ``prefetch``: about this many programs ask L2 for the weight, each a power of two of 128-byte lines
+PREFETCH_PROGRAMS = 64
+
+
+def prefetch_lines(w: torch.Tensor) -> int:
+    """PF for a GEMV over ``w`` that prefetches its weight (``gemv(prefetch=True)``): 128-byte lines a program,
+    about PREFETCH_PROGRAMS programs for the whole weight; 0 (off) where W is not one contiguous block or
+    ``SHAPEPLAN_LLM_GEMV_PREFETCH`` is off."""
+    from shapeplan import env
+    if not env.get("SHAPEPLAN_LLM_GEMV_PREFETCH") or not w.is_contiguous():
+        return 0
+    lines = triton.cdiv(w.numel() * w.element_size(), 128)
+    return max(128, 1 << (triton.cdiv(lines, PREFETCH_PROGRAMS) - 1).bit_length())
+
+
 def config(n: int, k: int) -> tuple[int, int, int]:
     """(BN, BK, warps) for N outputs and K inputs."""
     hit = TUNE.get((n, k))
@@ -90,8 +108,10 @@ def config(n: int, k: int) -> tuple[int, int, int]:
 
 def gemv(x: torch.Tensor, w: torch.Tensor, *, norm_w: torch.Tensor | None = None, eps: float = 0.0,
          residual: torch.Tensor | None = None, glu: bool = False, out: torch.Tensor | None = None,
-         tiles: tuple[int, int, int] | None = None) -> torch.Tensor:
-    """The fused decode GEMV (module doc); x [1, K], w [N, K] -> [1, N] (GLU: [1, N / 2]) in x's dtype."""
+         tiles: tuple[int, int, int] | None = None, prefetch: bool = False) -> torch.Tensor:
+    """The fused decode GEMV (module doc); x [1, K], w [N, K] -> [1, N] (GLU: [1, N / 2]) in x's dtype.
+    ``prefetch`` (with PDL): W is asked of L2 while the kernel before runs (``prefetch_lines``), for a GEMV after
+    one that leaves memory idle (the attention's output projection)."""
     k = x.shape[1]
     n = w.shape[0] // 2 if glu else w.shape[0]
     if x.stride(1) != 1:
@@ -106,5 +126,5 @@ def gemv(x: torch.Tensor, w: torch.Tensor, *, norm_w: torch.Tensor | None = None
     _gemv_kernel[(triton.cdiv(n, bn),)](
         x, nw, w, r, y, n, k, n, w.stride(0), float(eps),
         BN=bn, BK=bk, NORM=norm_w is not None, RES=residual is not None, GLU=glu, EVEN_K=k % bk == 0,
-        PDL=bool(launch), num_warps=warps, **launch)
+        PDL=bool(launch), PF=prefetch_lines(w) if prefetch and launch else 0, num_warps=warps, **launch)
     return y

@@ -18,7 +18,7 @@ except ImportError:                        # then PDL stays off (the launcher as
 @triton.jit
 def _gemv_kernel(X, NW, W, R, Y, N, K, HALF, stride_wn, eps,
                  BN: tl.constexpr, BK: tl.constexpr, NORM: tl.constexpr, RES: tl.constexpr, GLU: tl.constexpr,
-                 EVEN_K: tl.constexpr, PDL: tl.constexpr = False):
+                 EVEN_K: tl.constexpr, PDL: tl.constexpr = False, PF: tl.constexpr = 0):
     """Y[n] = epilogue(sum_k prologue(X)[k] * W[n, k]) for the BN outputs n of this program (one row x).
 
     NORM: RMSNorm of x with weight NW, in one pass: rstd = rsqrt(mean(x^2) + eps) is a common factor of
@@ -29,7 +29,10 @@ def _gemv_kernel(X, NW, W, R, Y, N, K, HALF, stride_wn, eps,
     accumulated elementwise in float32 and summed once after the loop; ``_finish`` is the epilogue.
     PDL (launched with programmatic dependent launch): let the next kernel launch at once, load the
     first weight tile (a constant) while the kernel before this one finishes, and wait for that kernel
-    only before the first read of x, R or NW's product (``gdc_wait``: everything before it is complete)."""
+    only before the first read of x, R or NW's product (``gdc_wait``: everything before it is complete).
+    PF (with PDL; lines of 128 bytes a program, 0: off): before that wait, programs 0, 1, .. ask L2 for the
+    whole of W, PF lines each (``_prefetch_l2``), so that a GEMV after a kernel that leaves memory idle (the
+    decode attention before the o projection) finds its weight in L2 when x is ready."""
     pid = tl.program_id(0)
     cols = pid * BN + tl.arange(0, BN)
     col_ok = cols < N
@@ -41,6 +44,10 @@ def _gemv_kernel(X, NW, W, R, Y, N, K, HALF, stride_wn, eps,
     if PDL:
         gdc_launch_dependents()
     w, wu = _tile(wp, ks, col_ok, K, HALF * stride_wn, GLU, EVEN_K)                 # the first tile
+    if PF:
+        rows_w = N + HALF if GLU else N                                              # W's rows
+        nbytes = rows_w.to(tl.int64) * stride_wn * (W.dtype.element_ty.primitive_bitwidth // 8)
+        _prefetch_l2(W, pid, tl.cdiv(nbytes, 128), PF)
     if PDL:
         gdc_wait()
     acc, acc_u, ss = _step(acc, acc_u, ss, w, wu, X, NW, ks, K, NORM, GLU, EVEN_K)
@@ -56,6 +63,17 @@ def _gemv_kernel(X, NW, W, R, Y, N, K, HALF, stride_wn, eps,
     if NORM:
         total = tl.sum(ss, axis=0)
     _finish(y, u, total, K, eps, R, Y, cols, col_ok, NORM, RES, GLU)
+
+
+@triton.jit
+def _prefetch_l2(W, pid, lines, PF: tl.constexpr):
+    """Program ``pid``'s share of W's ``lines`` 128-byte lines, PF of them, asked of L2 (``prefetch.global.L2``:
+    no registers held, nothing waited for); programs past the last line ask for nothing."""
+    if pid * PF < lines:
+        line = tl.minimum(pid * PF + tl.arange(0, PF), lines - 1).to(tl.int64)   # (the last line again: in bounds)
+        base = W.to(tl.pointer_type(tl.int8), bitcast=True)
+        tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [base + line * 128],
+                                  dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
