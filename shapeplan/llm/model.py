@@ -235,7 +235,8 @@ class _Builder:
         if isinstance(w, QuantWeight):
             codes = () if x_codes is None else (x_codes,)
             return self.g.op.QuantMatMulAdd(a, self.packed(prefix + ".weight"), residual, *codes, qtype=w.qtype,
-                                            n=int(w.shape[0]), k=int(w.shape[1]), _domain=SP)
+                                            n=int(w.shape[0]), k=int(w.shape[1]), _domain=SP,
+                                            **({"prefetch": 1} if prefetch else {}))
         return self.g.op.MatMulAdd(a, self.const(prefix + ".weight", transpose=True), residual, _domain=SP,
                                    **({"prefetch": 1} if prefetch else {}))
 

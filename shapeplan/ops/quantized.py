@@ -12,7 +12,7 @@ norm + projection (+ SiLU gate) and projection + residual add, one kernel at bat
 
     QuantRMSNormMatMul(x [..., K], scale [K], packed; qtype, n, k, epsilon, activation)
         = RMSNorm(x) * scale @ W.T           [..., N]   (activation="silu_mul": silu(y[:N/2]) * y[N/2:])
-    QuantMatMulAdd(a [..., K], packed, residual [..., N][, x_codes]; qtype, n, k) = residual + a @ W.T
+    QuantMatMulAdd(a [..., K], packed, residual [..., N][, x_codes]; qtype, n, k, prefetch) = residual + a @ W.T
         (x_codes: a's row as int8 codes, which the one-row kernel may read instead of quantizing a)
 
 Kernels: on CUDA tensors the Triton kernels of shapeplan/runtime/backends/triton/kernels/gguf.py (GEMV
@@ -243,11 +243,12 @@ def _qadd_shape(node):
 
 
 @register("QuantMatMulAdd", domain="shapeplan", shape=_qadd_shape)
-def quant_matmul_add(a, packed, residual, x_codes=None, *, qtype: str, n: int, k: int):
+def quant_matmul_add(a, packed, residual, x_codes=None, *, qtype: str, n: int, k: int, prefetch: int = 0):
     """``residual + a @ W.T``, the product rounded to the dtype first (as QuantMatMul then Add).
     ``x_codes``: ``a``'s first row as int8 codes (``shapeplan.quant.quantize.x_codes``; PagedWriteAttention
     writes them), which the one-row kernel reads where its tile takes x as codes (XQ = 2 / 3) instead of
-    quantizing ``a`` itself; every other kernel reads ``a``."""
+    quantizing ``a`` itself; every other kernel reads ``a``. ``prefetch=1``: the one-row kernel asks L2 for
+    the weight while the kernel before it runs (set on the attention's output projection; values unchanged)."""
     a2 = a.reshape(-1, k)
     r2 = residual.reshape(-1, n)
     mm = _mmq_kernel(a, packed, qtype, n, k)
@@ -260,7 +261,8 @@ def quant_matmul_add(a, packed, residual, x_codes=None, *, qtype: str, n: int, k
     if kern is not None:
         try:
             codes = x_codes if a2.shape[0] == 1 else None          # the attention writes one row's codes
-            return kern.gemv1(a2, packed, qtype, n, k, residual=r2, x_codes=codes).reshape(residual.shape)
+            return kern.gemv1(a2, packed, qtype, n, k, residual=r2, x_codes=codes,
+                              prefetch=bool(prefetch)).reshape(residual.shape)
         except Exception as e:  # noqa: BLE001
             _fallback(e, "QuantMatMulAdd")
     return residual + quant_matmul(a, packed, qtype=qtype, n=n, k=k)

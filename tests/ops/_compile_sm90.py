@@ -41,18 +41,19 @@ def compile_one(kernel: str, name: str, m: int):
         # the kernel then; gemv1s: gemv1i with its K loop in 3 stages; gemv1p: gemv1i with Q4_K's register
         # prefetch; gemv1q: Q4_K's integer dots, XQ = 3, unmasked (EVEN));
         # m: 0 plain, 1 norm + GLU, 2 residual, 3/4 = 1/2 + PDL; plus 8: several rows of x (MROWS a runtime int;
-        # one row, as Triton specialises an int argument of 1, is the constant 1)
+        # one row, as Triton specialises an int argument of 1, is the constant 1); plus 16: the weight asked of L2
+        # first (L2PF, 1,024 lines a program)
         from shapeplan.runtime.backends.triton.kernels import qgemv
         xq = {"gemv1": 1, "gemv1t": 0, "gemv1i": 2, "gemv1s": 2, "gemv1p": 2, "gemv1q": 3}[kernel]
         ptrs = {"X": "*i32" if xq >= 2 else "*bf16", "NW": "*bf16", "XD": "*fp32", "XS": "*fp32", "W": "*i32",
                 "R": "*bf16", "Y": "*bf16"}
         args = ["N", "K", "HALF", "ROW_WORDS"]
-        rows, m = m & 8, m & 7
+        l2pf, rows, m = m & 16, m & 8, m & 7
         bn, ch, warps, _ = qgemv.DEFAULT[qgemv.tiles_type(name)]
         fn = qgemv.KERNELS[name]
         consts = dict(BN=bn, CH=ch, NORM=m in (1, 3) and xq < 2, RES=m in (2, 4), GLU=m in (1, 3), PDL=m >= 3,
                       ASM=True, XQ=xq, XB=16, XF16=False, NB=16, NF16=False, STAGES=3 if kernel == "gemv1s" else 1,
-                      **qgemv.type_flags(name))
+                      L2PF=1024 if l2pf else 0, **qgemv.type_flags(name))
         if "FIVE" in consts:                                  # Q4_K's kernel
             consts.update(PF=kernel == "gemv1p", EVEN=xq == 3)
         if not rows:

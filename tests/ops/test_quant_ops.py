@@ -644,7 +644,8 @@ FILE_ONE_ROW = ["Q4_K", "Q6_K", "Q8_0"]
 
 def test_one_row_kernels_compile_for_sm90():
     """Every variant, and with programmatic dependent launch (SHAPEPLAN_QUANT_GEMV_PDL: griddepcontrol
-    in the PTX; 3/4: norm + GLU / residual), every way of reading x, and the K loop pipelined (STAGES)."""
+    in the PTX; 3/4: norm + GLU / residual), every way of reading x, the K loop pipelined (STAGES), and the
+    output projection's L2 prefetch of its weight (L2PF)."""
     more = [n for n in ONE_ROW if n not in FILE_ONE_ROW]
     specs = ([f"gemv1:{n}:{m}" for n in FILE_ONE_ROW for m in (0, 1, 2, 3, 4)]
              + [f"gemv1:{n}:{m}" for n in more for m in (0, 1, 2)]
@@ -654,7 +655,9 @@ def test_one_row_kernels_compile_for_sm90():
              + [f"gemv1s:{n}:{m}" for n in FILE_ONE_ROW for m in (1, 2)]    # XQ = 2, K loop in 3 stages
              + [f"gemv1p:{n}:{m}" for n in ("Q4_K", "Q5_K") for m in (1, 2)]   # XQ = 2, register prefetch
              + [f"gemv1q:{n}:{m}" for n in ("Q4_K",) for m in (1, 2, 4)] + ["gemv1q:Q4_K_R:1"]   # XQ = 3
-             + ["quantx:x:0", "quantx:x:1", "quantx:x:2"])
+             + ["quantx:x:0", "quantx:x:1", "quantx:x:2"]
+             + [f"{v}:{n}:20" for v, n in (("gemv1i", "Q4_K_R"), ("gemv1q", "Q4_K_R"), ("gemv1i", "Q6_K_R"),
+                                           ("gemv1i", "Q8_0_R"), ("gemv1", "Q8_0"))])   # + the weight's L2 prefetch
     res = _compile_sm90(*specs)
     assert all(r["ok"] for r in res.values()), {s: r["error"] for s, r in res.items() if not r["ok"]}
     assert res["gemv1:Q4_K:0"]["vector_loads"]              # Q4_K super-blocks are 16-byte aligned
@@ -671,6 +674,28 @@ def test_one_row_kernels_compile_for_sm90():
     assert all(res[f"gemv1s:{n}:{m}"]["cp_async"] and not res[f"gemv1i:{n}:{m}"]["cp_async"]
                for n in FILE_ONE_ROW for m in (1, 2))
     assert res["gemv1q:Q4_K:1"]["dp4a"] and res["gemv1q:Q4_K:4"]["griddepcontrol"]
+    # the attention's output projection (residual, PDL) asks L2 for its weight first; no other variant does
+    pf = [s for s in specs if s.endswith(":20")]
+    assert all(res[s]["prefetch_l2"] and res[s]["griddepcontrol"] for s in pf)
+    assert not any(res[s]["prefetch_l2"] for s in specs if s not in pf)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the prefetch runs with PDL, on CUDA (Hopper+) only")
+@pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "Q8_0"])
+def test_one_row_kernel_with_the_weight_prefetch_equals_without(name, monkeypatch):
+    """QuantMatMulAdd's prefetch=1 (the attention's output projection) changes no value: bit for bit the one-row
+    kernel without it, PDL on where the GPU has it."""
+    from shapeplan.runtime.backends.triton.kernels import qgemv
+    monkeypatch.setenv("SHAPEPLAN_QUANT_GEMV_PDL", "on")
+    monkeypatch.setenv("SHAPEPLAN_LLM_GEMV_PREFETCH", "1")
+    n, k = 512, 1024
+    packed = packed_weight(name, n, k).to(DEV)
+    g = torch.Generator().manual_seed(5)
+    a = torch.randn(1, 1, k, generator=g).to(DEV, torch.bfloat16)
+    r = torch.randn(1, 1, n, generator=g).to(DEV, torch.bfloat16)
+    got = qops.quant_matmul_add(a, packed, r, qtype=name, n=n, k=k, prefetch=1)
+    assert torch.equal(got, qops.quant_matmul_add(a, packed, r, qtype=name, n=n, k=k))
+    assert qgemv.supports(a.reshape(1, k), packed, name, k)
 
 
 def test_one_row_switch_falls_back_to_the_generic_gemv(monkeypatch):

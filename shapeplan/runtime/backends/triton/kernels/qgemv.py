@@ -243,7 +243,8 @@ def _iq4_table_words() -> tuple[int, ...]:
 
 
 if AVAILABLE:
-    from shapeplan.runtime.backends.triton.kernels.gemv_jit import _finish, gdc_launch_dependents, gdc_wait
+    from shapeplan.runtime.backends.triton.kernels.gemv_jit import (_finish, _prefetch_l2, gdc_launch_dependents,
+                                                                         gdc_wait)
     from shapeplan.runtime.backends.triton.kernels.paged_jit import _x_blocks
 
     MAGIC = tl.constexpr(0x4B000000)           # float32 bits of 2^23
@@ -436,16 +437,22 @@ if AVAILABLE:
         return _f16(hd) * _code(sc, 63), _f16(hd >> 16) * _code(mn, 63)
 
     @triton.jit
-    def _program_rows(W, N, HALF, ROW_WORDS, BN: tl.constexpr, PDL: tl.constexpr, MROWS):
+    def _program_rows(W, N, HALF, ROW_WORDS, BN: tl.constexpr, PDL: tl.constexpr, MROWS, L2PF: tl.constexpr = 0,
+                      GLU: tl.constexpr = False):
         """This program's BN output rows, which of them exist, the word pointers of their rows of W (and
         of the up rows HALF further, for the GLU), and its row of x: of MROWS rows of x, program p takes
         row p % MROWS of output block p // MROWS (the programs of one block run side by side, so all but
         the first read its weights from L2; MROWS = 1 is Triton's constant 1: the one-row code). PDL: the
         next kernel may launch now (the kernels wait for the one before only after an iteration's weight
-        loads)."""
+        loads). L2PF (with PDL; 128-byte lines a program, 0: off): programs 0, 1, .. first ask L2 for the
+        whole of W (gemv_jit's ``_prefetch_l2``), as the bf16 GEMV's PF does for the attention's output
+        projection."""
         if PDL:
             gdc_launch_dependents()
         pid = tl.program_id(0)
+        if L2PF:
+            rows_w = N + HALF if GLU else N
+            _prefetch_l2(W, pid, tl.cdiv(rows_w.to(tl.int64) * ROW_WORDS * 4, 128), L2PF)
         rows = (pid // MROWS) * BN + tl.arange(0, BN)
         rg = W + rows.to(tl.int64) * ROW_WORDS                                    # [BN] word pointers
         ru = W + (rows + HALF).to(tl.int64) * ROW_WORDS
@@ -539,7 +546,7 @@ if AVAILABLE:
                     XB: tl.constexpr = 16, XF16: tl.constexpr = False, NB: tl.constexpr = 16,
                     NF16: tl.constexpr = False,
                     STAGES: tl.constexpr = 1, PF: tl.constexpr = False, EVEN: tl.constexpr = False,
-                    REPACK: tl.constexpr = False, FIVE: tl.constexpr = False):
+                    REPACK: tl.constexpr = False, FIVE: tl.constexpr = False, L2PF: tl.constexpr = 0):
         """Q4_K super-block (36 words): [d|dmin] [scales x 3] [qs x 32]; qs word 4 + 8p + w holds, in
         byte b, elements 32*(2p) + 4w + b (low nibble) and 32*(2p+1) + 4w + b (high nibble): x quad
         8(2p + h) + w of the super-block for nibble half h. EVEN: no masks (the launcher sets it for XQ = 3
@@ -547,7 +554,7 @@ if AVAILABLE:
         first and its header words after them: ``_q4k_words``). FIVE: Q5_K (44 words: [d|dmin] [scales x
         3] [qh x 8] [qs x 32]; the same arithmetic with 5-bit codes, ``_q4k_nib``; not XQ = 3, whose
         integer products must stay under 2^22)."""
-        rows, ok, rg, ru, xr = _program_rows(W, N, HALF, ROW_WORDS, BN, PDL, MROWS)
+        rows, ok, rg, ru, xr = _program_rows(W, N, HALF, ROW_WORDS, BN, PDL, MROWS, L2PF, GLU)
         X, XD, XS, R, Y = _row_ptrs(X, XD, XS, R, Y, xr, SX, N)
         ci = tl.arange(0, CH)[:, None, None]                                       # [CH, 1, 1]
         p = tl.arange(0, 4)[None, :, None]                                         # [1, 4, 1]
@@ -671,14 +678,14 @@ if AVAILABLE:
                     PDL: tl.constexpr = False, ASM: tl.constexpr = False, XQ: tl.constexpr = True,
                     XB: tl.constexpr = 16, XF16: tl.constexpr = False, NB: tl.constexpr = 16,
                     NF16: tl.constexpr = False,
-                    STAGES: tl.constexpr = 1, REPACK: tl.constexpr = False):
+                    STAGES: tl.constexpr = 1, REPACK: tl.constexpr = False, L2PF: tl.constexpr = 0):
         """Q6_K super-block (210 bytes): [ql 128][qh 64][scales int8 16][d]; two per pair of 105 words,
         the second 2 bytes off word alignment. With hg = 4h + g (h: half, g: 16-element group) and
         nibble half n, element 128h + 64n + 16g + 4w + b is byte b of ql word 4hg + w (nibble n) and
         of qh word 32 + 8h + 4(g % 2) + w (bits 2(2n + g // 2)); its sub-block is 8h + 4n + g. REPACK
         (Q6_K_R): a row of S super-blocks is their 48 code words each, then their 4 scale words each,
         then one word of two d per pair: every load aligned, no funnel shift."""
-        rows, ok, rg, ru, xr = _program_rows(W, N, HALF, ROW_WORDS, BN, PDL, MROWS)
+        rows, ok, rg, ru, xr = _program_rows(W, N, HALF, ROW_WORDS, BN, PDL, MROWS, L2PF, GLU)
         X, XD, XS, R, Y = _row_ptrs(X, XD, XS, R, Y, xr, SX, N)
         ci = tl.arange(0, CH)[:, None, None]                                       # [CP, 1, 1]
         hg = tl.arange(0, 8)[None, :, None]                                        # [1, 8, 1]
@@ -834,7 +841,7 @@ if AVAILABLE:
                     XB: tl.constexpr = 16, XF16: tl.constexpr = False, NB: tl.constexpr = 16,
                     NF16: tl.constexpr = False,
                     STAGES: tl.constexpr = 1, REPACK: tl.constexpr = False, FOUR: tl.constexpr = False,
-                    IQ: tl.constexpr = 0):
+                    IQ: tl.constexpr = 0, L2PF: tl.constexpr = 0):
         """Q8_0 blocks [d f16][32 int8], two per pair of 17 words; CH pairs per iteration. Element
         64c + 32*odd + 4w + b is byte b of code word w of block ``odd`` of pair c: x quad 16c + 8odd + w.
         REPACK (Q8_0_R): a row is every pair's 16 code words, then one word of two d per pair: the code
@@ -846,7 +853,7 @@ if AVAILABLE:
         blocks; IQ 2 (IQ4_XS): super-blocks of 256 ([d f16][scales_h u16][scales_l x 4][16 bytes x 8], 34
         words, aligned), eight 32-element blocks each laid out as Q4_0's codes, four pairs a super-block, the
         block's scale ``d * (ls - 32)`` from its header."""
-        rows, ok, rg, ru, xr = _program_rows(W, N, HALF, ROW_WORDS, BN, PDL, MROWS)
+        rows, ok, rg, ru, xr = _program_rows(W, N, HALF, ROW_WORDS, BN, PDL, MROWS, L2PF, GLU)
         X, XD, XS, R, Y = _row_ptrs(X, XD, XS, R, Y, xr, SX, N)
         ci = tl.arange(0, CH)[:, None]                                             # [CP, 1]
         w = tl.arange(0, 8)[None, :]                                               # [1, 8]
@@ -984,13 +991,16 @@ def _aligned(v: torch.Tensor) -> torch.Tensor:
 
 def gemv1(x: torch.Tensor, packed: torch.Tensor, qtype: str, n: int, k: int, *, norm_w: torch.Tensor | None = None,
           eps: float = 0.0, residual: torch.Tensor | None = None, glu: bool = False,
-          tiles: tuple[int, ...] | None = None, x_codes: torch.Tensor | None = None) -> torch.Tensor:
+          tiles: tuple[int, ...] | None = None, x_codes: torch.Tensor | None = None,
+          prefetch: bool = False) -> torch.Tensor:
     """The one-row quantized GEMV (module doc): x [M, K], W [n, k] packed -> [M, n] (GLU: [M, n / 2]), M <=
     ``MAX_ROWS``: each row as the one-row call computes it (same tiles, same arithmetic: the same bits), a
     program per row and block of outputs, the weights read from DRAM about once; ``tiles`` (BN, CH, warps,
     XQ[, STAGES[, PF]]) instead of ``config``'s. ``x_codes``: one row of x already as int8 codes
     (``quantize_x``'s buffer, int32 [x_code_words(K)], e.g. from the paged decode attention), which a tile
-    with XQ = 2 / 3 reads instead of quantizing x itself (not with a norm prologue; other tiles read x)."""
+    with XQ = 2 / 3 reads instead of quantizing x itself (not with a norm prologue; other tiles read x).
+    ``prefetch`` (where the launch has PDL): W is asked of L2 while the kernel before runs (gemv.py's
+    ``prefetch_lines``; the attention's output projection)."""
     m = x.shape[0]
     if not 1 <= m <= MAX_ROWS:
         raise ValueError(f"qgemv: x must have 1 to {MAX_ROWS} rows, got {m}")
@@ -1004,7 +1014,7 @@ def gemv1(x: torch.Tensor, packed: torch.Tensor, qtype: str, n: int, k: int, *, 
         r = r.contiguous()
     nw = _aligned(norm_w.reshape(1, -1)) if norm_w is not None else x
     from shapeplan import env
-    from shapeplan.runtime.backends.triton.kernels.gemv import pdl_on
+    from shapeplan.runtime.backends.triton.kernels.gemv import pdl_on, prefetch_lines
     launch = {"launch_pdl": True} if pdl_on(x.device, pdl_wanted(n, k, env.get("SHAPEPLAN_QUANT_GEMV_PDL"))) else {}
     if xq == 3 and qtype not in INT_DOTS:
         raise ValueError(f"qgemv: x mode 3 (integer dots) exists for {sorted(INT_DOTS)}, not {qtype}")
@@ -1029,7 +1039,7 @@ def gemv1(x: torch.Tensor, packed: torch.Tensor, qtype: str, n: int, k: int, *, 
         NORM=norm, RES=residual is not None, GLU=glu, PDL=bool(launch), ASM=not interpreting(),
         XQ=xq, XB=8 * x.element_size(), XF16=x.dtype == torch.float16, NB=8 * nw.element_size(),
         NF16=nw.dtype == torch.float16, STAGES=stages, **extra,
-        num_warps=warps, **launch)
+        L2PF=prefetch_lines(packed) if prefetch and launch else 0, num_warps=warps, **launch)
     return y
 
 
