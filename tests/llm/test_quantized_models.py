@@ -105,6 +105,9 @@ def test_fused_quantized_ops_equal_the_unfused_graph(ftype, files):
         g = build_graph(cfg, dict(w), max_kv_cache_length=16, fuse_norms=fuse)
         ops = {n.op_type for n in g.nodes}
         assert ("QuantRMSNormMatMul" in ops and "QuantMatMulAdd" in ops and "SkipRMSNormalization" not in ops) == fuse
+        if fuse:                    # o_proj (after the attention) asks for its weight's L2 prefetch, down_proj not
+            adds = [n.attrs.get("prefetch", 0) for n in g.nodes if n.op_type == "QuantMatMulAdd"]
+            assert adds == [1, 0] * cfg.num_layers
         eng = sp.compile(g, mode="slot_by_slot", outputs=["logits", "all_logits"])
         feeds = {"input_ids": ids, "position": torch.tensor([0]), "length": torch.tensor([ids.shape[1]])}
         out[fuse] = eng.run(feeds, outputs=["logits", "all_logits"])
