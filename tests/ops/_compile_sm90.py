@@ -80,12 +80,12 @@ def compile_one(kernel: str, name: str, m: int):
         return _sm90(mmq._mmq_kernel, sig, consts, {"num_warps": t["warps"], "num_stages": t["stages"]},
                      ("XC", "W", "K", "ROW_BYTES", "SX"))
     if kernel == "dense":     # the bf16 decode GEMV of kernels/gemv.py; m: 0 plain, 1 norm + GLU, 2 residual, 3 = 1 + PDL,
-        # 4 = 2 + PDL + the weight's L2 prefetch (1,024 lines a program)
+        # 4 = 2 + PDL + the weight's L2 prefetch (1,024 lines a program), 5 = 3 + that prefetch capped (gate and up rows)
         from shapeplan.runtime.backends.triton.kernels import gemv as dense
         ptrs = {"X": "*bf16", "NW": "*bf16", "W": "*bf16", "R": "*bf16", "Y": "*bf16"}
         bn, bk, warps = dense.config(3072, 2048)
-        consts = dict(BN=bn, BK=bk, NORM=m in (1, 3), RES=m in (2, 4), GLU=m in (1, 3), EVEN_K=True, PDL=m in (3, 4),
-                      PF=1024 if m == 4 else 0)
+        consts = dict(BN=bn, BK=bk, NORM=m in (1, 3, 5), RES=m in (2, 4), GLU=m in (1, 3, 5), EVEN_K=True,
+                      PDL=m in (3, 4, 5), PF=1024 if m in (4, 5) else 0, PF_CAP=65536 if m == 5 else 0)
         sig = {**ptrs, **{a: "i32" for a in ("N", "K", "HALF", "stride_wn")}, "eps": "fp32",
                **{c: "constexpr" for c in consts}}
         return _sm90(dense._gemv_kernel, sig, consts, {"num_warps": warps}, ("X", "NW", "W", "K", "stride_wn"))
