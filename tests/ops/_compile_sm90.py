@@ -90,7 +90,7 @@ def compile_one(kernel: str, name: str, m: int):
                **{c: "constexpr" for c in consts}}
         return _sm90(dense._gemv_kernel, sig, consts, {"num_warps": warps}, ("X", "NW", "W", "K", "stride_wn"))
     if kernel == "paged":     # the paged decode attention of kernels/paged.py as the LLM graph calls it; m: 1 = PDL,
-        # 2 = the EARLY form, 4 = with STRIDED (bits add up)
+        # 2 = the EARLY form, 4 = with STRIDED, 8 = DEAD_EXIT (bits add up)
         from shapeplan.runtime.backends.triton.kernels import paged_jit
         ptrs = dict(q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", pos_ptr="*i64", len_ptr="*i64", bt_ptr="*i32",
                     m_ptr="*fp32", l_ptr="*fp32", acc_ptr="*fp32", cnt_ptr="*i32", o_ptr="*bf16", c_ptr="*bf16",
@@ -104,7 +104,7 @@ def compile_one(kernel: str, name: str, m: int):
         consts = dict(HKV=8, G=4, GP=4, D=d, DP=d, NS=tiling["NS"], BPS=tiling["BPS"], BS=16, WINDOW=0, ROTATE=True,
                       INTERLEAVED=False, HALF=d // 2, HALFP=d // 2, WRITE=name.startswith("write"), TABLE=True,
                       PDL=bool(m & 1), MCH=tiling["MCH"], XQ_OUT="q" in name, EARLY=bool(m & 2), BPSP=tiling["BPSP"],
-                      STRIDED=bool(m & 4))
+                      STRIDED=bool(m & 4), DEAD_EXIT=bool(m & 8))
         sig = {**ptrs, **{a: "i32" for a in ints}, "scale": "fp32", **{c: "constexpr" for c in consts}}
         return _sm90(paged_jit._paged_decode, sig, consts,
                      {"num_warps": tiling["num_warps"], "enable_fp_fusion": False})
