@@ -86,6 +86,11 @@ def _already_stacked(parts: list[torch.Tensor], dtype: torch.dtype) -> torch.Ten
     return first.as_strided((rows, *first.shape[1:]), first.stride(), first.storage_offset())
 
 
+def _prefetch(on: bool) -> dict:
+    """The fused linear ops' ``prefetch`` attribute (the GEMV's weight prefetch, kernels/gemv.py), or none."""
+    return {"prefetch": 1} if on else {}
+
+
 class _Builder:
     def __init__(self, g: Graph, cfg: LlamaConfig, w: dict[str, torch.Tensor], dtype: torch.dtype) -> None:
         self.g, self.cfg, self.w, self.dtype = g, cfg, w, dtype
@@ -219,7 +224,7 @@ class _Builder:
             w_t = self.const(names[0] + ".weight", transpose=True) if len(names) == 1 else \
                 self.stacked([n + ".weight" for n in names], prefix + fused + ".weight", True)
             y = self.g.op.RMSNormMatMul(h, self.const(norm), w_t, epsilon=eps, activation=act, _domain=SP,
-                                        **({"prefetch": 1} if prefetch else {}))
+                                        **_prefetch(prefetch))
         if bias:
             y = self.g.op.Add(y, self.const(names[0] + ".bias") if len(names) == 1 else
                               self.stacked([n + ".bias" for n in names], prefix + fused + ".bias"))
@@ -238,9 +243,9 @@ class _Builder:
             codes = () if x_codes is None else (x_codes,)
             return self.g.op.QuantMatMulAdd(a, self.packed(prefix + ".weight"), residual, *codes, qtype=w.qtype,
                                             n=int(w.shape[0]), k=int(w.shape[1]), _domain=SP,
-                                            **({"prefetch": 1} if prefetch else {}))
+                                            **_prefetch(prefetch))
         return self.g.op.MatMulAdd(a, self.const(prefix + ".weight", transpose=True), residual, _domain=SP,
-                                   **({"prefetch": 1} if prefetch else {}))
+                                   **_prefetch(prefetch))
 
     def linear(self, x: Value, prefix: str, bias: bool = False) -> Value:
         w = self.w[prefix + ".weight"]

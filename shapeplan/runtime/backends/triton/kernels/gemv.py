@@ -90,9 +90,9 @@ PREFETCH_PROGRAMS = 64
 def prefetch_lines(w: torch.Tensor, glu: bool = False) -> tuple[int, int]:
     """(PF, PF_CAP) for a GEMV over ``w`` that prefetches its weight (``gemv(prefetch=True)``): 128-byte lines a
     program, about PREFETCH_PROGRAMS programs for what is prefetched, and the cap on it in lines (0: none).
-    ``SHAPEPLAN_LLM_GEMV_PREFETCH``: o (the default once timed) prefetches the whole of a weight without GLU (the
-    output projection), all also a GLU's (gate/up) first ``SHAPEPLAN_LLM_GEMV_PREFETCH_MB``; (0, 0) where it
-    does not apply, or where W is not one contiguous block."""
+    ``SHAPEPLAN_LLM_GEMV_PREFETCH``: o prefetches the whole of a weight without GLU (the output projection), all
+    also a GLU's (gate/up) first ``SHAPEPLAN_LLM_GEMV_PREFETCH_MB``; (0, 0) where it does not apply (off, the
+    default until timed), or where W is not one contiguous block."""
     from shapeplan import env
     mode = env.get("SHAPEPLAN_LLM_GEMV_PREFETCH")
     if mode == "off" or (glu and mode != "all") or not w.is_contiguous():
