@@ -66,23 +66,6 @@ def _write_token(kb, vb, kpb, vpb, c_row, s_row, hm, D: tl.constexpr, DP: tl.con
 
 
 @triton.jit
-def _write_step_token(k_ptr, v_ptr, kn_ptr, vn_ptr, bt_ptr, b, h, pos, mine, sk_n, sk_h, sk_s, sv_n, sv_h, sv_s,
-                      s_bt, skn_b, skn_h, svn_b, svn_h, c_row, s_row, D: tl.constexpr, DP: tl.constexpr,
-                      BS: tl.constexpr, HALF: tl.constexpr, HALFP: tl.constexpr, ROTATE: tl.constexpr,
-                      INTERLEAVED: tl.constexpr):
-    """A decode kernel's write of this step's k (rotated) and v of row b, KV head h, into the slot at ``pos``,
-    if ``mine``."""
-    hm = tl.arange(0, 2) < tl.where(mine, 1, 0)                  # [2]: row 0 is head h (row 1 never live)
-    blk = tl.load(bt_ptr + b * s_bt + pos // BS, mask=mine, other=0).to(tl.int64)
-    off = (pos % BS).to(tl.int64)
-    _write_token(kn_ptr + b * skn_b + h * skn_h + tl.zeros([2, 1], tl.int64),
-                 vn_ptr + b * svn_b + h * svn_h + tl.zeros([2, 1], tl.int64),
-                 k_ptr + blk * sk_n + h * sk_h + off * sk_s + tl.zeros([2, 1], tl.int64),
-                 v_ptr + blk * sv_n + h * sv_h + off * sv_s + tl.zeros([2, 1], tl.int64),
-                 c_row, s_row, hm, D, DP, HALF, HALFP, ROTATE, INTERLEAVED)
-
-
-@triton.jit
 def _rotate_q(q_ptr, c_ptr, s_ptr, g, d, mask, HALF: tl.constexpr, INTERLEAVED: tl.constexpr):
     """q [GP, DP] (rows of query heads at q_ptr + g * stride, folded into the pointers) rotated by RoPE
     with cos/sin [HALF] at c_ptr / s_ptr, each product rounded to q's dtype as the RotaryEmbedding
@@ -103,29 +86,6 @@ def _rotate_q(q_ptr, c_ptr, s_ptr, g, d, mask, HALF: tl.constexpr, INTERLEAVED: 
     re = (c * x).to(dt).to(tl.float32) - (s * xp).to(dt).to(tl.float32)       # first of a pair
     im = (s * xp).to(dt).to(tl.float32) + (c * x).to(dt).to(tl.float32)       # second of a pair
     return tl.where(first[None, :], re, im).to(dt).to(tl.float32)
-
-
-@triton.jit
-def _row_keys(len_ptr, pos_ptr, b, WINDOW: tl.constexpr):
-    """Row b of a decode step: its length n, its position, and its live keys lo .. end - 1 (0..pos, the last
-    WINDOW of them with a window; none for a padding row)."""
-    n = tl.load(len_ptr + b)
-    pos = tl.load(pos_ptr + b)
-    end = tl.where(n > 0, pos + 1, 0)
-    lo = 0
-    if WINDOW > 0:
-        lo = tl.maximum(pos - WINDOW + 1, 0)
-    return n, pos, end, lo
-
-
-@triton.jit
-def _rope_rows(c_ptr, s_ptr, b, pos, sc_b, TABLE: tl.constexpr):
-    """Row b's cos / sin rows: with TABLE the rotary tables' rows at the row's position, else row b's own."""
-    if TABLE:
-        c_row, s_row = c_ptr + pos * sc_b, s_ptr + pos * sc_b
-    else:
-        c_row, s_row = c_ptr + b * sc_b, s_ptr + b * sc_b
-    return c_row, s_row
 
 
 @triton.jit
@@ -291,14 +251,22 @@ def _paged_decode(q_ptr, k_ptr, v_ptr, pos_ptr, len_ptr, bt_ptr, m_ptr, l_ptr, a
         gdc_launch_dependents()
     b = pid_bh // HKV
     h = pid_bh % HKV
-    n, pos, end, lo = _row_keys(len_ptr, pos_ptr, b, WINDOW)   # keys lo..pos of the row are live; none for padding
+    n = tl.load(len_ptr + b)
+    pos = tl.load(pos_ptr + b)
+    end = tl.where(n > 0, pos + 1, 0)             # keys 0..pos of the row are live; none for padding
+    lo = 0
+    if WINDOW > 0:
+        lo = tl.maximum(pos - WINDOW + 1, 0)
     first = pid_s * BPS * BS
     start = tl.maximum(first, lo)
     stop = tl.minimum(first + BPS * BS, end)
     g = tl.arange(0, GP)
     d = tl.arange(0, DP)
     dmask = d < D
-    c_row, s_row = _rope_rows(c_ptr, s_ptr, b, pos, sc_b, TABLE)
+    if TABLE:                                      # the rotary tables' rows at this row's position
+        c_row, s_row = c_ptr + pos * sc_b, s_ptr + pos * sc_b
+    else:
+        c_row, s_row = c_ptr + b * sc_b, s_ptr + b * sc_b
     klo = lo // BS                                 # the row's live blocks: klo .. khi - 1
     khi = (end + BS - 1) // BS
     live = start < stop                            # this program holds a live block: it writes a partial
@@ -334,8 +302,14 @@ def _paged_decode(q_ptr, k_ptr, v_ptr, pos_ptr, len_ptr, bt_ptr, m_ptr, l_ptr, a
                          G, GP, D, DP, BS, ROTATE, INTERLEAVED, HALF, WRITE)
     elif WRITE:
         mine = (pos >= first) & (pos < first + BPS * BS) & (n > 0)    # this split holds the new token
-        _write_step_token(k_ptr, v_ptr, kn_ptr, vn_ptr, bt_ptr, b, h, pos, mine, sk_n, sk_h, sk_s, sv_n, sv_h, sv_s,
-                          s_bt, skn_b, skn_h, svn_b, svn_h, c_row, s_row, D, DP, BS, HALF, HALFP, ROTATE, INTERLEAVED)
+        hm = tl.arange(0, 2) < tl.where(mine, 1, 0)                  # [2]: row 0 is head h (row 1 never live)
+        blk = tl.load(bt_ptr + b * s_bt + pos // BS, mask=mine, other=0).to(tl.int64)
+        off = (pos % BS).to(tl.int64)
+        _write_token(kn_ptr + b * skn_b + h * skn_h + tl.zeros([2, 1], tl.int64),
+                     vn_ptr + b * svn_b + h * svn_h + tl.zeros([2, 1], tl.int64),
+                     k_ptr + blk * sk_n + h * sk_h + off * sk_s + tl.zeros([2, 1], tl.int64),
+                     v_ptr + blk * sv_n + h * sv_h + off * sv_s + tl.zeros([2, 1], tl.int64),
+                     c_row, s_row, hm, D, DP, HALF, HALFP, ROTATE, INTERLEAVED)
         tl.debug_barrier()                        # the loop below reads that slot back
     if live and not EARLY:                         # splits outside the live range write no partial
         qmask = (g < G)[:, None] & dmask[None, :]
