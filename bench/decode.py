@@ -83,10 +83,9 @@ def paged_forms(preset: str, cfg: LlamaConfig, weights: dict[str, torch.Tensor],
     for _ in range(args.rounds):
         for form in args.paged_forms.split(","):
             kind, _, splits = form.partition(":")
-            if kind not in ("late", "early", "strided", "exit"):
-                raise SystemExit(f"--paged-forms: expected late, early, strided or exit, each optionally :SPLITS, "
-                                 f"got {form!r}")
-            with mock.patch.multiple(pk, EARLY=kind != "late", STRIDED=kind == "strided", DEAD_EXIT=kind == "exit",
+            if kind not in ("late", "early", "strided"):
+                raise SystemExit(f"--paged-forms: expected late, early or strided[:SPLITS], got {form!r}")
+            with mock.patch.multiple(pk, EARLY=kind != "late", STRIDED=kind == "strided",
                                      MAX_SPLITS=int(splits or pk.MAX_SPLITS)):
                 row = run_config(cfg, weights, config, device="cuda", prompt=bench_prompt(cfg.vocab_size, args.prompt_len),
                                  new_tokens=args.new_tokens, max_kv_cache_length=args.max_kv_cache_length,
@@ -120,8 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", dest="json_path", default=None, help="write the rows as JSON to this file")
     ap.add_argument("--paged-forms", default="", metavar="FORM,..",
                     help="instead of the rows: the first config once per form of the paged decode kernel, interleaved "
-                    "(late, early, strided or exit (early + DEAD_EXIT), each optionally :SPLITS, e.g. "
-                    "late,early,strided:16; see kernels/paged_jit.py), --rounds times")
+                    "(late, early or strided, each optionally :SPLITS, e.g. late,early,strided:16; see "
+                    "kernels/paged_jit.py), --rounds times")
     ap.add_argument("--rounds", type=int, default=2, help="rounds of --paged-forms (default 2)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():

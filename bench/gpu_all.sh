@@ -199,18 +199,14 @@ step paged_forms extra 150 'python3 -m bench.decode_attention --paged --pos 128,
   'grep PAGED_BEST $L | tr "\n" ";"'
 step decode_forms extra 420 'python3 -m bench.decode --presets llama-1b,llama-8b --configs triton --paged-forms late,early,strided:32,strided:16,strided:8 --rounds 2' \
   'grep "^paged" $L | tr -s " " | tr "\n" ";"'
-# the output projection's weight asked of L2 while the attention runs (thirty-eighth session; SHAPEPLAN_LLM_GEMV_PREFETCH,
-# kernels/gemv_jit.py PF): its GPU tests, then llama-1b / llama-8b decode end to end with it off, on for o, on for o and
-# the first 16 MB of gate/up (all), alternating, two rounds
-step gemv_prefetch extra 420 'python3 -m pytest -q -p no:cacheprovider tests/ops/test_fused_linear.py; for r in 1 2; do for p in off o all; do echo "prefetch $p"; SHAPEPLAN_LLM_GEMV_PREFETCH=$p python3 -m bench.decode --presets llama-1b,llama-8b --configs triton; done; done' \
-  'awk '\''/passed|failed/ {printf "%s; ", $0} $1=="prefetch" {p=$2} /^llama-(1b|8b)/ {m=$1} $1=="triton" {printf "%s %s %s; ", p, m, $(NF-2)}'\'' $L | cut -c1-600'
-# the paged decode attention's dead programs (past the row's live blocks) ending without the PDL wait (thirty-eighth
-# session; paged.DEAD_EXIT): its GPU test, then llama-1b / llama-8b end to end against the default form, two rounds
-step paged_exit extra 300 'python3 -m pytest -q -p no:cacheprovider tests/runtime/triton/kernels/test_paged.py -k "dead or sm90"; python3 -m bench.decode --presets llama-1b,llama-8b --configs triton --paged-forms early,exit --rounds 2' \
-  'grep -E "passed|failed|^paged (early|exit)" $L | tr -s " " | tr "\n" ";" | cut -c1-400'
+# the output projection's weight asked of L2 while the attention runs (SHAPEPLAN_LLM_GEMV_PREFETCH, kernels/gemv_jit.py
+# PF; on by default since the thirty-ninth session): its GPU tests, then llama-1b / llama-8b decode end to end off / on,
+# alternating, two rounds
+step gemv_prefetch extra 420 'python3 -m pytest -q -p no:cacheprovider tests/ops/test_fused_linear.py; for r in 1 2; do for p in 0 1; do echo "prefetch $p"; SHAPEPLAN_LLM_GEMV_PREFETCH=$p python3 -m bench.decode --presets llama-1b,llama-8b --configs triton; done; done' \
+  'awk '\''/passed|failed/ {printf "%s; ", $0} $1=="prefetch" {p=$2} /^llama-(1b|8b)/ {m=$1} $1=="triton" {printf "pf %s %s %s; ", p, m, $(NF-2)}'\'' $L | cut -c1-500'
 # the same for the quantized one-row kernels (qgemv.py L2PF; with PDL, which auto gives llama-8b's matrices): their tests,
 # then llama-8b Q4_K_M and Q8_0 end to end off / on, alternating in one process, two rounds
-step quant_prefetch extra 420 'python3 -m pytest -q -p no:cacheprovider tests/ops/test_quant_ops.py -k prefetch; python3 -m bench.quant_gemv --no-gemv --e2e llama-8b:Q4_K_M,llama-8b:Q8_0 --e2e-configs triton --switch-ab SHAPEPLAN_LLM_GEMV_PREFETCH=off,o:2' \
+step quant_prefetch extra 420 'python3 -m pytest -q -p no:cacheprovider tests/ops/test_quant_ops.py -k prefetch; python3 -m bench.quant_gemv --no-gemv --e2e llama-8b:Q4_K_M,llama-8b:Q8_0 --e2e-configs triton --switch-ab SHAPEPLAN_LLM_GEMV_PREFETCH=0,1:2' \
   'awk '\''/passed|failed/ {printf "%s; ", $0} /^llama-8b:Q/ {printf "%s %s %s; ", $1, $2, $3}'\'' $L | cut -c1-500'
 step quant_early_ab extra 480 'for e in 0 1; do echo "early $e"; SHAPEPLAN_PAGED_EARLY=$e python3 -m bench.quant_gemv --no-gemv --e2e llama-1b:Q4_K_M,llama-8b:Q4_K_M --e2e-configs triton; done' \
   'awk '\''$1=="early" {e=$2} /^llama-(1b|8b)/ {printf "early %s %s %s; ", e, $1, $3}'\'' $L | cut -c1-300'

@@ -193,14 +193,13 @@ class _Builder:
         return self.g.op.Split(y, sizes, axis=-1, _outputs=len(names))
 
     def norm_linear(self, h: Value, norm: str, prefix: str, projs: list[str], fused: str, bias: bool = False,
-                    glu: bool = False, prefetch: bool = False) -> Value | tuple:
+                    glu: bool = False) -> Value | tuple:
         """RMSNorm(h) with weight ``norm``, then the projections ``projs`` of ``prefix`` stacked into one
         RMSNormMatMul (QuantRMSNormMatMul for quantized weights of one type): split back into one value
         per projection, or with ``glu`` (gate, up) the SiLU gate (one value). ``projs == [""]``: the
         single weight ``prefix + ".weight"``. Quantized weights of different types (Q4_K_M mixes Q4_K
         and Q6_K) stack per type (``_by_type``: q and k in one op, a Q6_K v in another), each op with the
-        norm; a GLU's gate and up of different types, one op each. ``prefetch``: RMSNormMatMul's weight prefetch
-        (bf16; the gate/up after the attention's output projection)."""
+        norm; a GLU's gate and up of different types, one op each."""
         names = [prefix + p for p in projs] if projs != [""] else [prefix]
         ws = [self.w[n + ".weight"] for n in names]
         quant = [isinstance(w, QuantWeight) for w in ws]
@@ -223,8 +222,7 @@ class _Builder:
         else:
             w_t = self.const(names[0] + ".weight", transpose=True) if len(names) == 1 else \
                 self.stacked([n + ".weight" for n in names], prefix + fused + ".weight", True)
-            y = self.g.op.RMSNormMatMul(h, self.const(norm), w_t, epsilon=eps, activation=act, _domain=SP,
-                                        **_prefetch(prefetch))
+            y = self.g.op.RMSNormMatMul(h, self.const(norm), w_t, epsilon=eps, activation=act, _domain=SP)
         if bias:
             y = self.g.op.Add(y, self.const(names[0] + ".bias") if len(names) == 1 else
                               self.stacked([n + ".bias" for n in names], prefix + fused + ".bias"))
@@ -462,7 +460,7 @@ def build_graph(cfg: LlamaConfig, weights: dict[str, torch.Tensor], *, max_kv_ca
         if fused:                      # h += o; h += down(silu(gate) * up) of norm(h): two GEMVs each
             h = b.linear_add(a, p + "self_attn.o_proj", h, codes, prefetch=True)
             act = b.norm_linear(h, p + "post_attention_layernorm.weight", p + "mlp.", ["gate_proj", "up_proj"],
-                                "gate_up_proj", glu=True, prefetch=True)
+                                "gate_up_proj", glu=True)
             h = b.linear_add(act, p + "mlp.down_proj", h)
             continue
         x, h = b.skip_rms_norm(_reduce(tp, g, b.linear(a, p + "self_attn.o_proj")), h,

@@ -244,7 +244,7 @@ def parts(cfg: LlamaConfig, dtype: torch.dtype, device: torch.device, kv_length:
         for s in sorted({seq, 1}):         # the fused norm/projection ops: prefill rows, then the decode GEMVs
             x = nmm(zeros(1, s, h), norm, w_qkv.t(), epsilon=eps)[..., :h]
             x = mma(zeros(1, s, hq * d), w_o.t(), zeros(1, s, h), prefetch=1)      # (the model's o_proj)
-            mma(nmm(x, norm, w_gu.t(), epsilon=eps, activation="silu_mul", prefetch=1), w_down.t(), x)
+            mma(nmm(x, norm, w_gu.t(), epsilon=eps, activation="silu_mul"), w_down.t(), x)
         nmm(zeros(1, 1, h), norm, embed().t(), epsilon=eps)
         return matmul(zeros(1, 1, h), embed().t()).reshape(1, -1)
 

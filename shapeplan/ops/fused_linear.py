@@ -1,7 +1,7 @@
 """Linear layers fused with what a transformer block puts around them (domain ``shapeplan``), so a
 decode step runs one kernel where it ran three:
 
-    RMSNormMatMul(x [..., K], scale [K], w_t [K, N]; epsilon, activation, prefetch)
+    RMSNormMatMul(x [..., K], scale [K], w_t [K, N]; epsilon, activation)
         = RMSNorm(x) * scale @ w_t                               [..., N]
         activation="silu_mul": silu(y[..., :N/2]) * y[..., N/2:]  [..., N/2]   (w_t = [gate | up])
     MatMulAdd(a [..., K], w_t [K, N], residual [..., N]; prefetch) = residual + a @ w_t
@@ -10,9 +10,9 @@ The LLM builder (shapeplan/llm/model.py) emits them for a decoder block: the inp
 q/k/v projection, the attention output projection and the residual add, the post-attention norm with
 the gate/up projection and SiLU gate, the down projection and the residual add, the final norm and
 the LM head. Their values are the unfused ops' (RMSNormalization, MatMul, SiluMul, Add), rounded
-where those round. ``prefetch=1`` (the builder sets it on MatMulAdd of the attention's output projection
-and on RMSNormMatMul of the gate/up after it) lets the GEMV ask L2 for its weight while the kernel before it
-runs (kernels/gemv.py, ``SHAPEPLAN_LLM_GEMV_PREFETCH``); values unchanged.
+where those round. ``prefetch=1`` (the builder sets it on MatMulAdd of the attention's output projection)
+lets the GEMV ask L2 for its weight while the kernel before it runs (kernels/gemv.py,
+``SHAPEPLAN_LLM_GEMV_PREFETCH``); values unchanged.
 
 Kernels: with at most 8 rows on CUDA, the fused Triton GEMV of
 shapeplan/runtime/backends/triton/kernels/gemv.py (one kernel: norm prologue, weight read once,
@@ -96,9 +96,8 @@ def _norm_matmul_shape(node: Any) -> list[tuple[DType | None, Shape | None]]:
 
 
 @register("RMSNormMatMul", domain="shapeplan", since=1, shape=_norm_matmul_shape)
-def rms_norm_matmul(x, scale, w_t, *, epsilon=1e-5, activation="", prefetch=0):
-    """``RMSNorm(x) * scale @ w_t``; with activation="silu_mul" the SiLU gate of its two halves. ``prefetch``:
-    the GEMV's weight prefetch (module doc)."""
+def rms_norm_matmul(x, scale, w_t, *, epsilon=1e-5, activation=""):
+    """``RMSNorm(x) * scale @ w_t``; with activation="silu_mul" the SiLU gate of its two halves."""
     k = x.shape[-1]
     lead = x.shape[:-1]
     x2 = x.reshape(-1, k)
@@ -106,7 +105,7 @@ def rms_norm_matmul(x, scale, w_t, *, epsilon=1e-5, activation="", prefetch=0):
     kern = _gemv(x2, w_t.t())
     if kern is not None:
         try:
-            y = kern.gemv(x2, w_t.t(), norm_w=scale, eps=float(epsilon), glu=glu, prefetch=bool(prefetch))
+            y = kern.gemv(x2, w_t.t(), norm_w=scale, eps=float(epsilon), glu=glu)
             return y.reshape(*lead, y.shape[-1])
         except Exception as e:  # noqa: BLE001 - e.g. an unsupported GPU: fall back, visibly
             _fallback(e, "RMSNormMatMul")

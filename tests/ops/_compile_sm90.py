@@ -80,17 +80,17 @@ def compile_one(kernel: str, name: str, m: int):
         return _sm90(mmq._mmq_kernel, sig, consts, {"num_warps": t["warps"], "num_stages": t["stages"]},
                      ("XC", "W", "K", "ROW_BYTES", "SX"))
     if kernel == "dense":     # the bf16 decode GEMV of kernels/gemv.py; m: 0 plain, 1 norm + GLU, 2 residual, 3 = 1 + PDL,
-        # 4 = 2 + PDL + the weight's L2 prefetch (1,024 lines a program), 5 = 3 + that prefetch capped (gate and up rows)
+        # 4 = 2 + PDL + the weight's L2 prefetch (1,024 lines a program)
         from shapeplan.runtime.backends.triton.kernels import gemv as dense
         ptrs = {"X": "*bf16", "NW": "*bf16", "W": "*bf16", "R": "*bf16", "Y": "*bf16"}
         bn, bk, warps = dense.config(3072, 2048)
-        consts = dict(BN=bn, BK=bk, NORM=m in (1, 3, 5), RES=m in (2, 4), GLU=m in (1, 3, 5), EVEN_K=True,
-                      PDL=m in (3, 4, 5), PF=1024 if m in (4, 5) else 0, PF_CAP=65536 if m == 5 else 0)
+        consts = dict(BN=bn, BK=bk, NORM=m in (1, 3), RES=m in (2, 4), GLU=m in (1, 3), EVEN_K=True, PDL=m in (3, 4),
+                      PF=1024 if m == 4 else 0)
         sig = {**ptrs, **{a: "i32" for a in ("N", "K", "HALF", "stride_wn")}, "eps": "fp32",
                **{c: "constexpr" for c in consts}}
         return _sm90(dense._gemv_kernel, sig, consts, {"num_warps": warps}, ("X", "NW", "W", "K", "stride_wn"))
     if kernel == "paged":     # the paged decode attention of kernels/paged.py as the LLM graph calls it; m: 1 = PDL,
-        # 2 = the EARLY form, 4 = with STRIDED, 8 = DEAD_EXIT (bits add up)
+        # 2 = the EARLY form, 4 = with STRIDED (bits add up)
         from shapeplan.runtime.backends.triton.kernels import paged_jit
         ptrs = dict(q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", pos_ptr="*i64", len_ptr="*i64", bt_ptr="*i32",
                     m_ptr="*fp32", l_ptr="*fp32", acc_ptr="*fp32", cnt_ptr="*i32", o_ptr="*bf16", c_ptr="*bf16",
@@ -104,7 +104,7 @@ def compile_one(kernel: str, name: str, m: int):
         consts = dict(HKV=8, G=4, GP=4, D=d, DP=d, NS=tiling["NS"], BPS=tiling["BPS"], BS=16, WINDOW=0, ROTATE=True,
                       INTERLEAVED=False, HALF=d // 2, HALFP=d // 2, WRITE=name.startswith("write"), TABLE=True,
                       PDL=bool(m & 1), MCH=tiling["MCH"], XQ_OUT="q" in name, EARLY=bool(m & 2), BPSP=tiling["BPSP"],
-                      STRIDED=bool(m & 4), DEAD_EXIT=bool(m & 8))
+                      STRIDED=bool(m & 4))
         sig = {**ptrs, **{a: "i32" for a in ints}, "scale": "fp32", **{c: "constexpr" for c in consts}}
         return _sm90(paged_jit._paged_decode, sig, consts,
                      {"num_warps": tiling["num_warps"], "enable_fp_fusion": False})

@@ -687,7 +687,7 @@ def test_one_row_kernel_with_the_weight_prefetch_equals_without(name, monkeypatc
     kernel without it, PDL on where the GPU has it."""
     from shapeplan.runtime.backends.triton.kernels import qgemv
     monkeypatch.setenv("SHAPEPLAN_QUANT_GEMV_PDL", "on")
-    monkeypatch.setenv("SHAPEPLAN_LLM_GEMV_PREFETCH", "o")
+    monkeypatch.setenv("SHAPEPLAN_LLM_GEMV_PREFETCH", "1")
     n, k = 512, 1024
     packed = packed_weight(name, n, k).to(DEV)
     g = torch.Generator().manual_seed(5)

@@ -87,22 +87,15 @@ def pdl_on(device: torch.device, enabled: bool | None = None) -> bool:
 PREFETCH_PROGRAMS = 64
 
 
-def prefetch_lines(w: torch.Tensor, glu: bool = False) -> tuple[int, int]:
-    """(PF, PF_CAP) for a GEMV over ``w`` that prefetches its weight (``gemv(prefetch=True)``): 128-byte lines a
-    program, about PREFETCH_PROGRAMS programs for what is prefetched, and the cap on it in lines (0: none).
-    ``SHAPEPLAN_LLM_GEMV_PREFETCH``: o prefetches the whole of a weight without GLU (the output projection), all
-    also a GLU's (gate/up) first ``SHAPEPLAN_LLM_GEMV_PREFETCH_MB``; (0, 0) where it does not apply (off, the
-    default until timed), or where W is not one contiguous block."""
+def prefetch_lines(w: torch.Tensor) -> int:
+    """PF for a GEMV over ``w`` that prefetches its weight (``gemv(prefetch=True)``): 128-byte lines a program, a
+    power of two (at least 128: one a thread), so that about PREFETCH_PROGRAMS programs cover the whole of W; 0
+    where it does not apply (``SHAPEPLAN_LLM_GEMV_PREFETCH=0``, or W is not one contiguous block)."""
     from shapeplan import env
-    mode = env.get("SHAPEPLAN_LLM_GEMV_PREFETCH")
-    if mode == "off" or (glu and mode != "all") or not w.is_contiguous():
-        return 0, 0
+    if not env.get("SHAPEPLAN_LLM_GEMV_PREFETCH") or not w.is_contiguous():
+        return 0
     lines = triton.cdiv(w.numel() * w.element_size(), 128)
-    cap = 0
-    if glu:
-        cap = max(2, env.get("SHAPEPLAN_LLM_GEMV_PREFETCH_MB") * (1 << 20) // 128)
-        lines = min(lines, cap)
-    return max(128, 1 << (triton.cdiv(lines, PREFETCH_PROGRAMS) - 1).bit_length()), cap
+    return max(128, 1 << (triton.cdiv(lines, PREFETCH_PROGRAMS) - 1).bit_length())
 
 
 def config(n: int, k: int) -> tuple[int, int, int]:
@@ -133,13 +126,11 @@ def gemv(x: torch.Tensor, w: torch.Tensor, *, norm_w: torch.Tensor | None = None
     _gemv_kernel[(triton.cdiv(n, bn),)](
         x, nw, w, r, y, n, k, n, w.stride(0), float(eps),
         BN=bn, BK=bk, NORM=norm_w is not None, RES=residual is not None, GLU=glu, EVEN_K=k % bk == 0,
-        PDL=bool(launch), **_prefetch_args(w, glu, prefetch and bool(launch)), num_warps=warps, **launch)
+        PDL=bool(launch), **_prefetch_args(w, prefetch and bool(launch) and not glu), num_warps=warps, **launch)
     return y
 
 
-def _prefetch_args(w: torch.Tensor, glu: bool, on: bool) -> dict:
-    """The kernel's PF / PF_CAP for ``prefetch_lines`` (none where ``on`` is false: the default variant)."""
-    if not on:
-        return {}
-    pf, cap = prefetch_lines(w, glu)
-    return {"PF": pf, "PF_CAP": cap} if pf else {}
+def _prefetch_args(w: torch.Tensor, on: bool) -> dict:
+    """The kernel's PF for ``prefetch_lines`` (none where ``on`` is false: the default variant)."""
+    pf = prefetch_lines(w) if on else 0
+    return {"PF": pf} if pf else {}

@@ -18,7 +18,7 @@ except ImportError:                        # then PDL stays off (the launcher as
 @triton.jit
 def _gemv_kernel(X, NW, W, R, Y, N, K, HALF, stride_wn, eps,
                  BN: tl.constexpr, BK: tl.constexpr, NORM: tl.constexpr, RES: tl.constexpr, GLU: tl.constexpr,
-                 EVEN_K: tl.constexpr, PDL: tl.constexpr = False, PF: tl.constexpr = 0, PF_CAP: tl.constexpr = 0):
+                 EVEN_K: tl.constexpr, PDL: tl.constexpr = False, PF: tl.constexpr = 0):
     """Y[n] = epilogue(sum_k prologue(X)[k] * W[n, k]) for the BN outputs n of this program (one row x).
 
     NORM: RMSNorm of x with weight NW, in one pass: rstd = rsqrt(mean(x^2) + eps) is a common factor of
@@ -30,11 +30,9 @@ def _gemv_kernel(X, NW, W, R, Y, N, K, HALF, stride_wn, eps,
     PDL (launched with programmatic dependent launch): let the next kernel launch at once, load the
     first weight tile (a constant) while the kernel before this one finishes, and wait for that kernel
     only before the first read of x, R or NW's product (``gdc_wait``: everything before it is complete).
-    PF (with PDL; lines of 128 bytes a program, 0: off): before that wait, programs 0, 1, .. ask L2 for W,
-    PF lines each (``_prefetch_l2``), so that a GEMV after a kernel that leaves memory idle (the decode
-    attention before the o projection) finds its weight in L2 when x is ready. PF_CAP (lines, 0: no cap):
-    only W's first PF_CAP lines; with GLU the first PF_CAP / 2 lines of the gate rows and of the up rows (the
-    rows the first programs read)."""
+    PF (with PDL; lines of 128 bytes a program, 0: off): before that wait, programs 0, 1, .. ask L2 for the
+    whole of W, PF lines each (``_prefetch_l2``), so that a GEMV after a kernel that leaves memory idle (the
+    decode attention before the o projection) finds its weight in L2 when x is ready."""
     pid = tl.program_id(0)
     cols = pid * BN + tl.arange(0, BN)
     col_ok = cols < N
@@ -48,17 +46,7 @@ def _gemv_kernel(X, NW, W, R, Y, N, K, HALF, stride_wn, eps,
     w, wu = _tile(wp, ks, col_ok, K, HALF * stride_wn, GLU, EVEN_K)                 # the first tile
     if PF:
         row_bytes = stride_wn.to(tl.int64) * (W.dtype.element_ty.primitive_bitwidth // 8)
-        if GLU:                                                                      # gate rows, then up rows
-            half = tl.cdiv(HALF * row_bytes, 128)
-            part = half
-            if PF_CAP:
-                part = tl.minimum(half, PF_CAP // 2)
-            _prefetch_l2(W, pid, 2 * part, PF, part, half)
-        else:
-            lines = tl.cdiv(N * row_bytes, 128)
-            if PF_CAP:
-                lines = tl.minimum(lines, PF_CAP)
-            _prefetch_l2(W, pid, lines, PF, 0, 0)
+        _prefetch_l2(W, pid, tl.cdiv(N * row_bytes, 128), PF)
     if PDL:
         gdc_wait()
     acc, acc_u, ss = _step(acc, acc_u, ss, w, wu, X, NW, ks, K, NORM, GLU, EVEN_K)
@@ -77,13 +65,11 @@ def _gemv_kernel(X, NW, W, R, Y, N, K, HALF, stride_wn, eps,
 
 
 @triton.jit
-def _prefetch_l2(W, pid, lines, PF: tl.constexpr, part, second):
-    """Program ``pid``'s share of ``lines`` 128-byte lines of W, PF of them, asked of L2 (``prefetch.global.L2``:
-    no registers held, nothing waited for); programs past the last line ask for nothing. Lines ``part`` and
-    after are W's lines ``second``, ``second + 1``, .. (two runs of lines: a GLU's gate and up rows; 0, 0: one)."""
+def _prefetch_l2(W, pid, lines, PF: tl.constexpr):
+    """Program ``pid``'s share of W's first ``lines`` 128-byte lines, PF of them, asked of L2
+    (``prefetch.global.L2``: no registers held, nothing waited for); programs past the last line ask for nothing."""
     if pid * PF < lines:
         line = tl.minimum(pid * PF + tl.arange(0, PF), lines - 1).to(tl.int64)   # (the last line again: in bounds)
-        line = tl.where(line >= part, line - part + second, line)
         base = W.to(tl.pointer_type(tl.int8), bitcast=True)
         tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [base + line * 128],
                                   dtype=tl.int32, is_pure=False, pack=1)

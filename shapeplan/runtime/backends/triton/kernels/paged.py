@@ -35,9 +35,6 @@ DECODE_WARPS: int | None = None
 EARLY: bool = env.get("SHAPEPLAN_PAGED_EARLY")
 #: with EARLY, program s of a (row, head) takes blocks s, s + NS, .. instead of BPS blocks in a row
 STRIDED: bool = False
-#: with PDL, the programs that hold no live block end without waiting for the kernel before (paged_jit DEAD_EXIT;
-#: ``bench.decode --paged-forms exit`` times it)
-DEAD_EXIT: bool = False
 
 
 def _pow2(n: int) -> int:
@@ -88,7 +85,7 @@ def _decode_tiling(batch: int, hkv: int, max_blocks: int, gp: int, dp: int) -> d
     warps = DECODE_WARPS or (4 if ns >= 16 else 2)
     chunk = MERGE_CHUNK or max(2, MERGE_FLOATS * 32 * warps // (gp * dp))
     return dict(NS=ns, BPS=bps, MCH=max(2, min(_pow2(chunk), _pow2(ns))), num_warps=warps, EARLY=EARLY,
-                BPSP=max(2, _pow2(bps)), STRIDED=bool(STRIDED and EARLY), DEAD_EXIT=DEAD_EXIT)
+                BPSP=max(2, _pow2(bps)), STRIDED=bool(STRIDED and EARLY))
 
 
 def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, positions: torch.Tensor,

@@ -211,7 +211,7 @@ def _paged_decode(q_ptr, k_ptr, v_ptr, pos_ptr, len_ptr, bt_ptr, m_ptr, l_ptr, a
                   ROTATE: tl.constexpr, INTERLEAVED: tl.constexpr, HALF: tl.constexpr, HALFP: tl.constexpr,
                   WRITE: tl.constexpr, TABLE: tl.constexpr = False, PDL: tl.constexpr = False,
                   XQ_OUT: tl.constexpr = False, EARLY: tl.constexpr = False, BPSP: tl.constexpr = 2,
-                  STRIDED: tl.constexpr = False, DEAD_EXIT: tl.constexpr = False):
+                  STRIDED: tl.constexpr = False):
     """One decode step's attention, grid (B * Hkv, NS): program (b, h, split) takes BPS blocks of KV head h
     of row b and the G query heads of its group (rotated by RoPE on load with ROTATE: cos/sin rows at
     c_ptr + b * sc_b, or with TABLE the tables' rows at the row's position, c_ptr + pos * sc_b) and writes an
@@ -240,11 +240,7 @@ def _paged_decode(q_ptr, k_ptr, v_ptr, pos_ptr, len_ptr, bt_ptr, m_ptr, l_ptr, a
     writes go out after the loop; each next tile is loaded before the current one is used.
     STRIDED (with EARLY): program s takes blocks s, s + NS, s + 2 NS, .. of the row (not BPS blocks in a
     row), so that the live blocks are spread over every program whatever the position; the merge then
-    reads the programs that held a live block.
-    DEAD_EXIT (with PDL): a program that holds no live block, and is not a padding row's program 0 (which
-    writes its zeros), skips the wait: it reads nothing the kernel before writes and writes nothing, so it
-    ends while that kernel still runs, and at batch 1 (most of the grid past the position) the live programs
-    and the next kernel's launch no longer wait for the dead ones to pass through the SMs."""
+    reads the programs that held a live block."""
     pid_bh = tl.program_id(0)
     pid_s = tl.program_id(1)
     if PDL:                                        # the next kernel (the o projection) may start loading
@@ -289,11 +285,7 @@ def _paged_decode(q_ptr, k_ptr, v_ptr, pos_ptr, len_ptr, bt_ptr, m_ptr, l_ptr, a
         jb = tl.arange(0, BPSP)
         blks = tl.load(bt_ptr + b * s_bt + kb0 + jb * step, mask=jb < nblk, other=0).to(tl.int64)
     if PDL:                                        # q, k and v of this step: the kernel before must be done
-        if DEAD_EXIT:
-            if live | ((end <= lo) & (pid_s == 0)):
-                gdc_wait()
-        else:
-            gdc_wait()
+        gdc_wait()
     if EARLY:
         if live:
             _early_split(q_ptr, k_ptr, v_ptr, kn_ptr, vn_ptr, m_ptr, l_ptr, acc_ptr, c_row, s_row, blks, jb,

@@ -452,7 +452,7 @@ if AVAILABLE:
         pid = tl.program_id(0)
         if L2PF:
             rows_w = N + HALF if GLU else N
-            _prefetch_l2(W, pid, tl.cdiv(rows_w.to(tl.int64) * ROW_WORDS * 4, 128), L2PF, 0, 0)
+            _prefetch_l2(W, pid, tl.cdiv(rows_w.to(tl.int64) * ROW_WORDS * 4, 128), L2PF)
         rows = (pid // MROWS) * BN + tl.arange(0, BN)
         rg = W + rows.to(tl.int64) * ROW_WORDS                                    # [BN] word pointers
         ru = W + (rows + HALF).to(tl.int64) * ROW_WORDS
@@ -1039,7 +1039,7 @@ def gemv1(x: torch.Tensor, packed: torch.Tensor, qtype: str, n: int, k: int, *, 
         NORM=norm, RES=residual is not None, GLU=glu, PDL=bool(launch), ASM=not interpreting(),
         XQ=xq, XB=8 * x.element_size(), XF16=x.dtype == torch.float16, NB=8 * nw.element_size(),
         NF16=nw.dtype == torch.float16, STAGES=stages, **extra,
-        L2PF=prefetch_lines(packed)[0] if prefetch and launch and not glu else 0, num_warps=warps, **launch)
+        L2PF=prefetch_lines(packed) if prefetch and launch and not glu else 0, num_warps=warps, **launch)
     return y
 
 
