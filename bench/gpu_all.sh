@@ -56,6 +56,9 @@ step startup quick 150 'python3 -m bench.startup --preset llama-1b --mode triton
   'awk '\''$1=="cold" || $1 ~ /^warm/ {s = s $1 " " $4 " s, "; mb = $5} END {if (s) print s "beyond weights " mb " MB"}'\'' $L'
 step generate_cmd default 120 'python3 -m bench.startup --generate-cmd --preset llama-1b --device cuda --json $W/generate_cmd.json' \
   'awk '\''$1=="wall" {print "shapeplan generate llama-1b 256 tokens: first " $2 " s, second " $3 " s"}'\'' $L'
+# the command with --keep-alive (the first run starts the server that keeps the model loaded, the next two stream from it)
+step generate_keepalive default 150 'python3 -m bench.startup --generate-cmd --preset llama-1b --device cuda --runs 3 --keep-alive 300 --json $W/generate_keepalive.json' \
+  'awk '\''$1=="wall" {print "shapeplan generate --keep-alive, llama-1b 256 tokens: first " $2 " s, second " $3 " s, third " $4 " s"}'\'' $L'
 # the tokenizer parsed on a thread beside the weights load (SHAPEPLAN_TOKENIZER_THREAD=on; off by default) against
 # not, alternating, two runs of the command each (the second run is the 2.0 s target's)
 step generate_cmd_tok extra 300 'for r in 1 2; do for t in off on; do echo "tokenizer thread $t"; SHAPEPLAN_TOKENIZER_THREAD=$t python3 -m bench.startup --generate-cmd --preset llama-1b --device cuda; done; done' \

@@ -7,6 +7,7 @@ kernels, check verdicts). With ``--generate-cmd``: the whole ``shapeplan generat
     SHAPEPLAN_CACHE_DIR=/tmp/c python3 -m bench.startup --once --timeline    # one start in this process
     python3 -m bench.startup --generate-cmd --preset llama-1b --device cuda   # the command, twice
     python3 -m bench.startup --generate-cmd --preset llama-tiny --dtype float32 --device cpu
+    python3 -m bench.startup --generate-cmd --preset llama-1b --device cuda --runs 3 --keep-alive 300
 
 ``--generate-cmd`` writes a random checkpoint of the preset to a temporary directory (safetensors as
 save_pretrained writes them, config.json, a synthetic byte-level BPE tokenizer of the preset's vocabulary;
@@ -15,7 +16,9 @@ then runs ``python3 -m shapeplan generate --model DIR --prompt ... --max-new-tok
 --timings`` ``--runs`` times (default 2), each a fresh process in one new empty ``SHAPEPLAN_CACHE_DIR``
 (so the first run is cold, the second warm), and prints the wall time of each run (measured outside)
 with the breakdown the command reports (``--timings``); "exit + unaccounted" is the wall time minus
-the command's own total (the interpreter's exit, the process start before ``/proc`` counts it).
+the command's own total (the interpreter's exit, the process start before ``/proc`` counts it). With
+``--keep-alive D`` each run is ``generate --keep-alive D``: the first starts the background server that keeps
+the model loaded (shapeplan/commands/_keepalive.py), the later runs stream from it; it is stopped after.
 
 Each start is a fresh process (``--once``): random weights are made on the GPU first (not timed), then
 the clock runs over pipeline construction and a 32-token first request (so the prefill and decode
@@ -194,7 +197,9 @@ def generate_cmd(a: argparse.Namespace) -> int:
     cmd = [sys.executable, "-m", "shapeplan", "generate", "--model", ckpt, "--prompt", a.prompt,
            "--max-new-tokens", str(a.new_tokens), "--device", a.device, "--timings"]
     cmd += ["--mode", a.mode] if a.mode else []
+    cmd += ["--keep-alive", a.keep_alive] if a.keep_alive else []
     env = dict(os.environ, SHAPEPLAN_CACHE_DIR=cache)
+    env.pop("SHAPEPLAN_KEEP_ALIVE", None)
     rows: list[dict] = []
     for i in range(a.runs):
         label = ["first", "second"][i] if i < 2 else f"run{i + 1}"
@@ -213,9 +218,14 @@ def generate_cmd(a: argparse.Namespace) -> int:
                       if ln.startswith("warm-up parts {")), {})
         rows.append({"run": label, "wall": round(wall, 4), **phases,
                      "exit + unaccounted": round(wall - phases["in process"], 4), "warm-up parts": parts})
+    if a.keep_alive:                  # the server the first run started (its key holds this run's cache dir)
+        subprocess.run([sys.executable, "-m", "shapeplan", "stop", "--model", ckpt], cwd=ROOT, env=env,
+                       capture_output=True, timeout=120)
     dev = torch.cuda.get_device_name() if a.device.startswith("cuda") and torch.cuda.is_available() else a.device
     print(f"\n`shapeplan generate` on {dev}: {a.preset} {a.dtype} random checkpoint, {a.new_tokens} new tokens, "
-          f"each run a fresh process (one new SHAPEPLAN_CACHE_DIR: first cold, then warm)")
+          f"each run a fresh process (one new SHAPEPLAN_CACHE_DIR: first cold, then warm)"
+          + (f"; --keep-alive {a.keep_alive}: the first run starts the server, the later ones are its clients"
+             if a.keep_alive else ""))
     ok = [r for r in rows if "error" not in r]
     names = ["wall"] + [k for k in (ok[0] if ok else {}) if k not in ("run", "wall", "warm-up parts")]
     print(f"{'phase (s)':<24}" + "".join(f"{r['run']:>10}" for r in rows))
@@ -267,6 +277,9 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--prompt", default="Explain KV caching in two sentences.")
     g.add_argument("--runs", type=int, default=2, help="runs of the command (default 2: first, second)")
     g.add_argument("--keep", action="store_true", help="keep the temporary checkpoint and cache directory")
+    g.add_argument("--keep-alive", default="", metavar="DURATION",
+                   help="run the command with --keep-alive DURATION (the first run starts a server that keeps the "
+                        "model loaded, the next are its clients); the server is stopped after the runs")
     a = ap.parse_args(argv)
     if a.generate_cmd:
         return generate_cmd(a)

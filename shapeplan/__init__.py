@@ -4,23 +4,36 @@ from __future__ import annotations
 from typing import Any
 
 from shapeplan import _bytecode, _gc
+from shapeplan import env as _env
+from shapeplan._light import light_command as _light_command
+from shapeplan.errors import (CacheError, CapacityError, CaptureError, ExecutionError, InjectedFault, InputError,
+                              LifecycleError, ModelError, QueueFullError, RequestAborted, ShapeError, ShapeplanError,
+                              SwitchError, UnsupportedOpError)
 
 _bytecode.setup()                 # a command's process: bytecode where the installation ships none (before torch)
-with _gc.startup():               # a command's process: no full collection over torch's objects (shapeplan/_gc.py)
-    from shapeplan import env as _env
-    from shapeplan.errors import (CacheError, CapacityError, CaptureError, ExecutionError, InjectedFault, InputError,
-                                  LifecycleError, ModelError, QueueFullError, RequestAborted, ShapeError,
-                                  ShapeplanError, SwitchError,
-                                  UnsupportedOpError)
-    from shapeplan.importers import load
-    from shapeplan.ir.dtypes import DType, dtype
-    from shapeplan.ir.graph import Graph, Node, Value, ValueKind
-    from shapeplan.runtime.engine import Engine
-    from shapeplan.runtime.modes import Mode
+#: the engine's names, imported with the package (torch among them) but in a command that needs the standard
+#: library only (``shapeplan ps`` / ``stop``, ``generate`` as a keep-alive server's client), where they import on
+#: first use (``__getattr__``)
+_ENGINE_NAMES = ("load", "DType", "dtype", "Graph", "Node", "Value", "ValueKind", "Engine", "Mode")
 
-    # Import the optimizer package before defining the ``optimize`` function below: importing a
-    # submodule binds its name on this package, which would otherwise shadow the function.
-    import shapeplan.optimize as _optimizer_pkg  # noqa: E402,F401
+
+def _import_engine() -> None:
+    global load, DType, dtype, Graph, Node, Value, ValueKind, Engine, Mode
+    with _gc.startup():           # a command's process: no full collection over torch's objects (shapeplan/_gc.py)
+        from shapeplan.importers import load
+        from shapeplan.ir.dtypes import DType, dtype
+        from shapeplan.ir.graph import Graph, Node, Value, ValueKind
+        from shapeplan.runtime.engine import Engine
+        from shapeplan.runtime.modes import Mode
+        # the optimizer package: importing a submodule binds its name on this package, over the function
+        # ``optimize`` below, which is put back where it was already defined
+        import shapeplan.optimize  # noqa: F401
+    if "_optimize_function" in globals():
+        globals()["optimize"] = _optimize_function
+
+
+if not (_gc.command_process() and _light_command()):
+    _import_engine()
 
 __version__ = "0.1.0"
 
@@ -33,6 +46,9 @@ def optimize(model: Any, skip: list[str] | None = None, **kw: Any) -> Graph:
     return _optimize(load(model), skip=skip, **kw)
 
 
+_optimize_function = optimize
+
+
 def compile(model: Any, device: str = "cpu", mode: str | Mode = "auto", *, optimize: bool = True,
             skip: list[str] | None = None, **kw: Any) -> Engine:
     """Load, verify, optimize and compile ``model`` into an Engine (warm start from the disk plan cache
@@ -42,6 +58,9 @@ def compile(model: Any, device: str = "cpu", mode: str | Mode = "auto", *, optim
 
 
 def __getattr__(name: str) -> Any:
+    if name in _ENGINE_NAMES:
+        _import_engine()
+        return globals()[name]
     if name in ("llm", "testing", "serve", "parallel", "diagnostics"):
         import importlib
         return importlib.import_module(f"shapeplan.{name}")

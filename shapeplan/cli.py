@@ -11,18 +11,29 @@ import sys
 import shapeplan.commands as _commands
 
 
-def build_parser() -> argparse.ArgumentParser:
+#: the command modules of the commands that need the standard library only (shapeplan/_light.py)
+LIGHT_MODULES = {"generate": "generate", "ps": "ps", "stop": "ps"}
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """Every command's parser; with ``only``, that command module's alone (a light command's process: another
+    module's ``register`` may import torch for its choices)."""
     ap = argparse.ArgumentParser(prog="shapeplan", description="compile-once, replay-many inference engine")
     ap.add_argument("--version", action="version", version=f"shapeplan {__import__('shapeplan').__version__}")
     sub = ap.add_subparsers(dest="command", metavar="COMMAND")
     for m in sorted(pkgutil.iter_modules(_commands.__path__), key=lambda m: m.name):
-        if not m.name.startswith("_"):
+        if not m.name.startswith("_") and only in (None, m.name):
             importlib.import_module(f"shapeplan.commands.{m.name}").register(sub)
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = build_parser()
+    args_in = sys.argv[1:] if argv is None else argv
+    if args_in[:1] == ["_keepalive-server"] and len(args_in) == 2:     # a keep-alive server (commands/_keepalive.py)
+        from shapeplan.commands._keepalive import serve
+        return serve(args_in[1])
+    from shapeplan._light import light_command
+    ap = build_parser(LIGHT_MODULES.get(args_in[0]) if light_command(args_in) else None)
     args = ap.parse_args(argv)
     if not getattr(args, "func", None):
         ap.print_help()

@@ -175,6 +175,10 @@ SWITCHES: tuple[Switch, ...] = (
            "it there even under PYTHONDONTWRITEBYTECODE, so torch is compiled from source once, not in every command; "
            "auto: only where the installed torch ships no bytecode (shapeplan/_bytecode.py); a library import and "
            "a prefix the user set are left alone"),
+    Switch("SHAPEPLAN_KEEP_ALIVE", "duration", 0.0,
+           "`shapeplan generate`'s --keep-alive when the flag is not given: keep the model loaded in a background "
+           "server that long after each request and stream the next generate of the same model and options from it "
+           "(300, 5m, 1h; 0: off, the model lives and ends with the command; shapeplan/commands/_keepalive.py)"),
     Switch("SHAPEPLAN_FAST_EXIT", "bool", True,
            "`shapeplan generate` ends with os._exit after the atexit handlers (0: the interpreter's full teardown)"),
     Switch("SHAPEPLAN_TOKENIZER_PROCESS", "auto|on|off", "auto",
@@ -231,6 +235,20 @@ def _float(v: str) -> float:
         raise ValueError("a number") from None
 
 
+def duration(v: str) -> float:
+    """Seconds of ``v``: a number of seconds, or one with a unit ``s``, ``m`` or ``h`` (``300``, ``5m``, ``1.5h``);
+    0 is off. ``ValueError`` says what was expected."""
+    t = str(v).strip().lower()
+    scale = {"s": 1.0, "m": 60.0, "h": 3600.0}.get(t[-1:]) if t else None
+    try:
+        value = float(t[:-1] if scale else t) * (scale or 1.0)
+    except ValueError:
+        raise ValueError("seconds, or a number with s, m or h (e.g. 300, 5m, 1h; 0 = off)") from None
+    if not 0 <= value < float("inf"):
+        raise ValueError("seconds, or a number with s, m or h (e.g. 300, 5m, 1h; 0 = off), not negative")
+    return value
+
+
 def _names(v: str) -> tuple[str, ...]:
     return tuple(s.strip() for s in v.split(",") if s.strip())
 
@@ -267,7 +285,7 @@ def _choice(kind: str, v: str) -> str:
 
 
 _PARSERS: dict[str, Callable[[str], Any]] = {
-    "bool": _bool, "int": _int, "float": _float, "str": str, "path": str, "names": _names,
+    "bool": _bool, "int": _int, "float": _float, "str": str, "path": str, "names": _names, "duration": duration,
     DECODE_ATTENTION_TYPE: _decode_attention, "auto|on|off": _auto_on_off,
 }
 

@@ -5,6 +5,8 @@ needs and nothing else (tests/llm/test_startup.py checks that no ONNX, transform
 module is imported), creates the CUDA context on a thread while ``shapeplan.llm`` imports, lets
 ``from_pretrained`` read the weights straight into device memory while the CUDA warm-up runs, and ends
 without the interpreter's teardown (``cli.exit_now``). ``--timings`` prints where the time went.
+With ``--keep-alive`` (or ``SHAPEPLAN_KEEP_ALIVE``) the command is a client of a background server that keeps
+the model loaded (shapeplan/commands/_keepalive.py): a later run needs no torch, weights or warm-up.
 """
 from __future__ import annotations
 
@@ -27,6 +29,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "NCCL on CUDA); see docs/parallel.md")
     p.add_argument("--timings", action="store_true",
                    help="print the wall-clock breakdown of the command to stderr (a table, then a 'timings {json}' line)")
+    p.add_argument("--keep-alive", type=_duration, default=None, metavar="DURATION",
+                   help="keep the model loaded in a background server for DURATION after this request (300, 5m, 1h; "
+                        "default SHAPEPLAN_KEEP_ALIVE, else 0: off), and stream from it while it runs: the next "
+                        "generate of the same model and options starts in a fraction of a second (shapeplan ps, "
+                        "shapeplan stop; docs/llm.md)")
     add_engine_args(p)
     p.set_defaults(func=_generate, fast_exit=True)
 
@@ -106,12 +113,29 @@ def print_metrics(res, file=None) -> None:
           f"effective {m.effective_tok_s:.1f} tok/s]", file=file)
 
 
+def _duration(text: str) -> float:
+    from shapeplan.env import duration
+    try:
+        return duration(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected {e}") from None
+
+
 def _generate(args: argparse.Namespace) -> int:
+    t0 = time.perf_counter()
+    before = since_process_start()
+    from shapeplan import env
+    keep_alive = args.keep_alive if args.keep_alive is not None else env.get("SHAPEPLAN_KEEP_ALIVE")
+    if keep_alive > 0:
+        if args.tp > 1:
+            from shapeplan.errors import InputError
+            raise InputError(f"--keep-alive {keep_alive:g}: a kept-alive server runs on one device; "
+                             f"not with --tp {args.tp} (use --keep-alive 0)")
+        from shapeplan.commands._keepalive import run_client
+        return run_client(args, keep_alive, t0, before)
     if args.tp > 1:
         from shapeplan.parallel.cli import generate
         return generate(args, chat_template_arg(args))
-    t0 = time.perf_counter()
-    before = since_process_start()
     start_tokenizer_process(args.model)
     cuda_init = start_cuda_init(args.device)
     from shapeplan.llm import GenerationPipeline  # noqa: F401 - timed apart from the pipeline's start
