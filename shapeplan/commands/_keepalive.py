@@ -120,7 +120,7 @@ def server_key(spec: dict) -> str:
 
 def run_client(args: Any, keep_alive: float, t0: float, before: float | None) -> int:
     """``generate``'s whole run through a server (module doc); the exit code."""
-    from shapeplan.commands.generate import print_timings
+    from shapeplan.commands.generate import print_metric_values, print_timings
     spec = {"model": args.model, **{k: getattr(args, k, None) for k in _ENGINE}}
     request = {"prompt": args.prompt, "max_new_tokens": args.max_new_tokens, "chat": bool(args.chat),
                "sampling": {k: getattr(args, k) for k in _SAMPLING}, "keep_alive": keep_alive}
@@ -147,9 +147,7 @@ def run_client(args: Any, keep_alive: float, t0: float, before: float | None) ->
     t_end = time.perf_counter()
     m = body.get("metrics") or {}
     if args.metrics and m:
-        print(f"[{body['tokens']} tokens, finish={body['finish']}, TTFT {m['ttft_s'] * 1e3:.1f} ms, "
-              f"decode {m['decode_tok_s']:.1f} tok/s, late_steady {m['late_steady_tok_s']:.1f} tok/s, "
-              f"effective {m['effective_tok_s']:.1f} tok/s]", file=sys.stderr)
+        print_metric_values(body["tokens"], body["finish"], m)
     if args.timings:
         phases = {"interpreter + imports": (before or 0.0) + t_imports - t0,
                   "server: find or start": t_sent - t_imports,      # (start: this client started it)
@@ -425,6 +423,7 @@ def _request(conn: socket.socket) -> dict | None:
 
 def _answer(conn: socket.socket, pipe, request: dict) -> None:
     """One request: its deltas, then done (or its error). A client that went away ends the request."""
+    from shapeplan.commands.generate import METRICS
     from shapeplan.llm import Sampling
     _send(conn, {"start": True})
     try:
@@ -439,10 +438,8 @@ def _answer(conn: socket.socket, pipe, request: dict) -> None:
         finally:
             deltas.close()
         res = stream.result
-        m = res.metrics
-        _send(conn, {"done": {"tokens": len(res.token_ids), "finish": res.finish_reason, "metrics": {
-            "ttft_s": m.ttft_s, "total_s": m.total_s, "decode_tok_s": m.decode_tok_s,
-            "late_steady_tok_s": m.late_steady_tok_s, "effective_tok_s": m.effective_tok_s}}})
+        _send(conn, {"done": {"tokens": len(res.token_ids), "finish": res.finish_reason,
+                              "metrics": {k: getattr(res.metrics, k) for k in METRICS}}})
     except OSError:                                  # the client went away (its request ended with the stream)
         return
     except Exception as e:  # noqa: BLE001 - the request's error goes to its client; the server goes on

@@ -105,12 +105,19 @@ def sampling_from(args: argparse.Namespace):
                     presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty, min_p=args.min_p)
 
 
+#: the request metrics ``--metrics`` prints (a keep-alive server sends these)
+METRICS = ("ttft_s", "total_s", "decode_tok_s", "late_steady_tok_s", "effective_tok_s")
+
+
 def print_metrics(res, file=None) -> None:
+    print_metric_values(len(res.token_ids), res.finish_reason, {k: getattr(res.metrics, k) for k in METRICS}, file)
+
+
+def print_metric_values(tokens: int, finish: str | None, m: dict, file=None) -> None:
     file = file if file is not None else sys.stderr  # resolved per call (stderr may be swapped)
-    m = res.metrics
-    print(f"[{len(res.token_ids)} tokens, finish={res.finish_reason}, TTFT {m.ttft_s * 1e3:.1f} ms, "
-          f"decode {m.decode_tok_s:.1f} tok/s, late_steady {m.late_steady_tok_s:.1f} tok/s, "
-          f"effective {m.effective_tok_s:.1f} tok/s]", file=file)
+    print(f"[{tokens} tokens, finish={finish}, TTFT {m['ttft_s'] * 1e3:.1f} ms, "
+          f"decode {m['decode_tok_s']:.1f} tok/s, late_steady {m['late_steady_tok_s']:.1f} tok/s, "
+          f"effective {m['effective_tok_s']:.1f} tok/s]", file=file)
 
 
 def _duration(text: str) -> float:

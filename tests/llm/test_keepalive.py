@@ -92,7 +92,8 @@ def test_the_server_streams_what_the_command_prints(checkpoints, rundir):
     recs = [r for r in _servers(rundir) if r["max_kv_cache_length"] == 64]
     assert len(recs) == 1 and recs[0]["requests"] == 6 and recs[0]["model"] == os.path.realpath(path)
     p = subprocess.run([sys.executable, "-X", "importtime", "-m", "shapeplan", "generate", "--model", path,
-                        "--prompt", "Hi", "--max-new-tokens", "2", *SMALL, "--keep-alive", "120", "--timings"],
+                        "--prompt", "Hi", "--max-new-tokens", "2", *SMALL, "--keep-alive", "120", "--timings",
+                        "--metrics"],
                        env=rundir, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr[-2000:]
     imported = {ln.split("|")[-1].strip() for ln in p.stderr.splitlines() if ln.startswith("import time:")}
@@ -101,6 +102,7 @@ def test_the_server_streams_what_the_command_prints(checkpoints, rundir):
     assert not heavy, heavy[:10]
     t = json.loads(next(ln for ln in p.stderr.splitlines() if ln.startswith("timings {"))[len("timings "):])
     assert "keep-alive server: already running" in p.stderr and t["server: find or start"] >= 0
+    assert "[2 tokens, finish=length, TTFT" in p.stderr and "late_steady" in p.stderr         # --metrics
     assert sum(v for k, v in t.items() if k != "in process") <= t["in process"] + 0.05
 
 
