@@ -391,13 +391,19 @@ def serve(spec_json: str) -> int:
 
 
 def _load(spec: dict):
-    """The pipeline as the in-process command builds it (``generate.load_pipeline``)."""
+    """The pipeline as the in-process command builds it (``generate.load_pipeline``, the tokenizer's helper
+    process and the CUDA context's thread started first)."""
     import argparse
 
     from shapeplan import _gc
+    from shapeplan.commands.generate import load_pipeline, start_cuda_init, start_tokenizer_process
+    start_tokenizer_process(spec["model"])          # as the in-process command overlaps them with its imports
+    cuda_init = start_cuda_init(spec["device"])
     with _gc.startup():               # torch's import too (the package imported none of it: shapeplan/_light.py)
-        from shapeplan.commands.generate import load_pipeline
-        return load_pipeline(argparse.Namespace(**{k: spec.get(k) for k in ("model", *_ENGINE)}))
+        pipe = load_pipeline(argparse.Namespace(**{k: spec.get(k) for k in ("model", *_ENGINE)}))
+    if cuda_init is not None:
+        cuda_init.join()
+    return pipe
 
 
 def _request(conn: socket.socket) -> dict | None:
