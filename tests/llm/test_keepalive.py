@@ -206,3 +206,19 @@ def test_the_runtime_directory_is_private_and_short(tmp_path, monkeypatch):
             ka.runtime_dir()
     finally:
         shutil.rmtree(short, ignore_errors=True)
+
+
+def test_a_light_process_imports_the_engine_on_first_use():
+    """In a light command's process `import shapeplan` imports no torch; its names then import on first use, and
+    `shapeplan.optimize` is the function again after them (importing the optimizer package had bound its name)."""
+    script = ("import sys, types\n"
+              "sys.argv = ['shapeplan', 'ps']\n"          # a `shapeplan ps` process (the console script's argv)
+              "import shapeplan as sp\n"
+              "light = 'torch' not in sys.modules\n"
+              "import shapeplan.optimize.manager\n"
+              "print(light, sp.Graph.__name__, sp.Engine.__name__, 'torch' in sys.modules,\n"
+              "      isinstance(sp.optimize, types.FunctionType))\n")
+    p = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT),
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.split() == ["True", "Graph", "Engine", "True", "True"]
