@@ -125,7 +125,11 @@ def run_client(args: Any, keep_alive: float, t0: float, before: float | None) ->
     request = {"prompt": args.prompt, "max_new_tokens": args.max_new_tokens, "chat": bool(args.chat),
                "sampling": {k: getattr(args, k) for k in _SAMPLING}, "keep_alive": keep_alive}
     t_imports = time.perf_counter()
-    folder = runtime_dir()
+    try:
+        folder = runtime_dir()
+    except PermissionError as e:
+        print(f"error: PermissionError: {e}", file=sys.stderr)
+        return 1
     key = server_key(spec)
     for attempt in (0, 1):            # a server that ended between our connect and its answer: start another
         conn, started = _connect_or_start(folder, key, spec, keep_alive)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 
 
@@ -18,7 +19,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _ps(args: argparse.Namespace) -> int:
     from shapeplan.commands._keepalive import servers
-    recs = servers()
+    try:
+        recs = servers()
+    except PermissionError as e:
+        print(f"error: PermissionError: {e}", file=sys.stderr)
+        return 1
     if args.json:
         for r in recs:
             print(json.dumps(r))
@@ -36,7 +41,11 @@ def _ps(args: argparse.Namespace) -> int:
 
 def _stop(args: argparse.Namespace) -> int:
     from shapeplan.commands._keepalive import stop
-    done = stop(args.model)
+    try:
+        done = stop(args.model)
+    except PermissionError as e:
+        print(f"error: PermissionError: {e}", file=sys.stderr)
+        return 1
     for r in done:
         print(f"stopped {r['pid']} ({r['model']}, {r.get('device')})")
     if not done:

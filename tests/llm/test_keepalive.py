@@ -204,6 +204,12 @@ def test_the_runtime_directory_is_private_and_short(tmp_path, monkeypatch):
         os.chmod(path, 0o777)                                                     # others may write: refused
         with pytest.raises(PermissionError, match="no one else may write"):
             ka.runtime_dir()
+        p = _sp(dict(os.environ, PYTHONPATH=ROOT, XDG_RUNTIME_DIR=short), "generate", "--model", "m", "--prompt",
+                "Hi", "--keep-alive", "60")
+        assert p.returncode == 1 and "error: PermissionError: keep-alive:" in p.stderr and "mode 777" in p.stderr
+        for cmd in ("ps", "stop"):
+            p = _sp(dict(os.environ, PYTHONPATH=ROOT, XDG_RUNTIME_DIR=short), cmd)
+            assert p.returncode == 1 and "error: PermissionError: keep-alive:" in p.stderr
     finally:
         shutil.rmtree(short, ignore_errors=True)
 
