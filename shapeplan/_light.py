@@ -9,6 +9,11 @@ import sys
 from shapeplan import env
 from shapeplan.errors import SwitchError
 
+#: the light commands (with ``generate``: when it has a keep-alive) and the command module that registers each
+MODULES = {"generate": "generate", "ps": "ps", "stop": "ps"}
+#: the hidden command of a keep-alive server's process (``python -m shapeplan _keepalive-server SPEC``)
+SERVER_COMMAND = "_keepalive-server"
+
 
 def light_command(argv: list[str] | None = None) -> bool:
     """Whether this process's command needs the standard library only: ``ps``, ``stop``, or ``generate``
@@ -18,7 +23,7 @@ def light_command(argv: list[str] | None = None) -> bool:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args:
         return False
-    if args[0] in ("ps", "stop", "_keepalive-server"):   # (the last: a keep-alive server binds its socket first)
+    if (args[0] in MODULES and args[0] != "generate") or args[0] == SERVER_COMMAND:  # (a server: binds first)
         return True
     if args[0] != "generate" or any(a == "--tp" or a.startswith("--tp=") for a in args):
         return False

@@ -11,10 +11,6 @@ import sys
 import shapeplan.commands as _commands
 
 
-#: the command modules of the commands that need the standard library only (shapeplan/_light.py)
-LIGHT_MODULES = {"generate": "generate", "ps": "ps", "stop": "ps"}
-
-
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """Every command's parser; with ``only``, that command module's alone (a light command's process: another
     module's ``register`` may import torch for its choices)."""
@@ -28,12 +24,12 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from shapeplan import _light
     args_in = sys.argv[1:] if argv is None else argv
-    if args_in[:1] == ["_keepalive-server"] and len(args_in) == 2:     # a keep-alive server (commands/_keepalive.py)
+    if args_in[:1] == [_light.SERVER_COMMAND] and len(args_in) == 2:   # a keep-alive server (commands/_keepalive.py)
         from shapeplan.commands._keepalive import serve
         return serve(args_in[1])
-    from shapeplan._light import light_command
-    ap = build_parser(LIGHT_MODULES.get(args_in[0]) if light_command(args_in) else None)
+    ap = build_parser(_light.MODULES.get(args_in[0]) if _light.light_command(args_in) else None)
     args = ap.parse_args(argv)
     if not getattr(args, "func", None):
         ap.print_help()

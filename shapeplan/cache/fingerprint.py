@@ -8,10 +8,10 @@ import os
 import sys
 from typing import Any, Callable
 
-import torch
-
 
 def fingerprint(device: str = "cpu") -> dict[str, Any]:
+    import torch                  # (here: tree_stamp serves processes that import no torch, shapeplan/_light.py)
+
     import shapeplan
     from shapeplan.plan.serialize import FORMAT_VERSION
     return {"shapeplan": shapeplan.__version__, "torch": torch.__version__.split("+")[0],

@@ -42,8 +42,9 @@ import sys
 import time
 from typing import Any, Iterator
 
+from shapeplan._light import SERVER_COMMAND
 
-SERVER_COMMAND = "_keepalive-server"
+
 #: the longest directory whose sockets' paths (``/KEY.sock.PID``) fit a Unix socket address (108 bytes on Linux)
 SOCKET_DIR_MAX = 64
 #: seconds a client waits for a server it started to bind its socket (the server binds before torch imports)
@@ -72,47 +73,32 @@ def runtime_dir(create: bool = True) -> str:
     return path
 
 
-def _files(path: str) -> list[tuple[str, int, int]]:
-    """(name, size, mtime_ns) of ``path`` (a file) or of the files in it (a checkpoint directory)."""
+def _stamp(path: str | None) -> tuple | str | None:
+    """What changes when ``path`` does: a file's size and modification time, a directory's ``tree_stamp`` (every
+    file under it); None where there is nothing."""
+    from shapeplan.cache.fingerprint import tree_stamp
+    if path and os.path.isdir(path):
+        return tree_stamp(path, lambda d, n: True)[0]
     try:
-        if os.path.isdir(path):
-            out = []
-            for e in sorted(os.scandir(path), key=lambda e: e.name):
-                if e.is_file():
-                    st = e.stat()
-                    out.append((e.name, st.st_size, st.st_mtime_ns))
-            return out
-        st = os.stat(path)
-        return [(os.path.basename(path), st.st_size, st.st_mtime_ns)]
+        st = os.stat(path) if path else None
     except OSError:
-        return []
-
-
-def _source_stamp() -> int:
-    """The newest modification time of shapeplan's own .py files (an edited or upgraded shapeplan is
-    another key)."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    newest = 0
-    for d, _, names in os.walk(root):
-        for n in names:
-            if n.endswith(".py"):
-                try:
-                    newest = max(newest, os.stat(os.path.join(d, n)).st_mtime_ns)
-                except OSError:
-                    pass
-    return newest
+        return None
+    return (st.st_size, st.st_mtime_ns) if st else None
 
 
 def server_key(spec: dict) -> str:
     """The key of a server for ``spec`` (the model and the engine options; module doc)."""
     from shapeplan import __version__
+    from shapeplan.cache.fingerprint import tree_stamp
     model = os.path.realpath(spec["model"])
     template = spec.get("chat_template")
-    what = {"model": model, "files": _files(model), **{k: spec.get(k) for k in _ENGINE},
-            "template_file": _files(template) if template and os.path.isfile(template) else None,
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    what = {"model": model, "files": _stamp(model), **{k: spec.get(k) for k in _ENGINE},
+            "template_file": _stamp(template) if template and os.path.isfile(template) else None,
             "switches": sorted((k, v) for k, v in os.environ.items()
                                if k.startswith("SHAPEPLAN_") and k != "SHAPEPLAN_KEEP_ALIVE"),
-            "python": sys.executable, "shapeplan": __version__, "source": _source_stamp()}
+            "python": sys.executable, "shapeplan": __version__,
+            "source": tree_stamp(package, lambda d, n: n.endswith(".py"))[0]}
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:20]
 
 

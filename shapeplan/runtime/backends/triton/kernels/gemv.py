@@ -126,11 +126,6 @@ def gemv(x: torch.Tensor, w: torch.Tensor, *, norm_w: torch.Tensor | None = None
     _gemv_kernel[(triton.cdiv(n, bn),)](
         x, nw, w, r, y, n, k, n, w.stride(0), float(eps),
         BN=bn, BK=bk, NORM=norm_w is not None, RES=residual is not None, GLU=glu, EVEN_K=k % bk == 0,
-        PDL=bool(launch), **_prefetch_args(w, prefetch and bool(launch) and not glu), num_warps=warps, **launch)
+        PDL=bool(launch), PF=prefetch_lines(w) if prefetch and launch and not glu else 0, num_warps=warps,
+        **launch)
     return y
-
-
-def _prefetch_args(w: torch.Tensor, on: bool) -> dict:
-    """The kernel's PF for ``prefetch_lines`` (none where ``on`` is false: the default variant)."""
-    pf = prefetch_lines(w) if on else 0
-    return {"PF": pf} if pf else {}
