@@ -155,6 +155,11 @@ SWITCHES: tuple[Switch, ...] = (
            "one row of a Q4_K / Q5_K / Q6_K / Q8_0 / Q4_0 / IQ4_NL / IQ4_XS weight runs the one-row kernel of "
            "kernels/qgemv.py (0: the generic quantized GEMV of kernels/gguf.py, and the fused quantized ops' unfused "
            "path)"),
+    Switch("SHAPEPLAN_LAUNCH_AHEAD", "auto|on|off", "auto",
+           "the serving core launches a decode round before it reads the previous one back, so the GPU does not "
+           "wait for the host between rounds (llm/batch/engine.py); auto: only a round of one request on a GPU (a "
+           "lone stream: `generate`, one client); on: every round (cuts a batch's throughput: rows that end keep "
+           "a round busy); off: never"),
     Switch("SHAPEPLAN_CUDA_WARM", "bool", True,
            "the LLM pipeline's CUDA warm-up (loads cuBLAS, attention, index, cache-write and elementwise kernels "
            "while the graph is built)"),

@@ -47,7 +47,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     srv.add_argument("--sweep", default="", help="concurrencies to sweep, e.g. 1,8,32,64,128 (writes a plot)")
     srv.add_argument("--plot", default=None, help="PNG of the sweep (default: next to --json, or sweep.png)")
     srv.add_argument("--launch-ahead", action="store_true",
-                     help="async rounds: launch each decode round before the previous one is read back (A/B)")
+                     help="async rounds for every round: launch each decode round before the previous one is read "
+                          "back (A/B; without it, SHAPEPLAN_LAUNCH_AHEAD decides: by default a lone stream's rounds only)")
     srv.add_argument("--vs-hf", action="store_true",
                      help="also run transformers' continuous batching (generate_batch) on the same weights")
     http = p.add_argument_group("HTTP load (streaming clients against a running shapeplan serve; docs/serve.md)")
@@ -119,7 +120,8 @@ def _serving(args: argparse.Namespace, cfg, weights, name: str) -> int:  # noqa:
     pipe = GenerationPipeline(cfg, weights, None, device=args.device, mode=mode, dtype=dtype, max_num_seqs=most,
                               max_prefill_length=prefill, max_kv_cache_length=length, eos_token_ids=[],
                               prefix_cache=not args.no_prefix_cache, optimize=not args.no_optimize)
-    pipe.batch.launch_ahead = args.launch_ahead
+    if args.launch_ahead:
+        pipe.batch.launch_ahead = True
     cuda = pipe.device.type == "cuda"
     # the captured plans' memory: their CUDA graphs' memory pools, from the allocator's snapshot. A difference of
     # memory_reserved around the captures is not it: blocks freed meanwhile (--quantize's float weights, a GGUF

@@ -19,7 +19,7 @@ from typing import Any, Callable, Sequence as Seq
 
 import torch
 
-from shapeplan import diagnostics
+from shapeplan import diagnostics, env
 from shapeplan.errors import CapacityError, ConstraintError, InputError, QueueFullError
 from shapeplan.llm.batch.blocks import BlockManager
 from shapeplan.llm.batch.runner import ModelRunner, Readback, unpack
@@ -50,11 +50,12 @@ class BatchEngine:
         self._stopping = False
         self._inflight: tuple[list[Sequence], tuple, int] | None = None    # a launched, unread decode round
         self.async_rounds = 0                   # rounds launched before the previous one was read back
-        # off by default: measured on the H200 (llama-1b, 64 requests x 128 x 256) launching ahead cut the
-        # inter-token p50 from 2.80 to 2.03 ms but the throughput from 21,080 to 15,570-16,820 tok/s (rows
-        # that end keep a round of the batch busy, and fewer requests run at once: peak 1,296 vs 1,536
-        # blocks); on the CPU a round runs inside its launch, so launching ahead overlaps nothing
-        self.launch_ahead = False
+        # True, False or "auto" (SHAPEPLAN_LAUNCH_AHEAD; auto: only a round of one row on a GPU, a lone stream).
+        # Not for batches: on the H200 (llama-1b, 64 requests x 128 x 256) launching ahead cut the inter-token
+        # p50 from 2.80 to 2.03 ms but the throughput from 21,080 to 15,570-16,820 tok/s (rows that end keep a
+        # round of the batch busy, and fewer requests run at once: peak 1,296 vs 1,536 blocks). On the CPU a
+        # round runs inside its launch, so launching ahead overlaps nothing
+        self.launch_ahead: bool | str = {"auto": "auto", "on": True, "off": False}[env.get("SHAPEPLAN_LAUNCH_AHEAD")]
         self.steps = 0
         self.finished_by_reason: dict[str, int] = {}
         self.prefill_tokens = 0                 # tokens computed by prefill calls (lifetime)
@@ -283,7 +284,7 @@ class BatchEngine:
         nxt = None
         try:
             sched = self.scheduler
-            quiet = self.launch_ahead and not self._inbox.qsize() and not sched.waiting and not sched.prefilling
+            quiet = self._ahead(rows) and not self._inbox.qsize() and not sched.waiting and not sched.prefilling
             if quiet and all(s.status is Status.RUNNING and s.constraint is None for s in rows):
                 k = sched.reserve_ahead(rows, steps)
                 if k:
@@ -298,6 +299,12 @@ class BatchEngine:
             nxt = None
         self._inflight = nxt
         self.steps += 1
+
+    def _ahead(self, rows: list[Sequence]) -> bool:
+        """Whether ``rows``' next round may launch before this one is read back (``launch_ahead``)."""
+        if self.launch_ahead == "auto":
+            return len(rows) == 1 and self.runner.device.type == "cuda"
+        return bool(self.launch_ahead)
 
     def _read_round(self, rows: list[Sequence], pending: tuple) -> None:
         got = Readback.get(pending)                                       # [steps][rows]

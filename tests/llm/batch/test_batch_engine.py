@@ -67,14 +67,38 @@ def family(request, checkpoints):
 def test_batched_tokens_equal_each_request_alone(family):
     _, pipe, reqs, alone = family
     rounds = pipe.batch.async_rounds
-    pipe.batch.launch_ahead = True                    # opt-in: rounds launched ahead of the read-back
+    pipe.batch.launch_ahead = True                    # opt-in for batches: rounds launched ahead of the read-back
     try:
         assert _staggered(pipe, reqs) == alone
     finally:
-        pipe.batch.launch_ahead = False
+        pipe.batch.launch_ahead = "auto"
     assert pipe.batch.async_rounds > rounds
     stats = pipe.kv_stats()
     assert stats["blocks_used"] == 0 and stats["running"] == stats["waiting"] == 0
+
+
+def test_a_lone_stream_launched_ahead_gets_the_tokens_it_gets_without(family):
+    """SHAPEPLAN_LAUNCH_AHEAD's default launches a lone stream's rounds ahead on a GPU (on the CPU it is
+    off: nothing to overlap); forced on here: every request alone, one ended mid-round by a stop token, and
+    a session's second turn get the tokens they get without it, and the dropped rounds leave no block."""
+    _, pipe, reqs, alone = family
+    assert pipe.batch.launch_ahead == "auto" and not pipe.batch._ahead([object()])      # CPU: off
+    stop = alone[0][len(alone[0]) // 2]
+    ended = pipe.generate(reqs[0][0], 24, Sampling(stop_token_ids=[stop]))
+    with pipe.start_session() as sess:
+        turns = [sess.generate(p, n, s).token_ids for p, n, s in reqs[1:3]]
+    rounds = pipe.batch.async_rounds
+    pipe.batch.launch_ahead = True
+    try:
+        assert [pipe.generate(p, n, s).token_ids for p, n, s in reqs] == alone
+        again = pipe.generate(reqs[0][0], 24, Sampling(stop_token_ids=[stop]))
+        with pipe.start_session() as sess:
+            assert [sess.generate(p, n, s).token_ids for p, n, s in reqs[1:3]] == turns
+    finally:
+        pipe.batch.launch_ahead = "auto"
+    assert again.token_ids == ended.token_ids and again.finish_reason == ended.finish_reason == "stop"
+    assert pipe.batch.async_rounds > rounds
+    assert pipe.kv_stats()["blocks_used"] == 0
 
 
 def test_generate_batch_returns_results_in_order(family):
