@@ -50,6 +50,10 @@ def test_gpu_bf16_preset_sessions_and_sampling():
         s.generate(prompt, max_new_tokens=8)
         res = s.generate([5, 6, 7], max_new_tokens=200)
     assert res.finish_reason == "length"
+    assert pipe.batch.async_rounds > 0            # a lone stream's rounds launch ahead on a GPU (SHAPEPLAN_LAUNCH_AHEAD)
+    pipe.batch.launch_ahead = False
+    c = pipe.generate(prompt, max_new_tokens=40, sampling=Sampling.random(temperature=0.9, top_p=0.9, seed=7))
+    assert c.token_ids == a.token_ids
 
 
 def test_gpu_cuda_warmup_thread_changes_nothing(monkeypatch, tmp_path):
