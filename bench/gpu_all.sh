@@ -211,6 +211,11 @@ step gemv_prefetch extra 420 'python3 -m pytest -q -p no:cacheprovider tests/ops
 # fortieth session) against not, a process each: bf16 125m / 1b / 8b, then llama-1b Q4_K_M
 step launch_ahead extra 420 'for la in off auto; do echo "launch ahead $la"; SHAPEPLAN_LAUNCH_AHEAD=$la python3 -m bench.decode --presets llama-125m,llama-1b,llama-8b --configs triton; SHAPEPLAN_LAUNCH_AHEAD=$la python3 -m shapeplan bench --preset llama-1b --quantize Q4_K_M --device cuda --config triton; done' \
   'awk '\''$1=="launch" {a=$3} /^llama-/ {m=$1; if ($2 ~ /^Q/) m=m "-" $2} $1=="triton" {printf "%s %s %s; ", a, m, $(NF-2)}'\'' $L | cut -c1-600'
+# every round launched ahead against the default (batches synchronous) at 4 / 16 / 64 requests of llama-1b, all at once,
+# after the fortieth session's fix (a request whose prefill ran after a round launched joins in a synchronous step):
+# the measurement that decides whether auto covers batches too
+step launch_ahead_batch extra 300 'for b in 4 16 64; do for la in "" --launch-ahead; do echo "batch $b ${la:-default}"; python3 -m shapeplan bench --preset llama-1b --device cuda --config triton --prompt-len 128 --new-tokens 256 --batch $b $la; done; done' \
+  'awk '\''$1=="batch" {t=$2 " " $3} $1=="shapeplan" {printf "%s: %s tok/s, ITL p50 %s ms; ", t, $5, $8}'\'' $L | cut -c1-600'
 # the same for the quantized one-row kernels (qgemv.py L2PF; with PDL, which auto gives llama-8b's matrices): their tests,
 # then llama-8b Q4_K_M and Q8_0 end to end off / on, alternating in one process, two rounds
 step quant_prefetch extra 420 'python3 -m pytest -q -p no:cacheprovider tests/ops/test_quant_ops.py -k prefetch; python3 -m bench.quant_gemv --no-gemv --e2e llama-8b:Q4_K_M,llama-8b:Q8_0 --e2e-configs triton --switch-ab SHAPEPLAN_LLM_GEMV_PREFETCH=0,1:2' \

@@ -67,12 +67,22 @@ def family(request, checkpoints):
 def test_batched_tokens_equal_each_request_alone(family):
     _, pipe, reqs, alone = family
     rounds = pipe.batch.async_rounds
+    sched = pipe.scheduler
+    left_out = []                                     # running requests a launched-ahead round did not hold
+
+    def reserve_ahead(rows, ahead, orig=sched.reserve_ahead):
+        left_out.extend(s.rid for s in sched.running if s not in rows)
+        return orig(rows, ahead)
+
+    sched.reserve_ahead = reserve_ahead
     pipe.batch.launch_ahead = True                    # opt-in for batches: rounds launched ahead of the read-back
     try:
         assert _staggered(pipe, reqs) == alone
     finally:
         pipe.batch.launch_ahead = "auto"
+        del sched.reserve_ahead
     assert pipe.batch.async_rounds > rounds
+    assert not left_out, f"requests {sorted(set(left_out))} waited outside rounds launched ahead"
     stats = pipe.kv_stats()
     assert stats["blocks_used"] == 0 and stats["running"] == stats["waiting"] == 0
 
