@@ -159,8 +159,8 @@ SWITCHES: tuple[Switch, ...] = (
            "the serving core launches a decode round before it reads the previous one back, so the GPU does not "
            "wait for the host between rounds (llm/batch/engine.py); auto: only a round of one request on a GPU (a "
            "lone stream: `generate`, one client; H100, fortieth session: llama-1b 971 -> 998 tok/s, llama-1b Q4_K_M "
-           "1,212 -> 1,265, llama-125m 3,777 -> 4,177); on: every round (cuts a batch's throughput: rows that end "
-           "keep a round busy); off: never"),
+           "1,212 -> 1,265, llama-125m 3,777 -> 4,177); on: every round, batches too (not the default until a GPU "
+           "measures batches with the fortieth session's fix: bench/gpu_all.sh launch_ahead_batch); off: never"),
     Switch("SHAPEPLAN_CUDA_WARM", "bool", True,
            "the LLM pipeline's CUDA warm-up (loads cuBLAS, attention, index, cache-write and elementwise kernels "
            "while the graph is built)"),

@@ -50,11 +50,11 @@ class BatchEngine:
         self._stopping = False
         self._inflight: tuple[list[Sequence], tuple, int] | None = None    # a launched, unread decode round
         self.async_rounds = 0                   # rounds launched before the previous one was read back
-        # True, False or "auto" (SHAPEPLAN_LAUNCH_AHEAD; auto: only a round of one row on a GPU, a lone stream).
-        # Not for batches: on the H200 (llama-1b, 64 requests x 128 x 256) launching ahead cut the inter-token
-        # p50 from 2.80 to 2.03 ms but the throughput from 21,080 to 15,570-16,820 tok/s (rows that end keep a
-        # round of the batch busy, and fewer requests run at once: peak 1,296 vs 1,536 blocks). On the CPU a
-        # round runs inside its launch, so launching ahead overlaps nothing
+        # True, False or "auto" (SHAPEPLAN_LAUNCH_AHEAD; auto: only a round of one row on a GPU, a lone stream:
+        # llama-1b +2.8 %, 125m +10.6 %, H100). Batches: measured to gain at 4 and 16 requests and lose 33 % at
+        # 64, the loss from a flaw fixed since (the _next_round check that a round holds every running request);
+        # not yet re-measured, so auto leaves them synchronous. On the CPU a round runs inside its launch, so
+        # launching ahead overlaps nothing
         self.launch_ahead: bool | str = {"auto": "auto", "on": True, "off": False}[env.get("SHAPEPLAN_LAUNCH_AHEAD")]
         self.steps = 0
         self.finished_by_reason: dict[str, int] = {}
