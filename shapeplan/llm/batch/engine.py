@@ -335,8 +335,8 @@ class BatchEngine:
         tokens' logprobs (a request that asked for them)."""
         kept: list[int] = []
         finish = None
-        # locals, not seq's attributes: this loop runs for every token of every row of a round (at 64 rows,
-        # most of the host's time between two rounds)
+        # locals, not seq's attributes: this loop runs for every token of every row of a round (reading a round
+        # of 64 rows back is about half of the host's time between two rounds)
         tokens, times, eos, constraint = seq.tokens, seq.token_times, seq.eos, seq.constraint
         generated = len(tokens) - seq.prompt_len
         cap = min(seq.max_new_tokens, self.max_model_len - seq.prompt_len)     # "length" from here on
