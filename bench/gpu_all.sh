@@ -208,9 +208,11 @@ step decode_forms extra 420 'python3 -m bench.decode --presets llama-1b,llama-8b
 step gemv_prefetch extra 420 'python3 -m pytest -q -p no:cacheprovider tests/ops/test_fused_linear.py; for r in 1 2; do for p in 0 1; do echo "prefetch $p"; SHAPEPLAN_LLM_GEMV_PREFETCH=$p python3 -m bench.decode --presets llama-1b,llama-8b --configs triton; done; done' \
   'awk '\''/passed|failed/ {printf "%s; ", $0} $1=="prefetch" {p=$2} /^llama-(1b|8b)/ {m=$1} $1=="triton" {printf "pf %s %s %s; ", p, m, $(NF-2)}'\'' $L | cut -c1-500'
 # a lone stream's decode rounds launched before the previous one is read back (SHAPEPLAN_LAUNCH_AHEAD auto, the default,
-# fortieth session) against not, a process each: bf16 125m / 1b / 8b, then llama-1b Q4_K_M
-step launch_ahead extra 420 'for la in off auto; do echo "launch ahead $la"; SHAPEPLAN_LAUNCH_AHEAD=$la python3 -m bench.decode --presets llama-125m,llama-1b,llama-8b --configs triton; SHAPEPLAN_LAUNCH_AHEAD=$la python3 -m shapeplan bench --preset llama-1b --quantize Q4_K_M --device cuda --config triton; done' \
-  'awk '\''$1=="launch" {a=$3} /^llama-/ {m=$1; if ($2 ~ /^Q/) m=m "-" $2} $1=="triton" {printf "%s %s %s; ", a, m, $(NF-2)}'\'' $L | cut -c1-600'
+# fortieth session) against not: bf16 125m / 1b / 8b a process each, then llama-1b Q4_K_M and Q8_0 and llama-8b Q4_K_M
+# alternating in one process, two rounds
+step launch_ahead extra 540 'for la in off auto; do echo "launch ahead $la"; SHAPEPLAN_LAUNCH_AHEAD=$la python3 -m bench.decode --presets llama-125m,llama-1b,llama-8b --configs triton; done; python3 -m bench.quant_gemv --no-gemv --e2e llama-1b:Q4_K_M,llama-1b:Q8_0,llama-8b:Q4_K_M --e2e-configs triton --switch-ab SHAPEPLAN_LAUNCH_AHEAD=off,auto:2' \
+  'awk '\''$1=="launch" {a=$3} /^llama-[0-9a-z]+ [(]/ {m=$1} $1=="triton" {printf "%s %s %s; ", a, m, $(NF-2)} $2 ~ /^triton\// {printf "%s %s %s; ", $1, $2, $3}'\'' $L | cut -c1-700'
+
 # every round launched ahead against the default (batches synchronous) at 4 / 16 / 64 requests of llama-1b, all at once,
 # after the fortieth session's fix (a request whose prefill ran after a round launched joins in a synchronous step):
 # the measurement that decides whether auto covers batches too
