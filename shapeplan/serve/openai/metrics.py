@@ -57,6 +57,9 @@ class EngineCollector(Collector):
         yield counter("generation_tokens", "Tokens generated.", eng.generated_tokens)
         yield counter("prefill_tokens", "Prompt tokens computed by prefill (cache hits excluded).", eng.prefill_tokens)
         yield counter("num_preemptions", "Requests preempted because KV blocks ran out.", sc.preemptions)
+        yield counter("decode_rounds", "Decode rounds run (sync_every steps or fewer each).", eng.decode_rounds)
+        yield counter("decode_rounds_launched_ahead", "Decode rounds launched before the previous one was read "
+                      "back (SHAPEPLAN_LAUNCH_AHEAD).", eng.async_rounds)
         fin = CounterMetricFamily(P + "requests_finished", "Requests finished, by reason (stop, length, abort, "
                                   "error).", labels=[LABEL, "reason"])
         for reason in ("stop", "length", "abort", "error"):

@@ -10,7 +10,8 @@ from tests.serve.openai.conftest import MODEL
 NAMES = ["num_requests_running", "num_requests_waiting", "kv_blocks_used", "kv_blocks_total",
          "kv_blocks_used_fraction", "prefix_cache_lookups_total", "prefix_cache_hits_total",
          "prefix_cache_hit_tokens_total", "prompt_tokens_total", "generation_tokens_total", "prefill_tokens_total",
-         "num_preemptions_total", "time_to_first_token_seconds_count", "inter_token_latency_seconds_count",
+         "num_preemptions_total", "decode_rounds_total", "decode_rounds_launched_ahead_total",
+         "time_to_first_token_seconds_count", "inter_token_latency_seconds_count",
          "e2e_request_latency_seconds_count", "request_queue_time_seconds_count"]
 
 
@@ -31,7 +32,7 @@ def test_counters_and_histograms_move_by_what_the_requests_did(server):
     names = ["shapeplan:prompt_tokens_total", "shapeplan:generation_tokens_total",
              "shapeplan:time_to_first_token_seconds_count", "shapeplan:inter_token_latency_seconds_count",
              "shapeplan:e2e_request_latency_seconds_count", "shapeplan:request_queue_time_seconds_count",
-             "shapeplan:prefix_cache_lookups_total"]
+             "shapeplan:prefix_cache_lookups_total", "shapeplan:decode_rounds_total"]
     before = {n: server.metric(n) for n in names}
     length0 = server.metric("shapeplan:requests_finished_total", reason="length")
     prompt = "A prompt for the metrics test"
@@ -46,5 +47,7 @@ def test_counters_and_histograms_move_by_what_the_requests_did(server):
     assert moved["shapeplan:request_queue_time_seconds_count"] == 2
     assert moved["shapeplan:inter_token_latency_seconds_count"] == 2 * 11
     assert moved["shapeplan:prefix_cache_lookups_total"] >= 2           # a request may look twice
+    assert moved["shapeplan:decode_rounds_total"] >= 2                  # 11 decode steps a choice, rounds of <= 4
+    assert server.metric("shapeplan:decode_rounds_launched_ahead_total") == server.pipe.batch.async_rounds
     assert server.metric("shapeplan:requests_finished_total", reason="length") == length0 + 2
     assert server.metric("shapeplan:time_to_first_token_seconds_sum") > 0
