@@ -40,6 +40,7 @@ import stat
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any, Iterator
 
 from shapeplan._light import SERVER_COMMAND
@@ -71,6 +72,12 @@ def runtime_dir(create: bool = True) -> str:
             raise PermissionError(f"keep-alive: {path} must be a directory of this user that no one else may "
                                   f"write to (owner uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):o})")
     return path
+
+
+def refused(e: PermissionError) -> int:
+    """A command's answer to an insecure runtime directory (``runtime_dir``): an error line, exit status 1."""
+    print(f"error: PermissionError: {e}", file=sys.stderr)
+    return 1
 
 
 def _stamp(path: str | None) -> tuple | str | None:
@@ -114,8 +121,7 @@ def run_client(args: Any, keep_alive: float, t0: float, before: float | None) ->
     try:
         folder = runtime_dir()
     except PermissionError as e:
-        print(f"error: PermissionError: {e}", file=sys.stderr)
-        return 1
+        return refused(e)
     key = server_key(spec)
     for attempt in (0, 1):            # a server that ended between our connect and its answer: start another
         conn, started = _connect_or_start(folder, key, spec, keep_alive)
@@ -177,7 +183,7 @@ def _connect_or_start(folder: str, key: str, spec: dict, keep_alive: float) -> t
         if conn is not None:
             return conn, False
         for stale in (".sock", ".json"):
-            _remove(os.path.join(folder, key + stale))
+            Path(os.path.join(folder, key + stale)).unlink(missing_ok=True)
         with open(os.path.join(folder, key + ".log"), "wb") as log:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "shapeplan", SERVER_COMMAND,
@@ -247,13 +253,6 @@ def _failed(folder: str, key: str, what: str) -> int:
     return 1
 
 
-def _remove(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-
-
 # ---------------------------------------------------------------- ps and stop
 
 def servers(folder: str | None = None) -> list[dict]:
@@ -273,7 +272,7 @@ def servers(folder: str | None = None) -> list[dict]:
         except (OSError, ValueError, KeyError):
             key = name[:-len(".json")]
             for ext in (".json", ".sock"):
-                _remove(os.path.join(folder, key + ext))
+                Path(os.path.join(folder, key + ext)).unlink(missing_ok=True)
             continue
         out.append(rec)
     return out
@@ -316,7 +315,7 @@ def serve(spec_json: str) -> int:
     record_path = os.path.join(folder, key + ".json")
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     tmp = sock_path + f".{os.getpid()}"
-    _remove(tmp)
+    Path(tmp).unlink(missing_ok=True)
     srv.bind(tmp)
     os.chmod(tmp, 0o600)
     srv.listen(64)
@@ -370,8 +369,8 @@ def serve(spec_json: str) -> int:
     finally:
         try:                                         # only our own socket: a newer server may have taken the name
             if os.stat(sock_path).st_ino == ident:
-                _remove(sock_path)
-                _remove(record_path)
+                Path(sock_path).unlink(missing_ok=True)
+                Path(record_path).unlink(missing_ok=True)
         except OSError:
             pass
         srv.close()
@@ -419,7 +418,7 @@ def _request(conn: socket.socket) -> dict | None:
 
 def _answer(conn: socket.socket, pipe, request: dict) -> None:
     """One request: its deltas, then done (or its error). A client that went away ends the request."""
-    from shapeplan.commands.generate import METRICS
+    from shapeplan.commands.generate import metric_values
     from shapeplan.llm import Sampling
     _send(conn, {"start": True})
     try:
@@ -435,7 +434,7 @@ def _answer(conn: socket.socket, pipe, request: dict) -> None:
             deltas.close()
         res = stream.result
         _send(conn, {"done": {"tokens": len(res.token_ids), "finish": res.finish_reason,
-                              "metrics": {k: getattr(res.metrics, k) for k in METRICS}}})
+                              "metrics": metric_values(res)}})
     except OSError:                                  # the client went away (its request ended with the stream)
         return
     except Exception as e:  # noqa: BLE001 - the request's error goes to its client; the server goes on

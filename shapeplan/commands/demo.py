@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import time
 
+import numpy as np
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -17,8 +18,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def build_demo_graph(layers: int = 4, hidden: int = 256, seed: int = 0):
-    import numpy as np
-
     import shapeplan as sp
 
     rng = np.random.default_rng(seed)
@@ -40,8 +39,6 @@ def build_demo_graph(layers: int = 4, hidden: int = 256, seed: int = 0):
 
 
 def _demo(args: argparse.Namespace) -> int:
-    import numpy as np
-
     import shapeplan as sp
 
     g = build_demo_graph()

@@ -109,8 +109,13 @@ def sampling_from(args: argparse.Namespace):
 METRICS = ("ttft_s", "total_s", "decode_tok_s", "late_steady_tok_s", "effective_tok_s")
 
 
+def metric_values(res) -> dict:
+    """``res``'s METRICS by name (what ``--metrics`` prints; a keep-alive server sends them)."""
+    return {k: getattr(res.metrics, k) for k in METRICS}
+
+
 def print_metrics(res, file=None) -> None:
-    print_metric_values(len(res.token_ids), res.finish_reason, {k: getattr(res.metrics, k) for k in METRICS}, file)
+    print_metric_values(len(res.token_ids), res.finish_reason, metric_values(res), file)
 
 
 def print_metric_values(tokens: int, finish: str | None, m: dict, file=None) -> None:

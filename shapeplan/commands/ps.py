@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 
 
@@ -18,12 +17,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _ps(args: argparse.Namespace) -> int:
-    from shapeplan.commands._keepalive import servers
+    from shapeplan.commands._keepalive import refused, servers
     try:
         recs = servers()
     except PermissionError as e:
-        print(f"error: PermissionError: {e}", file=sys.stderr)
-        return 1
+        return refused(e)
     if args.json:
         for r in recs:
             print(json.dumps(r))
@@ -40,12 +38,11 @@ def _ps(args: argparse.Namespace) -> int:
 
 
 def _stop(args: argparse.Namespace) -> int:
-    from shapeplan.commands._keepalive import stop
+    from shapeplan.commands._keepalive import refused, stop
     try:
         done = stop(args.model)
     except PermissionError as e:
-        print(f"error: PermissionError: {e}", file=sys.stderr)
-        return 1
+        return refused(e)
     for r in done:
         print(f"stopped {r['pid']} ({r['model']}, {r.get('device')})")
     if not done:

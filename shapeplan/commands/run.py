@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import os
 
+import numpy as np
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -23,8 +24,6 @@ def _safe_name(name: str) -> str:
 
 
 def _run(args: argparse.Namespace) -> int:
-    import numpy as np
-
     import shapeplan as sp
     from shapeplan.errors import InputError
 
