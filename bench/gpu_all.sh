@@ -216,8 +216,14 @@ step launch_ahead extra 540 'for la in off auto; do echo "launch ahead $la"; SHA
 # every round launched ahead against the default (batches synchronous) at 4 / 16 / 64 requests of llama-1b, all at once,
 # after the fortieth session's fix (a request whose prefill ran after a round launched joins in a synchronous step):
 # the measurement that decides whether auto covers batches too
-step launch_ahead_batch extra 300 'for b in 4 16 64; do for la in "" --launch-ahead; do echo "batch $b ${la:-default}"; python3 -m shapeplan bench --preset llama-1b --device cuda --config triton --prompt-len 128 --new-tokens 256 --batch $b $la; done; done' \
-  'awk '\''$1=="batch" {t=$2 " " $3} $1=="shapeplan" {printf "%s: %s tok/s, ITL p50 %s ms; ", t, $5, $8}'\'' $L | cut -c1-600'
+step launch_ahead_batch extra 300 'for b in 4 16 64; do for la in off on; do echo "batch $b $la"; SHAPEPLAN_LAUNCH_AHEAD=$la python3 -m shapeplan bench --preset llama-1b --device cuda --config triton --prompt-len 128 --new-tokens 256 --batch $b; done; done' \
+  'awk '\''$1=="batch" {t=$2 " " $3} $1=="shapeplan" {printf "%s: %s tok/s, TTFT p50 %s, ITL p50 %s ms; ", t, $5, $6, $8}'\'' $L | cut -c1-700'
+# the same through the OpenAI server with streaming clients (requests arrive while others decode: what a round launched
+# ahead costs a newcomer's time to first token), the server started off, on, off, on
+LA_HTTP='for la in off on off on; do echo "launch ahead $la"; SHAPEPLAN_LAUNCH_AHEAD=$la python3 -m shapeplan serve --preset llama-1b --device cuda --mode triton --max-num-seqs 64 --max-kv-cache-length 1024 --port 8019 --log-level warning > $W/la_http_server.log 2>&1 & S=$!
+for i in $(seq 900); do grep -q "^serving" $W/la_http_server.log && break; kill -0 $S 2>/dev/null || break; sleep 0.5; done
+python3 -m shapeplan bench --serve http://127.0.0.1:8019 --concurrency 1,8,32,64 --prompt-len 128 --new-tokens 256; kill $S; wait $S; done'
+step launch_ahead_http extra 420 "$LA_HTTP" 'awk '\''$1=="launch" {a=$3} $1 ~ /^[0-9]+$/ && NF >= 12 {printf "%s %s clients %s tok/s TTFT p50 %s ms ITL p50 %s err %s; ", a, $1, $5, $7, $9, $3}'\'' $L | cut -c1-900'
 # the same for the quantized one-row kernels (qgemv.py L2PF; with PDL, which auto gives llama-8b's matrices): their tests,
 # then llama-8b Q4_K_M and Q8_0 end to end off / on, alternating in one process, two rounds
 step quant_prefetch extra 420 'python3 -m pytest -q -p no:cacheprovider tests/ops/test_quant_ops.py -k prefetch; python3 -m bench.quant_gemv --no-gemv --e2e llama-8b:Q4_K_M,llama-8b:Q8_0 --e2e-configs triton --switch-ab SHAPEPLAN_LLM_GEMV_PREFETCH=0,1:2' \

@@ -48,7 +48,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     srv.add_argument("--plot", default=None, help="PNG of the sweep (default: next to --json, or sweep.png)")
     srv.add_argument("--launch-ahead", action="store_true",
                      help="async rounds for every round: launch each decode round before the previous one is read "
-                          "back (A/B; without it, SHAPEPLAN_LAUNCH_AHEAD decides: by default a lone stream's rounds only)")
+                          "back, the CPU too (without it, SHAPEPLAN_LAUNCH_AHEAD decides: by default every round on a GPU)")
     srv.add_argument("--vs-hf", action="store_true",
                      help="also run transformers' continuous batching (generate_batch) on the same weights")
     http = p.add_argument_group("HTTP load (streaming clients against a running shapeplan serve; docs/serve.md)")

@@ -180,7 +180,9 @@ def test_gpu_batched_equals_alone_and_slot_by_slot(mode, checkpoints):
     pipe = GenerationPipeline.from_pretrained(path, mode=mode, **kw)
     pipe.warmup()
     assert [pipe.generate(p, 20, s).token_ids for p, s in zip(prompts, samp)] == want
+    rounds = pipe.batch.async_rounds
     assert [r.token_ids for r in pipe.generate_batch(prompts, 20, samp)] == want
+    assert pipe.batch.async_rounds > rounds       # a batch's rounds launch ahead on a GPU (SHAPEPLAN_LAUNCH_AHEAD)
 
 
 @pytest.mark.parametrize("mode", ["cuda_graphs", "triton"])

@@ -75,7 +75,7 @@ def test_batched_tokens_equal_each_request_alone(family):
         return orig(rows, ahead)
 
     sched.reserve_ahead = reserve_ahead
-    pipe.batch.launch_ahead = True                    # opt-in for batches: rounds launched ahead of the read-back
+    pipe.batch.launch_ahead = True                    # forced on (auto: on a GPU only): rounds launched ahead
     try:
         assert _staggered(pipe, reqs) == alone
     finally:
@@ -88,7 +88,7 @@ def test_batched_tokens_equal_each_request_alone(family):
 
 
 def test_a_lone_stream_launched_ahead_gets_the_tokens_it_gets_without(family):
-    """SHAPEPLAN_LAUNCH_AHEAD's default launches a lone stream's rounds ahead on a GPU (on the CPU it is
+    """SHAPEPLAN_LAUNCH_AHEAD's default launches rounds ahead on a GPU (on the CPU it is
     off: nothing to overlap); forced on here: every request alone, one ended mid-round by a stop token, and
     a session's second turn get the tokens they get without it, and the dropped rounds leave no block."""
     _, pipe, reqs, alone = family
