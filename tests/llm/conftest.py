@@ -2,6 +2,8 @@
 transformers' save_pretrained, plus a BPE tokenizer trained with `tokenizers` (nothing downloads)."""
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -17,6 +19,21 @@ _OVERRIDES = {
     "qwen3": dict(),                                   # q/k norm, tied embeddings
     "phi3": dict(sliding_window=24, shard=True),       # fused qkv / gate_up tensors, split across shards
 }
+
+
+@contextlib.contextmanager
+def launched_ahead(pipe, ahead):
+    """``pipe.batch.launch_ahead = ahead`` inside the block. With True (what ``auto`` does on a GPU, here on
+    the CPU) the block must launch at least one decode round ahead of its read-back, so a test of that path
+    cannot pass without taking it."""
+    old, rounds = pipe.batch.launch_ahead, pipe.batch.async_rounds
+    pipe.batch.launch_ahead = ahead
+    try:
+        yield
+    finally:
+        pipe.batch.launch_ahead = old
+    if ahead is True:
+        assert pipe.batch.async_rounds > rounds, "no decode round was launched ahead"
 
 
 @pytest.fixture(autouse=True)

@@ -10,7 +10,7 @@ import pytest
 
 import shapeplan as sp
 from shapeplan.llm import GenerationPipeline, Sampling
-from tests.llm.conftest import MODEL_TYPES
+from tests.llm.conftest import MODEL_TYPES, launched_ahead
 
 KW = dict(mode="emulated_replay", max_prefill_length=32, max_kv_cache_length=128, progress=False, sync_every=4,
           max_num_seqs=16)
@@ -121,23 +121,29 @@ def test_generate_batch_returns_results_in_order(family):
     assert all(r.finish_reason in ("stop", "length") and r.metrics.new_tokens == len(r.token_ids) for r in res)
 
 
-def test_a_pool_too_small_for_everyone_preempts_and_loses_nothing(family):
+AHEAD = pytest.mark.parametrize("ahead", ["auto", True], ids=["cpu_default", "launched_ahead"])
+
+
+@AHEAD
+def test_a_pool_too_small_for_everyone_preempts_and_loses_nothing(family, ahead):
     """12 blocks of 16 tokens for 16 requests that start in one block each and grow to three: requests
     are admitted, outgrow the pool, are preempted (their blocks freed) and recomputed later, and still
-    produce exactly the tokens each produces alone."""
+    produce exactly the tokens each produces alone (also with the rounds launched ahead, a GPU's default)."""
     path, pipe, reqs, _ = family
     grow = [(p[:10], 36, s) for p, _, s in reqs]
     alone = [pipe.generate(p, n, s).token_ids for p, n, s in grow]
     per_block = pipe.kv_cache_bytes // pipe.paged.num_blocks
     small = GenerationPipeline.from_pretrained(path, **{**KW, "kv_cache_bytes": 12 * per_block})
     assert small.paged.num_blocks == 13
-    assert _staggered(small, grow) == alone
+    with launched_ahead(small, ahead):
+        assert _staggered(small, grow) == alone
     stats = small.kv_stats()
     assert stats["preemptions"] > 0, stats
     assert stats["blocks_used"] == 0
 
 
-def test_prefix_cache_hits_give_the_tokens_of_misses(family):
+@AHEAD
+def test_prefix_cache_hits_give_the_tokens_of_misses(family, ahead):
     path, pipe, _, _ = family
     system = list(range(40, 88))                                   # 48 tokens: three full blocks
     prompts = [system + [5 + i, 9, 11 + i] for i in range(6)] + [system]   # the last: an exact full hit
@@ -146,7 +152,8 @@ def test_prefix_cache_hits_give_the_tokens_of_misses(family):
     pipe.clear_prefix_cache()
     pipe.generate(system + [1], 4)                                  # caches the system prompt's blocks
     before = pipe.prefix_cache_stats()
-    got = [r.token_ids for r in pipe.generate_batch(prompts, max_new_tokens=10)]
+    with launched_ahead(pipe, ahead):
+        got = [r.token_ids for r in pipe.generate_batch(prompts, max_new_tokens=10)]
     after = pipe.prefix_cache_stats()
     assert got == want
     assert after["total_hits"] - before["total_hits"] >= len(prompts)
@@ -155,17 +162,19 @@ def test_prefix_cache_hits_give_the_tokens_of_misses(family):
                           "total_hits", "hit_rate", "total_hit_tokens", "total_stored_tokens"}
 
 
-def test_abort_frees_every_block_at_once(family):
+@AHEAD
+def test_abort_frees_every_block_at_once(family, ahead):
     _, pipe, reqs, _ = family
     start = pipe.kv_stats()["blocks_free"]
-    handles = [pipe.submit(p, 100, Sampling.greedy(), ignore_eos=True) for p, _, _ in reqs[:5]]
-    for ev in handles[0]:
-        if len(handles[0].token_ids) >= 5:
-            break
-    handles[0].abort()
-    handles[3].abort()
-    for h in handles:
-        h.wait()
+    with launched_ahead(pipe, ahead):
+        handles = [pipe.submit(p, 100, Sampling.greedy(), ignore_eos=True) for p, _, _ in reqs[:5]]
+        for ev in handles[0]:
+            if len(handles[0].token_ids) >= 5:
+                break
+        handles[0].abort()
+        handles[3].abort()
+        for h in handles:
+            h.wait()
     assert handles[0].finish_reason == handles[3].finish_reason == "abort"
     assert len(handles[0].token_ids) < 100
     assert all(h.finish_reason == "length" for i, h in enumerate(handles) if i not in (0, 3))

@@ -9,6 +9,7 @@ import torch
 from shapeplan.errors import InputError
 from shapeplan.llm import GenerationPipeline, Sampling
 from shapeplan.llm.model import TOP_LOGPROBS
+from tests.llm.conftest import launched_ahead
 
 KW = dict(mode="emulated_replay", max_prefill_length=64, max_kv_cache_length=128, progress=False, sync_every=4,
           max_num_seqs=16)
@@ -68,12 +69,15 @@ def test_logprobs_zero_gives_the_tokens_logprob_only(pipe):
     _check(pipe, prompt, ids, lps, 0)
 
 
-def test_a_batch_with_and_without_logprobs_keeps_everyones_tokens(pipe):
+@pytest.mark.parametrize("ahead", ["auto", True], ids=["cpu_default", "launched_ahead"])
+def test_a_batch_with_and_without_logprobs_keeps_everyones_tokens(pipe, ahead):
     prompts = [pipe.encode(t) for t in ("Explain KV caching", "A compile-once engine", "Hello", "0 1 2 3")]
     alone = [pipe.generate(p, 12, Sampling.greedy()).token_ids for p in prompts]
-    handles = [pipe.submit(p, 12, Sampling.greedy(), logprobs=3 if i % 2 else None) for i, p in enumerate(prompts)]
-    for i, (h, want) in enumerate(zip(handles, alone)):     # submitted together: one packed prefill call
-        events = list(h)
+    with launched_ahead(pipe, ahead):
+        handles = [pipe.submit(p, 12, Sampling.greedy(), logprobs=3 if i % 2 else None)
+                   for i, p in enumerate(prompts)]
+        streams = [list(h) for h in handles]                # submitted together: one packed prefill call
+    for i, (h, want, events) in enumerate(zip(handles, alone, streams)):
         assert h.token_ids == want
         assert all((ev.logprobs is not None) == bool(i % 2 and ev.token_ids) for ev in events)
         if i % 2:

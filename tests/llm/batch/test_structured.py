@@ -12,6 +12,7 @@ import pytest
 
 from shapeplan.errors import ConstraintError
 from shapeplan.llm import Constraint, GenerationPipeline, Sampling, parse_tool_calls
+from tests.llm.conftest import launched_ahead
 
 pytest.importorskip("xgrammar")
 jsonschema = pytest.importorskip("jsonschema")
@@ -131,14 +132,16 @@ def test_tool_call_auto_allows_text_and_valid_calls(pipe):
             assert _prefix_ok(pipe, c, r.token_ids)
 
 
-def test_unconstrained_rows_in_a_constrained_batch_get_their_tokens_alone(pipe):
+@pytest.mark.parametrize("ahead", ["auto", True], ids=["cpu_default", "launched_ahead"])
+def test_unconstrained_rows_in_a_constrained_batch_get_their_tokens_alone(pipe, ahead):
     plain = [Sampling.greedy(), Sampling(temperature=1.0, seed=7), Sampling(temperature=0.8, top_k=20, seed=9),
              Sampling(repetition_penalty=1.3), Sampling(presence_penalty=1.0, logit_bias={5: 3.0})]
     prompts = [f"plain {i}" for i in range(len(plain))]
     alone = [pipe.generate(p, 20, s).token_ids for p, s in zip(prompts, plain)]
     c = Constraint.json_schema(BOUNDED)
     mixed = plain + [Sampling(temperature=1.0, seed=i, constraint=c) for i in range(6)]
-    res = pipe.generate_batch(prompts + [f"json {i}" for i in range(6)], max_new_tokens=20, sampling=mixed)
+    with launched_ahead(pipe, ahead):          # on: rounds go ahead once no constrained row is left
+        res = pipe.generate_batch(prompts + [f"json {i}" for i in range(6)], max_new_tokens=20, sampling=mixed)
     assert [r.token_ids for r in res[:len(plain)]] == alone
     for r in res[len(plain):]:
         assert r.finish_reason == "length" or json.loads(r.text)
