@@ -224,6 +224,11 @@ LA_HTTP='for la in off on off on; do echo "launch ahead $la"; SHAPEPLAN_LAUNCH_A
 for i in $(seq 900); do grep -q "^serving" $W/la_http_server.log && break; kill -0 $S 2>/dev/null || break; sleep 0.5; done
 python3 -m shapeplan bench --serve http://127.0.0.1:8019 --concurrency 1,8,32,64 --prompt-len 128 --new-tokens 256; kill $S; wait $S; done'
 step launch_ahead_http extra 420 "$LA_HTTP" 'awk '\''$1=="launch" {a=$3} $1 ~ /^[0-9]+$/ && NF >= 12 {printf "%s %s clients %s tok/s TTFT p50 %s ms ITL p50 %s err %s; ", a, $1, $5, $7, $9, $3}'\'' $L | cut -c1-900'
+# a decode step's next token and position written straight into the decode plan's input buffers (SHAPEPLAN_DECODE_IN_PLACE,
+# on by default, forty-first session) against every step's inputs copied in and outputs copied out: llama-125m and
+# llama-1b a process each, alternating, two rounds; llama-1b Q4_K_M alternating in one process; 64 requests at once
+step decode_in_place extra 480 'for r in 1 2; do for ip in 0 1; do echo "in place $ip"; SHAPEPLAN_DECODE_IN_PLACE=$ip python3 -m bench.decode --presets llama-125m,llama-1b --configs triton; done; done; python3 -m bench.quant_gemv --no-gemv --e2e llama-1b:Q4_K_M --e2e-configs triton --switch-ab SHAPEPLAN_DECODE_IN_PLACE=0,1:2; for ip in 0 1; do echo "batch 64 in place $ip"; SHAPEPLAN_DECODE_IN_PLACE=$ip python3 -m shapeplan bench --preset llama-1b --device cuda --config triton --prompt-len 128 --new-tokens 256 --batch 64; done' \
+  'awk '\''$1=="in" {a=$3} $1=="batch" {a="b64 " $6} /^llama-[0-9a-z]+ [(]/ {m=$1} $1=="triton" {printf "%s %s %s; ", a, m, $(NF-2)} $2 ~ /^triton\// {printf "%s %s %s; ", $1, $2, $3} $1=="shapeplan" {printf "%s: %s tok/s; ", a, $5}'\'' $L | cut -c1-900'
 # the same for the quantized one-row kernels (qgemv.py L2PF; with PDL, which auto gives llama-8b's matrices): their tests,
 # then llama-8b Q4_K_M and Q8_0 end to end off / on, alternating in one process, two rounds
 step quant_prefetch extra 420 'python3 -m pytest -q -p no:cacheprovider tests/ops/test_quant_ops.py -k prefetch; python3 -m bench.quant_gemv --no-gemv --e2e llama-8b:Q4_K_M,llama-8b:Q8_0 --e2e-configs triton --switch-ab SHAPEPLAN_LLM_GEMV_PREFETCH=0,1:2' \

@@ -161,6 +161,10 @@ SWITCHES: tuple[Switch, ...] = (
            "a lone stream, llama-1b 971 -> 998 tok/s, llama-1b Q4_K_M 1,212 -> 1,265, llama-125m 3,777 -> 4,177; "
            "llama-1b, 64 requests at once 21,770 -> 22,819 output tok/s; the OpenAI server, 64 streaming clients "
            "16,678-17,178 -> 19,124-19,715); on: every round, the CPU too; off: never"),
+    Switch("SHAPEPLAN_DECODE_IN_PLACE", "bool", True,
+           "a decode round's steps write each step's next token and position straight into the decode plan's input "
+           "buffers (engine.input_buffers, run(copy=False)): a step copies 3 small tensors on the device, not 8 "
+           "(llm/batch/runner.py; 0: every step's inputs copied in and its outputs copied out)"),
     Switch("SHAPEPLAN_CUDA_WARM", "bool", True,
            "the LLM pipeline's CUDA warm-up (loads cuBLAS, attention, index, cache-write and elementwise kernels "
            "while the graph is built)"),

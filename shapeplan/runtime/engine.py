@@ -197,7 +197,13 @@ class Engine:
                                          "(or make it a Graph.variable for mutable state)")
 
     # ------------------------------------------------------------------ run
-    def run(self, feeds: Mapping[str, Any], outputs: Sequence[str] | None = None) -> dict[str, Any]:
+    def run(self, feeds: Mapping[str, Any], outputs: Sequence[str] | None = None, *,
+            copy: bool = True) -> dict[str, Any]:
+        """Run the plan of ``outputs`` (default: every graph output) for ``feeds`` (input name -> array).
+
+        ``copy=False`` (torch feeds, zero-copy): a replaying plan's outputs are its own buffers, not copies:
+        valid until this plan's next call, and not to be written. A loop that feeds a call's outputs back
+        into the next call (``input_buffers``) then copies each value once, device to device."""
         if type(feeds) is not dict and not isinstance(feeds, Mapping):
             raise InputError(f"feeds must be a dict of input name -> array, got {type(feeds).__name__}")
         self._validate(feeds)
@@ -215,7 +221,7 @@ class Engine:
         if runner.input_dtypes and tuple(getattr(x, "dtype", None) for x in rt) != runner.input_dtypes:
             self._check_dtypes(plan, runner, rt)
         with self.cache.pinned(key):
-            outs = runner.run(rt)
+            outs = runner.run(rt, copy=copy)
         self.calls += 1
         self._last_key = key
         if torch_in:
@@ -223,6 +229,19 @@ class Engine:
         vals = self.graph.values        # declared dtypes restore int4/float4 (they run widened)
         return {name: runtime_to_numpy(v, getattr(vals.get(name), "dtype", None))
                 for (name, _), v in zip(plan.outputs, outs)}
+
+    def input_buffers(self, feeds: Mapping[str, Any], outputs: Sequence[str] | None = None) -> dict[str, torch.Tensor]:
+        """The staging buffers that ``run(feeds, outputs)`` copies its inputs into, by input name, once that
+        call's plan is frozen (else ``{}``: nothing to write into yet). Only the feeds' shapes matter. A
+        buffer passed back as its own input's feed is not copied: write the next call's value into it
+        (e.g. the previous call's output, ``copy=False``) and feed it, one device copy instead of a copy
+        out and a copy in. Its contents are the last call's input until then."""
+        plan = self.plan(outputs)
+        rt = [to_runtime(feeds[name], self.device) for name, _ in plan.inputs]
+        runner = self.cache.get(self._key(plan, rt))
+        staging = getattr(runner, "staging", None) if runner is not None and runner.phase is not Phase.SLOT_BY_SLOT \
+            else None
+        return {name: staging[r] for name, r in plan.inputs if r in staging} if staging else {}
 
     def _key(self, plan: Plan, rt: list[Any]) -> PlanKey:
         """The plan cache key of a call: outputs, shape signature, mode, device, calling thread."""

@@ -133,8 +133,9 @@ class PlanRunner:
         diagnostics.record(category, message, plan=self.name, **fields)
 
     # ------------------------------------------------------------------ the call
-    def run(self, feeds: list[Any]) -> list[Any]:
-        """``feeds``: runtime values in ``plan.inputs`` order. Returns plan outputs (owned by the caller)."""
+    def run(self, feeds: list[Any], copy: bool = True) -> list[Any]:
+        """``feeds``: runtime values in ``plan.inputs`` order. Returns plan outputs (owned by the caller;
+        with ``copy=False`` a frozen plan's are its own buffers: valid until its next call)."""
         if self.phase is Phase.SLOT_BY_SLOT:
             if self.backend is None and self.calls:          # the reference path: nothing to record
                 self.calls += 1
@@ -150,7 +151,7 @@ class PlanRunner:
                 self.freeze()
             return outs
         with torch.no_grad():       # out= replay steps reject autograd; an inference engine records none
-            outs = self._run_frozen(feeds)
+            outs = self._run_frozen(feeds, copy)
         self.calls += 1
         return outs
 
@@ -355,7 +356,7 @@ class PlanRunner:
                 diagnostics.segment_terminal(self.name, s.ctx.segment.index, "GAP", s.ctx.segment.reason)
 
     # ------------------------------------------------------------------ frozen execution
-    def _run_frozen(self, feeds: list[Any]) -> list[Any]:
+    def _run_frozen(self, feeds: list[Any], copy: bool = True) -> list[Any]:
         """One call after freeze: stage the inputs, then per segment one replay (or its lifecycle step).
 
         Everything is pre-bound at freeze: (register, staging buffer) pairs, variable registers, output
@@ -365,7 +366,7 @@ class PlanRunner:
         for (r, buf), x in zip(self._stage, feeds):
             if buf is None:
                 regs[r] = x
-            else:
+            elif x is not buf:                  # a staging buffer fed as itself holds its value already
                 buf.copy_(x)
         if self._vars:
             variables = self.variables
@@ -385,6 +386,8 @@ class PlanRunner:
                 self._advance(s, regs)
         if self.phase is Phase.SHAPES_FROZEN:
             self._maybe_promote()
+        if not copy:
+            return [regs[r] for r in self._out_regs]
         return [x.clone() if isinstance(x, torch.Tensor) else x for x in map(regs.__getitem__, self._out_regs)]
 
     def _eager(self, s: SegRun, regs: list[Any]) -> None:

@@ -155,6 +155,41 @@ def test_outputs_are_not_overwritten_by_later_calls():
         assert np.array_equal(o, ref.run({"x": rand(2, 8, seed=i)})[g.outputs[0].name])
 
 
+@pytest.mark.parametrize("mode", ["emulated_replay", "slot_by_slot"])
+def test_outputs_fed_back_in_place_give_the_copied_loops_values(mode):
+    """An output fed back as the next call's input (a decode loop): written into the plan's input buffer
+    (``input_buffers``) from ``run(copy=False)``'s output buffer, the values are those of the plain loop.
+    Before the plan freezes (and in slot_by_slot, which never freezes) there is no buffer to write into."""
+    import torch
+    g = mlp()
+    name = g.outputs[0].name
+    e, ref = sp.Engine(g, mode=mode), ref_engine(g)
+    x0 = torch.from_numpy(rand(2, 8, seed=3))
+    assert e.input_buffers({"x": x0}) == {}                   # no plan for this shape yet
+    want, x = [], x0
+    for _ in range(9):
+        x = ref.run({"x": x})[name]
+        want.append(x.clone())
+    for _ in range(4):                                          # record, freeze, warm up, capture
+        e.run({"x": x0})
+    stage = e.input_buffers({"x": x0})
+    if mode == "slot_by_slot":
+        assert stage == {}
+        return
+    buf = stage["x"]
+    buf.copy_(x0)
+    (runner,) = e.runners()
+    got = []
+    for _ in range(9):
+        out = e.run({"x": buf}, copy=False)[name]
+        assert out is runner.regs[runner._out_regs[0]]            # the plan's own buffer, not a copy
+        got.append(out.clone())
+        buf.copy_(out)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    fresh = e.run({"x": x0})[name]                               # copy=True: the caller's own tensor
+    assert fresh is not e.run({"x": x0})[name] and torch.equal(fresh, want[0])
+
+
 def test_torch_in_torch_out():
     import torch
     g = mlp()

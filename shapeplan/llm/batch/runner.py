@@ -27,7 +27,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from shapeplan import diagnostics
+from shapeplan import diagnostics, env
 from shapeplan.llm.batch.scheduler import Chunk
 from shapeplan.llm.batch.sequence import Sequence, TokenLogprob
 from shapeplan.llm.model import TOP_LOGPROBS, PagedKV
@@ -79,6 +79,7 @@ class ModelRunner:
         self.calls = 0
         self._before_first_call = before_first_call
         self.structured = None                   # constrained decoding (batch/constrained.py), set by the pipeline
+        self.in_place = env.get("SHAPEPLAN_DECODE_IN_PLACE")     # decode: outputs fed back into the plan's inputs
 
     def _first_call(self) -> None:
         if self._before_first_call is not None:
@@ -358,15 +359,28 @@ class ModelRunner:
         toks = torch.empty(steps, rows, pack_width(self.top_k), dtype=torch.float64, device=dev) if lp \
             else torch.empty(steps, rows, dtype=torch.int64, device=dev)
         marks = self._marks(seqs)
+        feeds = {"input_ids": ids, "positions": pos, "lengths": lengths, "block_tables": table, "state_slots": slots}
+        # the plan's own input buffers, written once a round and fed as themselves: a step's next token and
+        # position go straight into the next step's inputs (one device copy each, no copy out, no copy in)
+        stage = self.engine.input_buffers(feeds, outputs) if self.in_place else {}
+        for name, buf in stage.items():
+            buf.copy_(feeds[name])
+        feeds.update(stage)
+        back = (("input_ids", out), ("positions", "next_position"))
         for k in range(steps):
-            res = self.engine.run({"input_ids": ids, "positions": pos, "lengths": lengths,
-                                   "block_tables": table, "state_slots": slots}, outputs=outputs)
+            res = self.engine.run(feeds, outputs=outputs, copy=not stage)
             ids, pos = res[out], res["next_position"]
             if lp:
                 pack(toks[k], res, out)
             else:
                 toks[k] = ids[:, 0]
             self._mark_seen(seqs, ids, slots, marks)
+            if k + 1 < steps:
+                for name, key in back:
+                    if name in stage:
+                        stage[name].copy_(res[key])
+                    else:
+                        feeds[name] = res[key] if not stage else res[key].clone()
         self.calls += steps
         self.slot_tok[slots] = ids[:, 0]
         self.slot_pos[slots] = pos

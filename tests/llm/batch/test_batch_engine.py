@@ -111,6 +111,27 @@ def test_a_lone_stream_launched_ahead_gets_the_tokens_it_gets_without(family):
     assert pipe.kv_stats()["blocks_used"] == 0
 
 
+def test_decode_inputs_written_in_place_give_the_tokens_of_copied_ones(family):
+    """A decode round writes each step's token and position straight into the plan's input buffers
+    (SHAPEPLAN_DECODE_IN_PLACE, on: ``alone`` was made that way); with every step's inputs copied in and
+    outputs copied out instead, every request gets the same tokens, alone and batched."""
+    _, pipe, reqs, alone = family
+    runner, engine = pipe.batch.runner, pipe.batch.runner.engine
+    staged = []
+    engine.input_buffers = lambda feeds, outputs, orig=engine.input_buffers: staged.append(orig(feeds, outputs)) \
+        or staged[-1]
+    try:
+        assert [pipe.generate(p, n, s).token_ids for p, n, s in reqs[:3]] == alone[:3]
+        assert staged and all(sorted(d) == ["block_tables", "input_ids", "lengths", "positions", "state_slots"]
+                              for d in staged)
+        runner.in_place = False
+        assert [pipe.generate(p, n, s).token_ids for p, n, s in reqs] == alone
+        assert _staggered(pipe, reqs) == alone
+    finally:
+        runner.in_place = True
+        del engine.input_buffers
+
+
 def test_generate_batch_returns_results_in_order(family):
     _, pipe, reqs, alone = family
     res = pipe.generate_batch([p for p, _, _ in reqs], max_new_tokens=8, sampling=[s for _, _, s in reqs])
