@@ -164,7 +164,8 @@ SWITCHES: tuple[Switch, ...] = (
     Switch("SHAPEPLAN_DECODE_IN_PLACE", "bool", True,
            "a decode round's steps write each step's next token and position straight into the decode plan's input "
            "buffers (engine.input_buffers, run(copy=False)): a step copies 3 small tensors on the device, not 8 "
-           "(llm/batch/runner.py; 0: every step's inputs copied in and its outputs copied out)"),
+           "(llm/batch/runner.py; H100: llama-125m 4,200 / 3,835 -> 4,431 / 4,361 tok/s, llama-1b +0.8 %; 0: every step's "
+           "inputs copied in and its outputs copied out)"),
     Switch("SHAPEPLAN_CUDA_WARM", "bool", True,
            "the LLM pipeline's CUDA warm-up (loads cuBLAS, attention, index, cache-write and elementwise kernels "
            "while the graph is built)"),
