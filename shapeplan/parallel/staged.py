@@ -168,7 +168,13 @@ class StagedEngine:
                            devices=self.devices, layers=[st.layers for st in self.stages],
                            sends=[len(st.sends) for st in self.stages])
 
-    def run(self, feeds: Mapping[str, Any], outputs: Sequence[str] | None = None) -> dict[str, Any]:
+    def input_buffers(self, feeds: Mapping[str, Any], outputs: Sequence[str] | None = None) -> dict[str, Any]:
+        """``Engine.input_buffers``: none (the stages stage their own inputs), so a decode loop copies as usual."""
+        return {}
+
+    def run(self, feeds: Mapping[str, Any], outputs: Sequence[str] | None = None, *,
+            copy: bool = True) -> dict[str, Any]:
+        """``Engine.run``; the results are always the caller's own (``copy`` is accepted for the interface)."""
         want = list(outputs) if outputs is not None else self.output_names
         unknown = [n for n in want if n not in self._stage_of_output]
         if unknown:
