@@ -66,7 +66,6 @@ def family(request, checkpoints):
 
 def test_batched_tokens_equal_each_request_alone(family):
     _, pipe, reqs, alone = family
-    rounds = pipe.batch.async_rounds
     sched = pipe.scheduler
     left_out = []                                     # running requests a launched-ahead round did not hold
 
@@ -75,13 +74,11 @@ def test_batched_tokens_equal_each_request_alone(family):
         return orig(rows, ahead)
 
     sched.reserve_ahead = reserve_ahead
-    pipe.batch.launch_ahead = True                    # forced on (auto: on a GPU only): rounds launched ahead
     try:
-        assert _staggered(pipe, reqs) == alone
+        with launched_ahead(pipe, True):              # forced on (auto: on a GPU only): rounds launched ahead
+            assert _staggered(pipe, reqs) == alone
     finally:
-        pipe.batch.launch_ahead = "auto"
         del sched.reserve_ahead
-    assert pipe.batch.async_rounds > rounds
     assert not left_out, f"requests {sorted(set(left_out))} waited outside rounds launched ahead"
     stats = pipe.kv_stats()
     assert stats["blocks_used"] == 0 and stats["running"] == stats["waiting"] == 0
@@ -92,35 +89,34 @@ def test_a_lone_stream_launched_ahead_gets_the_tokens_it_gets_without(family):
     off: nothing to overlap); forced on here: every request alone, one ended mid-round by a stop token, and
     a session's second turn get the tokens they get without it, and the dropped rounds leave no block."""
     _, pipe, reqs, alone = family
-    assert pipe.batch.launch_ahead == "auto" and not pipe.batch._ahead([object()])      # CPU: off
+    with launched_ahead(pipe, "auto"):
+        assert not pipe.batch._ahead([object()])                # the CPU: off
     stop = alone[0][len(alone[0]) // 2]
-    ended = pipe.generate(reqs[0][0], 24, Sampling(stop_token_ids=[stop]))
-    with pipe.start_session() as sess:
-        turns = [sess.generate(p, n, s).token_ids for p, n, s in reqs[1:3]]
-    rounds = pipe.batch.async_rounds
-    pipe.batch.launch_ahead = True
-    try:
-        assert [pipe.generate(p, n, s).token_ids for p, n, s in reqs] == alone
+    with launched_ahead(pipe, False):
+        want = [pipe.generate(p, n, s).token_ids for p, n, s in reqs]
+        ended = pipe.generate(reqs[0][0], 24, Sampling(stop_token_ids=[stop]))
+        with pipe.start_session() as sess:
+            turns = [sess.generate(p, n, s).token_ids for p, n, s in reqs[1:3]]
+    with launched_ahead(pipe, True):
+        assert [pipe.generate(p, n, s).token_ids for p, n, s in reqs] == want == alone
         again = pipe.generate(reqs[0][0], 24, Sampling(stop_token_ids=[stop]))
         with pipe.start_session() as sess:
             assert [sess.generate(p, n, s).token_ids for p, n, s in reqs[1:3]] == turns
-    finally:
-        pipe.batch.launch_ahead = "auto"
     assert again.token_ids == ended.token_ids and again.finish_reason == ended.finish_reason == "stop"
-    assert pipe.batch.async_rounds > rounds
     assert pipe.kv_stats()["blocks_used"] == 0
 
 
 def test_decode_inputs_written_in_place_give_the_tokens_of_copied_ones(family):
     """A decode round writes each step's token and position straight into the plan's input buffers
-    (SHAPEPLAN_DECODE_IN_PLACE, on: ``alone`` was made that way); with every step's inputs copied in and
-    outputs copied out instead, every request gets the same tokens, alone and batched."""
+    (SHAPEPLAN_DECODE_IN_PLACE, on by default); with every step's inputs copied in and outputs copied out
+    instead, every request gets the same tokens, alone and batched."""
     _, pipe, reqs, alone = family
     runner, engine = pipe.batch.runner, pipe.batch.runner.engine
-    staged = []
+    staged, was = [], runner.in_place
     engine.input_buffers = lambda feeds, outputs, orig=engine.input_buffers: staged.append(orig(feeds, outputs)) \
         or staged[-1]
     try:
+        runner.in_place = True
         assert [pipe.generate(p, n, s).token_ids for p, n, s in reqs[:3]] == alone[:3]
         assert staged and all(sorted(d) == ["block_tables", "input_ids", "lengths", "positions", "state_slots"]
                               for d in staged)
@@ -128,7 +124,7 @@ def test_decode_inputs_written_in_place_give_the_tokens_of_copied_ones(family):
         assert [pipe.generate(p, n, s).token_ids for p, n, s in reqs] == alone
         assert _staggered(pipe, reqs) == alone
     finally:
-        runner.in_place = True
+        runner.in_place = was
         del engine.input_buffers
 
 
