@@ -236,6 +236,7 @@ class Engine:
         buffer passed back as its own input's feed is not copied: write the next call's value into it
         (e.g. the previous call's output, ``copy=False``) and feed it, one device copy instead of a copy
         out and a copy in. Its contents are the last call's input until then."""
+        self._validate(feeds)                     # bad feeds: run's InputError, not a KeyError here
         plan = self.plan(outputs)
         rt = [to_runtime(feeds[name], self.device) for name, _ in plan.inputs]
         runner = self.cache.get(self._key(plan, rt))

@@ -188,6 +188,8 @@ def test_outputs_fed_back_in_place_give_the_copied_loops_values(mode):
     assert all(torch.equal(a, b) for a, b in zip(got, want))
     fresh = e.run({"x": x0})[name]                               # copy=True: the caller's own tensor
     assert fresh is not e.run({"x": x0})[name] and torch.equal(fresh, want[0])
+    with pytest.raises(sp.InputError, match=r"missing input\(s\) \['x'\]"):
+        e.input_buffers({"y": x0})
 
 
 def test_torch_in_torch_out():
