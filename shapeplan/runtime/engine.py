@@ -206,10 +206,7 @@ class Engine:
         into the next call (``input_buffers``) then copies each value once, device to device."""
         if type(feeds) is not dict and not isinstance(feeds, Mapping):
             raise InputError(f"feeds must be a dict of input name -> array, got {type(feeds).__name__}")
-        self._validate(feeds)
-        plan = self.plan(outputs)
-        device = self.device
-        rt = [to_runtime(feeds[name], device) for name, _ in plan.inputs]
+        plan, rt = self._bind(feeds, outputs)
         torch_in = any(isinstance(x, torch.Tensor) for x in feeds.values())
         if self.exec_mode is Mode.SHAPE_INFERENCE_ONLY:
             self._check_constants()
@@ -236,13 +233,19 @@ class Engine:
         buffer passed back as its own input's feed is not copied: write the next call's value into it
         (e.g. the previous call's output, ``copy=False``) and feed it, one device copy instead of a copy
         out and a copy in. Its contents are the last call's input until then."""
-        self._validate(feeds)                     # bad feeds: run's InputError, not a KeyError here
-        plan = self.plan(outputs)
-        rt = [to_runtime(feeds[name], self.device) for name, _ in plan.inputs]
+        plan, rt = self._bind(feeds, outputs)
         runner = self.cache.get(self._key(plan, rt))
-        staging = getattr(runner, "staging", None) if runner is not None and runner.phase is not Phase.SLOT_BY_SLOT \
-            else None
-        return {name: staging[r] for name, r in plan.inputs if r in staging} if staging else {}
+        if runner is None or runner.phase is Phase.SLOT_BY_SLOT:
+            return {}
+        return {name: runner.staging[r] for name, r in plan.inputs if r in runner.staging}
+
+    def _bind(self, feeds: Mapping[str, Any], outputs: Sequence[str] | None) -> tuple[Plan, list[Any]]:
+        """The plan of ``outputs`` and ``feeds`` as runtime values in its input order (feeds validated first:
+        a bad one is an ``InputError`` naming it)."""
+        self._validate(feeds)
+        plan = self.plan(outputs)
+        device = self.device
+        return plan, [to_runtime(feeds[name], device) for name, _ in plan.inputs]
 
     def _key(self, plan: Plan, rt: list[Any]) -> PlanKey:
         """The plan cache key of a call: outputs, shape signature, mode, device, calling thread."""
@@ -258,9 +261,7 @@ class Engine:
         off (the CPU by default), or when the plan has already run. Used by the LLM pipeline while its
         CUDA warm-up runs (start-up time). A signature with a plan already (run or prepared) is left
         as it is (False)."""
-        self._validate(feeds)
-        plan = self.plan(outputs)
-        rt = [to_runtime(feeds[name], self.device) for name, _ in plan.inputs]
+        plan, rt = self._bind(feeds, outputs)
         if self.exec_mode in (Mode.SLOT_BY_SLOT, Mode.SHAPE_INFERENCE_ONLY):
             return False
         key = self._key(plan, rt)

@@ -21,6 +21,10 @@ _OVERRIDES = {
 }
 
 
+#: a test run twice: with the CPU's default (no round launched ahead) and with every round launched ahead
+AHEAD = pytest.mark.parametrize("ahead", ["auto", True], ids=["cpu_default", "launched_ahead"])
+
+
 @contextlib.contextmanager
 def launched_ahead(pipe, ahead):
     """``pipe.batch.launch_ahead = ahead`` inside the block. With True (what ``auto`` does on a GPU, here on

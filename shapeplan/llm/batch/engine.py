@@ -269,9 +269,12 @@ class BatchEngine:
                 self._accept(seq, ids, now, logprobs=lps)
 
     def _decode(self, plan: StepPlan) -> None:
-        toks = self.runner.decode(plan.decode, plan.steps)
-        self._inflight = (plan.decode, self._readback.request(toks), plan.steps)
+        self._inflight = self._launch(plan.decode, plan.steps)
+
+    def _launch(self, rows: list[Sequence], steps: int) -> tuple[list[Sequence], tuple, int]:
+        """A decode round of ``steps`` steps for ``rows``, launched: (rows, its read-back request, steps)."""
         self.decode_rounds += 1
+        return rows, self._readback.request(self.runner.decode(rows, steps)), steps
 
     def _next_round(self) -> None:
         """A decode round is in flight. When nothing else waits (no new request, abort or prompt to
@@ -287,13 +290,12 @@ class BatchEngine:
             # every running request must be in this round: one whose prefill ran after the round launched
             # joins the batch in a synchronous step (launching these rows ahead again would leave it out until
             # they end: 64 requests at once decoded as 49 and then 15, 33 % slower, H100, fortieth session)
-            quiet = self._ahead(rows) and not self._inbox.qsize() and not sched.waiting and not sched.prefilling \
+            quiet = self._ahead() and not self._inbox.qsize() and not sched.waiting and not sched.prefilling \
                 and len(sched.running) == len(rows)
             if quiet and all(s.status is Status.RUNNING and s.constraint is None for s in rows):
                 k = sched.reserve_ahead(rows, steps)
                 if k:
-                    nxt = (rows, self._readback.request(self.runner.decode(rows, k)), k)
-                    self.decode_rounds += 1
+                    nxt = self._launch(rows, k)
                     self.async_rounds += 1
             self._read_round(rows, pending)
         except Exception as e:  # noqa: BLE001 - fail these requests, keep serving the others
@@ -305,11 +307,9 @@ class BatchEngine:
         self._inflight = nxt
         self.steps += 1
 
-    def _ahead(self, rows: list[Sequence]) -> bool:
-        """Whether ``rows``' next round may launch before this one is read back (``launch_ahead``)."""
-        if self.launch_ahead == "auto":
-            return self.runner.device.type == "cuda"
-        return bool(self.launch_ahead)
+    def _ahead(self) -> bool:
+        """Whether a round's successor may launch before it is read back (``launch_ahead``; auto: on a GPU)."""
+        return self.runner.cuda if self.launch_ahead == "auto" else bool(self.launch_ahead)
 
     def _read_round(self, rows: list[Sequence], pending: tuple) -> None:
         got = Readback.get(pending)                                       # [steps][rows]

@@ -360,13 +360,10 @@ class ModelRunner:
             else torch.empty(steps, rows, dtype=torch.int64, device=dev)
         marks = self._marks(seqs)
         feeds = {"input_ids": ids, "positions": pos, "lengths": lengths, "block_tables": table, "state_slots": slots}
-        # the plan's own input buffers, written once a round and fed as themselves: a step's next token and
-        # position go straight into the next step's inputs (one device copy each, no copy out, no copy in)
+        # the plan's own input buffers (every feed has one once the plan is frozen): the first step copies the
+        # feeds into them, later steps feed them as themselves, a step's next token and position written straight
+        # into them (one device copy each, no copy out, no copy in)
         stage = self.engine.input_buffers(feeds, outputs) if self.in_place else {}
-        for name, buf in stage.items():
-            buf.copy_(feeds[name])
-        feeds.update(stage)
-        back = (("input_ids", out), ("positions", "next_position"))
         for k in range(steps):
             res = self.engine.run(feeds, outputs=outputs, copy=not stage)
             ids, pos = res[out], res["next_position"]
@@ -376,11 +373,12 @@ class ModelRunner:
                 toks[k] = ids[:, 0]
             self._mark_seen(seqs, ids, slots, marks)
             if k + 1 < steps:
-                for name, key in back:
-                    if name in stage:
-                        stage[name].copy_(res[key])
-                    else:
-                        feeds[name] = res[key] if not stage else res[key].clone()
+                if stage:
+                    stage["input_ids"].copy_(ids)
+                    stage["positions"].copy_(pos)
+                    feeds = stage
+                else:
+                    feeds["input_ids"], feeds["positions"] = ids, pos
         self.calls += steps
         self.slot_tok[slots] = ids[:, 0]
         self.slot_pos[slots] = pos

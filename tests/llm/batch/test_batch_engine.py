@@ -10,7 +10,7 @@ import pytest
 
 import shapeplan as sp
 from shapeplan.llm import GenerationPipeline, Sampling
-from tests.llm.conftest import MODEL_TYPES, launched_ahead
+from tests.llm.conftest import AHEAD, MODEL_TYPES, launched_ahead
 
 KW = dict(mode="emulated_replay", max_prefill_length=32, max_kv_cache_length=128, progress=False, sync_every=4,
           max_num_seqs=16)
@@ -90,7 +90,7 @@ def test_a_lone_stream_launched_ahead_gets_the_tokens_it_gets_without(family):
     a session's second turn get the tokens they get without it, and the dropped rounds leave no block."""
     _, pipe, reqs, alone = family
     with launched_ahead(pipe, "auto"):
-        assert not pipe.batch._ahead([object()])                # the CPU: off
+        assert not pipe.batch._ahead()                # the CPU: off
     stop = alone[0][len(alone[0]) // 2]
     with launched_ahead(pipe, False):
         want = [pipe.generate(p, n, s).token_ids for p, n, s in reqs]
@@ -136,9 +136,6 @@ def test_generate_batch_returns_results_in_order(family):
         assert r.token_ids[:m] == a[:m]
         assert len(r.token_ids) == 8 or r.finish_reason == "stop"
     assert all(r.finish_reason in ("stop", "length") and r.metrics.new_tokens == len(r.token_ids) for r in res)
-
-
-AHEAD = pytest.mark.parametrize("ahead", ["auto", True], ids=["cpu_default", "launched_ahead"])
 
 
 @AHEAD

@@ -9,7 +9,7 @@ import torch
 from shapeplan.errors import InputError
 from shapeplan.llm import GenerationPipeline, Sampling
 from shapeplan.llm.model import TOP_LOGPROBS
-from tests.llm.conftest import launched_ahead
+from tests.llm.conftest import AHEAD, launched_ahead
 
 KW = dict(mode="emulated_replay", max_prefill_length=64, max_kv_cache_length=128, progress=False, sync_every=4,
           max_num_seqs=16)
@@ -69,7 +69,7 @@ def test_logprobs_zero_gives_the_tokens_logprob_only(pipe):
     _check(pipe, prompt, ids, lps, 0)
 
 
-@pytest.mark.parametrize("ahead", ["auto", True], ids=["cpu_default", "launched_ahead"])
+@AHEAD
 def test_a_batch_with_and_without_logprobs_keeps_everyones_tokens(pipe, ahead):
     prompts = [pipe.encode(t) for t in ("Explain KV caching", "A compile-once engine", "Hello", "0 1 2 3")]
     alone = [pipe.generate(p, 12, Sampling.greedy()).token_ids for p in prompts]

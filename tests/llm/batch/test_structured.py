@@ -12,7 +12,7 @@ import pytest
 
 from shapeplan.errors import ConstraintError
 from shapeplan.llm import Constraint, GenerationPipeline, Sampling, parse_tool_calls
-from tests.llm.conftest import launched_ahead
+from tests.llm.conftest import AHEAD, launched_ahead
 
 pytest.importorskip("xgrammar")
 jsonschema = pytest.importorskip("jsonschema")
@@ -132,7 +132,7 @@ def test_tool_call_auto_allows_text_and_valid_calls(pipe):
             assert _prefix_ok(pipe, c, r.token_ids)
 
 
-@pytest.mark.parametrize("ahead", ["auto", True], ids=["cpu_default", "launched_ahead"])
+@AHEAD
 def test_unconstrained_rows_in_a_constrained_batch_get_their_tokens_alone(pipe, ahead):
     plain = [Sampling.greedy(), Sampling(temperature=1.0, seed=7), Sampling(temperature=0.8, top_k=20, seed=9),
              Sampling(repetition_penalty=1.3), Sampling(presence_penalty=1.0, logit_bias={5: 3.0})]
