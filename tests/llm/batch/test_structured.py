@@ -137,11 +137,15 @@ def test_unconstrained_rows_in_a_constrained_batch_get_their_tokens_alone(pipe, 
     plain = [Sampling.greedy(), Sampling(temperature=1.0, seed=7), Sampling(temperature=0.8, top_k=20, seed=9),
              Sampling(repetition_penalty=1.3), Sampling(presence_penalty=1.0, logit_bias={5: 3.0})]
     prompts = [f"plain {i}" for i in range(len(plain))]
-    alone = [pipe.generate(p, 20, s).token_ids for p, s in zip(prompts, plain)]
+    # the plain rows run 40 tokens (EOS ignored), the constrained ones at most 20: the batch's last rounds hold
+    # plain rows only, so with ``ahead`` on some of them launch ahead whatever the timing
+    alone = [pipe._result(pipe.submit(p, 40, s, ignore_eos=True), s).token_ids for p, s in zip(prompts, plain)]
     c = Constraint.json_schema(BOUNDED)
-    mixed = plain + [Sampling(temperature=1.0, seed=i, constraint=c) for i in range(6)]
+    json_rows = [Sampling(temperature=1.0, seed=i, constraint=c) for i in range(6)]
     with launched_ahead(pipe, ahead):          # on: rounds go ahead once no constrained row is left
-        res = pipe.generate_batch(prompts + [f"json {i}" for i in range(6)], max_new_tokens=20, sampling=mixed)
+        handles = [(pipe.submit(p, 40, s, ignore_eos=True), s) for p, s in zip(prompts, plain)]
+        handles += [(pipe.submit(f"json {i}", 20, s), s) for i, s in enumerate(json_rows)]
+        res = [pipe._result(h, s) for h, s in handles]
     assert [r.token_ids for r in res[:len(plain)]] == alone
     for r in res[len(plain):]:
         assert r.finish_reason == "length" or json.loads(r.text)
