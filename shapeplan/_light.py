@@ -15,6 +15,36 @@ MODULES = {"generate": "generate", "ps": "ps", "stop": "ps"}
 SERVER_COMMAND = "_keepalive-server"
 
 
+def _flag(args: list[str], name: str) -> str | None:
+    """The value of ``name VALUE`` or ``name=VALUE`` in ``args`` (the last one given), else None."""
+    value = None
+    for i, a in enumerate(args):
+        if a == name and i + 1 < len(args):
+            value = args[i + 1]
+        elif a.startswith(name + "="):
+            value = a.split("=", 1)[1]
+    return value
+
+
+def start_tokenizer_early(argv: list[str] | None = None) -> None:
+    """A ``generate`` or ``chat`` command that will load its model in this process (no keep-alive, no
+    ``--tp``): start the helper that parses its checkpoint's tokenizer.json now, before ``import shapeplan``
+    imports torch (1.5-4 s on the lent GPU machines), so that the parse is over when the pipeline asks for it
+    (shapeplan/_tokproc.py; ``SHAPEPLAN_TOKENIZER_PROCESS`` decides). Best effort: the command starts it
+    otherwise (a second start for the same checkpoint is nothing), and a helper nobody takes ends at exit."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if (not args or args[0] not in ("generate", "chat") or light_command(args)
+            or any(a == "--tp" or a.startswith("--tp=") for a in args)):
+        return
+    model = _flag(args, "--model")
+    if model:
+        from shapeplan import _tokproc
+        try:
+            _tokproc.start_for_command(model)
+        except SwitchError:                    # a bad SHAPEPLAN_TOKENIZER_PROCESS: the command's own start says so
+            pass
+
+
 def light_command(argv: list[str] | None = None) -> bool:
     """Whether this process's command needs the standard library only: ``ps``, ``stop``, or ``generate``
     with a keep-alive (its ``--keep-alive`` or ``SHAPEPLAN_KEEP_ALIVE``) and no ``--tp``. ``shapeplan/__init__``
@@ -27,12 +57,7 @@ def light_command(argv: list[str] | None = None) -> bool:
         return True
     if args[0] != "generate" or any(a == "--tp" or a.startswith("--tp=") for a in args):
         return False
-    flag = None
-    for i, a in enumerate(args):
-        if a == "--keep-alive" and i + 1 < len(args):
-            flag = args[i + 1]
-        elif a.startswith("--keep-alive="):
-            flag = a.split("=", 1)[1]
+    flag = _flag(args, "--keep-alive")
     try:
         return (env.get("SHAPEPLAN_KEEP_ALIVE") if flag is None else env.duration(flag)) > 0
     except (ValueError, SwitchError):          # the command's own parse reports it

@@ -194,9 +194,9 @@ SWITCHES: tuple[Switch, ...] = (
            "`shapeplan generate` ends with os._exit after the atexit handlers (0: the interpreter's full teardown)"),
     Switch("SHAPEPLAN_TOKENIZER_PROCESS", "auto|on|off", "auto",
            "`shapeplan generate` / `chat` parse the checkpoint's tokenizer.json in a helper process started as the "
-           "command begins, beside its imports and the weights load, and encode / decode through it (the parse "
-           "holds the GIL, so no thread can hide it; shapeplan/_tokproc.py); auto: where this process may use 4 or "
-           "more CPUs (on the 2-CPU dev box the helper's parse slowed the command's graph build by what it saved)"),
+           "command's `import shapeplan` begins, beside torch's import and the weights load, and encode / decode "
+           "through it (the parse holds the GIL, so no thread can hide it; shapeplan/_tokproc.py); auto: where this "
+           "process may use 2 or more CPUs (with one, the parse would only take the command's own time)"),
     Switch("SHAPEPLAN_TOKENIZER_THREAD", "auto|on|off", "auto",
            "from_pretrained parses tokenizer.json on a thread while the weights load and the graph is built, and "
            "waits for it before returning (on; auto is off on every device: tokenizers holds the GIL while it "

@@ -16,9 +16,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _chat(args: argparse.Namespace, input_fn=input) -> int:
-    from shapeplan.commands.generate import load_pipeline, print_metrics, sampling_from, start_tokenizer_process
+    from shapeplan import _tokproc
+    from shapeplan.commands.generate import load_pipeline, print_metrics, sampling_from
     from shapeplan.errors import InputError
-    start_tokenizer_process(args.model)
+    _tokproc.start_for_command(args.model)
     pipe = load_pipeline(args)
     sampling = sampling_from(args)
     print("chat: empty line or /exit quits, /reset starts over", file=sys.stderr)

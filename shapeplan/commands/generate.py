@@ -148,7 +148,8 @@ def _generate(args: argparse.Namespace) -> int:
     if args.tp > 1:
         from shapeplan.parallel.cli import generate
         return generate(args, chat_template_arg(args))
-    start_tokenizer_process(args.model)
+    from shapeplan import _tokproc
+    _tokproc.start_for_command(args.model)           # (started as the package imported: shapeplan/_light.py)
     cuda_init = start_cuda_init(args.device)
     from shapeplan.llm import GenerationPipeline  # noqa: F401 - timed apart from the pipeline's start
     t_imports = time.perf_counter()
@@ -194,20 +195,6 @@ def since_process_start() -> float | None:
         return max(0.0, time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK"))
     except (OSError, ValueError, IndexError, AttributeError):
         return None
-
-
-def start_tokenizer_process(model: str) -> None:
-    """With ``SHAPEPLAN_TOKENIZER_PROCESS`` (auto: 4 or more CPUs for this process), start parsing the
-    checkpoint's tokenizer.json in a helper process now, beside the rest of the imports and the weights load
-    (shapeplan/_tokproc.py: the parse holds the GIL, so a thread could not hide it); the pipeline's Tokenizer
-    then asks it. It needs a CPU of its own: on the 2-CPU dev box the command's graph build slowed by what
-    the helper saved (llama-1b: "config + tokenizer" 0.25-0.33 -> 0.000 s, "graph" 0.31-0.38 -> 0.55-0.73 s)."""
-    from shapeplan import env
-    mode = env.get("SHAPEPLAN_TOKENIZER_PROCESS")
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    if (mode == "on" or mode == "auto" and cpus >= 4) and os.path.isdir(model):
-        from shapeplan import _tokproc
-        _tokproc.start(model)
 
 
 def start_cuda_init(device: str) -> threading.Thread | None:

@@ -74,15 +74,14 @@ def test_a_helper_that_says_something_else_is_replaced_too(checkpoints, monkeypa
 
 
 def test_the_command_starts_it_and_the_pipeline_uses_it(checkpoints, monkeypatch):
-    """``start_tokenizer_process`` (the generate / chat commands, first thing): the pipeline's tokenizer is
+    """``_tokproc.start_for_command`` (the generate / chat commands, first thing): the pipeline's tokenizer is
     the helper's, the completion the same as without it; ``SHAPEPLAN_TOKENIZER_PROCESS=off`` starts none,
-    and neither does a path that is not a checkpoint directory; auto: with 4 or more CPUs."""
-    from shapeplan.commands.generate import start_tokenizer_process
+    and neither does a path that is not a checkpoint directory; auto: with 2 or more CPUs."""
     path = checkpoints("llama")
     texts = []
     for on in ("on", "off"):
         monkeypatch.setenv("SHAPEPLAN_TOKENIZER_PROCESS", on)
-        start_tokenizer_process(path)
+        _tokproc.start_for_command(path)
         assert bool(_tokproc._started) == (on == "on")
         pipe = GenerationPipeline.from_pretrained(path, max_prefill_length=32, max_kv_cache_length=96, progress=False)
         try:
@@ -92,11 +91,56 @@ def test_the_command_starts_it_and_the_pipeline_uses_it(checkpoints, monkeypatch
             pipe.close()
     assert texts[0] == texts[1]
     monkeypatch.setenv("SHAPEPLAN_TOKENIZER_PROCESS", "on")
-    start_tokenizer_process(os.path.join(path, "model.gguf"))
+    _tokproc.start_for_command(os.path.join(path, "model.gguf"))
     assert not _tokproc._started
     monkeypatch.setenv("SHAPEPLAN_TOKENIZER_PROCESS", "auto")
-    for cpus, started in ((2, False), (16, True)):
+    for cpus, started in ((1, False), (2, True), (16, True)):
         monkeypatch.setattr(os, "sched_getaffinity", lambda pid, n=cpus: set(range(n)), raising=False)
-        start_tokenizer_process(path)
+        _tokproc.start_for_command(path)
         assert bool(_tokproc._started) == started
+        _tokproc._close_unclaimed()
+
+
+def test_a_command_starts_it_before_torch_imports(checkpoints, monkeypatch):
+    """``import shapeplan`` in a generate / chat command's process starts the helper before it imports torch
+    (shapeplan/_light.py: the parse then runs beside torch's import); not for a keep-alive client, ``--tp`` or
+    another command, and a bad switch value is left to the command's own start to report."""
+    import subprocess
+    import sys
+    path = checkpoints("llama")
+    probe = ("import subprocess, sys\n"
+             "seen = []\n"
+             "class Popen(subprocess.Popen):\n"
+             "    def __init__(self, *a, **k):\n"
+             "        seen.append('torch' in sys.modules)\n"
+             "        super().__init__(*a, **k)\n"
+             "subprocess.Popen = Popen\n"
+             "sys.argv = ['shapeplan', *sys.argv[1:]]\n"
+             "import shapeplan\n"
+             "from shapeplan import _tokproc\n"
+             "print(seen, len(_tokproc._started), 'torch' in sys.modules)\n")
+    env = {**os.environ, "SHAPEPLAN_TOKENIZER_PROCESS": "on"}
+    env.pop("SHAPEPLAN_KEEP_ALIVE", None)
+    out = subprocess.run([sys.executable, "-c", probe, "generate", "--model", path, "--prompt", "hi"], env=env,
+                         capture_output=True, text=True, timeout=120, check=True).stdout.split()
+    assert out == ["[False]", "1", "True"]          # the helper first, torch after
+    out = subprocess.run([sys.executable, "-c", probe, "chat", f"--model={path}"], env=env,
+                         capture_output=True, text=True, timeout=120, check=True).stdout.split()
+    assert out == ["[False]", "1", "True"]
+
+    from shapeplan._light import start_tokenizer_early
+    monkeypatch.setenv("SHAPEPLAN_TOKENIZER_PROCESS", "on")
+    monkeypatch.delenv("SHAPEPLAN_KEEP_ALIVE", raising=False)
+    try:
+        for argv in (["generate", "--model", path, "--keep-alive", "5m"], ["generate", "--model", path, "--tp", "2"],
+                     ["serve", "--model", path], ["generate", "--prompt", "hi"], []):
+            start_tokenizer_early(argv)
+            assert not _tokproc._started, argv
+        monkeypatch.setenv("SHAPEPLAN_TOKENIZER_PROCESS", "sometimes")
+        start_tokenizer_early(["generate", "--model", path])          # no error here: the command's own reports it
+        assert not _tokproc._started
+        monkeypatch.setenv("SHAPEPLAN_TOKENIZER_PROCESS", "on")
+        start_tokenizer_early(["generate", "--model", path])
+        assert len(_tokproc._started) == 1
+    finally:
         _tokproc._close_unclaimed()
