@@ -68,6 +68,10 @@ step generate_cmd_tok extra 300 'for r in 1 2; do for t in off on; do echo "toke
 # with 4+ CPUs, as there); "old" (both off), "gc" (the first), "both", alternating, two rounds, two runs of the command each
 step generate_cmd_ab extra 420 'for r in 1 2; do for c in old gc both; do g=1; t=1; [ $c = old ] && g=0; [ $c = both ] || t=0; echo "config $c"; SHAPEPLAN_GC_PAUSE=$g SHAPEPLAN_TOKENIZER_PROCESS=$([ $t = 1 ] && echo on || echo off) python3 -m bench.startup --generate-cmd --preset llama-1b --device cuda; done; done' \
   'awk '\''$1=="config" {t=$2} $1=="wall" {printf "%s: %s / %s s; ", t, $2, $3}'\'' $L'
+# the weights' load threads (SHAPEPLAN_LOAD_THREADS: 4 by default) against 8, alternating, two rounds of the command
+# (forty-second session: the "weights" phase read 2.47 GB in ~0.4 s, ~6 GB/s, on the H100 of the forty-first)
+step generate_cmd_threads extra 300 'for r in 1 2; do for n in 4 8; do echo "load threads $n"; SHAPEPLAN_LOAD_THREADS=$n python3 -m bench.startup --generate-cmd --preset llama-1b --device cuda; done; done' \
+  'awk '\''$1=="load" {t=$3} $1=="weights" {w=$2 "/" $3} $1=="wall" {x=$2 " / " $3} $1=="exit" {printf "%s threads: %s s (weights %s); ", t, x, w}'\'' $L'
 step block_stack quick 150 'python3 -m bench.block_stack --shapes 1x1,8x512 --optimize --no-compile --json $W/block_stack.json' \
   'awk '\''$2=="cuda_graphs" || $2=="triton" {printf "%s %s %s ms (ready %s s); ", $1, $2, $3, $5}'\'' $L'
 SERVE='python3 -m shapeplan bench --device cuda --config triton --prompt-len 128 --new-tokens 256'

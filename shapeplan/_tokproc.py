@@ -21,11 +21,12 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from typing import Any
 
 #: the helper: parse argv[1], say so (or why not), then answer one JSON request per line
 _HELPER = r"""
-import json, sys
+import json, sys, time
 out = sys.stdout
 try:
     from tokenizers import Tokenizer
@@ -34,7 +35,7 @@ except Exception as e:
     out.write(json.dumps({"error": str(e)}) + "\n")
     out.flush()
     sys.exit(0)
-out.write('{"ok": true}\n')
+out.write(json.dumps({"ok": True, "t": time.time()}) + "\n")
 out.flush()
 for line in sys.stdin:
     op, args = json.loads(line)
@@ -55,6 +56,9 @@ for line in sys.stdin:
 """
 
 _started: dict[str, "TokenizerProcess"] = {}
+#: (name, start, end) on the perf_counter clock: each helper's start and the moment it had parsed its file
+#: (``generate --timings`` prints them with the warm-up's parts)
+timeline: list[tuple[str, float, float]] = []
 
 
 @atexit.register
@@ -86,6 +90,8 @@ class TokenizerProcess:
     def __init__(self, tokenizer_json: str) -> None:
         self._lock = threading.Lock()
         self._ready: bool | None = None
+        self.started = time.perf_counter()
+        self.parsed: float | None = None          # when the helper had parsed the file (perf_counter clock), once known
         self._error: str | None = None
         try:
             self._p = subprocess.Popen([sys.executable, "-c", _HELPER, tokenizer_json], stdin=subprocess.PIPE,
@@ -102,6 +108,9 @@ class TokenizerProcess:
                 line = self._p.stdout.readline() if self._p.stdout else ""
                 msg = _message(line)
                 self._ready = msg is not None and "ok" in msg
+                if self._ready and isinstance(msg.get("t"), (int, float)):    # its wall clock, on ours
+                    self.parsed = time.perf_counter() - max(0.0, time.time() - msg["t"])
+                    timeline.append(("tokenizer", self.started, self.parsed))
                 self._error = None if msg is None else msg.get("error")
         if self._error is not None:
             raise ParseError(self._error)

@@ -197,6 +197,10 @@ def since_process_start() -> float | None:
         return None
 
 
+#: the CUDA context thread's (name, start, end) on the perf_counter clock (``--timings``)
+_context: list[tuple[str, float, float]] = []
+
+
 def start_cuda_init(device: str) -> threading.Thread | None:
     """On CUDA, create the device's context on a thread now: it then overlaps the rest of the command's
     imports and the config and tokenizer reads instead of starting the weights load. Best effort: a
@@ -205,6 +209,7 @@ def start_cuda_init(device: str) -> threading.Thread | None:
         return None
 
     def init() -> None:
+        t = time.perf_counter()
         import torch
         try:
             dev = torch.device(device)
@@ -213,6 +218,8 @@ def start_cuda_init(device: str) -> threading.Thread | None:
             torch.empty(1, device=dev)
         except Exception:  # noqa: BLE001, S110 - the weights load raises the real error
             pass
+        finally:
+            _context.append(("context", t, time.perf_counter()))
     t = threading.Thread(target=init, name="shapeplan-cuda-init", daemon=True)
     t.start()
     return t
@@ -220,13 +227,16 @@ def start_cuda_init(device: str) -> threading.Thread | None:
 
 def print_warmup_parts(origin: float, file=None) -> None:
     """The CUDA warm-up's parts (``llm/warmup.py``: each loads the libraries and kernel modules of some of
-    the model's ops) as start-end seconds since ``origin`` (the process start, ``time.perf_counter`` clock), then
-    one ``warm-up parts {json}`` line; nothing when no warm-up ran."""
+    the model's ops), with the CUDA context's thread and the tokenizer helper's parse (start to parsed), as
+    start-end seconds since ``origin`` (the process start, ``time.perf_counter`` clock), then one ``warm-up
+    parts {json}`` line; nothing when no warm-up ran."""
+    from shapeplan import _tokproc
     from shapeplan.llm import warmup
     if not warmup.timings:
         return
     file = file if file is not None else sys.stderr
-    parts = {name: (round(a - origin, 4), round(b - origin, 4)) for name, a, b in warmup.timings}
+    parts = {name: (round(a - origin, 4), round(b - origin, 4))
+             for name, a, b in [*_context, *_tokproc.timeline, *warmup.timings]}
     print("warm-up parts (s since the process started): "
           + ", ".join(f"{n} {a:.3f}-{b:.3f}" for n, (a, b) in parts.items()), file=file)
     print("warm-up parts " + json.dumps(parts), file=file)

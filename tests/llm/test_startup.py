@@ -127,17 +127,24 @@ def test_bench_startup_generate_cmd_on_cpu(tmp_path, capsys):
 
 def test_generate_timings_print_the_warm_up_parts(monkeypatch):
     """`--timings` names each CUDA warm-up part with its start and end since the process started (a table
-    line, then one `warm-up parts {json}` line that bench/startup.py reads); nothing without a warm-up."""
+    line, then one `warm-up parts {json}` line that bench/startup.py reads), the CUDA context's thread and
+    the tokenizer helper's parse first; nothing without a warm-up."""
     import io
 
+    from shapeplan import _tokproc
+    from shapeplan.commands import generate
     from shapeplan.commands.generate import print_warmup_parts
     from shapeplan.llm import warmup
     monkeypatch.setattr(warmup, "timings", [("gemms", 10.5, 11.25), ("attention", 10.5, 12.0)])
+    monkeypatch.setattr(generate, "_context", [("context", 10.25, 10.75)])
+    monkeypatch.setattr(_tokproc, "timeline", [("tokenizer", 10.0, 10.5)])
     out = io.StringIO()
     print_warmup_parts(10.0, file=out)
     lines = out.getvalue().splitlines()
-    assert lines[0] == "warm-up parts (s since the process started): gemms 0.500-1.250, attention 0.500-2.000"
-    assert json.loads(lines[1][len("warm-up parts "):]) == {"gemms": [0.5, 1.25], "attention": [0.5, 2.0]}
+    assert lines[0] == ("warm-up parts (s since the process started): context 0.250-0.750, tokenizer 0.000-0.500, "
+                        "gemms 0.500-1.250, attention 0.500-2.000")
+    assert json.loads(lines[1][len("warm-up parts "):]) == {"context": [0.25, 0.75], "tokenizer": [0.0, 0.5],
+                                                           "gemms": [0.5, 1.25], "attention": [0.5, 2.0]}
     monkeypatch.setattr(warmup, "timings", [])
     out = io.StringIO()
     print_warmup_parts(10.0, file=out)

@@ -19,9 +19,14 @@ TEXTS = ["Explain KV caching: keys and values", "", "héllo wörld \u2014 \U0001
 def test_the_helper_answers_as_the_tokenizer(checkpoints):
     path = checkpoints("llama")
     ref = Tokenizer(path)
-    assert _tokproc.start(path) is not None
+    import time
+    helper = _tokproc.start(path)
+    assert helper is not None
     tok = Tokenizer(path)
     assert tok._helper is not None and tok._tok is tok._helper and not _tokproc._started
+    helper.wait()                                      # its parse's moment, on this process's clock (--timings)
+    assert helper.started <= helper.parsed <= time.perf_counter()
+    assert _tokproc.timeline[-1] == ("tokenizer", helper.started, helper.parsed)
     for text in TEXTS:
         for special in (True, False):
             ids = tok.encode(text, add_special_tokens=special)
