@@ -384,10 +384,9 @@ def _load(spec: dict):
     process and the CUDA context's thread started first)."""
     import argparse
 
-    from shapeplan import _gc
-    from shapeplan import _tokproc
+    from shapeplan import _gc, _tokproc
     from shapeplan.commands.generate import load_pipeline, start_cuda_init
-    _tokproc.start_for_command(spec["model"])          # as the in-process command overlaps them with its imports
+    _tokproc.start_for_command(spec["model"])        # as the in-process command overlaps them with its imports
     cuda_init = start_cuda_init(spec["device"])
     with _gc.startup():               # torch's import too (the package imported none of it: shapeplan/_light.py)
         pipe = load_pipeline(argparse.Namespace(**{k: spec.get(k) for k in ("model", *_ENGINE)}))
