@@ -153,6 +153,7 @@ def _generate(args: argparse.Namespace) -> int:
     cuda_init = start_cuda_init(args.device)
     from shapeplan.llm import GenerationPipeline  # noqa: F401 - timed apart from the pipeline's start
     t_imports = time.perf_counter()
+    _context.append(("import shapeplan.llm", t0, t_imports))      # after the interpreter and torch (--timings)
     pipe = load_pipeline(args)
     if cuda_init is not None:
         cuda_init.join()
@@ -197,7 +198,7 @@ def since_process_start() -> float | None:
         return None
 
 
-#: the CUDA context thread's (name, start, end) on the perf_counter clock (``--timings``)
+#: (name, start, end) of the CUDA context's thread and the shapeplan.llm import, perf_counter clock (``--timings``)
 _context: list[tuple[str, float, float]] = []
 
 
@@ -227,9 +228,9 @@ def start_cuda_init(device: str) -> threading.Thread | None:
 
 def print_warmup_parts(origin: float, file=None) -> None:
     """The CUDA warm-up's parts (``llm/warmup.py``: each loads the libraries and kernel modules of some of
-    the model's ops), with the CUDA context's thread and the tokenizer helper's parse (start to parsed), as
-    start-end seconds since ``origin`` (the process start, ``time.perf_counter`` clock), then one ``warm-up
-    parts {json}`` line; nothing when no warm-up ran."""
+    the model's ops), with the CUDA context's thread, the shapeplan.llm import and the tokenizer helper's
+    parse (start to parsed), as start-end seconds since ``origin`` (the process start, ``time.perf_counter``
+    clock), then one ``warm-up parts {json}`` line; nothing when no warm-up ran."""
     from shapeplan import _tokproc
     from shapeplan.llm import warmup
     if not warmup.timings:
