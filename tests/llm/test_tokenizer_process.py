@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -19,7 +22,6 @@ TEXTS = ["Explain KV caching: keys and values", "", "héllo wörld \u2014 \U0001
 def test_the_helper_answers_as_the_tokenizer(checkpoints):
     path = checkpoints("llama")
     ref = Tokenizer(path)
-    import time
     helper = _tokproc.start(path)
     assert helper is not None
     tok = Tokenizer(path)
@@ -110,8 +112,6 @@ def test_a_command_starts_it_before_torch_imports(checkpoints, monkeypatch):
     """``import shapeplan`` in a generate / chat command's process starts the helper before it imports torch
     (shapeplan/_light.py: the parse then runs beside torch's import); not for a keep-alive client, ``--tp`` or
     another command, and a bad switch value is left to the command's own start to report."""
-    import subprocess
-    import sys
     path = checkpoints("llama")
     probe = ("import subprocess, sys\n"
              "seen = []\n"
