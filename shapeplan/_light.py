@@ -15,6 +15,11 @@ MODULES = {"generate": "generate", "ps": "ps", "stop": "ps"}
 SERVER_COMMAND = "_keepalive-server"
 
 
+def _given(args: list[str], name: str) -> bool:
+    """Whether ``args`` give the flag ``name`` (``name`` or ``name=VALUE``)."""
+    return any(a == name or a.startswith(name + "=") for a in args)
+
+
 def _flag(args: list[str], name: str) -> str | None:
     """The value of ``name VALUE`` or ``name=VALUE`` in ``args`` (the last one given), else None."""
     value = None
@@ -33,8 +38,7 @@ def start_tokenizer_early(argv: list[str] | None = None) -> None:
     (shapeplan/_tokproc.py; ``SHAPEPLAN_TOKENIZER_PROCESS`` decides). Best effort: the command starts it
     otherwise (a second start for the same checkpoint is nothing), and a helper nobody takes ends at exit."""
     args = list(sys.argv[1:] if argv is None else argv)
-    if (not args or args[0] not in ("generate", "chat") or light_command(args)
-            or any(a == "--tp" or a.startswith("--tp=") for a in args)):
+    if not args or args[0] not in ("generate", "chat") or light_command(args) or _given(args, "--tp"):
         return
     model = _flag(args, "--model")
     if model:
@@ -55,7 +59,7 @@ def light_command(argv: list[str] | None = None) -> bool:
         return False
     if (args[0] in MODULES and args[0] != "generate") or args[0] == SERVER_COMMAND:  # (a server: binds first)
         return True
-    if args[0] != "generate" or any(a == "--tp" or a.startswith("--tp=") for a in args):
+    if args[0] != "generate" or _given(args, "--tp"):
         return False
     flag = _flag(args, "--keep-alive")
     try:

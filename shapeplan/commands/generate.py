@@ -153,7 +153,7 @@ def _generate(args: argparse.Namespace) -> int:
     cuda_init = start_cuda_init(args.device)
     from shapeplan.llm import GenerationPipeline  # noqa: F401 - timed apart from the pipeline's start
     t_imports = time.perf_counter()
-    _context.append(("import shapeplan.llm", t0, t_imports))      # after the interpreter and torch (--timings)
+    _parts.append(("import shapeplan.llm", t0, t_imports))      # after the interpreter and torch (--timings)
     pipe = load_pipeline(args)
     if cuda_init is not None:
         cuda_init.join()
@@ -199,7 +199,7 @@ def since_process_start() -> float | None:
 
 
 #: (name, start, end) of the CUDA context's thread and the shapeplan.llm import, perf_counter clock (``--timings``)
-_context: list[tuple[str, float, float]] = []
+_parts: list[tuple[str, float, float]] = []
 
 
 def start_cuda_init(device: str) -> threading.Thread | None:
@@ -220,7 +220,7 @@ def start_cuda_init(device: str) -> threading.Thread | None:
         except Exception:  # noqa: BLE001, S110 - the weights load raises the real error
             pass
         finally:
-            _context.append(("context", t, time.perf_counter()))
+            _parts.append(("context", t, time.perf_counter()))
     t = threading.Thread(target=init, name="shapeplan-cuda-init", daemon=True)
     t.start()
     return t
@@ -237,7 +237,7 @@ def print_warmup_parts(origin: float, file=None) -> None:
         return
     file = file if file is not None else sys.stderr
     parts = {name: (round(a - origin, 4), round(b - origin, 4))
-             for name, a, b in [*_context, *_tokproc.timeline, *warmup.timings]}
+             for name, a, b in [*_parts, *_tokproc.timeline, *warmup.timings]}
     print("warm-up parts (s since the process started): "
           + ", ".join(f"{n} {a:.3f}-{b:.3f}" for n, (a, b) in parts.items()), file=file)
     print("warm-up parts " + json.dumps(parts), file=file)

@@ -136,7 +136,7 @@ def test_generate_timings_print_the_warm_up_parts(monkeypatch):
     from shapeplan.commands.generate import print_warmup_parts
     from shapeplan.llm import warmup
     monkeypatch.setattr(warmup, "timings", [("gemms", 10.5, 11.25), ("attention", 10.5, 12.0)])
-    monkeypatch.setattr(generate, "_context", [("context", 10.25, 10.75)])
+    monkeypatch.setattr(generate, "_parts", [("context", 10.25, 10.75)])
     monkeypatch.setattr(_tokproc, "timeline", [("tokenizer", 10.0, 10.5)])
     out = io.StringIO()
     print_warmup_parts(10.0, file=out)
