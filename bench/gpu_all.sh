@@ -72,10 +72,6 @@ step generate_cmd_ab extra 420 'for r in 1 2; do for c in old gc both; do g=1; t
 # (forty-second session: the "weights" phase read 2.47 GB in ~0.4 s, ~6 GB/s, on the H100 of the forty-first)
 step generate_cmd_threads extra 300 'for r in 1 2; do for n in 4 8; do echo "load threads $n"; SHAPEPLAN_LOAD_THREADS=$n python3 -m bench.startup --generate-cmd --preset llama-1b --device cuda; done; done' \
   'awk '\''$1=="load" {t=$3} $1=="weights" {w=$2 "/" $3} $1=="wall" {x=$2 " / " $3} $1=="exit" {printf "%s threads: %s s (weights %s); ", t, x, w}'\'' $L'
-# the CUDA driver and the device's context started beside torch's import (SHAPEPLAN_CUDA_EARLY, forty-third session)
-# against torch starting them after it, alternating, two rounds of the command
-step generate_cmd_early extra 300 'for r in 1 2; do for e in 0 1; do echo "cuda early $e"; SHAPEPLAN_CUDA_EARLY=$e python3 -m bench.startup --generate-cmd --preset llama-1b --device cuda; done; done' \
-  'awk '\''$1=="cuda" {t=$3} $1=="interpreter" {i=$4 "/" $5} $1=="weights" {w=$2 "/" $3} $1=="wall" {x=$2 " / " $3} $1=="exit" {printf "early %s: %s s (imports %s, weights %s); ", t, x, i, w}'\'' $L'
 step block_stack quick 150 'python3 -m bench.block_stack --shapes 1x1,8x512 --optimize --no-compile --json $W/block_stack.json' \
   'awk '\''$2=="cuda_graphs" || $2=="triton" {printf "%s %s %s ms (ready %s s); ", $1, $2, $3, $5}'\'' $L'
 SERVE='python3 -m shapeplan bench --device cuda --config triton --prompt-len 128 --new-tokens 256'

@@ -6,7 +6,6 @@ from typing import Any
 from shapeplan import _bytecode, _gc
 from shapeplan import env as _env
 from shapeplan._light import light_command as _light_command
-from shapeplan._light import start_cuda_early as _start_cuda_early
 from shapeplan._light import start_tokenizer_early as _start_tokenizer_early
 from shapeplan.errors import (CacheError, CapacityError, CaptureError, ExecutionError, InjectedFault, InputError,
                               LifecycleError, ModelError, QueueFullError, RequestAborted, ShapeError, ShapeplanError,
@@ -36,7 +35,6 @@ def _import_engine() -> None:
 
 if _gc.command_process():
     _start_tokenizer_early()      # generate / chat: tokenizer.json parsed in a helper beside torch's import
-    _start_cuda_early()           # ... and on CUDA the driver and the device's context started on a thread
 if not (_gc.command_process() and _light_command()):
     _import_engine()
 

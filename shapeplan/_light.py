@@ -38,7 +38,7 @@ def start_tokenizer_early(argv: list[str] | None = None) -> None:
     (shapeplan/_tokproc.py; ``SHAPEPLAN_TOKENIZER_PROCESS`` decides). Best effort: the command starts it
     otherwise (a second start for the same checkpoint is nothing), and a helper nobody takes ends at exit."""
     args = list(sys.argv[1:] if argv is None else argv)
-    if not _loads_here(args):
+    if not args or args[0] not in ("generate", "chat") or light_command(args) or _given(args, "--tp"):
         return
     model = _flag(args, "--model")
     if model:
@@ -47,26 +47,6 @@ def start_tokenizer_early(argv: list[str] | None = None) -> None:
             _tokproc.start_for_command(model)
         except SwitchError:                    # a bad SHAPEPLAN_TOKENIZER_PROCESS: the command's own start says so
             pass
-
-
-def start_cuda_early(argv: list[str] | None = None) -> None:
-    """A ``generate`` or ``chat`` command that will load its model in this process on a CUDA device (``--device
-    cuda`` or ``cuda:N``): start the driver and that device's context on a thread now, beside torch's import
-    (shapeplan/_cudaearly.py; ``SHAPEPLAN_CUDA_EARLY`` decides, a bad value is the command's to report)."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    device = _flag(args, "--device")
-    if device and _loads_here(args):
-        from shapeplan import _cudaearly
-        try:
-            _cudaearly.start(device)
-        except SwitchError:
-            pass
-
-
-def _loads_here(args: list[str]) -> bool:
-    """Whether ``args`` are a ``generate`` or ``chat`` command that loads its model in this process (no
-    keep-alive server serves it, no ``--tp`` ranks do)."""
-    return bool(args) and args[0] in ("generate", "chat") and not light_command(args) and not _given(args, "--tp")
 
 
 def light_command(argv: list[str] | None = None) -> bool:

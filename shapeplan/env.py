@@ -169,10 +169,6 @@ SWITCHES: tuple[Switch, ...] = (
     Switch("SHAPEPLAN_CUDA_WARM", "bool", True,
            "the LLM pipeline's CUDA warm-up (loads cuBLAS, attention, index, cache-write and elementwise kernels "
            "while the graph is built)"),
-    Switch("SHAPEPLAN_CUDA_EARLY", "bool", True,
-           "a generate / chat command on CUDA starts the driver and retains the device's primary context on a "
-           "thread (ctypes, libcuda) as shapeplan begins to import, beside torch's import; torch's runtime then "
-           "uses that context (shapeplan/_cudaearly.py; 0: torch starts the driver after its import)"),
     Switch("SHAPEPLAN_CUDA_WARM_THREADS", "int", 4,
            "1: the CUDA warm-up's parts one after another (any other value: each on its own thread)"),
     Switch("SHAPEPLAN_STARTUP_SWITCH_INTERVAL", "float", 0.0002,

@@ -228,17 +228,16 @@ def start_cuda_init(device: str) -> threading.Thread | None:
 
 def print_warmup_parts(origin: float, file=None) -> None:
     """The CUDA warm-up's parts (``llm/warmup.py``: each loads the libraries and kernel modules of some of
-    the model's ops), with the CUDA driver's early start (shapeplan/_cudaearly.py), the CUDA context's thread,
-    the shapeplan.llm import and the tokenizer helper's parse (start to parsed), as start-end seconds since
-    ``origin`` (the process start, ``time.perf_counter`` clock), then one ``warm-up parts {json}`` line; nothing
-    when no warm-up ran."""
-    from shapeplan import _cudaearly, _tokproc
+    the model's ops), with the CUDA context's thread, the shapeplan.llm import and the tokenizer helper's
+    parse (start to parsed), as start-end seconds since ``origin`` (the process start, ``time.perf_counter``
+    clock), then one ``warm-up parts {json}`` line; nothing when no warm-up ran."""
+    from shapeplan import _tokproc
     from shapeplan.llm import warmup
     if not warmup.timings:
         return
     file = file if file is not None else sys.stderr
     parts = {name: (round(a - origin, 4), round(b - origin, 4))
-             for name, a, b in [*_cudaearly.timeline, *_parts, *_tokproc.timeline, *warmup.timings]}
+             for name, a, b in [*_parts, *_tokproc.timeline, *warmup.timings]}
     print("warm-up parts (s since the process started): "
           + ", ".join(f"{n} {a:.3f}-{b:.3f}" for n, (a, b) in parts.items()), file=file)
     print("warm-up parts " + json.dumps(parts), file=file)

@@ -215,28 +215,3 @@ def test_gpu_copy_bandwidth_is_the_h200_figure_there_and_measured_elsewhere(caps
     else:
         assert 1e10 < bw < 2e13
         assert "copy bandwidth for the floor" in capsys.readouterr().out
-
-
-def test_gpu_command_with_the_driver_started_early(checkpoints, tmp_path):
-    """``shapeplan generate --device cuda``: with the driver and the device's primary context started beside
-    torch's import (shapeplan/_cudaearly.py) torch's runtime takes that context, and the completion is the one
-    the command prints when torch starts the driver itself; ``--timings`` shows the early start's part."""
-    import json
-    import os
-    import subprocess
-    import sys
-    path = checkpoints("llama")
-    out = {}
-    for early in ("1", "0"):
-        env = {**os.environ, "SHAPEPLAN_CUDA_EARLY": early, "SHAPEPLAN_CACHE_DIR": str(tmp_path / early)}
-        env.pop("SHAPEPLAN_KEEP_ALIVE", None)
-        p = subprocess.run([sys.executable, "-m", "shapeplan", "generate", "--model", path, "--prompt", PROMPT,
-                            "--max-new-tokens", "16", "--device", "cuda", "--max-prefill-length", "64",
-                            "--max-kv-cache-length", "160", "--timings"],
-                           env=env, capture_output=True, text=True, timeout=300)
-        assert p.returncode == 0, p.stderr[-2000:]
-        parts = next(json.loads(ln[len("warm-up parts "):]) for ln in p.stderr.splitlines()
-                     if ln.startswith("warm-up parts {"))
-        assert ("driver" in parts) == (early == "1"), parts
-        out[early] = p.stdout
-    assert out["1"] == out["0"] and out["1"].strip()

@@ -1,6 +1,6 @@
 """The `shapeplan generate` command's start-up (issue 22): what its path imports, `--timings`, the
 fast exit, the streamed weight loader (shapeplan/llm/stream_load.py) against the memory-mapped one,
-bench/startup.py --generate-cmd on the CPU, and which commands start the CUDA driver early."""
+and bench/startup.py --generate-cmd on the CPU."""
 from __future__ import annotations
 
 import json
@@ -131,22 +131,20 @@ def test_generate_timings_print_the_warm_up_parts(monkeypatch):
     the tokenizer helper's parse first; nothing without a warm-up."""
     import io
 
-    from shapeplan import _cudaearly, _tokproc
+    from shapeplan import _tokproc
     from shapeplan.commands import generate
     from shapeplan.commands.generate import print_warmup_parts
     from shapeplan.llm import warmup
     monkeypatch.setattr(warmup, "timings", [("gemms", 10.5, 11.25), ("attention", 10.5, 12.0)])
     monkeypatch.setattr(generate, "_parts", [("context", 10.25, 10.75)])
     monkeypatch.setattr(_tokproc, "timeline", [("tokenizer", 10.0, 10.5)])
-    monkeypatch.setattr(_cudaearly, "timeline", [("driver", 10.125, 10.25)])
     out = io.StringIO()
     print_warmup_parts(10.0, file=out)
     lines = out.getvalue().splitlines()
-    assert lines[0] == ("warm-up parts (s since the process started): driver 0.125-0.250, context 0.250-0.750, "
-                        "tokenizer 0.000-0.500, gemms 0.500-1.250, attention 0.500-2.000")
-    assert json.loads(lines[1][len("warm-up parts "):]) == {"driver": [0.125, 0.25], "context": [0.25, 0.75],
-                                                           "tokenizer": [0.0, 0.5], "gemms": [0.5, 1.25],
-                                                           "attention": [0.5, 2.0]}
+    assert lines[0] == ("warm-up parts (s since the process started): context 0.250-0.750, tokenizer 0.000-0.500, "
+                        "gemms 0.500-1.250, attention 0.500-2.000")
+    assert json.loads(lines[1][len("warm-up parts "):]) == {"context": [0.25, 0.75], "tokenizer": [0.0, 0.5],
+                                                           "gemms": [0.5, 1.25], "attention": [0.5, 2.0]}
     monkeypatch.setattr(warmup, "timings", [])
     out = io.StringIO()
     print_warmup_parts(10.0, file=out)
@@ -193,60 +191,3 @@ def test_broken_tokenizer_fails_the_load(checkpoints, tmp_path, monkeypatch, swi
     monkeypatch.setenv("SHAPEPLAN_TOKENIZER_THREAD", switch)
     with pytest.raises(ModelError, match="tokenizer.json: cannot load tokenizer"):
         GenerationPipeline.from_pretrained(str(d), max_prefill_length=32, max_kv_cache_length=96, progress=False)
-
-
-def test_cuda_device_ordinal():
-    """``--device`` values the early driver start takes (shapeplan/_cudaearly.py) and those it leaves to torch."""
-    from shapeplan._cudaearly import ordinal
-    assert [ordinal(d) for d in ("cuda", "cuda:0", "cuda:3")] == [0, 0, 3]
-    assert [ordinal(d) for d in ("cpu", "cuda:", "cuda:x", "cuda:-1", "meta", "cudagraph")] == [None] * 6
-
-
-def test_a_command_starts_the_cuda_driver_before_torch_imports(monkeypatch):
-    """``import shapeplan`` in a generate / chat command's process on a CUDA device starts the driver's thread
-    before it imports torch, with ``CUDA_MODULE_LOADING`` set as torch sets it; here, without a driver, the
-    thread ends and records nothing, and the command goes on. No thread for the CPU, a keep-alive client,
-    ``--tp``, another command or ``SHAPEPLAN_CUDA_EARLY=0``; a bad switch value raises nothing there."""
-    probe = ("import sys, threading\n"
-             "seen = []\n"
-             "start = threading.Thread.start\n"
-             "def spy(self):\n"
-             "    seen.append((self.name, 'torch' in sys.modules))\n"
-             "    start(self)\n"
-             "threading.Thread.start = spy\n"
-             "sys.argv = ['shapeplan', *sys.argv[1:]]\n"
-             "import os, shapeplan\n"
-             "from shapeplan import _cudaearly\n"
-             "for t in _cudaearly._started:\n"
-             "    t.join(60)\n"
-             "print([s for s in seen if s[0] == 'shapeplan-cuda-driver'], os.environ.get('CUDA_MODULE_LOADING'),\n"
-             "      len(_cudaearly.timeline) if not os.path.exists('/dev/nvidia0') else 'gpu')\n")
-    env = {**os.environ, "SHAPEPLAN_TOKENIZER_PROCESS": "off", "SHAPEPLAN_CUDA_EARLY": "1"}
-    env.pop("SHAPEPLAN_KEEP_ALIVE", None)
-    env.pop("CUDA_MODULE_LOADING", None)
-
-    def run(*args: str, **extra: str) -> str:
-        return subprocess.run([sys.executable, "-c", probe, *args], env={**env, **extra}, capture_output=True,
-                              text=True, timeout=120, check=True).stdout.strip()
-    cpu = "0" if not os.path.exists("/dev/nvidia0") else "gpu"
-    assert run("generate", "--model", "m", "--prompt", "hi", "--device", "cuda") == \
-        f"[('shapeplan-cuda-driver', False)] LAZY {cpu}"
-    assert run("chat", "--model=m", "--device=cuda:1") == f"[('shapeplan-cuda-driver', False)] LAZY {cpu}"
-    assert run("generate", "--model", "m", "--device", "cuda", CUDA_MODULE_LOADING="EAGER") == \
-        f"[('shapeplan-cuda-driver', False)] EAGER {cpu}"                   # the user's value stays
-    assert run("generate", "--model", "m", "--device", "cuda", SHAPEPLAN_CUDA_EARLY="0") == f"[] None {cpu}"
-
-    from shapeplan import _cudaearly
-    from shapeplan._light import start_cuda_early
-    monkeypatch.setattr(_cudaearly, "_started", [])
-    monkeypatch.delenv("SHAPEPLAN_KEEP_ALIVE", raising=False)
-    monkeypatch.setenv("SHAPEPLAN_CUDA_EARLY", "1")
-    for argv in (["generate", "--model", "m", "--device", "cpu"], ["generate", "--model", "m"],
-                 ["generate", "--model", "m", "--device", "cuda", "--keep-alive", "5m"],
-                 ["generate", "--model", "m", "--device", "cuda", "--tp", "2"],
-                 ["serve", "--model", "m", "--device", "cuda"], []):
-        start_cuda_early(argv)
-        assert not _cudaearly._started, argv
-    monkeypatch.setenv("SHAPEPLAN_CUDA_EARLY", "sometimes")
-    start_cuda_early(["generate", "--model", "m", "--device", "cuda"])     # the command's own parse reports it
-    assert not _cudaearly._started
