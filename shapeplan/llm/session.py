@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Generator, Iterator, Sequence
 
 from shapeplan.errors import InputError, LifecycleError
 from shapeplan.llm.metrics import Metrics
@@ -75,7 +75,7 @@ class Session:
 
     def stream_tokens(self, prompt: str | Sequence[int], max_new_tokens: int = 256,
                       sampling: Sampling | None = None, *, chat: bool = False,
-                      truncate: str | None = None) -> Iterator[tuple[list[int], str | None, Any]]:
+                      truncate: str | None = None) -> Generator[tuple[list[int], str | None, Any], None, None]:
         if self.closed:
             raise LifecycleError("session is closed")
         pipe = self.pipe
@@ -97,22 +97,28 @@ class Session:
         if self._last is not None and self._last.blocks:    # not taken over (nothing reusable): give back
             self._give_back()
         self._last = None
-        for ev in handle:
-            if ev.finish_reason is None:
-                yield ev.token_ids, None, None
-                continue
-            handle.raise_for_error()
-            seq = handle.sequence
-            generated = list(handle.token_ids)
-            eos_cut = next((i + 1 for i, t in enumerate(generated) if t in pipe.eos_token_ids), None)
-            generated = generated[:eos_cut] if eos_cut else generated
-            self.tokens = context + generated
-            self.cached = min(seq.computed, len(self.tokens) - 1)
-            self._last = seq
-            if chat:
-                self.messages.append({"role": "assistant", "content": pipe.decode(generated)})
-            yield ev.token_ids, ev.finish_reason, (handle.metrics, new, generated)
-            return
+        kept = False
+        try:
+            for ev in handle:
+                if ev.finish_reason is None:
+                    yield ev.token_ids, None, None
+                    continue
+                handle.raise_for_error()
+                seq = handle.sequence
+                generated = list(handle.token_ids)
+                eos_cut = next((i + 1 for i, t in enumerate(generated) if t in pipe.eos_token_ids), None)
+                generated = generated[:eos_cut] if eos_cut else generated
+                self.tokens = context + generated
+                self.cached = min(seq.computed, len(self.tokens) - 1)
+                self._last, kept = seq, True
+                if chat:
+                    self.messages.append({"role": "assistant", "content": pipe.decode(generated)})
+                yield ev.token_ids, ev.finish_reason, (handle.metrics, new, generated)
+                return
+        finally:
+            if not kept:        # the caller stopped reading, or the turn failed: its blocks (and this
+                self.cached = 0  # session's, which it took over) go back; the next turn prefills it all
+                pipe.batch.drop_kept(handle)
 
     def stream(self, prompt: str | Sequence[int], max_new_tokens: int = 256, sampling: Sampling | None = None,
                **kw: Any) -> "TextStream":
@@ -132,7 +138,7 @@ class Session:
 class TextStream:
     """``for delta in pipe.stream(...)``: text as it is produced; ``.result`` afterwards."""
 
-    def __init__(self, events: Iterator[tuple[list[int], str | None, Any]], pipe: GenerationPipeline,
+    def __init__(self, events: Generator[tuple[list[int], str | None, Any], None, None], pipe: GenerationPipeline,
                  sampling: Sampling | None, session: Session | None = None) -> None:
         self._events, self._pipe, self._session = events, pipe, session
         self._stops = (sampling or Sampling()).stop
@@ -154,6 +160,7 @@ class TextStream:
                 if delta:
                     yield delta
         finally:
+            self._events.close()            # a stream left early ends its request now (Session.stream_tokens)
             if self._session is not None:
                 self._session.close()
 

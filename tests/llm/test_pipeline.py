@@ -240,6 +240,31 @@ def test_sessions_hold_their_own_blocks(pipe):
     assert pipe.kv_stats()["blocks_used"] == base
 
 
+
+def test_a_stream_left_early_gives_its_blocks_back(pipe):
+    """Breaking out of ``pipe.stream`` (or of a session's stream) ends its request at once, and every block it
+    held goes back to the pool: before, a stream's request ran on and kept its blocks for good (a keep-alive
+    server lost a request's worth of the pool to every client that went away). The session goes on: its next
+    turn prefills the whole conversation and gives the tokens a fresh session gives."""
+    base = pipe.kv_stats()["blocks_used"]
+    for _ in range(3):
+        for n, _delta in enumerate(pipe.stream(PROMPT, max_new_tokens=60)):
+            if n == 2:
+                break
+        assert pipe.kv_stats()["blocks_used"] == base
+    with pipe.start_session() as s:
+        s.generate(PROMPT, max_new_tokens=6)
+        for n, _delta in enumerate(s.stream(" and more", max_new_tokens=60)):
+            if n == 2:
+                break
+        assert s.cached == 0 and pipe.kv_stats()["blocks_used"] == base
+        again = s.generate(" again", max_new_tokens=6).token_ids
+    with pipe.start_session() as alone:                         # the conversation without the turn left early
+        alone.generate(PROMPT, max_new_tokens=6)
+        assert alone.generate(" again", max_new_tokens=6).token_ids == again
+    assert pipe.kv_stats()["blocks_used"] == base
+
+
 # ------------------------------------------------------------------ sampling
 def test_seeded_sampling_is_reproducible_and_mode_independent(llama, pipe):
     smp = Sampling.random(temperature=0.8, top_k=50, top_p=0.95, seed=1234)

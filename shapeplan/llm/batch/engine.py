@@ -141,6 +141,21 @@ class BatchEngine:
         if blocks:
             self.call(lambda: self.blocks.release(list(blocks)))
 
+    def drop_kept(self, handle: RequestHandle) -> None:
+        """A session's turn (``keep_blocks``) that ends without the session taking its blocks over (the caller
+        stopped reading, or it failed): abort it if it still runs, then give back the blocks it holds, on the
+        engine thread after the abort (the inbox keeps the order). Without this an abandoned stream's blocks
+        stayed out of the pool for good. Nothing once the engine is closed (the pool goes with it)."""
+        seq = handle.sequence
+        if seq is None or self._stopping:
+            return
+        handle.abort()
+
+        def give_back() -> None:
+            blocks, seq.blocks = seq.blocks, []
+            self.blocks.release(blocks)
+        self.call(give_back)
+
     def close(self) -> None:
         if self._thread is not None and self._thread.is_alive():
             self._stopping = True
