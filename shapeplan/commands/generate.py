@@ -86,14 +86,17 @@ def use_chat_template(pipe, template: str | None) -> None:
 
 def load_pipeline(args: argparse.Namespace):
     """The command's pipeline, built with Python's cyclic collector held off and what it made frozen after
-    (``SHAPEPLAN_GC_PAUSE``, shapeplan/_gc.py: it lives until the command ends)."""
+    (``SHAPEPLAN_GC_PAUSE``, shapeplan/_gc.py: it lives until the command ends). It runs one request at a time
+    (``generate``, ``chat``, the keep-alive server), so its KV pool holds one request of the full
+    ``--max-kv-cache-length`` (``max_num_seqs=1``), as llama.cpp's CLI allocates one sequence's context: the
+    pipeline's default of 64 requests made llama-1b's command zero and hold a 4 GiB pool, llama-8b's 16 GiB."""
     from shapeplan import _gc
     from shapeplan.llm import GenerationPipeline
     template = chat_template_arg(args)
     with _gc.startup():
         pipe = GenerationPipeline.from_pretrained(args.model, device=args.device, mode=args.mode, dtype=args.dtype,
                                                   max_prefill_length=args.max_prefill_length,
-                                                  max_kv_cache_length=args.max_kv_cache_length)
+                                                  max_kv_cache_length=args.max_kv_cache_length, max_num_seqs=1)
     use_chat_template(pipe, template)
     return pipe
 

@@ -125,3 +125,31 @@ def test_a_list_of_named_templates_takes_the_default():
     from shapeplan.llm.tokenizer import _default_template
     assert _default_template([{"name": "tool_use", "template": "T"}, {"name": "default", "template": "D"}]) == "D"
     assert _default_template("S") == "S" and _default_template(None) is None and _default_template([{"x": 1}]) is None
+
+
+def test_the_commands_pipeline_holds_one_request(checkpoints):
+    """generate / chat / the keep-alive server run one request at a time: their pipeline's KV pool holds one
+    request of the full --max-kv-cache-length (and the null block), not the library's 64; a full-length
+    request and a chat session near the limit give the tokens of a pipeline with the default pool."""
+    from shapeplan.commands.generate import load_pipeline
+    path = checkpoints("llama")
+    engine = dict(device="cpu", mode="auto", dtype=None, max_prefill_length=48, max_kv_cache_length=128)
+    pipe = load_pipeline(argparse.Namespace(model=path, chat_template=None, **engine))
+    ref = GenerationPipeline.from_pretrained(path, progress=False, **engine)
+    try:
+        assert pipe.max_num_seqs == 1 and pipe.blocks.num_blocks == 128 // pipe.block_size + 1
+        assert ref.blocks.num_blocks > 8 * pipe.blocks.num_blocks
+        for n in (40, 48):
+            got, want = (p.submit(list(range(5, 5 + n)), max_new_tokens=128 - n, ignore_eos=True) for p in (pipe, ref))
+            got.wait()
+            want.wait()
+            assert got.finish_reason == "length" and got.token_ids == want.token_ids and len(got.token_ids) == 128 - n
+        turns = []
+        for p in (pipe, ref):
+            with p.start_session() as s:
+                turns.append([(s.generate(line, max_new_tokens=8, chat=True).token_ids, s.cached)
+                              for line in ("hi", "tell me more", "and more please")])
+        assert turns[0] == turns[1] and turns[0][-1][1] > 100          # the last turn ends near the 128 limit
+    finally:
+        pipe.close()
+        ref.close()
