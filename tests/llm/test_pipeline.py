@@ -240,7 +240,6 @@ def test_sessions_hold_their_own_blocks(pipe):
     assert pipe.kv_stats()["blocks_used"] == base
 
 
-
 def test_a_stream_left_early_gives_its_blocks_back(pipe):
     """Breaking out of ``pipe.stream`` (or of a session's stream) ends its request at once, and every block it
     held goes back to the pool: before, a stream's request ran on and kept its blocks for good (a keep-alive

@@ -144,8 +144,9 @@ class BatchEngine:
     def drop_kept(self, handle: RequestHandle) -> None:
         """A session's turn (``keep_blocks``) that ends without the session taking its blocks over (the caller
         stopped reading, or it failed): abort it if it still runs, then give back the blocks it holds, on the
-        engine thread after the abort (the inbox keeps the order). Without this an abandoned stream's blocks
-        stayed out of the pool for good. Nothing once the engine is closed (the pool goes with it)."""
+        engine thread after the abort (the inbox keeps the order; nothing waits, so a generator finalised on
+        the engine thread itself cannot deadlock). Without this an abandoned stream's blocks stayed out of the
+        pool for good. Nothing once the engine is closed (the pool goes with it)."""
         seq = handle.sequence
         if seq is None or self._stopping:
             return
@@ -154,7 +155,7 @@ class BatchEngine:
         def give_back() -> None:
             blocks, seq.blocks = seq.blocks, []
             self.blocks.release(blocks)
-        self.call(give_back)
+        self.post(give_back)
 
     def close(self) -> None:
         if self._thread is not None and self._thread.is_alive():
