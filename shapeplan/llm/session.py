@@ -116,8 +116,10 @@ class Session:
                 yield ev.token_ids, ev.finish_reason, (handle.metrics, new, generated)
                 return
         finally:
-            if not kept:        # the caller stopped reading, or the turn failed: its blocks (and this
-                self.cached = 0  # session's, which it took over) go back; the next turn prefills it all
+            # the caller stopped reading, or the turn failed: its blocks (and this session's, which it took
+            # over) go back to the pool, and the next turn prefills the whole conversation
+            if not kept:
+                self.cached = 0
                 pipe.batch.drop_kept(handle)
 
     def stream(self, prompt: str | Sequence[int], max_new_tokens: int = 256, sampling: Sampling | None = None,
