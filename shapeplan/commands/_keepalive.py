@@ -384,15 +384,11 @@ def _load(spec: dict):
     process and the CUDA context's thread started first)."""
     import argparse
 
-    from shapeplan import _gc, _tokproc
-    from shapeplan.commands.generate import load_pipeline, start_cuda_init
-    _tokproc.start_for_command(spec["model"])        # as the in-process command overlaps them with its imports
-    cuda_init = start_cuda_init(spec["device"])
+    from shapeplan import _gc
+    from shapeplan.commands.generate import begin_load, load_pipeline
+    cuda_init = begin_load(spec["model"], spec["device"])   # as the in-process command overlaps them with its imports
     with _gc.startup():               # torch's import too (the package imported none of it: shapeplan/_light.py)
-        pipe = load_pipeline(argparse.Namespace(**{k: spec.get(k) for k in ("model", *_ENGINE)}))
-    if cuda_init is not None:
-        cuda_init.join()
-    return pipe
+        return load_pipeline(argparse.Namespace(**{k: spec.get(k) for k in ("model", *_ENGINE)}), cuda_init)
 
 
 def _request(conn: socket.socket) -> dict | None:

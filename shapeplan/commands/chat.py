@@ -16,14 +16,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _chat(args: argparse.Namespace, input_fn=input) -> int:
-    from shapeplan import _tokproc
-    from shapeplan.commands.generate import load_pipeline, print_metrics, sampling_from, start_cuda_init
+    from shapeplan.commands.generate import begin_load, load_pipeline, print_metrics, sampling_from
     from shapeplan.errors import InputError
-    _tokproc.start_for_command(args.model)
-    cuda_init = start_cuda_init(args.device)         # the CUDA context beside the imports, as generate does
-    pipe = load_pipeline(args)
-    if cuda_init is not None:
-        cuda_init.join()
+    pipe = load_pipeline(args, begin_load(args.model, args.device))
     sampling = sampling_from(args)
     print("chat: empty line or /exit quits, /reset starts over", file=sys.stderr)
     session = pipe.start_session()

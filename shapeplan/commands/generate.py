@@ -84,9 +84,19 @@ def use_chat_template(pipe, template: str | None) -> None:
     pipe.tokenizer.chat_template = template
 
 
-def load_pipeline(args: argparse.Namespace):
+def begin_load(model: str, device: str) -> threading.Thread | None:
+    """What a command that loads its model (generate, chat, the keep-alive server) starts before the imports the
+    load needs: the tokenizer helper (``_tokproc``; usually started already as the package imported) and the
+    CUDA context's thread (``start_cuda_init``), which ``load_pipeline`` joins."""
+    from shapeplan import _tokproc
+    _tokproc.start_for_command(model)
+    return start_cuda_init(device)
+
+
+def load_pipeline(args: argparse.Namespace, cuda_init: threading.Thread | None = None):
     """The command's pipeline, built with Python's cyclic collector held off and what it made frozen after
-    (``SHAPEPLAN_GC_PAUSE``, shapeplan/_gc.py: it lives until the command ends). It runs one request at a time
+    (``SHAPEPLAN_GC_PAUSE``, shapeplan/_gc.py: it lives until the command ends); ``cuda_init`` (``begin_load``'s
+    thread) is joined once it is built. It runs one request at a time
     (``generate``, ``chat``, the keep-alive server), so its KV pool holds one request of the full
     ``--max-kv-cache-length`` (``max_num_seqs=1``), as llama.cpp's CLI allocates one sequence's context: the
     pipeline's default of 64 requests made llama-1b's command zero and hold a 4 GiB pool, llama-8b's 16 GiB."""
@@ -97,6 +107,8 @@ def load_pipeline(args: argparse.Namespace):
         pipe = GenerationPipeline.from_pretrained(args.model, device=args.device, mode=args.mode, dtype=args.dtype,
                                                   max_prefill_length=args.max_prefill_length,
                                                   max_kv_cache_length=args.max_kv_cache_length, max_num_seqs=1)
+    if cuda_init is not None:
+        cuda_init.join()
     use_chat_template(pipe, template)
     return pipe
 
@@ -151,15 +163,11 @@ def _generate(args: argparse.Namespace) -> int:
     if args.tp > 1:
         from shapeplan.parallel.cli import generate
         return generate(args, chat_template_arg(args))
-    from shapeplan import _tokproc
-    _tokproc.start_for_command(args.model)           # (started as the package imported: shapeplan/_light.py)
-    cuda_init = start_cuda_init(args.device)
+    cuda_init = begin_load(args.model, args.device)
     from shapeplan.llm import GenerationPipeline  # noqa: F401 - timed apart from the pipeline's start
     t_imports = time.perf_counter()
     _parts.append(("import shapeplan.llm", t0, t_imports))      # after the interpreter and torch (--timings)
-    pipe = load_pipeline(args)
-    if cuda_init is not None:
-        cuda_init.join()
+    pipe = load_pipeline(args, cuda_init)
     t_loaded = time.perf_counter()
     stream = pipe.stream(args.prompt, max_new_tokens=args.max_new_tokens, sampling=sampling_from(args),
                          chat=args.chat)

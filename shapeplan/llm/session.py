@@ -97,7 +97,6 @@ class Session:
         if self._last is not None and self._last.blocks:    # not taken over (nothing reusable): give back
             self._give_back()
         self._last = None
-        kept = False
         try:
             for ev in handle:
                 if ev.finish_reason is None:
@@ -110,7 +109,7 @@ class Session:
                 generated = generated[:eos_cut] if eos_cut else generated
                 self.tokens = context + generated
                 self.cached = min(seq.computed, len(self.tokens) - 1)
-                self._last, kept = seq, True
+                self._last = seq                            # the session keeps this turn's blocks
                 if chat:
                     self.messages.append({"role": "assistant", "content": pipe.decode(generated)})
                 yield ev.token_ids, ev.finish_reason, (handle.metrics, new, generated)
@@ -118,7 +117,7 @@ class Session:
         finally:
             # the caller stopped reading, or the turn failed: its blocks (and this session's, which it took
             # over) go back to the pool, and the next turn prefills the whole conversation
-            if not kept:
+            if self._last is None:
                 self.cached = 0
                 pipe.batch.drop_kept(handle)
 

@@ -147,9 +147,9 @@ class BatchEngine:
         engine thread after the abort (the inbox keeps the order; nothing waits, so a generator finalised on
         the engine thread itself cannot deadlock). Without this an abandoned stream's blocks stayed out of the
         pool for good. Nothing once the engine is closed (the pool goes with it)."""
-        seq = handle.sequence
-        if seq is None or self._stopping:
+        if self._stopping:
             return
+        seq = handle.sequence
         handle.abort()
 
         def give_back() -> None:
