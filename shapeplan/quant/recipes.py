@@ -1,13 +1,16 @@
 """Which type each weight gets: GGUF file types (``shapeplan quantize --type``) and the load-time
 ``quantize=`` of ``from_pretrained``, then quantizing a weight dict in place.
 
-File types follow llama.cpp's main rules (``llama_tensor_get_type``), simplified:
+File types follow llama.cpp's rules for Llama-family models (``llama_tensor_get_type`` without an
+importance matrix; its 70B, Falcon and mixture-of-experts cases left out):
 
 - every 2-D weight in the base type; norms stay float32;
 - the LM head (``output.weight``, or the embedding table when it is tied) in Q6_K, unless the base type
   has more bits (Q8_0, F16, BF16, F32);
-- ``*_M`` (Q4_K_M, Q5_K_M): ``attn_v`` and ``ffn_down`` in Q6_K on llama.cpp's "more bits" layers (the
-  first and last eighth of the stack and every third layer between);
+- per tensor kind (``_RULES``): ``attn_v``, ``ffn_down`` and ``attn_output`` get more bits in Q2_K,
+  Q3_K_M, Q3_K_L, Q4_K_S, Q4_K_M, Q5_K_M, IQ4_NL and IQ4_XS files, some on the first layers, some on
+  llama.cpp's "more bits" layers (the first and last eighth of the stack and every third layer between);
+  a stacked ``attn_qkv`` (Phi-3) its own type;
 - a K-quant whose rows are not a multiple of 256 falls back as llama.cpp does (Q2_K/Q3_K -> Q4_0,
   Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, IQ4_XS -> IQ4_NL); rows not a multiple of 32 stay F16.
 
@@ -29,7 +32,8 @@ FILE_TYPES = {
     "F32": ("F32", "ALL_F32"), "F16": ("F16", "MOSTLY_F16"), "BF16": ("BF16", "MOSTLY_BF16"),
     "Q8_0": ("Q8_0", "MOSTLY_Q8_0"), "Q4_0": ("Q4_0", "MOSTLY_Q4_0"), "Q4_1": ("Q4_1", "MOSTLY_Q4_1"),
     "Q5_0": ("Q5_0", "MOSTLY_Q5_0"), "Q5_1": ("Q5_1", "MOSTLY_Q5_1"), "Q2_K": ("Q2_K", "MOSTLY_Q2_K"),
-    "Q3_K_S": ("Q3_K", "MOSTLY_Q3_K_S"), "Q4_K_S": ("Q4_K", "MOSTLY_Q4_K_S"), "Q4_K_M": ("Q4_K", "MOSTLY_Q4_K_M"),
+    "Q3_K_S": ("Q3_K", "MOSTLY_Q3_K_S"), "Q3_K_M": ("Q3_K", "MOSTLY_Q3_K_M"), "Q3_K_L": ("Q3_K", "MOSTLY_Q3_K_L"),
+    "Q4_K_S": ("Q4_K", "MOSTLY_Q4_K_S"), "Q4_K_M": ("Q4_K", "MOSTLY_Q4_K_M"),
     "Q5_K_S": ("Q5_K", "MOSTLY_Q5_K_S"), "Q5_K_M": ("Q5_K", "MOSTLY_Q5_K_M"), "Q6_K": ("Q6_K", "MOSTLY_Q6_K"),
     "IQ4_NL": ("IQ4_NL", "MOSTLY_IQ4_NL"), "IQ4_XS": ("IQ4_XS", "MOSTLY_IQ4_XS"),
 }
@@ -49,6 +53,47 @@ def most_precise(types: Any) -> str:
 def more_bits(layer: int, n_layers: int) -> bool:
     """llama.cpp's ``use_more_bits``: the first and last eighth of the layers, and every third between."""
     return layer < n_layers // 8 or layer >= 7 * n_layers // 8 or (layer - n_layers // 8) % 3 == 2
+
+
+def _rule(spec: str, kind: str, layer: int, n_layers: int, gqa: int) -> str | None:
+    """llama.cpp's type for one tensor of a file type where it differs from the base type, else None.
+    ``kind``: attn_v, ffn_down, attn_output or attn_qkv (a stacked q/k/v); ``gqa``: query heads per KV head."""
+    if kind == "attn_v":
+        if spec == "Q2_K":
+            return "Q4_K" if gqa >= 4 else "Q3_K"
+        if spec == "Q3_K_M":
+            return "Q5_K" if layer < 2 else "Q4_K"
+        if spec == "Q3_K_L" or (spec in ("IQ4_NL", "IQ4_XS") and gqa >= 4) or (spec == "Q4_K_S" and layer < 4):
+            return "Q5_K"
+        if spec in ("Q4_K_M", "Q5_K_M") and more_bits(layer, n_layers):
+            return "Q6_K"
+    elif kind == "ffn_down":
+        if spec == "Q2_K":
+            return "Q3_K"
+        if spec == "Q3_K_M":
+            return "Q5_K" if layer < n_layers // 16 else "Q4_K"
+        if spec == "Q3_K_L" or (spec in ("IQ4_NL", "IQ4_XS", "Q4_K_S") and layer < n_layers // 8):
+            return "Q5_K"
+        if spec in ("Q4_K_M", "Q5_K_M") and more_bits(layer, n_layers):
+            return "Q6_K"
+    elif kind == "attn_output":
+        return {"Q2_K": "Q3_K", "Q3_K_M": "Q4_K", "Q3_K_L": "Q5_K"}.get(spec)
+    elif kind == "attn_qkv":
+        return {"Q3_K_M": "Q4_K", "Q3_K_L": "Q4_K", "Q4_K_M": "Q5_K", "Q5_K_M": "Q6_K"}.get(spec)
+    return None
+
+
+_KINDS = {"v_proj": "attn_v", "down_proj": "ffn_down", "o_proj": "attn_output"}
+
+
+def stacked_type(cfg: LlamaConfig, spec: str, gguf_name: str, part_types: list[str]) -> str:
+    """The type of a tensor a GGUF file stacks from several weights (Phi-3's ``attn_qkv``, ``ffn_up``):
+    llama.cpp's ``attn_qkv`` rule for a file type that has one, else the most precise of the parts' types."""
+    if spec in FILE_TYPES and gguf_name.endswith("attn_qkv.weight"):
+        t = _rule(spec, "attn_qkv", 0, cfg.num_layers, 1)
+        if t is not None:
+            return _fits(t, cfg.hidden_size)
+    return most_precise(part_types)
 
 
 def _fits(t: str, k: int) -> str:
@@ -71,16 +116,17 @@ def tensor_types(cfg: LlamaConfig, spec: str) -> dict[str, str]:
                          f"({', '.join(FILE_TYPES)}) or a type ({', '.join(QTYPES)})")
     base = FILE_TYPES[spec][0]
     head = "model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"
+    gqa = cfg.num_heads // cfg.num_kv_heads
     out = {}
     for name, shape in shapes.items():
         if len(shape) != 2:
             continue
         t = base
+        kind = _KINDS.get(name.split(".")[-2]) if name.startswith("model.layers.") else None
         if name == head and _RANK.index(base) < _RANK.index("Q6_K"):
             t = "Q6_K"
-        elif spec.endswith("_M") and (name.endswith("v_proj.weight") or name.endswith("down_proj.weight")):
-            layer = int(name.split(".")[2])
-            t = "Q6_K" if more_bits(layer, cfg.num_layers) else base
+        elif kind is not None:
+            t = _rule(spec, kind, int(name.split(".")[2]), cfg.num_layers, gqa) or base
         out[name] = _fits(t, shape[1])
     return out
 

@@ -4,8 +4,8 @@ GGUF file that llama.cpp's reader (gguf-py) accepts, with gguf's ``GGUFWriter``.
 What it writes matches ``convert_hf_to_gguf`` + ``llama-quantize``: the architecture ``llama`` (model types llama
 and mistral without a sliding window), ``qwen2``, ``qwen3`` or ``phi3``, its hyper-parameters, for ``llama`` the
 Q/K rows interleaved for llama.cpp's rotary layout (``_permute``; its other architectures keep Hugging Face's
-rotate-half rows), for ``phi3`` q/k/v and gate/up stacked (``importers.gguf.gguf_tensors``; each stack in the most
-precise type of its parts) and the sliding window, Llama 3 rope scaling as a ``rope_freqs.weight`` tensor, norms
+rotate-half rows), for ``phi3`` q/k/v and gate/up stacked (``importers.gguf.gguf_tensors``; ``attn_qkv`` in llama.cpp's type
+for it, gate/up in the most precise type of its parts) and the sliding window, Llama 3 rope scaling as a ``rope_freqs.weight`` tensor, norms
 and biases in F32, the matrices in the types ``recipes.tensor_types`` gives (quantized on ``device`` by
 shapeplan/quant/quantize.py and kquants.py), and the tokenizer of the directory's ``tokenizer.json``
 (``_tokenizer``): a byte-level BPE as ``tokenizer.ggml.model = gpt2`` with the ``pre`` name of its split rules
@@ -239,7 +239,7 @@ def _write(cfg: LlamaConfig, get, out: str, file_type: str, *, device: str, prog
     if file_type not in FILE_TYPES:
         raise InputError(f"unknown GGUF file type {file_type!r}; choose one of {', '.join(FILE_TYPES)}")
     from shapeplan.importers.gguf import gguf_tensors
-    from shapeplan.quant.recipes import most_precise
+    from shapeplan.quant.recipes import stacked_type
     shapes, types = expected_shapes(cfg), tensor_types(cfg, file_type)
     w = gguf.GGUFWriter(out, _arch(cfg))
     _metadata(w, cfg, name, file_type)
@@ -254,8 +254,9 @@ def _write(cfg: LlamaConfig, get, out: str, file_type: str, *, device: str, prog
     if rope is not None:
         w.add_tensor_info("rope_freqs.weight", rope.shape, np.dtype(np.float32), rope.nbytes)
     for g, parts in order:
-        # a stacked tensor takes the most precise type of its parts (Q4_K_M's Q6_K v makes attn_qkv Q6_K)
-        t = most_precise(types.get(p, "F32") for p in parts)
+        # a stacked attn_qkv takes llama.cpp's own rule (Q4_K_M: Q5_K), any other stack its parts' most precise type
+        part_types = [types.get(p, "F32") for p in parts]
+        t = stacked_type(cfg, file_type, g, part_types) if len(parts) > 1 else part_types[0]
         shape = (sum(shapes[p][0] for p in parts), *shapes[parts[0]][1:])
         nbytes, dt, raw = _layout(t, shape)
         w.add_tensor_info(g, shape if raw is None else (shape[0], nbytes // shape[0]), dt, nbytes, raw_dtype=raw)

@@ -53,7 +53,7 @@ def _quant_nodes(pipe) -> list:
     return [n for n in pipe.graph.nodes if n.op_type in QUANT_OPS]
 
 
-@pytest.mark.parametrize("ftype", ["Q4_K_M", "Q8_0", "Q4_0", "IQ4_XS"])
+@pytest.mark.parametrize("ftype", ["Q4_K_M", "Q8_0", "Q4_0", "IQ4_XS", "Q3_K_M"])     # Q3_K_M: Q3_K, Q4_K, Q5_K, Q6_K
 def test_gguf_matches_transformers(ftype, files):
     pytest.importorskip("accelerate")                      # transformers' GGUF loader needs it
     from transformers import AutoModelForCausalLM

@@ -2,6 +2,8 @@
 back with gguf-py's own reader."""
 from __future__ import annotations
 
+import collections
+import dataclasses
 import os
 
 import numpy as np
@@ -11,7 +13,7 @@ import torch
 from shapeplan.cli import main
 from shapeplan.errors import InputError, ModelError
 from shapeplan.llm.config import preset_config
-from shapeplan.quant.recipes import more_bits, tensor_types
+from shapeplan.quant.recipes import more_bits, stacked_type, tensor_types
 
 gguf = pytest.importorskip("gguf")
 
@@ -36,6 +38,41 @@ def test_q4_k_m_mixture():
     assert t["model.layers.6.self_attn.v_proj.weight"] == "Q6_K"                 # (6 - 4) % 3 == 2
     assert {t[f"model.layers.5.self_attn.{p}_proj.weight"] for p in "qko"} == {"Q4_K"}
     assert "model.norm.weight" not in t                                          # 1-D: stays F32
+
+
+@pytest.mark.parametrize("spec, mix", [
+    # the type counts llama.cpp's llama-quantize gives Meta-Llama-3-8B (no importance matrix)
+    ("Q2_K", {"Q2_K": 129, "Q3_K": 64, "Q4_K": 32, "Q6_K": 1}),
+    ("Q3_K_S", {"Q3_K": 225, "Q6_K": 1}),
+    ("Q3_K_M", {"Q3_K": 129, "Q4_K": 92, "Q5_K": 4, "Q6_K": 1}),
+    ("Q3_K_L", {"Q3_K": 129, "Q5_K": 96, "Q6_K": 1}),
+    ("Q4_K_S", {"Q4_K": 217, "Q5_K": 8, "Q6_K": 1}),
+    ("Q4_K_M", {"Q4_K": 193, "Q6_K": 33}),
+    ("Q5_K_M", {"Q5_K": 193, "Q6_K": 33}),
+    ("Q8_0", {"Q8_0": 226}),
+])
+def test_file_type_mixtures_are_llama_cpps(spec, mix):
+    assert collections.Counter(tensor_types(preset_config("llama-8b"), spec).values()) == mix
+
+
+def test_the_per_kind_rules():
+    t = tensor_types(preset_config("llama-8b"), "Q3_K_M")
+    assert [t[f"model.layers.{i}.self_attn.v_proj.weight"] for i in range(3)] == ["Q5_K", "Q5_K", "Q4_K"]
+    assert [t[f"model.layers.{i}.mlp.down_proj.weight"] for i in (0, 1, 2, 31)] == ["Q5_K", "Q5_K", "Q4_K", "Q4_K"]
+    assert t["model.layers.7.self_attn.o_proj.weight"] == "Q4_K" and t["model.layers.7.mlp.up_proj.weight"] == "Q3_K"
+    t = tensor_types(preset_config("llama-8b"), "IQ4_XS")              # 4 query heads a KV head: v in Q5_K
+    assert t["model.layers.9.self_attn.v_proj.weight"] == "Q5_K"
+    assert [t[f"model.layers.{i}.mlp.down_proj.weight"] for i in (3, 4)] == ["Q5_K", "IQ4_XS"]
+    mha = dataclasses.replace(preset_config("llama-8b"), num_kv_heads=32)        # no GQA: Q2_K's v in Q3_K
+    assert tensor_types(mha, "Q2_K")["model.layers.0.self_attn.v_proj.weight"] == "Q3_K"
+
+
+def test_stacked_qkv_takes_llama_cpps_type():
+    cfg = preset_config("llama-8b")
+    assert stacked_type(cfg, "Q4_K_M", "blk.3.attn_qkv.weight", ["Q4_K", "Q4_K", "Q6_K"]) == "Q5_K"
+    assert stacked_type(cfg, "Q3_K_L", "blk.3.attn_qkv.weight", ["Q3_K", "Q3_K", "Q5_K"]) == "Q4_K"
+    assert stacked_type(cfg, "Q4_0", "blk.3.attn_qkv.weight", ["Q4_0", "Q4_0", "Q4_0"]) == "Q4_0"
+    assert stacked_type(cfg, "Q4_K_M", "blk.3.ffn_up.weight", ["Q4_K", "Q6_K"]) == "Q6_K"
 
 
 def test_tied_head_and_fallbacks():
