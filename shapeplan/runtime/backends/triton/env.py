@@ -56,7 +56,8 @@ def patch() -> None:
     with _patch_lock:
         if _patched:
             return
-        from shapeplan.runtime.backends.triton import launch, workers
+        from shapeplan.runtime.backends.triton import launch, lazy_gluon, workers
+        lazy_gluon.install()                # Gluon imported at its first use, not at the first launch
         launch.install()                    # kernels load and launch without C builds (start-up time)
         workers.install()                   # new kernels compile in worker processes (start-up time)
         _patched = True
