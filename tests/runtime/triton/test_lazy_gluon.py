@@ -29,7 +29,8 @@ def test_isinstance_answers_without_the_import():
     _run("""
         import sys, torch
         from shapeplan.runtime.backends.triton import lazy_gluon
-        assert lazy_gluon.install() and lazy_gluon.install()             # idempotent
+        hopper = "triton.experimental.gluon.nvidia.hopper"
+        assert hopper in lazy_gluon.install() and lazy_gluon.install() == lazy_gluon.install()   # idempotent
         # what Triton 3.6's first launch does
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
         for arg in (None, 3, 0.5, torch.zeros(2), (1, 2), object()):
@@ -43,18 +44,31 @@ def test_gluon_used_through_the_stand_in_is_gluon():
     _run("""
         import sys, torch
         from shapeplan.runtime.backends.triton import lazy_gluon
-        assert lazy_gluon.install()
+        name = "triton.experimental.gluon.nvidia.hopper"
+        assert name in lazy_gluon.install()
+        stand_in = lazy_gluon._stand_ins[name]
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as Stand
         from triton.experimental.gluon import language as gl
         layout = gl.NVMMASharedLayout.get_default_for([16, 16], gl.float32)
         d = Stand.from_tensor(torch.zeros(16, 16), [16, 16], layout)        # loads the real module
         import triton.experimental.gluon.nvidia.hopper as hopper
-        assert sys.modules[lazy_gluon.NAME] is hopper and hopper is not lazy_gluon._stand_in
+        assert sys.modules[name] is hopper and hopper is not stand_in
         assert type(d) is hopper.TensorDescriptor and isinstance(d, Stand) and isinstance(d, hopper.TensorDescriptor)
         assert issubclass(hopper.TensorDescriptor, Stand)
         d2 = Stand(d.base, d.shape, d.strides, d.block_shape, d.layout)     # construction goes to the real class
         assert type(d2) is hopper.TensorDescriptor
-        assert lazy_gluon._stand_in.TensorDescriptor is Stand and lazy_gluon._stand_in.NVMMASharedLayout is hopper.NVMMASharedLayout
+        assert stand_in.TensorDescriptor is Stand and stand_in.NVMMASharedLayout is hopper.NVMMASharedLayout
+    """)
+
+
+def test_only_plain_modules_get_a_stand_in():
+    _run("""
+        import importlib.util, os
+        from shapeplan.runtime.backends.triton import lazy_gluon
+        got = lazy_gluon.install()
+        root = importlib.util.find_spec("triton.experimental").submodule_search_locations[0]
+        for name, rel in lazy_gluon.NAMES.items():      # a package of that name (Triton 3.9's gfx1250): left alone
+            assert (name in got) == os.path.isfile(os.path.join(root, rel)), (name, got)
     """)
 
 
@@ -62,12 +76,12 @@ def test_not_installed_when_off_or_already_imported():
     _run("""
         import sys
         from shapeplan.runtime.backends.triton import lazy_gluon
-        assert not lazy_gluon.install()
-        assert lazy_gluon.NAME not in sys.modules
+        assert lazy_gluon.install() == []
+        assert not any(n in sys.modules for n in lazy_gluon.NAMES)
     """, SHAPEPLAN_TRITON_LAZY_GLUON="0")
     _run("""
         import sys
         import triton.experimental.gluon.nvidia.hopper as real
         from shapeplan.runtime.backends.triton import lazy_gluon
-        assert not lazy_gluon.install() and sys.modules[lazy_gluon.NAME] is real
+        assert real.__name__ not in lazy_gluon.install() and sys.modules[real.__name__] is real
     """)
