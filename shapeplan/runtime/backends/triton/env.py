@@ -56,8 +56,9 @@ def patch() -> None:
     with _patch_lock:
         if _patched:
             return
-        from shapeplan.runtime.backends.triton import launch, lazy_gluon, workers
+        from shapeplan.runtime.backends.triton import jit_keys, launch, lazy_gluon, workers
         lazy_gluon.install()                # Gluon imported at its first use, not at the first launch
+        jit_keys.install()                  # our kernels' Triton keys from the last process (when on)
         launch.install()                    # kernels load and launch without C builds (start-up time)
         workers.install()                   # new kernels compile in worker processes (start-up time)
         _patched = True

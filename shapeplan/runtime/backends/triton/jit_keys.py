@@ -1,0 +1,176 @@
+"""Triton's cache key of each of shapeplan's kernels, remembered between processes.
+
+A kernel's first launch in a process computes Triton's key of its Python function
+(``JITCallable.cache_key``): it parses the function's source (``ast.parse``) and walks it for the kernels it
+calls and the globals it reads, recursively. On the H200 that was ~2 ms of Python a kernel, ~0.1-0.2 s of a
+warm start spent holding the GIL beside the warm-up threads (docs/benchmarks/decode.md, forty-fourth
+session). The key depends only on what the walk reads: the sources of the function and of every kernel it
+calls, its starting line and the values of the globals it uses. So for shapeplan's own kernels
+(functions defined in this package's files) this module keeps the key Triton computed in
+``<Triton cache>/shapeplan_jit_keys.json`` and sets it again in a later process, when
+
+- the *stamp* is unchanged: the path, size and modification time of every Python file of shapeplan and
+  Triton's installation stamp (``workers.stamp()``), so an edited kernel or helper anywhere in the package,
+  or another Triton, starts afresh (the way Python's ``.pyc`` check works); and
+- each global the walk recorded (Triton's ``used_global_vals``: name, module, value) still has the same
+  ``repr`` in the same module.
+
+Then the function's ``hash`` and ``used_global_vals`` are what Triton's own computation gives (the tests
+compare them for every kernel of the package). Anything else (a function outside the package, a global
+read from a closure, an unreadable file) takes Triton's computation as before. The file is written at
+exit when something new was computed. ``SHAPEPLAN_TRITON_JIT_KEYS`` (off by default until timed on a GPU).
+"""
+from __future__ import annotations
+
+import atexit
+import contextlib
+import copy
+import functools
+import hashlib
+import json
+import os
+import sys
+import threading
+from typing import Any
+
+from shapeplan import diagnostics, env
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+VERSION = 1
+_lock = threading.Lock()
+_original: Any = None
+_known: dict[str, dict[str, Any]] | None = None
+_new: dict[str, dict[str, Any]] = {}
+counts = {"restored": 0, "computed": 0}
+
+
+def path() -> str:
+    from shapeplan.runtime.backends.triton.paths import triton_cache_dir
+    return str(triton_cache_dir() / "shapeplan_jit_keys.json")
+
+
+@functools.cache
+def stamp() -> str:
+    from shapeplan.cache.fingerprint import tree_stamp
+    from shapeplan.runtime.backends.triton import workers
+    digest, _ = tree_stamp(ROOT, lambda d, name: name.endswith(".py"))
+    return hashlib.sha256(f"v{VERSION}|{sys.version_info[:2]}|{digest}|{workers.stamp()}".encode()).hexdigest()
+
+
+def _ident(fn: Any) -> str | None:
+    """The record's name of a kernel of this package (None for any other function)."""
+    code = getattr(getattr(fn, "fn", None), "__code__", None)
+    src = getattr(fn, "_src", None)
+    if code is None or not isinstance(src, str) or not os.path.abspath(code.co_filename).startswith(ROOT + os.sep):
+        return None
+    digest = hashlib.sha256(src.encode()).hexdigest()[:16]
+    return f"{getattr(fn, '_fn_name', fn.__qualname__)}|{getattr(fn, 'starting_line_number', 0)}|{digest}"
+
+
+def _records() -> dict[str, dict[str, Any]]:
+    global _known
+    if _known is None:
+        try:
+            with open(path(), encoding="utf-8") as f:
+                data = json.load(f)
+            ok = isinstance(data, dict) and data.get("stamp") == stamp() and isinstance(data.get("keys"), dict)
+            _known = data["keys"] if ok else {}
+        except (OSError, ValueError):
+            _known = {}
+    return _known
+
+
+def _globals_of(fn: Any) -> list[list[str]] | None:
+    """[module, name, repr] of each global Triton recorded; None if one is not a module's global."""
+    out = []
+    for (name, _), (val, var_dict) in fn.used_global_vals.items():
+        mod = var_dict.get("__name__") if isinstance(var_dict, dict) else None
+        if not isinstance(mod, str) or getattr(sys.modules.get(mod), "__dict__", None) is not var_dict:
+            return None
+        out.append([mod, name, repr(val)])
+    return out
+
+
+def _restore(fn: Any, ident: str) -> bool:
+    rec = _records().get(ident)
+    if not rec:
+        return False
+    used = {}
+    for mod, name, text in rec["globals"]:
+        var_dict = getattr(sys.modules.get(mod), "__dict__", None)
+        if var_dict is None or name not in var_dict or repr(var_dict[name]) != text:
+            return False
+        used[(name, id(var_dict))] = (copy.deepcopy(var_dict[name]), var_dict)
+    fn.used_global_vals = dict(sorted(used.items()))
+    fn.hash = rec["hash"]
+    return True
+
+
+def _cache_key(self: Any) -> str:
+    if self.hash is None:
+        ident = _ident(self)
+        if ident is not None:
+            with getattr(self, "_hash_lock", None) or contextlib.nullcontext():
+                if self.hash is None and _restore(self, ident):
+                    counts["restored"] += 1
+                    return self.hash
+            key = _original(self)
+            found = _globals_of(self)
+            if found is not None and not key.startswith("recursion:"):
+                with _lock:
+                    _new[ident] = {"hash": key, "globals": found}
+                counts["computed"] += 1
+            return key
+    return _original(self)
+
+
+def save() -> None:
+    """Write the records (the ones read plus the new ones) when something new was computed."""
+    with _lock:
+        if not _new:
+            return
+        keys = {**_records(), **_new}
+        _new.clear()
+    target = path()
+    try:
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        tmp = f"{target}.{os.getpid()}.tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump({"stamp": stamp(), "keys": keys}, f)
+        os.replace(tmp, target)
+    except OSError as e:
+        diagnostics.record("FALLBACK", "Triton key records not written", reason=str(e)[:200])
+
+
+def install() -> bool:
+    """Put the remembering key in place of ``JITCallable.cache_key`` (idempotent); False when switched off
+    or when this Triton's ``cache_key`` is not the property this module knows."""
+    global _original
+    if not env.get("SHAPEPLAN_TRITON_JIT_KEYS"):
+        return False
+    try:
+        from triton.runtime.jit import JITCallable
+    except ImportError:
+        return False
+    with _lock:
+        if _original is not None:
+            return True
+        prop = JITCallable.__dict__.get("cache_key")
+        if not isinstance(prop, property) or prop.fget is None:
+            return False
+        _original = prop.fget
+        JITCallable.cache_key = property(_cache_key, doc=prop.__doc__)
+    atexit.register(save)
+    return True
+
+
+def uninstall() -> None:
+    """Triton's own ``cache_key`` again (tests)."""
+    global _original, _known
+    with _lock:
+        if _original is not None:
+            from triton.runtime.jit import JITCallable
+            JITCallable.cache_key = property(_original)
+            _original = None
+        _known = None
+        _new.clear()
