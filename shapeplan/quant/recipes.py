@@ -7,7 +7,7 @@ importance matrix; its 70B, Falcon and mixture-of-experts cases left out):
 - every 2-D weight in the base type; norms stay float32;
 - the LM head (``output.weight``, or the embedding table when it is tied) in Q6_K, unless the base type
   has more bits (Q8_0, F16, BF16, F32);
-- per tensor kind (``_RULES``): ``attn_v``, ``ffn_down`` and ``attn_output`` get more bits in Q2_K,
+- per tensor kind (``_rule``): ``attn_v``, ``ffn_down`` and ``attn_output`` get more bits in Q2_K,
   Q3_K_M, Q3_K_L, Q4_K_S, Q4_K_M, Q5_K_M, IQ4_NL and IQ4_XS files, some on the first layers, some on
   llama.cpp's "more bits" layers (the first and last eighth of the stack and every third layer between);
   a stacked ``attn_qkv`` (Phi-3) its own type;
