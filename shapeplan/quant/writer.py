@@ -7,8 +7,8 @@ Q/K rows interleaved for llama.cpp's rotary layout (``_permute``; its other arch
 rotate-half rows), for ``phi3`` q/k/v and gate/up stacked (``importers.gguf.gguf_tensors``; ``attn_qkv`` in
 llama.cpp's type for it, gate/up in the most precise type of its parts) and the sliding window, Llama 3 rope
 scaling as a ``rope_freqs.weight`` tensor, norms and biases in F32, the matrices in the types
-``recipes.tensor_types`` gives (quantized on ``device`` by shapeplan/quant/quantize.py and kquants.py), and the tokenizer of the directory's ``tokenizer.json``
-(``_tokenizer``): a byte-level BPE as ``tokenizer.ggml.model = gpt2`` with the ``pre`` name of its split rules
+``recipes.tensor_types`` gives (quantized on ``device`` by shapeplan/quant/quantize.py and kquants.py), and
+the tokenizer of the directory's ``tokenizer.json`` (``_tokenizer``): a byte-level BPE as ``tokenizer.ggml.model = gpt2`` with the ``pre`` name of its split rules
 (Llama 3's, Qwen2's, Tekken's or GPT-2's), a SentencePiece-style BPE (byte fallback, ``▁`` for spaces: Llama 2,
 Mistral) as ``llama`` with scores that order its merges. Any other kind is left out with a warning. Tensors are
 quantized and written one at a time (the header first), so memory holds one tensor.
