@@ -2,16 +2,16 @@
 GGUF file that llama.cpp's reader (gguf-py) accepts, with gguf's ``GGUFWriter``.
 
 What it writes matches ``convert_hf_to_gguf`` + ``llama-quantize``: the architecture ``llama`` (model types llama
-and mistral without a sliding window), ``qwen2``, ``qwen3`` or ``phi3``, its hyper-parameters, for ``llama`` the
-Q/K rows interleaved for llama.cpp's rotary layout (``_permute``; its other architectures keep Hugging Face's
+and mistral without a sliding window), ``qwen2``, ``qwen3`` or ``phi3``, its hyper-parameters, for ``llama`` the Q/K
+rows interleaved for llama.cpp's rotary layout (``_permute``; its other architectures keep Hugging Face's
 rotate-half rows), for ``phi3`` q/k/v and gate/up stacked (``importers.gguf.gguf_tensors``; ``attn_qkv`` in
-llama.cpp's type for it, gate/up in the most precise type of its parts) and the sliding window, Llama 3 rope
-scaling as a ``rope_freqs.weight`` tensor, norms and biases in F32, the matrices in the types
-``recipes.tensor_types`` gives (quantized on ``device`` by shapeplan/quant/quantize.py and kquants.py), and
-the tokenizer of the directory's ``tokenizer.json`` (``_tokenizer``): a byte-level BPE as ``tokenizer.ggml.model = gpt2`` with the ``pre`` name of its split rules
-(Llama 3's, Qwen2's, Tekken's or GPT-2's), a SentencePiece-style BPE (byte fallback, ``▁`` for spaces: Llama 2,
-Mistral) as ``llama`` with scores that order its merges. Any other kind is left out with a warning. Tensors are
-quantized and written one at a time (the header first), so memory holds one tensor.
+llama.cpp's type for it, gate/up in the most precise type of its parts) and the sliding window, Llama 3 rope scaling
+as a ``rope_freqs.weight`` tensor, norms and biases in F32, the matrices in the types ``recipes.tensor_types`` gives
+(quantized on ``device`` by shapeplan/quant/quantize.py and kquants.py), and the tokenizer of the directory's
+``tokenizer.json`` (``_tokenizer``): a byte-level BPE as ``tokenizer.ggml.model = gpt2`` with the ``pre`` name of
+its split rules (Llama 3's, Qwen2's, Tekken's or GPT-2's), a SentencePiece-style BPE (byte fallback, ``▁`` for
+spaces: Llama 2, Mistral) as ``llama`` with scores that order its merges. Any other kind is left out with a warning.
+Tensors are quantized and written one at a time (the header first), so memory holds one tensor.
 """
 from __future__ import annotations
 
