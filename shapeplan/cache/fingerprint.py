@@ -60,3 +60,11 @@ def tree_stamp(root: str, keep: Callable[[str, str], bool], skip_dirs: tuple[str
             h.update(f"{os.path.relpath(path, root)}|{st.st_size}|{st.st_mtime_ns}\n".encode())
             counted += 1
     return h.hexdigest(), counted
+
+
+@functools.cache
+def package_stamp() -> str:
+    """``tree_stamp`` of shapeplan's Python files (once a process): the frozen-plan records and the
+    remembered Triton keys are valid only for the sources that made them."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return tree_stamp(root, lambda d, name: name.endswith(".py"))[0]

@@ -54,10 +54,8 @@ def directory() -> str:
 @functools.cache
 def _build() -> str:
     """torch's version and a stamp of shapeplan's sources (size and modification time of each file)."""
-    from shapeplan.cache.fingerprint import tree_stamp
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    digest, _ = tree_stamp(root, lambda d, name: name.endswith(".py"))
-    return f"{torch.__version__}|{digest}"
+    from shapeplan.cache.fingerprint import package_stamp
+    return f"{torch.__version__}|{package_stamp()}"
 
 
 def _layout(x: Any) -> str:

@@ -51,10 +51,9 @@ def path() -> str:
 
 @functools.cache
 def stamp() -> str:
-    from shapeplan.cache.fingerprint import tree_stamp
+    from shapeplan.cache.fingerprint import package_stamp
     from shapeplan.runtime.backends.triton import workers
-    digest, _ = tree_stamp(ROOT, lambda d, name: name.endswith(".py"))
-    return hashlib.sha256(f"v{VERSION}|{sys.version_info[:2]}|{digest}|{workers.stamp()}".encode()).hexdigest()
+    return hashlib.sha256(f"v{VERSION}|{sys.version_info[:2]}|{package_stamp()}|{workers.stamp()}".encode()).hexdigest()
 
 
 def _ident(fn: Any) -> str | None:
