@@ -97,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python3 -m bench.gemv", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--presets", default="llama-1b,llama-8b", help="whose shapes (llama-1b, llama-8b)")
+    ap.add_argument("--roles", default="", help="only these projections (qkv, o, gate_up, down, head; default all)")
     ap.add_argument("--sweep", action="store_true", help="time every (BN, BK, warps); print TUNE lines")
     ap.add_argument("--pdl", action="store_true",
                     help="also time the fused GEMV launched with programmatic dependent launch (SHAPEPLAN_LLM_GEMV_PDL)")
@@ -113,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for preset in a.presets.split(","):
         for role, n, k, use in roles(preset):
+            if a.roles and role not in a.roles.split(","):
+                continue
             row = measure(preset, role, n, k, use, a.sweep, a.pdl)
             rows.append(row)
             line = (f"{preset:<9} {role:<8} {f'{n}x{k}':>14} {row['cublas_us']:8.2f} {row['unfused_us']:8.2f} "
