@@ -96,9 +96,9 @@ SWITCHES: tuple[Switch, ...] = (
            "import Triton's Gluon (triton.experimental.gluon) at its first use, not at Triton's first launch "
            "(0: at the first launch, as Triton does: ~0.1-0.2 s of a warm start; triton/lazy_gluon.py)"),
     Switch("SHAPEPLAN_TRITON_JIT_KEYS", "bool", False,
-           "remember Triton's cache key of each of shapeplan's kernels between processes (stamp of the sources "
-           "and Triton, globals' values checked), instead of parsing each kernel's source at its first launch "
-           "(triton/jit_keys.py; off until timed on a GPU)"),
+           "remember Triton's cache key and source lines of each of shapeplan's kernels between processes (stamp "
+           "of the sources and Triton, globals' values checked), instead of parsing each kernel's source at its "
+           "first launch and tokenizing it at import (triton/jit_keys.py; off until timed on a GPU)"),
     Switch("SHAPEPLAN_TRITON_STAMP_KEY", "bool", True,
            "key Triton's kernel cache by the installation stamp in every lookup (0: Triton's own key, a hash "
            "of its library: 0.5-1.4 s per process where a lookup bypasses the compile manifest)"),

@@ -578,9 +578,11 @@ def _prewarm_decode_kernels(cfg: LlamaConfig, dtype: torch.dtype, device: torch.
 
     def warm(part: str, codes: bool = False) -> None:
         from shapeplan.runtime.backends.triton import env as triton_env
+        # patched first: a triton-mode pipeline compiles in the workers, and the kernel modules imported next
+        # take their source lines from the records of jit_keys.py (when on)
+        triton_env.patch()
         from shapeplan.runtime.backends.triton.kernels import argmax as argmax_kernels
         from shapeplan.runtime.backends.triton.kernels import paged as paged_kernels
-        triton_env.patch()                             # a triton-mode pipeline: compiled in the workers
         if device.type == "cuda" and device.index is not None:
             torch.cuda.set_device(device.index)
         if part == "argmax":                           # the greedy pick over the vocabulary

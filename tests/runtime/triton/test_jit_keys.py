@@ -1,6 +1,7 @@
 """Triton's cache keys of shapeplan's kernels remembered between processes (``triton/jit_keys.py``), checked
 without a GPU: a second process sets, for every kernel of the package, the key and global values Triton's
-own computation gives; a changed global or another stamp makes it compute again."""
+own computation gives; a changed global or another stamp makes it compute again. The same for the kernels'
+source lines, which ``@triton.jit`` reads at import."""
 from __future__ import annotations
 
 import os
@@ -72,4 +73,50 @@ def test_a_changed_global_or_stamp_computes_again(tmp_path):
         jit_keys.stamp.cache_clear()
         jit_keys.stamp = lambda: "another installation"
         assert jit_keys._records() == {}                            # another stamp: nothing restored
+    """)
+
+
+def test_the_next_process_decorates_from_the_remembered_source_lines(tmp_path):
+    def run(code: str) -> str:
+        return _run(tmp_path, code).strip()
+
+    # the prelude installs before it imports the kernel modules: the first process reads every source
+    first = run("""
+        print(jit_keys.counts["sources_read"], jit_keys.counts["sources_restored"])
+        jit_keys.save()
+    """)
+    read, restored = map(int, first.split()[-2:])
+    assert read > 20 and restored == 0
+    second = run("""
+        import inspect
+        import triton.runtime.jit as J
+        assert isinstance(J.inspect, jit_keys.SourceLines)
+        print(len(fns), jit_keys.counts["sources_read"], jit_keys.counts["sources_restored"])
+        for f in fns:                      # what @triton.jit got equals the file's own lines, and its key Triton's
+            assert (f.raw_src, f.starting_line_number) == inspect.getsourcelines(f.fn), f.__name__
+        keys = {id(f): f.cache_key for f in fns}
+        jit_keys.uninstall()
+        assert J.inspect is inspect
+        for f in fns:
+            f.hash, f.used_global_vals = None, {}
+            assert f.cache_key == keys[id(f)], f.__name__
+    """)
+    n, read, restored = map(int, second.split()[-3:])
+    assert restored >= n and read == 0, second
+
+
+def test_sources_of_other_functions_and_another_stamp_are_read(tmp_path):
+    (tmp_path / "outside_mod.py").write_text("import triton\n\n\n@triton.jit\ndef outside(x):\n    pass\n")
+    _run(tmp_path, f"""
+        sys.path.insert(0, {str(tmp_path)!r})
+        before = jit_keys.counts["sources_read"]
+        import outside_mod                                  # a kernel outside the package: read, not recorded
+        assert jit_keys.counts["sources_read"] == before and jit_keys._source_ident(outside_mod.outside.fn) is None
+        assert outside_mod.outside.raw_src[-1].strip() == "pass" and outside_mod.outside.starting_line_number == 4
+        jit_keys.save()
+        jit_keys._known = jit_keys._known_sources = None
+        assert len(jit_keys._sources()) >= len(fns)         # the package's kernels, recorded
+        jit_keys._known = jit_keys._known_sources = None
+        jit_keys.stamp = lambda: "another installation"
+        assert jit_keys._sources() == {{}}                  # another stamp: every source read again
     """)
