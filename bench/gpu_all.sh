@@ -115,6 +115,10 @@ step serve_kserve_p4i2 extra 200 'python3 -m bench.serve_kserve --model resnet50
   'tail -8 $L | paste -sd" " | cut -c1-520'
 step gemv default 120 'python3 -m bench.gemv --pdl --json $W/gemv.json' \
   'awk '\''$1 ~ /^llama/ && NF >= 9 {printf "%s %s fused %s us (cuBLAS %s); ", $1, $2, $6, $4}'\'' $L | cut -c1-400'
+# the bf16 GEMV tiles re-swept on llama-8b's layer shapes as decode launches them (PDL), the committed tiles timed
+# in the same run (forty-fifth session: 245 tok/s needs 23 us less a step; the tiles were swept without PDL, 2026-12-01)
+step gemv_sweep_8b extra 300 'python3 -m bench.gemv --presets llama-8b --roles qkv,o,gate_up,down --sweep --pdl --json $W/gemv_sweep_8b.json' \
+  'grep -E "^    \(" $L | tr -s " " | tr "\n" ";" | cut -c1-400'
 step quant_gemv default 200 'python3 -m bench.quant_gemv --prefill-m 128,512,2048' \
   'grep -iE "Q4_K|Q8_0" $L | head -3 | paste -sd" " | cut -c1-300'
 step quant_e2e default 300 'python3 -m bench.quant_gemv --no-gemv --e2e llama-1b:Q4_K_M,llama-1b:Q8_0,llama-8b:Q4_K_M,llama-8b:Q8_0' \
