@@ -19,13 +19,17 @@ def fingerprint(device: str = "cpu") -> dict[str, Any]:
             "plan_format": FORMAT_VERSION, "sources": sources_digest()}
 
 
+#: the shapeplan package directory (whose Python files the stamps and digests cover)
+PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
 @functools.cache
 def sources_digest() -> str:
     """sha256 of shapeplan's Python sources (their paths and contents; ~5 ms, once a process): a plan
     built by other code (an edited checkout, another commit with the same version) is not reused.
     Contents, not modification times, so the same release installed elsewhere matches (a read-only
     override cache built on another machine stays valid)."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = PACKAGE_ROOT
     h = hashlib.sha256()
     for d, dirs, files in os.walk(root):
         dirs[:] = sorted(x for x in dirs if x != "__pycache__")
@@ -66,5 +70,5 @@ def tree_stamp(root: str, keep: Callable[[str, str], bool], skip_dirs: tuple[str
 def package_stamp() -> str:
     """``tree_stamp`` of shapeplan's Python files (once a process): the frozen-plan records and the
     remembered Triton keys are valid only for the sources that made them."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = PACKAGE_ROOT
     return tree_stamp(root, lambda d, name: name.endswith(".py"))[0]

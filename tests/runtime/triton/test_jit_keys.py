@@ -69,7 +69,7 @@ def test_a_changed_global_or_stamp_computes_again(tmp_path):
         mod, name, _ = jit_keys._records()[jit_keys._ident(f)]["globals"][0]
         sys.modules[mod].__dict__[name] = 12345                  # a global's value that differs from the record's
         assert not jit_keys._restore(f, jit_keys._ident(f)) and f.hash is None
-        jit_keys._known = None
+        jit_keys._file = None
         jit_keys.stamp.cache_clear()
         jit_keys.stamp = lambda: "another installation"
         assert jit_keys._records() == {}                            # another stamp: nothing restored
@@ -114,9 +114,9 @@ def test_sources_of_other_functions_and_another_stamp_are_read(tmp_path):
         assert jit_keys.counts["sources_read"] == before and jit_keys._source_ident(outside_mod.outside.fn) is None
         assert outside_mod.outside.raw_src[-1].strip() == "pass" and outside_mod.outside.starting_line_number == 4
         jit_keys.save()
-        jit_keys._known = jit_keys._known_sources = None
+        jit_keys._file = None
         assert len(jit_keys._sources()) >= len(fns)         # the package's kernels, recorded
-        jit_keys._known = jit_keys._known_sources = None
+        jit_keys._file = None
         jit_keys.stamp = lambda: "another installation"
         assert jit_keys._sources() == {{}}                  # another stamp: every source read again
     """)

@@ -45,15 +45,13 @@ import threading
 from typing import Any
 
 from shapeplan import diagnostics, env
+from shapeplan.cache.fingerprint import PACKAGE_ROOT as ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 VERSION = 1
 _lock = threading.Lock()
 _original: Any = None
-_known: dict[str, dict[str, Any]] | None = None
-_known_sources: dict[str, list] | None = None
-_new: dict[str, dict[str, Any]] = {}
-_new_sources: dict[str, list] = {}
+_file: dict[str, dict] | None = None               # the records read: {"keys": {..}, "sources": {..}}
+_new: dict[str, dict] = {"keys": {}, "sources": {}}  # computed in this process, not yet written
 _jit_module: Any = None                             # triton.runtime.jit while its ``inspect`` is ours
 counts = {"restored": 0, "computed": 0, "sources_restored": 0, "sources_read": 0}
 
@@ -70,50 +68,51 @@ def stamp() -> str:
     return hashlib.sha256(f"v{VERSION}|{sys.version_info[:2]}|{package_stamp()}|{workers.stamp()}".encode()).hexdigest()
 
 
+def _package_file(fn: Any) -> str | None:
+    """The file that defines the function ``fn`` when it is one of this package's (else None)."""
+    code = getattr(fn, "__code__", None)
+    file = os.path.abspath(code.co_filename) if code is not None else ""
+    return file if file.startswith(ROOT + os.sep) else None
+
+
 def _ident(fn: Any) -> str | None:
     """The record's name of a kernel of this package (None for any other function)."""
-    code = getattr(getattr(fn, "fn", None), "__code__", None)
     src = getattr(fn, "_src", None)
-    if code is None or not isinstance(src, str) or not os.path.abspath(code.co_filename).startswith(ROOT + os.sep):
+    if _package_file(getattr(fn, "fn", None)) is None or not isinstance(src, str):
         return None
     digest = hashlib.sha256(src.encode()).hexdigest()[:16]
     return f"{getattr(fn, '_fn_name', fn.__qualname__)}|{getattr(fn, 'starting_line_number', 0)}|{digest}"
 
 
-def _load() -> None:
-    global _known, _known_sources
-    try:
-        with open(path(), encoding="utf-8") as f:
-            data = json.load(f)
-        ok = isinstance(data, dict) and data.get("stamp") == stamp()
-    except (OSError, ValueError):
-        data, ok = {}, False
-    keys, sources = (data.get("keys"), data.get("sources")) if ok else ({}, {})
-    _known = keys if isinstance(keys, dict) else {}
-    _known_sources = sources if isinstance(sources, dict) else {}
+def _read() -> dict[str, dict]:
+    """The file's records when its stamp is this process's, else empty ones (read once a process)."""
+    global _file
+    if _file is None:
+        try:
+            with open(path(), encoding="utf-8") as f:
+                data = json.load(f)
+            ok = isinstance(data, dict) and data.get("stamp") == stamp()
+        except (OSError, ValueError):
+            data, ok = {}, False
+        got = {part: data.get(part) if ok else None for part in ("keys", "sources")}
+        _file = {part: v if isinstance(v, dict) else {} for part, v in got.items()}
+    return _file
 
 
 def _records() -> dict[str, dict[str, Any]]:
-    if _known is None:
-        _load()
-    return _known  # type: ignore[return-value]
+    return _read()["keys"]
 
 
 def _sources() -> dict[str, list]:
-    if _known_sources is None:
-        _load()
-    return _known_sources  # type: ignore[return-value]
+    return _read()["sources"]
 
 
 def _source_ident(fn: Any) -> str | None:
     """The source record's name of a function defined in this package (None for any other object)."""
-    code = getattr(fn, "__code__", None)
-    if code is None:
+    file = _package_file(fn)
+    if file is None:
         return None
-    file = os.path.abspath(code.co_filename)
-    if not file.startswith(ROOT + os.sep):
-        return None
-    return f"{os.path.relpath(file, ROOT)}|{code.co_firstlineno}|{getattr(fn, '__qualname__', '')}"
+    return f"{os.path.relpath(file, ROOT)}|{fn.__code__.co_firstlineno}|{getattr(fn, '__qualname__', '')}"
 
 
 class SourceLines:
@@ -135,7 +134,7 @@ class SourceLines:
         lines, start = inspect.getsourcelines(obj)
         if ident is not None:
             with _lock:
-                _new_sources[ident] = [list(lines), start]
+                _new["sources"][ident] = [list(lines), start]
             counts["sources_read"] += 1
         return lines, start
 
@@ -178,7 +177,7 @@ def _cache_key(self: Any) -> str:
             found = _globals_of(self)
             if found is not None and not key.startswith("recursion:"):
                 with _lock:
-                    _new[ident] = {"hash": key, "globals": found}
+                    _new["keys"][ident] = {"hash": key, "globals": found}
                 counts["computed"] += 1
             return key
     return _original(self)
@@ -187,17 +186,17 @@ def _cache_key(self: Any) -> str:
 def save() -> None:
     """Write the records (the ones read plus the new ones) when something new was computed."""
     with _lock:
-        if not _new and not _new_sources:
+        if not any(_new.values()):
             return
-        keys, sources = {**_records(), **_new}, {**_sources(), **_new_sources}
-        _new.clear()
-        _new_sources.clear()
+        merged = {part: {**_read()[part], **new} for part, new in _new.items()}
+        for new in _new.values():
+            new.clear()
     target = path()
     try:
         os.makedirs(os.path.dirname(target), exist_ok=True)
         tmp = f"{target}.{os.getpid()}.tmp"
         with open(tmp, "w", encoding="utf-8") as f:
-            json.dump({"stamp": stamp(), "keys": keys, "sources": sources}, f)
+            json.dump({"stamp": stamp(), **merged}, f)
         os.replace(tmp, target)
     except OSError as e:
         diagnostics.record("FALLBACK", "Triton key records not written", reason=str(e)[:200])
@@ -232,7 +231,7 @@ def install() -> bool:
 
 def uninstall() -> None:
     """Triton's own ``cache_key`` and ``inspect`` again (tests)."""
-    global _original, _known, _known_sources, _jit_module
+    global _original, _file, _jit_module
     with _lock:
         if _original is not None:
             from triton.runtime.jit import JITCallable
@@ -241,6 +240,6 @@ def uninstall() -> None:
         if _jit_module is not None:
             _jit_module.inspect = inspect
             _jit_module = None
-        _known = _known_sources = None
-        _new.clear()
-        _new_sources.clear()
+        _file = None
+        for new in _new.values():
+            new.clear()
