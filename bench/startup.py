@@ -99,6 +99,8 @@ def once(a: argparse.Namespace) -> None:
         s = io.StringIO()
         pstats.Stats(prof, stream=s).sort_stats("cumulative").print_stats(a.cprofile)
         pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(a.cprofile // 2)
+        # who compiles Python source at start-up (ast.parse, exec of generated code, namedtuple, ...)
+        pstats.Stats(prof, stream=s).sort_stats("tottime").print_callers(r"builtins\.(compile|exec)|ast\.py.*\(parse\)")
         print(s.getvalue())
     print(json.dumps({"label": a.label, "preset": a.preset, "mode": a.mode, "construct_s": round(t1 - t0, 3),
                       "first_request_s": round(t2 - t1, 3), "start_s": round(t2 - t0, 3),

@@ -99,6 +99,10 @@ SWITCHES: tuple[Switch, ...] = (
            "remember Triton's cache key and source lines of each of shapeplan's kernels between processes (stamp "
            "of the sources and Triton, globals' values checked), instead of parsing each kernel's source at its "
            "first launch and tokenizing it at import (triton/jit_keys.py; off until timed on a GPU)"),
+    Switch("SHAPEPLAN_TRITON_PRELOAD", "bool", False,
+           "record the Triton kernels a pipeline's start-up used; the next start loads them on the warm-up "
+           "threads and captures plans without fused steps before any eager run (triton/preload.py; off until "
+           "timed on a GPU)"),
     Switch("SHAPEPLAN_TRITON_STAMP_KEY", "bool", True,
            "key Triton's kernel cache by the installation stamp in every lookup (0: Triton's own key, a hash "
            "of its library: 0.5-1.4 s per process where a lookup bypasses the compile manifest)"),

@@ -59,7 +59,8 @@ def decode_buckets(max_num_seqs: int, smallest: int = 1) -> list[int]:
 class ModelRunner:
     def __init__(self, engine, paged: PagedKV, device: torch.device, *, decode_buckets: list[int],
                  prefill_buckets: list[int], kv_blocks: torch.Tensor | None = None,
-                 before_first_call: Callable[[], None] | None = None) -> None:
+                 before_first_call: Callable[[], None] | None = None,
+                 after_first_decode: Callable[[], None] | None = None) -> None:
         self.engine, self.paged, self.device = engine, paged, device
         self.decode_buckets, self.prefill_buckets = sorted(decode_buckets), sorted(prefill_buckets)
         self.kv_blocks = kv_blocks               # [layers, 2, NB, Hkv, BS, D]: the pools as one tensor
@@ -78,6 +79,7 @@ class ModelRunner:
         self.cuda = device.type == "cuda"
         self.calls = 0
         self._before_first_call = before_first_call
+        self._after_first_decode = after_first_decode   # once the first decode call's plan ran
         self.structured = None                   # constrained decoding (batch/constrained.py), set by the pipeline
         self.in_place = env.get("SHAPEPLAN_DECODE_IN_PLACE")     # decode: outputs fed back into the plan's inputs
 
@@ -382,6 +384,9 @@ class ModelRunner:
         self.calls += steps
         self.slot_tok[slots] = ids[:, 0]
         self.slot_pos[slots] = pos
+        if self._after_first_decode is not None:
+            hook, self._after_first_decode = self._after_first_decode, None
+            hook()
         return toks[:, :n]
 
 

@@ -38,6 +38,7 @@ class TritonBackend(CudaGraphsBackend):
         self._metas: dict[tuple, dict[int, Any]] = {}
         self._used: dict[tuple, dict[int, Any]] = {}      # the layouts each segment was compiled for
         self._compiled_for: dict[tuple, dict[int, Any]] = {}   # the same, until the segment's capture
+        self._warmed: set[tuple] = set()         # segments whose warm-up ran every step in this process
         self._triton_error: str | None = None
 
     def _key(self, seg: SegmentContext) -> tuple:
@@ -48,6 +49,7 @@ class TritonBackend(CudaGraphsBackend):
         if seg.device.type == "cuda":
             workers.prestart_if_cold()            # a cold cache: workers start while this call runs
         metas = self._metas.setdefault(self._key(seg), {})
+        self._warmed.add(self._key(seg))
         for r in seg.live_in:
             if isinstance(regs[r], torch.Tensor):
                 metas[r] = Meta.of(regs[r])
@@ -113,12 +115,21 @@ class TritonBackend(CudaGraphsBackend):
         this machine and build with exactly these input layouts (its verdict is on disk): the eager run
         would only run them unchecked. The layouts of registers no step has computed yet are the ones
         the segment was compiled for. Off with ``SHAPEPLAN_TRITON_VERIFY=1`` or
-        ``SHAPEPLAN_CAPTURE_FIRST=0``."""
-        metas = self._compiled_for.pop(self._key(seg), None)
+        ``SHAPEPLAN_CAPTURE_FIRST=0``. A segment without fused steps has nothing to check: with
+        ``SHAPEPLAN_TRITON_PRELOAD`` it is captured first when its kernels are loaded (its warm-up ran
+        here, or the start-up's kernels were preloaded: ``preload``); a kernel that is not stops the capture
+        (``KernelNotLoaded``) and the segment runs eagerly first."""
+        key = self._key(seg)
+        metas = self._compiled_for.pop(key, None)
+        warmed = key in self._warmed
+        self._warmed.discard(key)
         if _verify_on() or not _capture_first_on():
             return False
         fused = [st for st in steps if st.kind != "slot"]
-        if not fused or not metas:
+        if not fused:
+            from shapeplan.runtime.backends.triton import preload
+            return bool(metas) and seg.device.type == "cuda" and preload.enabled() and (warmed or preload.preloaded())
+        if not metas:
             return False
         view = [x if x is not None else metas.get(r) for r, x in enumerate(regs)]
         known = verified()
