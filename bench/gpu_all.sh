@@ -54,6 +54,15 @@ step decode quick 150 'python3 -m shapeplan bench --preset llama-1b --device cud
   'awk '\''$1=="triton" {print "llama-1b triton late_steady " $(NF-2) " tok/s, cold " $2 " s"}'\'' $L'
 step startup quick 150 'python3 -m bench.startup --preset llama-1b --mode triton --warm 3 --json $W/startup.json' \
   'awk '\''$1=="cold" || $1 ~ /^warm/ {s = s $1 " " $4 " s, "; mb = $5} END {if (s) print s "beyond weights " mb " MB"}'\'' $L'
+# the forty-sixth session's preload (SHAPEPLAN_TRITON_PRELOAD, off by default, never run on a GPU yet): its GPU tests,
+# then one cache (a cold start with it on records the kernels) and warm starts off / on alternating, three rounds;
+# then a warm start's timeline with it on and cProfile's callers of compile/exec with it off and on
+step startup_preload extra 420 'python3 -m pytest -q -p no:cacheprovider tests/runtime/triton/test_preload.py "tests/llm/test_gpu.py::test_gpu_a_warm_start_freezes_from_records_and_gives_the_same_tokens"
+  P=$W/preload_cache; SHAPEPLAN_TRITON_PRELOAD=1 SHAPEPLAN_CACHE_DIR=$P python3 -m bench.startup --once --label cold | tail -1
+  for r in 1 2 3; do for p in 0 1; do SHAPEPLAN_TRITON_PRELOAD=$p SHAPEPLAN_CACHE_DIR=$P python3 -m bench.startup --once --label preload$p | tail -1; done; done
+  SHAPEPLAN_TRITON_PRELOAD=1 SHAPEPLAN_CACHE_DIR=$P python3 -m bench.startup --once --timeline --label timeline_on
+  for p in 0 1; do SHAPEPLAN_TRITON_PRELOAD=$p SHAPEPLAN_CACHE_DIR=$P python3 -m bench.startup --once --cprofile 40 --label cprofile$p; done' \
+  'grep -E "[0-9]+ (passed|failed|error)" $L | tail -1 | tr "\n" ";"; python3 -c "import json,sys; r=[json.loads(l) for l in open(sys.argv[1]) if l.startswith(\"{\\\"\")]; print(\"; \".join(x[\"label\"] + \" \" + str(x[\"start_s\"]) for x in r))" $L'
 step generate_cmd default 120 'python3 -m bench.startup --generate-cmd --preset llama-1b --device cuda --json $W/generate_cmd.json' \
   'awk '\''$1=="wall" {print "shapeplan generate llama-1b 256 tokens: first " $2 " s, second " $3 " s"}'\'' $L'
 # the command with --keep-alive (the first run starts the server that keeps the model loaded, the next two stream from it)
