@@ -178,3 +178,36 @@ def test_a_pipelines_warm_start_preloads_and_captures_first(tmp_path):
     assert int(warm["FIRST"]) >= 2 and int(warm["EAGER"]) == 0, warm
     assert warm["FALLBACK"] == "[]", warm
     assert int(off["EAGER"]) >= 1, off
+
+
+def test_which_segments_without_fused_steps_are_captured_first(monkeypatch):
+    """``TritonBackend._capture_first`` for a segment of op kernels only: with the switch, when its warm-up
+    ran in this process or a preload has finished; never without it, without the layouts it was compiled
+    for, or with the capture-first switch off. A segment with fused steps keeps its verdict rule."""
+    from types import SimpleNamespace
+
+    from shapeplan.runtime.backends.triton.backend import TritonBackend
+    seg = SimpleNamespace(plan_key="p", plan=object(), segment=SimpleNamespace(index=0), device=torch.device("cuda"))
+    slots = [SimpleNamespace(kind="slot")] * 3
+
+    def decide(*, on=True, warmed=False, preloaded=False, metas=True, capture_first="1"):
+        monkeypatch.setenv("SHAPEPLAN_CAPTURE_FIRST", capture_first)
+        monkeypatch.setattr(preload, "enabled", lambda: on)
+        monkeypatch.setattr(preload, "preloaded", lambda: preloaded)
+        b = TritonBackend()
+        key = b._key(seg)
+        if metas:
+            b._compiled_for[key] = {0: None}
+        if warmed:
+            b._warmed.add(key)
+        got = b._capture_first(seg, slots, [None])
+        assert key not in b._warmed and key not in b._compiled_for       # forgotten after the decision
+        return got
+
+    assert decide(warmed=True) and decide(preloaded=True)
+    assert not decide() and not decide(on=False, warmed=True, preloaded=True)
+    assert not decide(warmed=True, metas=False) and not decide(warmed=True, capture_first="0")
+    fused = [SimpleNamespace(kind="triton")]
+    b = TritonBackend()
+    b._warmed.add(b._key(seg))
+    assert not b._capture_first(seg, fused, [None])          # no layouts: the fused rule says no, as before

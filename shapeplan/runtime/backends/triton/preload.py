@@ -83,7 +83,7 @@ def _do_compile(self: Any, key: Any, signature: Any, device: Any, constexprs: An
         from triton.runtime.jit import serialize_specialization_data
         args = (self._fn_name, signature, constexprs, attrs, options, key)
         try:
-            if _serialize_target:          # Triton >= 3.7 records the target too
+            if _serialize_target:          # newer Tritons (3.9) record the target too
                 args += (self.device_caches[device][2],)
             data = serialize_specialization_data(*args)
         except (TypeError, ValueError, AttributeError):  # a constant JSON cannot hold: not recorded
@@ -113,9 +113,9 @@ def install() -> bool:
     with _lock:
         if _original is not None:
             return True
-        ours = getattr(fn, "_do_compile", None)
+        theirs = getattr(fn, "_do_compile", None)
         try:
-            params = list(inspect.signature(ours).parameters) if ours is not None else []
+            params = list(inspect.signature(theirs).parameters) if theirs is not None else []
         except (TypeError, ValueError):
             params = []
         serialize = getattr(jit_module, "serialize_specialization_data", None)
@@ -127,7 +127,7 @@ def install() -> bool:
                 or taken[6:] not in ([], ["target"])):
             return False
         _serialize_target = taken[6:] == ["target"]
-        _original = ours
+        _original = theirs
         fn._do_compile = _do_compile
     guard_loads()
     return True
