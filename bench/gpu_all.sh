@@ -336,8 +336,14 @@ T0=$(date +%s)
   # bytecode up front, and the CUDA libraries read once, so that the first benchmark's start-up is not the
   # machine's first torch run. The lent machines set PYTHONDONTWRITEBYTECODE=1 and ship torch with no .pyc
   # at all (fourteenth session: 0 for 2,141 files), so without this every process compiles torch from
-  # source (~4 s of each `import torch`); `pip install` leaves the bytecode in place on a user's machine
-  python3 -m compileall -q -j 16 shapeplan bench "$(python3 -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))')" > /dev/null 2>&1
+  # source (~4 s of each `import torch`); `pip install` leaves the bytecode in place on a user's machine. The standard
+  # library too (forty-sixth session): under PYTHONPYCACHEPREFIX Python reads bytecode only from the prefix, so the
+  # library's own __pycache__ no longer counts, and with PYTHONDONTWRITEBYTECODE nothing is added to the prefix:
+  # without this, every process compiled each standard module it imported from source (174 for `import torch`,
+  # 0.6-1.0 s of CPU on the dev box), inside every start-up and command timed here
+  python3 -m compileall -q -j 16 shapeplan bench "$(python3 -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))')" \
+    "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])')" > /dev/null 2>&1
+  echo "modules \`import torch\` compiles from source: $(python3 -v -c 'import torch' 2>&1 | grep -c '^# code object from /') here (0 expected), $(env -u PYTHONPYCACHEPREFIX python3 -v -c 'import torch' 2>&1 | grep -c '^# code object from /') in a plain process of this machine"
   python3 -c "import torch; torch.ones(1, device='cuda') @ torch.ones(1, 1, device='cuda')" 2>/dev/null \
     || echo "gpu_all: CUDA is not available here: the GPU benchmarks will say that they measured nothing"
 } > "$W/machine.log" 2>&1
