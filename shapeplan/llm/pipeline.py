@@ -214,7 +214,8 @@ class GenerationPipeline:
             self._startup_done = warm.release
             weakref.finalize(self, self._startup_done)
             if mode in ("triton", "auto"):
-                self._records_kernels = _preload_kernels(self.device)
+                self._records_kernels = _preload_kernels(self.device, cfg, self.dtype, self.paged, mode,
+                                                         self.buckets, max_num_seqs)
                 _prewarm_decode_kernels(cfg, self.dtype, self.device, self.paged,
                                         x_codes=set(layers_x_codes(cfg, weights, self.device)))
         graph = build_graph(cfg, weights, max_kv_cache_length=max_kv_cache_length, dtype=self.dtype,
@@ -564,10 +565,11 @@ def _until_eos(ids: list[int], eos: set[int]) -> list[int]:
     return ids[:cut] if cut else list(ids)
 
 
-def _preload_kernels(device: torch.device) -> bool:
-    """With ``SHAPEPLAN_TRITON_PRELOAD``: load the Triton kernels the last start-up recorded on a warm-up
-    thread (a capture waits for it), and record this start-up's until its first decode call returns
-    (triton/preload.py). Returns whether it records."""
+def _preload_kernels(device: torch.device, *context: Any) -> bool:
+    """With ``SHAPEPLAN_TRITON_PRELOAD``: load the Triton kernels the last start-up of this ``context`` (model
+    configuration, dtype, KV cache, mode, buckets) recorded on a warm-up thread (a capture waits for it), and
+    record this start-up's until its first decode call returns (triton/preload.py). Returns whether it
+    records."""
     try:
         from shapeplan.runtime.backends.triton import preload
         from shapeplan.runtime.backends.triton import warmup as triton_warmup
@@ -575,10 +577,11 @@ def _preload_kernels(device: torch.device) -> bool:
         return False
     if not preload.install():                # off, interpreting, or a Triton it does not know
         return False
-    preload.start_recording()
+    key = preload.context_key(*context)
+    preload.start_recording(key)
     index = device.index if device.index is not None else torch.cuda.current_device()
-    if preload.records():
-        triton_warmup.background(lambda: preload.preload(index))
+    if preload.records(key):
+        triton_warmup.background(lambda: preload.preload(key, index))
     return True
 
 

@@ -34,21 +34,36 @@ def records_file(tmp_path, monkeypatch):
     preload.reset()
 
 
-def test_records_are_written_once_under_the_stamp_and_read_back(records_file, monkeypatch):
+def test_records_are_written_once_under_the_stamp_and_context_and_read_back(records_file, monkeypatch):
     a = ["shapeplan.runtime.backends.triton.kernels.argmax_jit", "_arg_partial", '{"key": "a"}']
     b = ["shapeplan.runtime.backends.triton.kernels.argmax_jit", "_arg_merge", '{"key": "b"}']
+    one, two = preload.context_key("llama-1b", torch.bfloat16), preload.context_key("llama-8b", torch.bfloat16)
+    assert one != two and one == preload.context_key("llama-1b", torch.bfloat16)
+    monkeypatch.setattr(preload, "_context", one)
     preload._new.extend([a, b])
     assert preload.save()
     data = json.loads(records_file.read_text())
-    assert data["stamp"] == preload._stamp() and data["kernels"] == [a, b]
+    assert data["stamp"] == preload._stamp() and data["starts"] == {one: [a, b]}
     preload.reset()
-    assert preload.records() == [a, b]
+    assert preload.records(one) == [a, b] and preload.records(two) == []
+    monkeypatch.setattr(preload, "_context", one)
     preload._new.append(a)                          # nothing new: the file is not written again
     mtime = records_file.stat().st_mtime_ns
     assert not preload.save() and records_file.stat().st_mtime_ns == mtime
+    monkeypatch.setattr(preload, "_context", two)   # another start-up's kernels: kept beside, the latest last
+    preload._new.append(b)
+    assert preload.save()
     preload.reset()
+    assert preload.records(one) == [a, b] and preload.records(two) == [b]
+    monkeypatch.setattr(preload, "MAX_CONTEXTS", 1)
+    monkeypatch.setattr(preload, "_context", one)
+    preload._new.append(["m", "f", "{}"])
+    assert preload.save()
+    preload.reset()
+    assert preload.records(two) == [] and preload.records(one) == [a, b, ["m", "f", "{}"]]   # the oldest went
     monkeypatch.setattr(preload, "_stamp", lambda: "another stamp")   # edited sources or another Triton
-    assert preload.records() == []
+    preload.reset()
+    assert preload.records(one) == []
 
 
 def test_switched_off_or_interpreting_changes_nothing(monkeypatch):
@@ -78,7 +93,7 @@ def test_a_compile_of_a_package_kernel_is_recorded_as_tritons_specialization_dat
         from shapeplan.runtime.backends.triton.kernels import argmax_jit
         if not preload.install():
             raise SystemExit(0)                       # a Triton whose _do_compile this module does not know
-        preload.start_recording()
+        preload.start_recording("ctx")
         preload._original = lambda *a: "compiled"
         fn = argmax_jit._arg_merge
         options = types.SimpleNamespace(num_warps=1, num_stages=3)
@@ -99,7 +114,7 @@ def test_a_compile_of_a_package_kernel_is_recorded_as_tritons_specialization_dat
         assert got["name"] == fn._fn_name and got["key"] == "K1" and got["options"]["num_warps"] == 1
         assert got["constant_keys"] == [[5]] and got["constant_vals"] == [4]
         preload.finish_recording()
-        assert preload.records() == [[module, qualname, data]]
+        assert preload.records("ctx") == [[module, qualname, data]]
     """)
 
 
@@ -113,13 +128,13 @@ def test_a_preloaded_kernel_is_captured_without_an_eager_run(tmp_path):
         x = torch.randn(3, 5000, device="cuda")
     """
     _run(tmp_path, code + """
-        preload.start_recording()
+        preload.start_recording("ctx")
         assert torch.equal(argmax.argmax(x), torch.argmax(x, dim=-1))
         preload.finish_recording()
-        assert len(preload.records()) == 2                # both passes
+        assert len(preload.records("ctx")) == 2           # both passes
     """)
     _run(tmp_path, code + """
-        assert preload.preload(0) == 2 and preload.counts["failed"] == 0
+        assert preload.preload("ctx", 0) == 2 and preload.counts["failed"] == 0
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):                         # the first launches of this process, captured
             out = argmax.argmax(x)

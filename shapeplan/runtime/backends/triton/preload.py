@@ -12,7 +12,8 @@ from disk, its module loaded into the GPU. None of that needs the plan's tensors
   specialization data (``serialize_specialization_data``: signature, constants, attributes, options and the
   launch's key; what ``JITFunction.preload`` takes), in ``<Triton cache>/shapeplan_preload.json``, under
   the stamp of ``jit_keys`` (the package's sources and Triton's installation: another version of either
-  starts afresh);
+  starts afresh) and under the start-up's *context* (the pipeline's model configuration, dtype, KV cache
+  and mode: a start preloads only the kernels of a start like itself; the last ``MAX_CONTEXTS`` are kept);
 - *preload*: at the next start the warm-up threads give each record to ``JITFunction.preload`` (the cache
   lookup and the disk read) and load the kernel into the GPU (``CompiledKernel._init_handles``: the module
   load runs without the GIL through ``launch.Utils``), before any capture (a capture waits for them);
@@ -35,9 +36,10 @@ from typing import Any
 
 from shapeplan import diagnostics, env
 
-VERSION = 1
-#: most records kept (the first ones a start-up compiled come first)
-MAX_RECORDS = 512
+VERSION = 2
+#: most records kept per context (the first ones a start-up compiled come first), and most contexts kept
+MAX_RECORDS = 256
+MAX_CONTEXTS = 16
 _DO_COMPILE_PARAMS = ["self", "key", "signature", "device", "constexprs", "options", "attrs", "warmup"]
 _SERIALIZE_PARAMS = ["name", "signature", "constants", "attrs", "options", "key"]
 
@@ -45,8 +47,9 @@ _lock = threading.Lock()
 _original: Any = None                      # JITFunction._do_compile while ours is in place
 _serialize_target = False                  # whether Triton's serialize_specialization_data takes the target
 _recording = False
+_context = ""                              # the start-up being recorded
 _new: list[list] = []                      # [module, qualname, data] recorded in this process, in order
-_file: list[list] | None = None            # the records read (this stamp's), once a process
+_file: dict[str, list[list]] | None = None   # the records read (this stamp's), by context, once a process
 _preloaded = threading.Event()             # set when a preload of this process has finished
 counts = {"recorded": 0, "preloaded": 0, "present": 0, "failed": 0}
 
@@ -133,11 +136,11 @@ def install() -> bool:
     return True
 
 
-def start_recording() -> None:
-    """Record the kernels compiled from now on (a pipeline's construction calls it)."""
-    global _recording
+def start_recording(context: str) -> None:
+    """Record the kernels compiled from now on under ``context`` (a pipeline's construction calls it)."""
+    global _recording, _context
     if install():
-        _recording = True
+        _recording, _context = True, context
 
 
 def finish_recording() -> None:
@@ -149,45 +152,56 @@ def finish_recording() -> None:
     save()
 
 
-def _read() -> list[list]:
+def context_key(*parts: Any) -> str:
+    """A start-up's context from what decides its kernels (``repr`` of each part, hashed)."""
+    import hashlib
+    return hashlib.sha256("|".join(repr(p) for p in parts).encode()).hexdigest()[:16]
+
+
+def _read() -> dict[str, list[list]]:
     global _file
     if _file is None:
         try:
             with open(path(), encoding="utf-8") as f:
                 data = json.load(f)
-            ok = isinstance(data, dict) and data.get("stamp") == _stamp() and isinstance(data.get("kernels"), list)
+            ok = isinstance(data, dict) and data.get("stamp") == _stamp() and isinstance(data.get("starts"), dict)
         except (OSError, ValueError):
             data, ok = {}, False
-        _file = [r for r in data["kernels"] if isinstance(r, list) and len(r) == 3] if ok else []
+        starts = data["starts"] if ok else {}
+        _file = {c: [r for r in rs if isinstance(r, list) and len(r) == 3]
+                 for c, rs in starts.items() if isinstance(c, str) and isinstance(rs, list)}
     return _file
 
 
-def records() -> list[list]:
-    """The records of this stamp on disk: [module, qualname, specialization data] each."""
-    return list(_read())
+def records(context: str) -> list[list]:
+    """The records of this stamp and ``context`` on disk: [module, qualname, specialization data] each."""
+    return list(_read().get(context, ()))
 
 
 def save() -> bool:
-    """Write the records read plus the ones new in this process (when there are new ones)."""
+    """Write the records read plus the ones new in this process under the recorded context (when there
+    are new ones); the context written last comes last, and the oldest beyond ``MAX_CONTEXTS`` go."""
     with _lock:
-        known = _read()
+        starts = dict(_read())
+        known = starts.pop(_context, [])
         fresh = [r for r in _new if r not in known]
         _new.clear()
         if not fresh:
             return False
-        merged = (known + fresh)[:MAX_RECORDS]
+        starts[_context] = (known + fresh)[:MAX_RECORDS]
+        starts = dict(list(starts.items())[-MAX_CONTEXTS:])
     target = path()
     try:
         os.makedirs(os.path.dirname(target), exist_ok=True)
         tmp = f"{target}.{os.getpid()}.tmp"
         with open(tmp, "w", encoding="utf-8") as f:
-            json.dump({"stamp": _stamp(), "kernels": merged}, f)
+            json.dump({"stamp": _stamp(), "starts": starts}, f)
         os.replace(tmp, target)
     except OSError as e:
         diagnostics.record("FALLBACK", "Triton preload records not written", reason=str(e)[:200])
         return False
     global _file
-    _file = merged
+    _file = starts
     return True
 
 
@@ -199,9 +213,9 @@ def _kernel_of(module: str, qualname: str) -> Any:
     return obj
 
 
-def preload(device_index: int | None = None) -> int:
-    """Compile (from Triton's cache) and load every recorded kernel on this thread's device (``device_index``
-    when given). Returns how many were loaded; a record that fails is counted and skipped."""
+def preload(context: str, device_index: int | None = None) -> int:
+    """Compile (from Triton's cache) and load every kernel recorded under ``context`` on this thread's device
+    (``device_index`` when given). Returns how many were loaded; a record that fails is counted and skipped."""
     import torch
     if device_index is not None:
         torch.cuda.set_device(device_index)
@@ -210,7 +224,7 @@ def preload(device_index: int | None = None) -> int:
     from triton.runtime import driver
     dev = driver.active.get_current_device()
     loaded, failed = 0, []
-    for module, qualname, data in records():
+    for module, qualname, data in records(context):
         try:
             fn = _kernel_of(module, qualname)
             key = json.loads(data)["key"]
@@ -266,15 +280,15 @@ def guard_loads() -> None:
 
 def reset() -> None:
     """Forget this process's records and preload state (tests)."""
-    global _file, _recording
+    global _file, _recording, _context
     with _lock:
         _new.clear()
         _file = None
-        _recording = False
+        _recording, _context = False, ""
     _preloaded.clear()
     for k in counts:
         counts[k] = 0
 
 
-__all__ = ["KernelNotLoaded", "enabled", "finish_recording", "guard_loads", "install", "preload", "preloaded",
+__all__ = ["KernelNotLoaded", "context_key", "enabled", "finish_recording", "guard_loads", "install", "preload", "preloaded",
            "records", "save", "start_recording"]
