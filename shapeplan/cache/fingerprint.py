@@ -29,15 +29,14 @@ def sources_digest() -> str:
     built by other code (an edited checkout, another commit with the same version) is not reused.
     Contents, not modification times, so the same release installed elsewhere matches (a read-only
     override cache built on another machine stays valid)."""
-    root = PACKAGE_ROOT
     h = hashlib.sha256()
-    for d, dirs, files in os.walk(root):
+    for d, dirs, files in os.walk(PACKAGE_ROOT):
         dirs[:] = sorted(x for x in dirs if x != "__pycache__")
         for name in sorted(files):
             if name.endswith(".py"):
                 path = os.path.join(d, name)
                 with open(path, "rb") as f:
-                    h.update(f"{os.path.relpath(path, root)}\0".encode() + f.read() + b"\0")
+                    h.update(f"{os.path.relpath(path, PACKAGE_ROOT)}\0".encode() + f.read() + b"\0")
     return h.hexdigest()[:16]
 
 
@@ -70,5 +69,4 @@ def tree_stamp(root: str, keep: Callable[[str, str], bool], skip_dirs: tuple[str
 def package_stamp() -> str:
     """``tree_stamp`` of shapeplan's Python files (once a process): the frozen-plan records and the
     remembered Triton keys are valid only for the sources that made them."""
-    root = PACKAGE_ROOT
-    return tree_stamp(root, lambda d, name: name.endswith(".py"))[0]
+    return tree_stamp(PACKAGE_ROOT, lambda d, name: name.endswith(".py"))[0]

@@ -200,7 +200,7 @@ class GenerationPipeline:
         self.paged = PagedKV(num_blocks=num_blocks, block_size=block_size, max_blocks=max_blocks,
                              state_slots=max_num_seqs + 1)
         self._warm_thread = None
-        self._records_kernels = False            # the start-up's Triton kernels recorded (SHAPEPLAN_TRITON_PRELOAD)
+        kernel_records_done = None               # ends the start-up's Triton kernel records (SHAPEPLAN_TRITON_PRELOAD)
         self._startup_done: Callable[[], None] = lambda: None
         state = initial_state(cfg, max_kv_cache_length=max_kv_cache_length, dtype=self.dtype, device=self.device,
                               paged=self.paged) if tp is None and placement is None else None
@@ -214,8 +214,8 @@ class GenerationPipeline:
             self._startup_done = warm.release
             weakref.finalize(self, self._startup_done)
             if mode in ("triton", "auto"):
-                self._records_kernels = _preload_kernels(self.device, cfg, self.dtype, self.paged, mode,
-                                                         self.buckets, max_num_seqs)
+                kernel_records_done = _preload_kernels(self.device, cfg, self.dtype, self.paged, mode,
+                                                       self.buckets, max_num_seqs)
                 _prewarm_decode_kernels(cfg, self.dtype, self.device, self.paged,
                                         x_codes=set(layers_x_codes(cfg, weights, self.device)))
         graph = build_graph(cfg, weights, max_kv_cache_length=max_kv_cache_length, dtype=self.dtype,
@@ -241,7 +241,7 @@ class GenerationPipeline:
         self.runner = ModelRunner(self.engine, self.paged, self.device, decode_buckets=self.decode_buckets,
                                   prefill_buckets=self.buckets, kv_blocks=kv_blocks,
                                   before_first_call=_weak_call(self._join_warmup),
-                                  after_first_decode=_finish_kernel_records if self._records_kernels else None)
+                                  after_first_decode=kernel_records_done)
         # constrained decoding (Sampling(constraint=...)): xgrammar and the masked sampler load at first use
         self.structured = self.runner.structured = Structured(self.runner, tokenizer, cfg.vocab_size, mode)
         self.blocks = BlockManager(num_blocks, block_size, per_block, prefix_cache=prefix_cache,
@@ -565,29 +565,24 @@ def _until_eos(ids: list[int], eos: set[int]) -> list[int]:
     return ids[:cut] if cut else list(ids)
 
 
-def _preload_kernels(device: torch.device, *context: Any) -> bool:
+def _preload_kernels(device: torch.device, *context: Any) -> Callable[[], None] | None:
     """With ``SHAPEPLAN_TRITON_PRELOAD``: load the Triton kernels the last start-up of this ``context`` (model
     configuration, dtype, KV cache, mode, buckets) recorded on a warm-up thread (a capture waits for it), and
-    record this start-up's until its first decode call returns (triton/preload.py). Returns whether it
-    records."""
+    record this start-up's until its first decode call returns (triton/preload.py). Returns what ends the
+    records (None: not recording)."""
     try:
         from shapeplan.runtime.backends.triton import preload
         from shapeplan.runtime.backends.triton import warmup as triton_warmup
     except ImportError:
-        return False
+        return None
     if not preload.install():                # off, interpreting, or a Triton it does not know
-        return False
+        return None
     key = preload.context_key(*context)
     preload.start_recording(key)
     index = device.index if device.index is not None else torch.cuda.current_device()
     if preload.records(key):
         triton_warmup.background(lambda: preload.preload(key, index))
-    return True
-
-
-def _finish_kernel_records() -> None:
-    from shapeplan.runtime.backends.triton import preload
-    preload.finish_recording()
+    return preload.finish_recording
 
 
 def _prewarm_decode_kernels(cfg: LlamaConfig, dtype: torch.dtype, device: torch.device, paged: PagedKV,

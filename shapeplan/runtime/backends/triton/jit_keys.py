@@ -38,13 +38,12 @@ import copy
 import functools
 import hashlib
 import inspect
-import json
 import os
 import sys
 import threading
 from typing import Any
 
-from shapeplan import diagnostics, env
+from shapeplan import env
 from shapeplan.cache.fingerprint import PACKAGE_ROOT as ROOT
 
 VERSION = 1
@@ -68,7 +67,7 @@ def stamp() -> str:
     return hashlib.sha256(f"v{VERSION}|{sys.version_info[:2]}|{package_stamp()}|{workers.stamp()}".encode()).hexdigest()
 
 
-def _package_file(fn: Any) -> str | None:
+def package_file(fn: Any) -> str | None:
     """The file that defines the function ``fn`` when it is one of this package's (else None)."""
     code = getattr(fn, "__code__", None)
     file = os.path.abspath(code.co_filename) if code is not None else ""
@@ -78,7 +77,7 @@ def _package_file(fn: Any) -> str | None:
 def _ident(fn: Any) -> str | None:
     """The record's name of a kernel of this package (None for any other function)."""
     src = getattr(fn, "_src", None)
-    if _package_file(getattr(fn, "fn", None)) is None or not isinstance(src, str):
+    if package_file(getattr(fn, "fn", None)) is None or not isinstance(src, str):
         return None
     digest = hashlib.sha256(src.encode()).hexdigest()[:16]
     return f"{getattr(fn, '_fn_name', fn.__qualname__)}|{getattr(fn, 'starting_line_number', 0)}|{digest}"
@@ -88,14 +87,9 @@ def _read() -> dict[str, dict]:
     """The file's records when its stamp is this process's, else empty ones (read once a process)."""
     global _file
     if _file is None:
-        try:
-            with open(path(), encoding="utf-8") as f:
-                data = json.load(f)
-            ok = isinstance(data, dict) and data.get("stamp") == stamp()
-        except (OSError, ValueError):
-            data, ok = {}, False
-        got = {part: data.get(part) if ok else None for part in ("keys", "sources")}
-        _file = {part: v if isinstance(v, dict) else {} for part, v in got.items()}
+        from shapeplan.runtime.backends.triton.paths import read_stamped
+        data = read_stamped(path(), stamp())
+        _file = {part: v if isinstance(v := data.get(part), dict) else {} for part in ("keys", "sources")}
     return _file
 
 
@@ -109,7 +103,7 @@ def _sources() -> dict[str, list]:
 
 def _source_ident(fn: Any) -> str | None:
     """The source record's name of a function defined in this package (None for any other object)."""
-    file = _package_file(fn)
+    file = package_file(fn)
     if file is None:
         return None
     return f"{os.path.relpath(file, ROOT)}|{fn.__code__.co_firstlineno}|{getattr(fn, '__qualname__', '')}"
@@ -191,15 +185,8 @@ def save() -> None:
         merged = {part: {**_read()[part], **new} for part, new in _new.items()}
         for new in _new.values():
             new.clear()
-    target = path()
-    try:
-        os.makedirs(os.path.dirname(target), exist_ok=True)
-        tmp = f"{target}.{os.getpid()}.tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump({"stamp": stamp(), **merged}, f)
-        os.replace(tmp, target)
-    except OSError as e:
-        diagnostics.record("FALLBACK", "Triton key records not written", reason=str(e)[:200])
+    from shapeplan.runtime.backends.triton.paths import write_stamped
+    write_stamped(path(), stamp(), merged, "Triton key records not written")
 
 
 def install() -> bool:

@@ -7,6 +7,7 @@ reuses them. Generated kernel sources live beside it in ``<shapeplan cache>/trit
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -59,6 +60,34 @@ def add_key(path: str | Path, key: str, value: str = "") -> None:
             f.write(f"{key} {value}".rstrip() + "\n")
     except OSError:
         pass
+
+
+def read_stamped(path: str | Path, stamp: str) -> dict:
+    """The JSON object in ``path`` when its "stamp" is ``stamp``; {} when the file is missing, unreadable, or
+    from another stamp (records kept between processes: triton/jit_keys.py, triton/preload.py)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) and data.get("stamp") == stamp else {}
+
+
+def write_stamped(path: str | Path, stamp: str, body: dict, failed: str) -> bool:
+    """Write ``{"stamp": stamp, **body}`` to ``path`` atomically (a temporary file renamed over it); on
+    failure a FALLBACK event says ``failed`` and the result is False (it only costs the next start time)."""
+    path = str(path)
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump({"stamp": stamp, **body}, f)
+        os.replace(tmp, path)
+    except OSError as e:
+        from shapeplan import diagnostics
+        diagnostics.record("FALLBACK", failed, reason=str(e)[:200])
+        return False
+    return True
 
 
 def kernel_cache_paths() -> dict[str, Path]:

@@ -28,9 +28,10 @@ stale record costs one abandoned capture, never a wrong result. Off by default u
 """
 from __future__ import annotations
 
+import hashlib
 import importlib
+import inspect
 import json
-import os
 import threading
 from typing import Any
 
@@ -75,7 +76,15 @@ def _stamp() -> str:
 
 def _package_kernel(fn: Any) -> bool:
     from shapeplan.runtime.backends.triton import jit_keys
-    return jit_keys._package_file(getattr(fn, "fn", None)) is not None
+    return jit_keys.package_file(getattr(fn, "fn", None)) is not None
+
+
+def _params(f: Any) -> list[str]:
+    """The parameter names of ``f`` ([] when it is missing or has no readable signature)."""
+    try:
+        return list(inspect.signature(f).parameters) if f is not None else []
+    except (TypeError, ValueError):
+        return []
 
 
 # ---- record ---------------------------------------------------------------------------------------------
@@ -107,8 +116,6 @@ def install() -> bool:
     if not enabled():
         return False
     try:
-        import inspect
-
         from triton.runtime import jit as jit_module
     except ImportError:
         return False
@@ -117,15 +124,8 @@ def install() -> bool:
         if _original is not None:
             return True
         theirs = getattr(fn, "_do_compile", None)
-        try:
-            params = list(inspect.signature(theirs).parameters) if theirs is not None else []
-        except (TypeError, ValueError):
-            params = []
-        serialize = getattr(jit_module, "serialize_specialization_data", None)
-        try:
-            taken = list(inspect.signature(serialize).parameters) if serialize is not None else []
-        except (TypeError, ValueError):
-            taken = []
+        params = _params(theirs)
+        taken = _params(getattr(jit_module, "serialize_specialization_data", None))
         if (params != _DO_COMPILE_PARAMS or not hasattr(fn, "preload") or taken[:6] != _SERIALIZE_PARAMS
                 or taken[6:] not in ([], ["target"])):
             return False
@@ -154,20 +154,15 @@ def finish_recording() -> None:
 
 def context_key(*parts: Any) -> str:
     """A start-up's context from what decides its kernels (``repr`` of each part, hashed)."""
-    import hashlib
     return hashlib.sha256("|".join(repr(p) for p in parts).encode()).hexdigest()[:16]
 
 
 def _read() -> dict[str, list[list]]:
     global _file
     if _file is None:
-        try:
-            with open(path(), encoding="utf-8") as f:
-                data = json.load(f)
-            ok = isinstance(data, dict) and data.get("stamp") == _stamp() and isinstance(data.get("starts"), dict)
-        except (OSError, ValueError):
-            data, ok = {}, False
-        starts = data["starts"] if ok else {}
+        from shapeplan.runtime.backends.triton.paths import read_stamped
+        starts = read_stamped(path(), _stamp()).get("starts")
+        starts = starts if isinstance(starts, dict) else {}
         _file = {c: [r for r in rs if isinstance(r, list) and len(r) == 3]
                  for c, rs in starts.items() if isinstance(c, str) and isinstance(rs, list)}
     return _file
@@ -190,15 +185,8 @@ def save() -> bool:
             return False
         starts[_context] = (known + fresh)[:MAX_RECORDS]
         starts = dict(list(starts.items())[-MAX_CONTEXTS:])
-    target = path()
-    try:
-        os.makedirs(os.path.dirname(target), exist_ok=True)
-        tmp = f"{target}.{os.getpid()}.tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump({"stamp": _stamp(), "starts": starts}, f)
-        os.replace(tmp, target)
-    except OSError as e:
-        diagnostics.record("FALLBACK", "Triton preload records not written", reason=str(e)[:200])
+    from shapeplan.runtime.backends.triton.paths import write_stamped
+    if not write_stamped(path(), _stamp(), {"starts": starts}, "Triton preload records not written"):
         return False
     global _file
     _file = starts
@@ -290,5 +278,5 @@ def reset() -> None:
         counts[k] = 0
 
 
-__all__ = ["KernelNotLoaded", "context_key", "enabled", "finish_recording", "guard_loads", "install", "preload", "preloaded",
-           "records", "save", "start_recording"]
+__all__ = ["KernelNotLoaded", "context_key", "enabled", "finish_recording", "guard_loads", "install", "preload",
+           "preloaded", "records", "save", "start_recording"]
